@@ -1,0 +1,3 @@
+"""berth: an unprivileged, enroot-compatible container runtime."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,138 @@
+"""Command line: one sub-command per enroot verb.
+
+Verb modules are imported only when their verb runs, so `berth start` does
+not pay for the HTTP stack that `berth import` needs.
+"""
+
+import argparse
+import importlib
+import sys
+
+from berth import __version__, config
+from berth.errors import BerthError
+
+# verb -> "module:function"; each function takes (args, cfg) and returns an exit status.
+VERBS = {
+    "import": "berth.importer:cmd_import",
+    "create": "berth.container:cmd_create",
+    "start": "berth.container:cmd_start",
+    "exec": "berth.container:cmd_exec",
+    "list": "berth.container:cmd_list",
+    "remove": "berth.container:cmd_remove",
+    "export": "berth.container:cmd_export",
+    "batch": "berth.container:cmd_batch",
+    "edf": "berth.edf:cmd_edf",
+    "version": "berth.cli:cmd_version",
+}
+
+
+def cmd_version(args, cfg):
+    print(__version__)
+    return 0
+
+
+def _add_import(sub):
+    p = sub.add_parser("import", help="import a container image into a squashfs file")
+    p.add_argument("-a", "--arch", help="architecture to pick from a multi-arch image")
+    p.add_argument("-o", "--output", help="output squashfs file")
+    p.add_argument("uri", help="docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]")
+
+
+def _add_create(sub):
+    p = sub.add_parser("create", help="unpack a squashfs image into a container root")
+    p.add_argument("-n", "--name", help="container name (default: the image name)")
+    p.add_argument("-f", "--force", action="store_true", help="replace an existing container")
+    p.add_argument("image", help="IMAGE.sqsh")
+
+
+def _add_start_options(p):
+    p.add_argument("-c", "--conf", action="append", default=[], help="batch configuration file")
+    p.add_argument("-e", "--env", action="append", default=[], metavar="KEY[=VAL]")
+    p.add_argument("--rc", help="script run in place of the container's /etc/rc")
+    p.add_argument("-r", "--root", action="store_true", help="map the caller to root")
+    p.add_argument("-w", "--rw", action="store_true", help="make the root filesystem writable")
+    p.add_argument("-m", "--mount", action="append", default=[], metavar="SRC:DST[:FLAGS]")
+    for ns in ("pid", "net", "ipc", "uts"):
+        p.add_argument(f"--{ns}", action="store_true", help=f"new {ns} namespace")
+    p.add_argument(
+        "-d", "--detach", action="store_true",
+        help="print the container pid once ready; stay up until SIGTERM or stdin closes",
+    )
+
+
+def _add_start(sub):
+    p = sub.add_parser("start", help="run a command in a container or squashfs image")
+    _add_start_options(p)
+    p.add_argument("container", help="NAME or IMAGE.sqsh")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+
+
+def _add_exec(sub):
+    p = sub.add_parser("exec", help="run a command in a running container")
+    p.add_argument("pid", type=int)
+    p.add_argument("command", nargs=argparse.REMAINDER)
+
+
+def _add_list(sub):
+    p = sub.add_parser("list", help="list containers")
+    p.add_argument("-f", "--fancy", action="store_true", help="show sizes and processes")
+
+
+def _add_remove(sub):
+    p = sub.add_parser("remove", help="remove containers")
+    p.add_argument("-f", "--force", action="store_true", help="do not ask, ignore missing")
+    p.add_argument("names", nargs="+")
+
+
+def _add_export(sub):
+    p = sub.add_parser("export", help="export a container root as a squashfs image")
+    p.add_argument("-o", "--output")
+    p.add_argument("-f", "--force", action="store_true", help="overwrite the output")
+    p.add_argument("name")
+
+
+def _add_batch(sub):
+    p = sub.add_parser("batch", help="start a container described by a batch file")
+    _add_start_options(p)
+    p.add_argument("config", help="batch configuration file")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+
+
+def _add_edf(sub):
+    p = sub.add_parser("edf", help="environment definition files")
+    edf_sub = p.add_subparsers(dest="edf_verb", required=True)
+    show = edf_sub.add_parser("show", help="print the resolved environment")
+    show.add_argument("--json", action="store_true", help="JSON instead of TOML")
+    show.add_argument("environment", help="NAME or PATH.toml")
+    check = edf_sub.add_parser("check", help="validate an environment file")
+    check.add_argument("environment", help="NAME or PATH.toml")
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="berth", description=__doc__.splitlines()[0])
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("-v", "--version", action="version", version=__version__)
+    sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for add in (_add_import, _add_create, _add_start, _add_exec, _add_list,
+                _add_remove, _add_export, _add_batch, _add_edf):
+        add(sub)
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    module_name, func_name = VERBS[args.verb].split(":")
+    try:
+        cfg = config.load()
+        func = getattr(importlib.import_module(module_name), func_name)
+        return func(args, cfg)
+    except BerthError as e:
+        print(f"berth: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""enroot-compatible configuration: defaults, enroot.conf files, environment.
+
+Precedence, lowest first: built-in defaults, `$ENROOT_SYSCONF_PATH/enroot.conf`,
+`$ENROOT_SYSCONF_PATH/enroot.conf.d/*.conf` (sorted), the process environment.
+A file line is `KEY VALUE`; `#` starts a comment; `${VAR}`/`$VAR` in a value
+expand from the environment and from keys set before it.
+"""
+
+import os
+import re
+from pathlib import Path
+
+from berth.errors import BerthError
+
+_TRUE = {"1", "true", "yes", "y"}
+_FALSE = {"0", "false", "no", "n"}
+_VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def _xdg(env, name, fallback):
+    value = env.get(name)
+    return value if value else fallback
+
+
+def _defaults(env):
+    uid = os.getuid()
+    home = env.get("HOME") or os.path.expanduser("~")
+    runtime_dir = _xdg(env, "XDG_RUNTIME_DIR", f"/run/user/{uid}")
+    if "XDG_RUNTIME_DIR" not in env and not os.access(runtime_dir, os.W_OK):
+        runtime_dir = os.path.join(env.get("TMPDIR") or "/tmp", f"berth-{uid}")
+    return {
+        "ENROOT_LIBRARY_PATH": str(Path(__file__).resolve().parent),
+        "ENROOT_SYSCONF_PATH": "/etc/enroot",
+        "ENROOT_RUNTIME_PATH": f"{runtime_dir}/enroot",
+        "ENROOT_CONFIG_PATH": f"{_xdg(env, 'XDG_CONFIG_HOME', home + '/.config')}/enroot",
+        "ENROOT_CACHE_PATH": f"{_xdg(env, 'XDG_CACHE_HOME', home + '/.cache')}/enroot",
+        "ENROOT_DATA_PATH": f"{_xdg(env, 'XDG_DATA_HOME', home + '/.local/share')}/enroot",
+        "ENROOT_TEMP_PATH": env.get("TMPDIR") or "/tmp",
+        "ENROOT_GZIP_PROGRAM": "pigz" if _which("pigz") else "gzip",
+        "ENROOT_ZSTD_OPTIONS": "-1",
+        # zstd rather than enroot's lzo: RHEL 9's mksquashfs lacks lzo.
+        "ENROOT_SQUASH_OPTIONS": "-comp zstd -Xcompression-level 3",
+        "ENROOT_ROOTFS_WRITABLE": "no",
+        "ENROOT_REMAP_ROOT": "no",
+        "ENROOT_UNSHARE_NET": "no",
+        "ENROOT_UNSHARE_PID": "no",
+        "ENROOT_UNSHARE_IPC": "no",
+        "ENROOT_UNSHARE_UTS": "no",
+        "ENROOT_MAX_PROCESSORS": str(os.cpu_count() or 1),
+        "ENROOT_MAX_CONNECTIONS": "10",
+        "ENROOT_CONNECT_TIMEOUT": "30",
+        "ENROOT_TRANSFER_TIMEOUT": "0",
+        "ENROOT_TRANSFER_RETRIES": "0",
+        "ENROOT_LOGIN_SHELL": "yes",
+        "ENROOT_ALLOW_SUPERUSER": "no",
+        "ENROOT_ALLOW_HTTP": "no",
+        "ENROOT_MOUNT_HOME": "no",
+        "ENROOT_RESTRICT_DEV": "no",
+        "ENROOT_FORCE_OVERRIDE": "no",
+    }
+
+
+def _which(program):
+    return any(
+        os.access(os.path.join(d, program), os.X_OK)
+        for d in os.environ.get("PATH", "/usr/bin:/bin").split(":")
+    )
+
+
+#: Every key enroot.conf may set; anything else in a file is an error.
+KEYS = frozenset(_defaults({"HOME": "/"}))
+
+
+def _expand(value, scope):
+    return _VAR.sub(lambda m: scope.get(m.group(1) or m.group(2), ""), value)
+
+
+def parse_file(path, scope):
+    """Yield (key, value) from one enroot.conf file; scope expands $VARs."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            key, _, value = line.partition(" ")
+            if key not in KEYS:
+                raise BerthError(f"{path}:{lineno}: unknown configuration key '{key}'")
+            value = value.strip().strip("\"'")
+            yield key, _expand(value, scope)
+
+
+class Config:
+    """Resolved ENROOT_* settings for one invocation."""
+
+    def __init__(self, values):
+        self._values = values
+
+    def __getitem__(self, key):
+        return self._values[key]
+
+    def items(self):
+        return self._values.items()
+
+    def flag(self, key):
+        value = self._values[key].strip().lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise BerthError(f"{key}: expected yes or no, got '{self._values[key]}'")
+
+    def number(self, key):
+        try:
+            return int(self._values[key])
+        except ValueError:
+            raise BerthError(f"{key}: expected a number, got '{self._values[key]}'") from None
+
+    def path(self, key):
+        return Path(self._values[key])
+
+
+def load(env=None):
+    """Resolve the configuration from files and the environment `env`."""
+    env = dict(os.environ if env is None else env)
+    values = _defaults(env)
+    sysconf = Path(env.get("ENROOT_SYSCONF_PATH") or values["ENROOT_SYSCONF_PATH"])
+    files = [sysconf / "enroot.conf", *sorted(sysconf.glob("enroot.conf.d/*.conf"))]
+    for path in files:
+        if path.is_file():
+            for key, value in parse_file(path, {**env, **values}):
+                values[key] = value
+    for key in KEYS:
+        if env.get(key):
+            values[key] = env[key]
+    values["ENROOT_SYSCONF_PATH"] = str(sysconf)
+    return Config(values)
