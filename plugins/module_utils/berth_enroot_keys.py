@@ -1,0 +1,76 @@
+"""The enroot.conf keys Berth understands, with the kind of value each takes.
+
+Kept equal to runtime/berth/config.py's KEYS by a unit test, so the module
+that writes enroot.conf and the runtime that reads it cannot drift apart.
+"""
+
+TRUE = ("1", "true", "yes", "y")
+FALSE = ("0", "false", "no", "n")
+
+PATH, TEXT, FLAG, COUNT = "path", "text", "flag", "count"
+
+KEYS = {
+    "ENROOT_LIBRARY_PATH": PATH,
+    "ENROOT_SYSCONF_PATH": PATH,
+    "ENROOT_RUNTIME_PATH": PATH,
+    "ENROOT_CONFIG_PATH": PATH,
+    "ENROOT_CACHE_PATH": PATH,
+    "ENROOT_DATA_PATH": PATH,
+    "ENROOT_TEMP_PATH": PATH,
+    "ENROOT_GZIP_PROGRAM": TEXT,
+    "ENROOT_ZSTD_OPTIONS": TEXT,
+    "ENROOT_SQUASH_OPTIONS": TEXT,
+    "ENROOT_ROOTFS_WRITABLE": FLAG,
+    "ENROOT_REMAP_ROOT": FLAG,
+    "ENROOT_UNSHARE_NET": FLAG,
+    "ENROOT_UNSHARE_PID": FLAG,
+    "ENROOT_UNSHARE_IPC": FLAG,
+    "ENROOT_UNSHARE_UTS": FLAG,
+    "ENROOT_MAX_PROCESSORS": COUNT,
+    "ENROOT_MAX_CONNECTIONS": COUNT,
+    "ENROOT_CONNECT_TIMEOUT": COUNT,
+    "ENROOT_TRANSFER_TIMEOUT": COUNT,
+    "ENROOT_TRANSFER_RETRIES": COUNT,
+    "ENROOT_LOGIN_SHELL": FLAG,
+    "ENROOT_ALLOW_SUPERUSER": FLAG,
+    "ENROOT_ALLOW_HTTP": FLAG,
+    "ENROOT_MOUNT_HOME": FLAG,
+    "ENROOT_RESTRICT_DEV": FLAG,
+    "ENROOT_FORCE_OVERRIDE": FLAG,
+}
+
+
+def conf_value(key, value):
+    """Return `value` as enroot.conf text for `key`; ValueError names the key."""
+    kind = KEYS.get(key)
+    if kind is None:
+        raise ValueError(f"unknown enroot.conf key '{key}'")
+    if kind == FLAG:
+        return _flag(key, value)
+    if kind == COUNT:
+        return _count(key, value)
+    text = str(value)
+    # The runtime reads one line per key and cuts comments at '#'.
+    if not text or "\n" in text or "#" in text:
+        raise ValueError(f"{key}: value must be one non-empty line without '#', got {text!r}")
+    if kind == PATH and not text.startswith(("/", "$")):
+        raise ValueError(f"{key}: expected an absolute path, got {text!r}")
+    return text
+
+
+def _flag(key, value):
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    text = str(value).strip().lower()
+    if text in TRUE:
+        return "yes"
+    if text in FALSE:
+        return "no"
+    raise ValueError(f"{key}: expected yes or no, got {value!r}")
+
+
+def _count(key, value):
+    # bool is an int in Python; 'yes' is no number of connections.
+    if isinstance(value, bool) or not str(value).strip().isdigit():
+        raise ValueError(f"{key}: expected a whole number, got {value!r}")
+    return str(int(str(value).strip()))

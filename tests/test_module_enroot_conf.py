@@ -1,0 +1,120 @@
+"""library/enroot_conf.py, run through ansible-playbook as a site would run it."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "runtime"))
+
+from berth import config  # noqa: E402
+
+PLAY = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Run the module under test
+      enroot_conf: "{{ module_args }}"
+      register: result
+      ignore_errors: true
+    - name: Save its result for the test
+      ansible.builtin.copy:
+        content: "{{ result | to_json }}"
+        dest: "{{ result_file }}"
+      check_mode: false
+"""
+
+
+def run_module(tmp_path, module_args, check=False):
+    """Run enroot_conf once; return its registered result."""
+    play = tmp_path / "play.yml"
+    play.write_text(PLAY)
+    extra = tmp_path / "extra.json"
+    result_file = tmp_path / "result.json"
+    extra.write_text(json.dumps({"module_args": module_args, "result_file": str(result_file)}))
+    env = dict(
+        os.environ,
+        ANSIBLE_LIBRARY=str(REPO / "library"),
+        ANSIBLE_MODULE_UTILS=str(REPO / "plugins" / "module_utils"),
+        ANSIBLE_DEPRECATION_WARNINGS="false",
+    )
+    cmd = [
+        str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
+        "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{extra}", str(play),
+    ]
+    if check:
+        cmd += ["--check", "--diff"]
+    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    return json.loads(result_file.read_text())
+
+
+def node_settings(conf):
+    return {
+        "path": str(conf),
+        "mode": "0644",
+        "settings": {
+            "ENROOT_DATA_PATH": "/var/lib/berth/data/${UID}",
+            "ENROOT_SQUASH_OPTIONS": "-comp zstd -Xcompression-level 3",
+            "ENROOT_ALLOW_HTTP": False,
+            "ENROOT_MOUNT_HOME": "Y",
+            "ENROOT_MAX_CONNECTIONS": "4",
+        },
+    }
+
+
+def test_keys_match_the_runtime():
+    spec = importlib.util.spec_from_file_location(
+        "berth_enroot_keys", REPO / "plugins" / "module_utils" / "berth_enroot_keys.py")
+    keys = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(keys)
+    assert set(keys.KEYS) == set(config.KEYS)
+
+
+def test_writes_a_file_the_runtime_reads_and_second_run_changes_nothing(tmp_path):
+    conf = tmp_path / "enroot.conf"
+    first = run_module(tmp_path, node_settings(conf))
+    assert first["changed"] is True
+    assert oct(conf.stat().st_mode & 0o777) == "0o644"
+    assert "ENROOT_ALLOW_HTTP no\n" in conf.read_text()
+    assert "ENROOT_MOUNT_HOME yes\n" in conf.read_text()
+
+    cfg = config.load({"ENROOT_SYSCONF_PATH": str(tmp_path), "HOME": "/home/u", "UID": "1234"})
+    assert cfg["ENROOT_DATA_PATH"] == "/var/lib/berth/data/1234"
+    assert cfg["ENROOT_SQUASH_OPTIONS"] == "-comp zstd -Xcompression-level 3"
+    assert cfg.flag("ENROOT_ALLOW_HTTP") is False
+    assert cfg.number("ENROOT_MAX_CONNECTIONS") == 4
+
+    second = run_module(tmp_path, node_settings(conf))
+    assert second["changed"] is False
+
+
+def test_check_mode_reports_the_diff_and_writes_nothing(tmp_path):
+    conf = tmp_path / "enroot.conf"
+    conf.write_text("ENROOT_ALLOW_HTTP yes\n")
+    result = run_module(tmp_path, node_settings(conf), check=True)
+    assert result["changed"] is True
+    assert result["diff"]["before"] == "ENROOT_ALLOW_HTTP yes\n"
+    assert "ENROOT_ALLOW_HTTP no\n" in result["diff"]["after"]
+    assert conf.read_text() == "ENROOT_ALLOW_HTTP yes\n"
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("ENROOT_DATAPATH", "/x", "unknown enroot.conf key 'ENROOT_DATAPATH'"),
+    ("ENROOT_ALLOW_HTTP", "maybe", "ENROOT_ALLOW_HTTP: expected yes or no"),
+    ("ENROOT_MAX_CONNECTIONS", "ten", "ENROOT_MAX_CONNECTIONS: expected a whole number"),
+    ("ENROOT_DATA_PATH", "data/${UID}", "ENROOT_DATA_PATH: expected an absolute path"),
+])
+def test_bad_setting_fails_naming_the_key_and_keeps_the_file(tmp_path, key, value, message):
+    conf = tmp_path / "enroot.conf"
+    conf.write_text("ENROOT_ALLOW_HTTP yes\n")
+    args = node_settings(conf)
+    args["settings"][key] = value
+    result = run_module(tmp_path, args)
+    assert result["failed"] is True
+    assert message in result["msg"]
+    assert conf.read_text() == "ENROOT_ALLOW_HTTP yes\n"
