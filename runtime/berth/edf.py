@@ -1,0 +1,409 @@
+"""Environment Definition Files (EDF): TOML files that describe a container
+environment (image, workdir, mounts, env, hook annotations) and may inherit
+from other EDFs through `base_environment`.
+
+`berth edf show [--json] NAME|PATH` prints the resolved environment with the
+file each value came from; `berth edf check NAME|PATH` only validates it.
+
+A NAME is looked up as NAME or NAME.toml in each directory of $EDF_PATH
+(colon-separated), then in ~/.edf/. A value containing '/' or ending in .toml
+is a path; in `base_environment` a relative path is taken relative to the
+directory of the file that names it.
+
+Merge rules, parents first in the order listed, then the child:
+scalars (image, workdir, entrypoint, writable) are replaced; mounts are
+appended, a mount whose destination is already mounted replaces that entry in
+place (so nested mounts keep their order); env and annotations tables merge
+key by key. `${VAR}` in image, workdir, mounts and env values expands from
+the submitting environment when the file is read.
+
+The JSON form is the interface the SPANK plugin reads; its keys are fixed:
+image, workdir, entrypoint, writable (null when no file sets them), mounts,
+env, annotations, hook_env (see hook_environment) and sources (value -> file;
+table entries as "env.KEY", "annotations.KEY", "mounts.DST").
+"""
+
+import json
+import os
+import re
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from berth.errors import BerthError
+
+SCALARS = ("image", "workdir", "entrypoint", "writable")
+KEYS = ("base_environment", *SCALARS, "mounts", "env", "annotations")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_TOML_LINE = re.compile(r"at line (\d+)")
+_HOOK_PREFIX = "com.hooks."
+
+
+def cmd_edf(args, cfg):
+    hooks_dir = Path(cfg["ENROOT_SYSCONF_PATH"]) / "hooks.d"
+    resolved = resolve(args.environment, hooks_dir=hooks_dir)
+    if args.edf_verb == "show":
+        print(to_json(resolved) if args.json else to_toml(resolved), end="")
+    return 0
+
+
+# ---------------------------------------------------------------- locating
+
+
+def find(ref, environ, relative_to=None):
+    """Path of the EDF that `ref` (a NAME or a path) names."""
+    if "/" in ref or ref.endswith(".toml"):
+        path = Path(os.path.expanduser(ref))
+        if relative_to is not None and not path.is_absolute():
+            path = relative_to / path
+        if not path.is_file():
+            raise BerthError(f"{path}: no such environment file")
+        return path
+    if not ref:
+        raise BerthError("empty environment name")
+    dirs = search_path(environ)
+    for directory in dirs:
+        for candidate in (directory / ref, directory / f"{ref}.toml"):
+            if candidate.is_file():
+                return candidate
+    looked = ", ".join(str(d) for d in dirs)
+    raise BerthError(f"environment '{ref}' not found as {ref} or {ref}.toml in: {looked}")
+
+
+def search_path(environ):
+    """$EDF_PATH's directories, then ~/.edf."""
+    dirs = [Path(d) for d in environ.get("EDF_PATH", "").split(":") if d]
+    home = environ.get("HOME") or os.path.expanduser("~")
+    return [*dirs, Path(home) / ".edf"]
+
+
+# ---------------------------------------------------------------- reading one file
+
+
+class _Layer:
+    """The values of one file (or of a merge of files), each with its source."""
+
+    def __init__(self):
+        self.scalars = {}  # key -> (value, file)
+        self.mounts = []  # [(mount, destination, file)]
+        self.env = {}  # key -> (value, file)
+        self.annotations = {}  # key -> (value, file)
+
+    def add_mount(self, mount, destination, source):
+        entry = (mount, destination, source)
+        for i, (_, mounted, _) in enumerate(self.mounts):
+            if mounted == destination:
+                self.mounts[i] = entry
+                return
+        self.mounts.append(entry)
+
+    def merge(self, child):
+        self.scalars.update(child.scalars)
+        for mount in child.mounts:
+            self.add_mount(*mount)
+        self.env.update(child.env)
+        self.annotations.update(child.annotations)
+
+
+class _File:
+    """One parsed EDF: its path, text (for line numbers) and TOML table."""
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            self.text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise BerthError(f"{path}: cannot read: {e}") from None
+        try:
+            self.data = tomllib.loads(self.text)
+        except tomllib.TOMLDecodeError as e:
+            line = getattr(e, "lineno", None) or _decode_error_line(e)
+            message = str(e).split(" (at ")[0]
+            raise BerthError(f"{self.where(line)}: invalid TOML: {message}") from None
+
+    def where(self, line=None):
+        return f"{self.path}:{line}" if line else str(self.path)
+
+    def fail(self, message, key, table=None):
+        raise BerthError(f"{self.where(_line_of(self.text, key, table))}: {message}")
+
+
+def _decode_error_line(error):
+    # Python < 3.14 keeps the position only in the message.
+    match = _TOML_LINE.search(str(error))
+    return int(match.group(1)) if match else None
+
+
+def _line_of(text, key, table=None):
+    """Best-effort line number of `key` (top-level, or inside [table])."""
+    k = re.escape(key)
+    key_line = re.compile(rf"""\s*(?:"{k}"|'{k}'|{k})\s*[=.]""")
+    header = re.compile(rf"""\s*\[\s*(?:"{k}"|{k})\s*[\].]""")
+    section = None
+    for number, line in enumerate(text.splitlines(), 1):
+        opened = re.match(r"\s*\[\s*([^\]\s]+)\s*\]", line)
+        if opened:
+            section = opened.group(1).strip("\"'")
+            if table is None and header.match(line):
+                return number
+        elif section == table and key_line.match(line):
+            return number
+        elif section is None and table and re.match(rf"\s*{re.escape(table)}\.{k}\s*=", line):
+            return number
+    return None
+
+
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+               list: "an array", dict: "a table"}
+
+
+def _type_name(value):
+    return _TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _expand(value, environ, edf, key, table=None):
+    def lookup(match):
+        name = match.group(1)
+        if name not in environ:
+            label = f"{table}.{key}" if table else key
+            edf.fail(f"${{{name}}} in '{label}' is not set in the environment", key, table)
+        return environ[name]
+    return _VAR.sub(lookup, value)
+
+
+def _flatten(table, prefix=""):
+    """Dotted TOML keys (a.b.c = 1 parses as nested tables) back to 'a.b.c'."""
+    for key, value in table.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _parents(edf):
+    value = edf.data.get("base_environment", [])
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        edf.fail("'base_environment' must be a name or an array of names", "base_environment")
+    return names
+
+
+def _read_layer(edf, environ):
+    """Validate one file's own keys and return them as a layer."""
+    layer = _Layer()
+    source = str(edf.path)
+    for key, value in edf.data.items():
+        if key not in KEYS:
+            edf.fail(f"unknown key '{key}' (known: {', '.join(sorted(KEYS))})", key)
+    for key in SCALARS:
+        if key not in edf.data:
+            continue
+        value = edf.data[key]
+        wanted = bool if key in ("entrypoint", "writable") else str
+        if type(value) is not wanted:
+            edf.fail(f"'{key}' must be {_TYPE_NAMES[wanted]}, not {_type_name(value)}", key)
+        if wanted is str:
+            value = _expand(value, environ, edf, key)
+            if not value:
+                edf.fail(f"'{key}' is empty", key)
+        if key == "workdir" and not value.startswith("/"):
+            edf.fail(f"'workdir' must be an absolute path, not '{value}'", key)
+        layer.scalars[key] = (value, source)
+    _read_mounts(edf, environ, layer)
+    for key, value in _table(edf, "env").items():
+        if not isinstance(value, str):
+            edf.fail(f"'env.{key}' must be a string, not {_type_name(value)}", key, "env")
+        layer.env[key] = (_expand(value, environ, edf, key, "env"), source)
+    for key, value in _flatten(_table(edf, "annotations")):
+        if not isinstance(value, (str, int)):
+            edf.fail(f"'annotations.{key}' must be a string, integer or boolean, "
+                     f"not {_type_name(value)}", key, "annotations")
+        if key in layer.annotations:
+            edf.fail(f"annotation '{key}' is given twice", key, "annotations")
+        layer.annotations[key] = (value, source)
+    return layer
+
+
+def _table(edf, key):
+    value = edf.data.get(key, {})
+    if not isinstance(value, dict):
+        edf.fail(f"'{key}' must be a table, not {_type_name(value)}", key)
+    return value
+
+
+def _read_mounts(edf, environ, layer):
+    mounts = edf.data.get("mounts", [])
+    if not isinstance(mounts, list):
+        edf.fail(f"'mounts' must be an array of strings, not {_type_name(mounts)}", "mounts")
+    for mount in mounts:
+        if not isinstance(mount, str):
+            edf.fail(f"'mounts' entries must be strings, not {_type_name(mount)}", "mounts")
+        mount = _expand(mount, environ, edf, "mounts")
+        parts = mount.split(":")
+        if len(parts) < 2 or not parts[1]:
+            edf.fail(f"mount '{mount}' has no destination (SRC:DST[:FLAGS])", "mounts")
+        if len(parts) > 3 or not parts[0]:
+            edf.fail(f"mount '{mount}' is not SRC:DST[:FLAGS]", "mounts")
+        if not parts[1].startswith("/"):
+            edf.fail(f"mount '{mount}': destination '{parts[1]}' is not an absolute path",
+                     "mounts")
+        layer.add_mount(mount, os.path.normpath(parts[1]), str(edf.path))
+
+
+# ---------------------------------------------------------------- resolving
+
+
+def resolve(ref, environ=None, hooks_dir=None):
+    """Resolve the EDF `ref` with all its parents into one environment dict.
+
+    `environ` is the submitting environment (default: this process's); it
+    expands ${VAR}s and gives EDF_PATH and HOME. Annotations that switch
+    hooks are checked against the hooks installed in `hooks_dir`.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    layer = _resolve(find(ref, environ), ref, environ, chain=[])
+    result = {key: layer.scalars.get(key, (None, None))[0] for key in SCALARS}
+    result["mounts"] = [m[0] for m in layer.mounts]
+    result["env"] = {k: v for k, (v, _) in layer.env.items()}
+    result["annotations"] = {k: v for k, (v, _) in layer.annotations.items()}
+    sources = {key: src for key, (_, src) in layer.scalars.items()}
+    sources.update({f"mounts.{dst}": src for _, dst, src in layer.mounts})
+    sources.update({f"env.{k}": src for k, (_, src) in layer.env.items()})
+    sources.update({f"annotations.{k}": src for k, (_, src) in layer.annotations.items()})
+    result["sources"] = sources
+    result["hook_env"] = hook_environment(result, hooks_dir)
+    return result
+
+
+def _resolve(path, label, environ, chain):
+    """Merge the parents of the file at `path`, then the file itself.
+
+    `chain` holds (label, real path) of the files being resolved above this
+    one, to name a base_environment cycle the way the files name each other.
+    """
+    real = os.path.realpath(path)
+    if any(real == seen for _, seen in chain):
+        start = next(i for i, (_, seen) in enumerate(chain) if seen == real)
+        cycle = " -> ".join([*(name for name, _ in chain[start:]), label])
+        raise BerthError(f"base_environment cycle: {cycle}")
+    chain = [*chain, (label, real)]
+    edf = _File(Path(path))
+    merged = _Layer()
+    for parent in _parents(edf):
+        try:
+            parent_path = find(parent, environ, relative_to=edf.path.parent)
+        except BerthError as e:
+            edf.fail(f"base_environment: {e}", "base_environment")
+        merged.merge(_resolve(parent_path, parent, environ, chain))
+    merged.merge(_read_layer(edf, environ))
+    return merged
+
+
+# ---------------------------------------------------------------- hooks
+
+
+def installed_hooks(hooks_dir):
+    """Hook names in hooks_dir: file names without a leading 'NN-' and '.sh'."""
+    if hooks_dir is None or not Path(hooks_dir).is_dir():
+        return set()
+    names = set()
+    for entry in Path(hooks_dir).iterdir():
+        if entry.is_file() and not entry.name.startswith("."):
+            names.add(re.sub(r"^\d+-", "", entry.name.removesuffix(".sh")))
+    return names
+
+
+def _env_name(text):
+    return re.sub(r"[^A-Za-z0-9]", "_", text).upper()
+
+
+def hook_environment(resolved, hooks_dir=None):
+    """Environment variables that pass `com.hooks.*` annotations to hooks.
+
+    `com.hooks.NAME.enable = true|false` -> BERTH_HOOK_NAME_ENABLE=1|0;
+    `com.hooks.NAME.PARAM = value` -> BERTH_HOOK_NAME_PARAM=value (booleans
+    as 1/0); names upper-cased, anything not a letter or digit becomes '_'.
+    With `hooks_dir`, a NAME with no hook installed there is an error.
+    """
+    installed = installed_hooks(hooks_dir) if hooks_dir is not None else None
+    sources = resolved.get("sources", {})
+    hook_env = {}
+    for key, value in resolved["annotations"].items():
+        if not key.startswith(_HOOK_PREFIX):
+            continue
+        where = sources.get(f"annotations.{key}", "annotations")
+        name, _, param = key[len(_HOOK_PREFIX):].partition(".")
+        if not name or not param:
+            raise BerthError(f"{where}: annotation '{key}' is not com.hooks.NAME.PARAM")
+        if installed is not None and name not in installed:
+            known = ", ".join(sorted(installed)) or "none"
+            raise BerthError(f"{where}: annotation '{key}' names hook '{name}', which is not "
+                             f"installed in {hooks_dir} (installed: {known})")
+        if param == "enable" and not isinstance(value, bool):
+            raise BerthError(f"{where}: annotation '{key}' must be true or false")
+        if isinstance(value, bool):
+            value = "1" if value else "0"
+        hook_env[f"BERTH_HOOK_{_env_name(name)}_{_env_name(param)}"] = str(value)
+    return hook_env
+
+
+# ---------------------------------------------------------------- output
+
+
+def to_json(resolved):
+    return json.dumps(resolved, indent=2, sort_keys=False) + "\n"
+
+
+def _toml_string(text):
+    escapes = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",
+               "\f": "\\f", "\r": "\\r"}
+    out = []
+    for char in text:
+        if char in escapes:
+            out.append(escapes[char])
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return _toml_string(value)
+
+
+def _toml_key(key):
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_string(key)
+
+
+def _comment(source):
+    # A source path is printed as a comment: keep it on one line.
+    return "  # " + re.sub(r"[\x00-\x1f\x7f]", "?", source)
+
+
+def to_toml(resolved):
+    """The resolved environment as TOML, each value's source file as a comment."""
+    sources = resolved["sources"]
+    lines = []
+    for key in SCALARS:
+        if resolved[key] is not None:
+            lines.append(f"{key} = {_toml_value(resolved[key])}{_comment(sources[key])}")
+    if resolved["mounts"]:
+        lines.append("mounts = [")
+        for mount in resolved["mounts"]:
+            destination = os.path.normpath(mount.split(":")[1])
+            lines.append(f"    {_toml_string(mount)},{_comment(sources['mounts.' + destination])}")
+        lines.append("]")
+    for table in ("env", "annotations"):
+        if resolved[table]:
+            lines += ["", f"[{table}]"]
+            lines += [f"{_toml_key(k)} = {_toml_value(v)}{_comment(sources[f'{table}.{k}'])}"
+                      for k, v in resolved[table].items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,336 @@
+"""Environment Definition Files: lookup, inheritance, expansion, validation, output."""
+
+import json
+import tomllib
+
+import pytest
+
+from berth import cli, edf
+from berth.errors import BerthError
+
+
+@pytest.fixture
+def site(tmp_path):
+    """An EDF directory, an empty HOME and a hooks.d with pmix and nvidia hooks."""
+    edf_dir = tmp_path / "edf"
+    edf_dir.mkdir()
+    hooks = tmp_path / "sysconf" / "hooks.d"
+    hooks.mkdir(parents=True)
+    for hook in ("50-pmix.sh", "90-nvidia.sh", "91-ofi_nccl"):
+        (hooks / hook).write_text("#!/bin/sh\n")
+    (tmp_path / "home").mkdir()
+    return tmp_path
+
+
+def write(directory, name, text):
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
+def environ(site, **extra):
+    return {"EDF_PATH": str(site / "edf"), "HOME": str(site / "home"), **extra}
+
+
+def resolve(site, ref, **extra):
+    return edf.resolve(ref, environ(site, **extra), hooks_dir=site / "sysconf" / "hooks.d")
+
+
+def failure(site, ref, **extra):
+    with pytest.raises(BerthError) as caught:
+        resolve(site, ref, **extra)
+    return str(caught.value)
+
+
+# ---------------------------------------------------------------- inheritance
+
+
+def test_three_levels_merge_child_over_parent(site):
+    d = site / "edf"
+    root = write(d, "root.toml", """
+image = "root-image"
+workdir = "/root-wd"
+writable = false
+mounts = ["/a:/data", "/a/sub:/data/sub", "/tools:/tools:ro"]
+[env]
+LEVEL = "root"
+ROOT_ONLY = "r"
+[annotations]
+com.hooks.pmix.enable = true
+""")
+    middle = write(d, "middle.toml", """
+base_environment = "root"
+workdir = "/middle-wd"
+mounts = ["/b:/data/"]
+[env]
+LEVEL = "middle"
+[annotations]
+com.hooks.pmix.enable = false
+com.hooks.nvidia.enable = true
+""")
+    leaf = write(d, "leaf.toml", """
+base_environment = ["middle"]
+image = "leaf-image"
+entrypoint = true
+mounts = ["/c:/extra"]
+[env]
+LEVEL = "leaf"
+""")
+    got = resolve(site, "leaf")
+    assert got["image"] == "leaf-image"
+    assert got["workdir"] == "/middle-wd"
+    assert got["writable"] is False
+    assert got["entrypoint"] is True
+    # /data replaced in place (nested /data/sub stays after it), /extra appended
+    assert got["mounts"] == ["/b:/data/", "/a/sub:/data/sub", "/tools:/tools:ro", "/c:/extra"]
+    assert got["env"] == {"LEVEL": "leaf", "ROOT_ONLY": "r"}
+    assert got["annotations"] == {"com.hooks.pmix.enable": False, "com.hooks.nvidia.enable": True}
+    assert got["sources"] == {
+        "image": str(leaf), "workdir": str(middle), "writable": str(root),
+        "entrypoint": str(leaf),
+        "mounts./data": str(middle), "mounts./data/sub": str(root),
+        "mounts./tools": str(root), "mounts./extra": str(leaf),
+        "env.LEVEL": str(leaf), "env.ROOT_ONLY": str(root),
+        "annotations.com.hooks.pmix.enable": str(middle),
+        "annotations.com.hooks.nvidia.enable": str(middle),
+    }
+    assert got["hook_env"] == {"BERTH_HOOK_PMIX_ENABLE": "0", "BERTH_HOOK_NVIDIA_ENABLE": "1"}
+
+
+def test_parents_apply_in_listed_order_and_a_diamond_is_no_cycle(site):
+    d = site / "edf"
+    write(d, "common.toml", 'image = "common"\n[env]\nX = "common"\n')
+    write(d, "a.toml", 'base_environment = "common"\n[env]\nX = "a"\nA = "1"\n')
+    write(d, "b.toml", 'base_environment = "common"\n[env]\nX = "b"\n')
+    write(d, "child.toml", 'base_environment = ["a", "b"]\n')
+    got = resolve(site, "child")
+    assert got["env"] == {"X": "b", "A": "1"}
+    assert got["image"] == "common"
+
+
+def test_unset_values_are_null(site):
+    write(site / "edf", "bare.toml", "")
+    got = resolve(site, "bare")
+    assert [got[k] for k in ("image", "workdir", "entrypoint", "writable")] == [None] * 4
+    assert (got["mounts"], got["env"], got["annotations"]) == ([], {}, {})
+
+
+# ---------------------------------------------------------------- lookup
+
+
+def test_edf_path_order_then_home(site):
+    first, second = site / "first", site / "second"
+    first.mkdir()
+    second.mkdir()
+    write(second, "env.toml", 'image = "second"\n')
+    write(first, "env", 'image = "first-without-suffix"\n')
+    (site / "home" / ".edf").mkdir()
+    write(site / "home" / ".edf", "mine.toml", 'image = "home"\n')
+    path = f"{first}:{second}"
+    assert resolve(site, "env", EDF_PATH=path)["image"] == "first-without-suffix"
+    (first / "env").unlink()
+    assert resolve(site, "env", EDF_PATH=path)["image"] == "second"
+    assert resolve(site, "mine", EDF_PATH=path)["image"] == "home"
+
+
+def test_paths_and_relative_parents(site, monkeypatch):
+    other = site / "other"
+    other.mkdir()
+    write(other, "parent.toml", 'image = "by-relative-path"\n')
+    write(other, "child", 'base_environment = "./parent.toml"\n')
+    monkeypatch.chdir(site)
+    assert resolve(site, "other/child")["image"] == "by-relative-path"
+    assert resolve(site, str(other / "parent.toml"))["image"] == "by-relative-path"
+
+
+# ---------------------------------------------------------------- ${VAR}
+
+
+def test_variables_expand_from_the_submitting_environment(site):
+    write(site / "edf", "v.toml", """
+image = "${REG}#img:${TAG}"
+workdir = "${SCRATCH}/wd"
+mounts = ["${SCRATCH}/data:/data"]
+[env]
+WHERE = "${SCRATCH}"
+[annotations]
+note = "${NOT_EXPANDED}"
+""")
+    got = resolve(site, "v", REG="reg.example", TAG="1.0", SCRATCH="/scratch/u")
+    assert got["image"] == "reg.example#img:1.0"
+    assert got["workdir"] == "/scratch/u/wd"
+    assert got["mounts"] == ["/scratch/u/data:/data"]
+    assert got["env"] == {"WHERE": "/scratch/u"}
+    assert got["annotations"] == {"note": "${NOT_EXPANDED}"}
+
+
+def test_unset_variable_names_var_and_file(site):
+    path = write(site / "edf", "v.toml", '\nmounts = ["${SCRATCH}/data:/data"]\n')
+    assert failure(site, "v") == f"{path}:2: ${{SCRATCH}} in 'mounts' is not set in the environment"
+
+
+# ---------------------------------------------------------------- hooks
+
+
+def test_hook_environment_mapping():
+    resolved = {"annotations": {
+        "com.hooks.ofi-nccl.enable": True, "com.hooks.ofi-nccl.version": "cuda12",
+        "com.hooks.pmix.enable": False, "com.hooks.pmix.max.ranks": 8,
+        "org.example.other": "ignored"}}
+    assert edf.hook_environment(resolved) == {
+        "BERTH_HOOK_OFI_NCCL_ENABLE": "1", "BERTH_HOOK_OFI_NCCL_VERSION": "cuda12",
+        "BERTH_HOOK_PMIX_ENABLE": "0", "BERTH_HOOK_PMIX_MAX_RANKS": "8"}
+
+
+def test_unknown_hook_lists_installed_ones(site):
+    path = write(site / "edf", "h.toml", '[annotations]\n"com.hooks.cxi.enable" = true\n')
+    message = failure(site, "h")
+    assert message.startswith(f"{path}: annotation 'com.hooks.cxi.enable' names hook 'cxi'")
+    assert message.endswith("(installed: nvidia, ofi_nccl, pmix)")
+
+
+@pytest.mark.parametrize("annotations, expected", [
+    ('com.hooks.pmix.enable = "yes"', "annotation 'com.hooks.pmix.enable' must be true or false"),
+    ('"com.hooks.pmix" = true', "annotation 'com.hooks.pmix' is not com.hooks.NAME.PARAM"),
+])
+def test_bad_hook_annotations(site, annotations, expected):
+    path = write(site / "edf", "h.toml", f"[annotations]\n{annotations}\n")
+    assert failure(site, "h") == f"{path}: {expected}"
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('image = "x"\nbogus = 1\n', "2: unknown key 'bogus' (known: annotations, base_environment, "
+     "entrypoint, env, image, mounts, workdir, writable)"),
+    ('entrypoint = "no"\n', "1: 'entrypoint' must be a boolean, not a string"),
+    ('\nwritable = 1\n', "2: 'writable' must be a boolean, not an integer"),
+    ('image = 3\n', "1: 'image' must be a string, not an integer"),
+    ('image = ""\n', "1: 'image' is empty"),
+    ('workdir = "relative"\n', "1: 'workdir' must be an absolute path, not 'relative'"),
+    ('mounts = "/a:/b"\n', "1: 'mounts' must be an array of strings, not a string"),
+    ('mounts = [1]\n', "1: 'mounts' entries must be strings, not an integer"),
+    ('mounts = ["/data"]\n', "1: mount '/data' has no destination (SRC:DST[:FLAGS])"),
+    ('mounts = ["/data:"]\n', "1: mount '/data:' has no destination (SRC:DST[:FLAGS])"),
+    ('mounts = ["/data:rel"]\n', "1: mount '/data:rel': destination 'rel' is not an absolute path"),
+    ('mounts = [":/dst"]\n', "1: mount ':/dst' is not SRC:DST[:FLAGS]"),
+    ('mounts = ["/a:/b:ro:x"]\n', "1: mount '/a:/b:ro:x' is not SRC:DST[:FLAGS]"),
+    ('env = "X=1"\n', "1: 'env' must be a table, not a string"),
+    ('[env]\nOK = "1"\nN = 3\n', "3: 'env.N' must be a string, not an integer"),
+    ('env.N = true\n', "1: 'env.N' must be a string, not a boolean"),
+    ('[annotations]\nratio = 0.5\n', "2: 'annotations.ratio' must be a string, integer or "
+     "boolean, not a float"),
+    ('base_environment = 3\n', "1: 'base_environment' must be a name or an array of names"),
+    ('base_environment = [""]\n', "1: 'base_environment' must be a name or an array of names"),
+])
+def test_bad_values_name_file_line_and_key(site, text, expected):
+    path = write(site / "edf", "bad.toml", text)
+    assert failure(site, "bad") == f"{path}:{expected}"
+
+
+def test_toml_syntax_error_gives_file_and_line(site):
+    path = write(site / "edf", "syntax.toml", 'image = "x"\nworkdir = /nope\n')
+    message = failure(site, "syntax")
+    assert message.startswith(f"{path}:2: invalid TOML: ")
+    assert "at line" not in message
+
+
+def test_missing_environment_says_where_it_looked(site):
+    message = failure(site, "nothere")
+    assert message == (f"environment 'nothere' not found as nothere or nothere.toml in: "
+                       f"{site / 'edf'}, {site / 'home' / '.edf'}")
+    assert failure(site, "/no/such.toml") == "/no/such.toml: no such environment file"
+
+
+def test_missing_parent_names_the_child(site):
+    path = write(site / "edf", "orphan.toml", '\nbase_environment = "ghost"\n')
+    assert failure(site, "orphan").startswith(
+        f"{path}:2: base_environment: environment 'ghost' not found as ghost or ghost.toml in: ")
+
+
+def test_cycles_are_named(site):
+    d = site / "edf"
+    write(d, "a.toml", 'base_environment = "b"\n')
+    write(d, "b.toml", 'base_environment = ["c", "a"]\n')
+    write(d, "c.toml", "")
+    write(d, "self.toml", 'base_environment = "self.toml"\n')
+    assert failure(site, "a") == "base_environment cycle: a -> b -> a"
+    assert failure(site, "self") == "base_environment cycle: self -> self.toml"
+
+
+# ---------------------------------------------------------------- command line
+
+
+@pytest.fixture
+def run(site, monkeypatch, capsys):
+    """Run `berth ...` in-process with the site's EDF_PATH and hooks."""
+    for key, value in environ(site, SCRATCH="/scratch/u").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("ENROOT_SYSCONF_PATH", str(site / "sysconf"))
+
+    def run_cli(*argv):
+        status = cli.main(list(argv))
+        out, err = capsys.readouterr()
+        return status, out, err
+    return run_cli
+
+
+PYTORCH = """
+base_environment = "site"
+image = "nvcr.io#nvidia/pytorch:24.01-py3"
+entrypoint = false
+[env]
+"ODD KEY" = "tab\\tquote\\"back\\\\slash\\u007f"
+[annotations]
+com.hooks.ofi_nccl.version = "cuda12"
+"""
+SITE = """
+workdir = "/workspace"
+writable = true
+mounts = ["${SCRATCH}:/scratch", "/home:/home:ro"]
+[env]
+NCCL_DEBUG = "WARN"
+[annotations]
+com.hooks.pmix.enable = true
+com.hooks.ofi_nccl.enable = true
+count = 2
+"""
+
+
+def test_show_toml_round_trips_with_sources(site, run):
+    write(site / "edf", "site.toml", SITE)
+    child = write(site / "edf", "pytorch.toml", PYTORCH)
+    status, out, err = run("edf", "show", "pytorch")
+    assert (status, err) == (0, "")
+    parsed = tomllib.loads(out)
+    resolved = edf.resolve("pytorch", environ(site, SCRATCH="/scratch/u"))
+    assert parsed == {k: v for k, v in resolved.items()
+                      if k not in ("sources", "hook_env") and v is not None}
+    assert f'image = "nvcr.io#nvidia/pytorch:24.01-py3"  # {child}\n' in out
+    assert f'    "/scratch/u:/scratch",  # {site / "edf" / "site.toml"}\n' in out
+
+
+def test_show_json_is_the_plugin_interface(site, run):
+    write(site / "edf", "site.toml", SITE)
+    write(site / "edf", "pytorch.toml", PYTORCH)
+    status, out, _ = run("edf", "show", "--json", "pytorch")
+    data = json.loads(out)
+    assert status == 0
+    assert list(data) == ["image", "workdir", "entrypoint", "writable", "mounts", "env",
+                          "annotations", "sources", "hook_env"]
+    assert data["mounts"] == ["/scratch/u:/scratch", "/home:/home:ro"]
+    assert data["writable"] is True and data["entrypoint"] is False
+    assert data["sources"]["workdir"] == str(site / "edf" / "site.toml")
+    assert data["hook_env"] == {"BERTH_HOOK_PMIX_ENABLE": "1", "BERTH_HOOK_OFI_NCCL_ENABLE": "1",
+                                "BERTH_HOOK_OFI_NCCL_VERSION": "cuda12"}
+
+
+def test_check_is_silent_on_success_and_one_line_on_failure(site, run):
+    write(site / "edf", "site.toml", SITE)
+    write(site / "edf", "pytorch.toml", PYTORCH)
+    assert run("edf", "check", "pytorch") == (0, "", "")
+    bad = write(site / "edf", "bad.toml", 'base_environment = "pytorch"\nentrypoint = "yes"\n')
+    status, out, err = run("edf", "check", str(bad))
+    assert (status, out) == (1, "")
+    assert err == f"berth: error: {bad}:2: 'entrypoint' must be a boolean, not a string\n"
