@@ -1,0 +1,96 @@
+"""library/berth_venv.py: a real venv from Debian's python3, run through ansible-playbook."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+PLAY = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Run the module under test
+      berth_venv: "{{ module_args }}"
+      register: result
+      ignore_errors: true
+    - name: Save its result for the test
+      ansible.builtin.copy:
+        content: "{{ result | to_json }}"
+        dest: "{{ result_file }}"
+      check_mode: false
+"""
+
+pytestmark = pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason="needs /usr/bin/python3")
+
+
+def run_module(tmp_path, module_args, check=False):
+    """Run berth_venv once; return its registered result."""
+    play = tmp_path / "play.yml"
+    play.write_text(PLAY)
+    extra = tmp_path / "extra.json"
+    result_file = tmp_path / "result.json"
+    extra.write_text(json.dumps({"module_args": module_args, "result_file": str(result_file)}))
+    env = dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "library"), ANSIBLE_DEPRECATION_WARNINGS="false")
+    cmd = [
+        str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
+        "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{extra}", str(play),
+    ]
+    if check:
+        cmd += ["--check", "--diff"]
+    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    return json.loads(result_file.read_text())
+
+
+def runtime_copy(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "runtime", src, ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    return src
+
+
+def berth_version(venv, tmp_path):
+    out = subprocess.run(
+        [str(venv / "bin" / "berth"), "version"], check=True, capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "ENROOT_SYSCONF_PATH": str(tmp_path)},
+    )
+    return out.stdout.strip()
+
+
+def test_installs_once_and_again_only_when_the_source_changes(tmp_path):
+    src = runtime_copy(tmp_path)
+    venv = tmp_path / "venv"
+    args = {"src": str(src), "venv": str(venv), "python": SYSTEM_PYTHON}
+    files_before = sorted(p.relative_to(src) for p in src.rglob("*"))
+
+    first = run_module(tmp_path, args)
+    assert first["changed"] is True
+    assert (venv / ".source-sha256").read_text().strip() == first["sha256"]
+    assert berth_version(venv, tmp_path) == "0.1.0"
+    assert sorted(p.relative_to(src) for p in src.rglob("*")) == files_before
+
+    assert run_module(tmp_path, args)["changed"] is False
+
+    init = src / "berth" / "__init__.py"
+    init.write_text(init.read_text().replace('"0.1.0"', '"0.1.1"'))
+    planned = run_module(tmp_path, args, check=True)
+    assert planned["changed"] is True
+    assert planned["previous_sha256"] == first["sha256"]
+    assert berth_version(venv, tmp_path) == "0.1.0"
+
+    updated = run_module(tmp_path, args)
+    assert updated["changed"] is True
+    assert berth_version(venv, tmp_path) == "0.1.1"
+
+
+def test_source_without_pyproject_fails_naming_src_and_creates_nothing(tmp_path):
+    venv = tmp_path / "venv"
+    result = run_module(tmp_path, {"src": str(tmp_path), "venv": str(venv), "python": SYSTEM_PYTHON})
+    assert result["failed"] is True
+    assert result["msg"] == f"src: {tmp_path} has no pyproject.toml"
+    assert not venv.exists()
