@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Build the node image the Molecule scenarios and the demo cluster start from,
+# offline from Debian's mirror: debootstrap minbase, then systemd + python3.
+# Skips the build when the image already exists (pass --rebuild to force).
+set -euo pipefail
+IMAGE=${BERTH_NODE_IMAGE:-berth/node:bookworm}
+SUITE=bookworm
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+if [[ "${1:-}" != "--rebuild" ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
+    echo "base-image: $IMAGE present"
+    exit 0
+fi
+
+work=$(mktemp -d /var/tmp/berth-base.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+echo "base-image: debootstrap $SUITE (minbase)"
+debootstrap --variant=minbase "$SUITE" "$work/root" "$MIRROR" >"$work/debootstrap.log" 2>&1 \
+    || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
+tar -C "$work/root" -c . | docker import - "$IMAGE-minbase" >/dev/null
+
+cat >"$work/Dockerfile" <<DOCKERFILE
+FROM $IMAGE-minbase
+ENV DEBIAN_FRONTEND=noninteractive container=docker
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends systemd systemd-sysv dbus python3 \
+      python3-apt iproute2 procps ca-certificates sudo kmod \
+ && apt-get clean && rm -rf /var/lib/apt/lists/* \
+ && systemctl mask getty@tty1.service console-getty.service systemd-logind.service \
+      systemd-remount-fs.service
+STOPSIGNAL SIGRTMIN+3
+CMD ["/lib/systemd/systemd"]
+DOCKERFILE
+echo "base-image: adding systemd and python3"
+docker build -q -t "$IMAGE" "$work" >/dev/null
+echo "base-image: built $IMAGE"
