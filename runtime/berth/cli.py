@@ -22,6 +22,7 @@ VERBS = {
     "export": "berth.container:cmd_export",
     "batch": "berth.container:cmd_batch",
     "edf": "berth.edf:cmd_edf",
+    "setup-user": "berth.userdirs:cmd_setup_user",
     "version": "berth.cli:cmd_version",
 }
 
@@ -108,13 +109,18 @@ def _add_edf(sub):
     check.add_argument("environment", help="NAME or PATH.toml")
 
 
+def _add_setup_user(sub):
+    p = sub.add_parser("setup-user", help="as root: make a user's cache, data, runtime and config dirs")
+    p.add_argument("user", help="user name or uid")
+
+
 def parser():
     p = argparse.ArgumentParser(prog="berth", description=__doc__.splitlines()[0])
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("-v", "--version", action="version", version=__version__)
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     for add in (_add_import, _add_create, _add_start, _add_exec, _add_list,
-                _add_remove, _add_export, _add_batch, _add_edf):
+                _add_remove, _add_export, _add_batch, _add_edf, _add_setup_user):
         add(sub)
     sub.add_parser("version", help="print the version")
     return p
