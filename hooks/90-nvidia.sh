@@ -1,0 +1,385 @@
+#!/bin/bash
+# NVIDIA GPUs inside a container, as an enroot-protocol hook.
+#
+# Reads NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES, NVIDIA_REQUIRE_*
+# and NVIDIA_DISABLE_REQUIRE; appends to $ENROOT_MOUNTS the GPU device nodes,
+# the driver's libraries and programs, and to $ENROOT_ENVIRON LD_LIBRARY_PATH
+# (and CUDA_VISIBLE_DEVICES when the GPUs came from Slurm's binding).
+#
+# NVIDIA_VISIBLE_DEVICES: all | none | void | "" | comma list of indices
+# (nvidia-smi order, i.e. PCI bus order), GPU-<uuid>, MIG-<uuid>. When it is
+# unset, the GPUs are those Slurm bound to the step (SLURM_STEP_GPUS, else
+# SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES); "all" is narrowed to that binding
+# too, so a CUDA image (which sets "all") gets only its job's GPUs, and on a
+# node without GPUs it gets nothing and starts as a CPU container.
+#
+# Libraries are bound into /usr/local/nvidia/lib64 (32-bit: /usr/local/nvidia/lib)
+# rather than the image's own library directory: NVIDIA's CUDA images already
+# search there, nothing of the image is hidden, and no file inside the root
+# has to be written, so a read-only root works. Other images find them through
+# LD_LIBRARY_PATH, which this hook puts in front of the image's own.
+#
+# Knobs, from the environment (e.g. an environ.d/*.env file):
+#   BERTH_NVIDIA_BACKEND    ldcache (default: bind mounts from the ld.so cache)
+#                           | nvidia-container-cli (libnvidia-container does it)
+#   BERTH_NVIDIA_LIBRARIES  capability list (default: nvidia-libraries.conf beside this hook)
+#   BERTH_LDCONFIG          command printing the ld.so cache (default: ldconfig -p)
+#   BERTH_PROC_ROOT         where procfs is (default /proc)
+#   BERTH_DEV_ROOT          where the device nodes are (default /dev)
+set -eu -o pipefail
+
+# Host programs (ldconfig, nvidia-smi) live in sbin dirs an ordinary user's PATH may lack.
+PATH=${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+proc=${BERTH_PROC_ROOT:-/proc}
+dev=${BERTH_DEV_ROOT:-/dev}
+conf=${BERTH_NVIDIA_LIBRARIES:-$(dirname "$(readlink -f "$0")")/nvidia-libraries.conf}
+backend=${BERTH_NVIDIA_BACKEND:-ldcache}
+lib64_dir=/usr/local/nvidia/lib64
+lib32_dir=/usr/local/nvidia/lib
+capabilities_known=" compute utility video graphics display ngx compat32 all "
+uuid_re='[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}'
+constraint_re='^(cuda|driver|arch|brand)(>=|<=|==|!=|=|>|<)(.+)$'
+
+die() {
+    echo "nvidia hook: $*" >&2
+    exit 1
+}
+
+# The GPUs of this node in index order: the driver's per-GPU procfs
+# directories are named by PCI bus id, which is nvidia-smi's index order.
+gpu_minor=()
+gpu_uuid=()
+load_gpus() {
+    local info key value minor uuid
+    for info in "$proc"/driver/nvidia/gpus/*/information; do
+        [ -r "$info" ] || continue
+        minor='' uuid=''
+        while IFS=: read -r key value; do
+            value=${value//[[:space:]]/}
+            case $key in
+                "Device Minor") minor=$value ;;
+                "GPU UUID") uuid=${value,,} ;;
+            esac
+        done <"$info"
+        [[ $minor =~ ^[0-9]+$ ]] || die "$info: no Device Minor line"
+        gpu_minor+=("$minor")
+        gpu_uuid+=("$uuid")
+    done
+}
+
+# MIG-<uuid> -> index of its parent GPU, from `nvidia-smi -L`, which lists
+# each GPU's MIG devices under it.
+mig_parent() {
+    local mig=${1,,} line parent=''
+    command -v nvidia-smi >/dev/null || return 1
+    while read -r line; do
+        line=${line,,}
+        case $line in
+            "gpu "*) parent=${line##*uuid: } parent=${parent%)} ;;
+            "mig "*"uuid: $mig)") index_of_uuid "$parent"; return ;;
+        esac
+    done < <(nvidia-smi -L)
+    return 1
+}
+
+index_of_uuid() {
+    local i
+    for i in "${!gpu_uuid[@]}"; do
+        [ "${gpu_uuid[$i]}" = "${1,,}" ] && echo "$i" && return 0
+    done
+    return 1
+}
+
+# Parse a device list into selected_gpus (indices) and selected_migs (uuids).
+declare -A selected_gpus=()
+selected_migs=()
+select_devices() {
+    local variable=$1 list=$2 item index
+    local -a items
+    IFS=, read -ra items <<<"$list"
+    for item in "${items[@]}"; do
+        item=${item//[[:space:]]/}
+        if [[ $item =~ ^[0-9]+$ ]]; then
+            [ "$item" -lt "${#gpu_minor[@]}" ] ||
+                die "$variable: no GPU $item on this node (it has ${#gpu_minor[@]})"
+            selected_gpus[$((10#$item))]=1
+        elif [[ $item =~ ^GPU-$uuid_re$ ]]; then
+            index=$(index_of_uuid "$item") || die "$variable: no GPU $item on this node"
+            selected_gpus[$index]=1
+        elif [[ $item =~ ^MIG-$uuid_re$ ]]; then
+            index=$(mig_parent "$item") || die "$variable: no MIG device $item on this node"
+            selected_gpus[$index]=1
+            selected_migs+=("$item")
+        else
+            die "$variable: '$item' is neither a GPU index, a GPU-<uuid> nor a MIG-<uuid>"
+        fi
+    done
+}
+
+# Slurm's binding of GPUs to this step, as "VARIABLE=VALUE", or nothing.
+slurm_binding() {
+    local variable
+    for variable in SLURM_STEP_GPUS SLURM_JOB_GPUS CUDA_VISIBLE_DEVICES; do
+        if [ -n "${!variable:-}" ]; then
+            echo "$variable=${!variable}"
+            return
+        fi
+    done
+}
+
+# NVIDIA_DRIVER_CAPABILITIES -> the set "capabilities" (compat32 kept apart).
+declare -A capabilities=()
+want_compat32=no
+parse_capabilities() {
+    local list=${NVIDIA_DRIVER_CAPABILITIES:-utility,compute} item every
+    local -a items
+    IFS=, read -ra items <<<"$list"
+    for item in "${items[@]}"; do
+        item=${item//[[:space:]]/}
+        [[ $capabilities_known == *" $item "* ]] ||
+            die "NVIDIA_DRIVER_CAPABILITIES: unknown capability '$item'"
+        case $item in
+            all) for every in $capabilities_known; do capabilities[$every]=1; done ;;
+            *) capabilities[$item]=1 ;;
+        esac
+    done
+    [ -z "${capabilities[compat32]:-}" ] || want_compat32=yes
+}
+
+# The capability list: fill wanted_libs (base names), wanted_bins, wanted_ipcs.
+declare -A wanted_libs=()
+wanted_bins=()
+wanted_ipcs=()
+read_library_list() {
+    local number=0 line capability kind name extra
+    [ -r "$conf" ] || die "BERTH_NVIDIA_LIBRARIES: cannot read $conf"
+    while IFS= read -r line || [ -n "$line" ]; do
+        number=$((number + 1))
+        line=${line%%#*}
+        read -r capability kind name extra <<<"$line" || true
+        [ -n "${capability:-}" ] || continue
+        [ -n "${name:-}" ] && [ -z "${extra:-}" ] ||
+            die "$conf:$number: want 'CAPABILITY KIND NAME', got '$line'"
+        case " $capability " in
+            " all " | " compat32 ") die "$conf:$number: '$capability' cannot be listed" ;;
+            *) [[ $capabilities_known == *" $capability "* ]] ||
+                die "$conf:$number: unknown capability '$capability'" ;;
+        esac
+        [ -n "${capabilities[$capability]:-}" ] || continue
+        case $kind in
+            lib) wanted_libs[$name]=1 ;;
+            bin) wanted_bins+=("$name") ;;
+            ipc) wanted_ipcs+=("$name") ;;
+            *) die "$conf:$number: unknown kind '$kind' (lib, bin or ipc)" ;;
+        esac
+    done <"$conf"
+}
+
+# version_le A B: A <= B in version order.
+version_le() {
+    [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" = "$1" ]
+}
+
+version_holds() { # VERSION OP WANTED
+    case $2 in
+        ">=") version_le "$3" "$1" ;;
+        "<=") version_le "$1" "$3" ;;
+        ">") ! version_le "$1" "$3" ;;
+        "<") ! version_le "$3" "$1" ;;
+        "=" | "==") version_le "$1" "$3" && version_le "$3" "$1" ;;
+        "!=") ! { version_le "$1" "$3" && version_le "$3" "$1"; } ;;
+    esac
+}
+
+# NVIDIA_REQUIRE_*: space-separated alternatives of comma-separated
+# constraints. Checked only where the driver's CUDA version is known (from
+# nvidia-smi); arch= and brand= constraints are taken as met.
+check_requirements() {
+    local variable alternative term key op wanted have driver='' cuda='' met
+    local -a alternatives terms words
+    case ${NVIDIA_DISABLE_REQUIRE:-} in "" | 0 | false | no | n) ;; *) return 0 ;; esac
+    [ -n "$(compgen -v NVIDIA_REQUIRE_ || true)" ] || return 0
+    command -v nvidia-smi >/dev/null || return 0
+    cuda=$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n1)
+    [ -n "$cuda" ] || return 0
+    read -ra words <"$proc/driver/nvidia/version" || true
+    for term in "${words[@]}"; do
+        if [[ $term =~ ^[0-9]+\.[0-9]+(\.[0-9]+)*$ ]]; then driver=$term; break; fi
+    done
+    for variable in $(compgen -v NVIDIA_REQUIRE_); do
+        read -ra alternatives <<<"${!variable}"
+        [ "${#alternatives[@]}" -gt 0 ] || continue
+        met=no
+        for alternative in "${alternatives[@]}"; do
+            IFS=, read -ra terms <<<"$alternative"
+            met=yes
+            for term in "${terms[@]}"; do
+                [[ $term =~ $constraint_re ]] ||
+                    die "$variable: cannot read constraint '$term'"
+                key=${BASH_REMATCH[1]} op=${BASH_REMATCH[2]} wanted=${BASH_REMATCH[3]}
+                case $key in
+                    cuda) have=$cuda ;;
+                    driver) have=$driver ;;
+                    *) continue ;;
+                esac
+                [ -n "$have" ] && version_holds "$have" "$op" "$wanted" || { met=no; break; }
+            done
+            [ "$met" = no ] || break
+        done
+        [ "$met" = yes ] ||
+            die "$variable: '${!variable}' is not met by this node (driver ${driver:-unknown}, CUDA $cuda)"
+    done
+}
+
+mounts=()
+environ=()
+declare -A bound=()
+bind() { # SRC DST OPTIONS; one destination once
+    [ -z "${bound[$2]:-}" ] || return 0
+    bound[$2]=1
+    mounts+=("$1 $2 none $3")
+}
+
+bind_devices() {
+    local index node
+    for index in $(printf '%s\n' "${!selected_gpus[@]}" | sort -n); do
+        node=$dev/nvidia${gpu_minor[$index]}
+        [ -c "$node" ] || die "$node: GPU $index's device node is missing"
+        bind "$node" "/dev/nvidia${gpu_minor[$index]}" bind,nosuid,noexec,x-create=file
+    done
+    [ -c "$dev/nvidiactl" ] || die "$dev/nvidiactl: missing (is the nvidia driver loaded?)"
+    for node in nvidiactl nvidia-uvm nvidia-uvm-tools nvidia-modeset; do
+        if [ -c "$dev/$node" ]; then
+            bind "$dev/$node" "/dev/$node" bind,nosuid,noexec,x-create=file
+        fi
+    done
+    if [ -n "${capabilities[compute]:-}" ] && [ ! -c "$dev/nvidia-uvm" ]; then
+        echo "nvidia hook: warning: $dev/nvidia-uvm missing (nvidia_uvm not loaded?): CUDA will not start" >&2
+    fi
+    if [ "${#selected_migs[@]}" -gt 0 ] && [ -d "$dev/nvidia-caps" ]; then
+        bind "$dev/nvidia-caps" /dev/nvidia-caps bind,nosuid,noexec,x-create=dir
+    fi
+}
+
+# Every cache entry named after a wanted library, native (64-bit) and, with
+# compat32, 32-bit; the entry's name stays (it is the soname programs ask
+# for), its file is the resolved target.
+bind_libraries() {
+    local line name flags path base target dir used32=no cache
+    local ldconfig=${BERTH_LDCONFIG:-ldconfig -p}
+    [ "${#wanted_libs[@]}" -gt 0 ] || return 0
+    cache=$($ldconfig) || die "BERTH_LDCONFIG: '$ldconfig' failed"
+    while IFS= read -r line; do
+        [[ $line == *" => "* ]] || continue
+        line=${line#"${line%%[![:space:]]*}"}
+        name=${line%% *} path=${line##* => }
+        flags=${line#* (} flags=${flags%%)*}
+        case $name in *.so.*) base=${name%%.so.*}.so ;; *) base=$name ;; esac
+        [ -n "${wanted_libs[$base]:-}" ] || continue
+        case $flags in
+            *64*) dir=$lib64_dir ;;
+            libc6) [ "$want_compat32" = yes ] || continue; dir=$lib32_dir used32=yes ;;
+            *) continue ;;
+        esac
+        target=$(readlink -f "$path") && [ -f "$target" ] || continue
+        bind "$target" "$dir/$name" bind,ro,nosuid,x-create=file
+    done <<<"$cache"
+    local search=$lib64_dir
+    [ "$used32" = no ] || search=$search:$lib32_dir
+    case ":${LD_LIBRARY_PATH:-}:" in
+        *":$lib64_dir:"*) ;;
+        *) environ+=("LD_LIBRARY_PATH=$search${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}") ;;
+    esac
+}
+
+bind_programs() {
+    local name path
+    for name in "${wanted_bins[@]}"; do
+        path=$(command -v "$name") || continue
+        bind "$(readlink -f "$path")" "/usr/bin/$name" bind,ro,nosuid,x-create=file
+    done
+    for path in "${wanted_ipcs[@]}"; do
+        if [ -S "$path" ]; then
+            bind "$path" "$path" bind,nosuid,noexec,x-create=file
+        fi
+    done
+}
+
+# Inside, the driver numbers only the GPUs it can see, from 0: Slurm's
+# numbering of host GPUs must not reach the container.
+renumber_cuda_devices() {
+    local count=${#selected_gpus[@]} list
+    if [ "${#selected_migs[@]}" -gt 0 ]; then
+        list=$(IFS=,; echo "${selected_migs[*]}")
+    else
+        list=$(seq -s, 0 $((count - 1)))
+    fi
+    environ+=("CUDA_VISIBLE_DEVICES=$list")
+}
+
+run_container_cli() {
+    local capability list variable
+    local -a args
+    command -v nvidia-container-cli >/dev/null ||
+        die "BERTH_NVIDIA_BACKEND: nvidia-container-cli not found on PATH"
+    list=$(printf '%s\n' "${!selected_gpus[@]}" | sort -n | paste -sd,)
+    [ "${#selected_migs[@]}" -eq 0 ] || list=$(IFS=,; echo "${selected_migs[*]}")
+    args=(--user configure --no-cgroups "--ldconfig=@$(command -v ldconfig)"
+        "--device=$list" "--pid=${ENROOT_PID:?}")
+    for capability in "${!capabilities[@]}"; do
+        [ "$capability" = all ] || args+=("--$capability")
+    done
+    case ${NVIDIA_DISABLE_REQUIRE:-} in
+        "" | 0 | false | no | n)
+            for variable in $(compgen -v NVIDIA_REQUIRE_ || true); do
+                args+=("--require=${!variable}")
+            done ;;
+    esac
+    nvidia-container-cli "${args[@]}" "${ENROOT_ROOTFS:?}" ||
+        die "nvidia-container-cli failed for GPUs $list"
+}
+
+main() {
+    local binding=
+    case $backend in
+        ldcache | nvidia-container-cli) ;;
+        *) die "BERTH_NVIDIA_BACKEND: unknown backend '$backend' (ldcache or nvidia-container-cli)" ;;
+    esac
+    if [ -z "${NVIDIA_VISIBLE_DEVICES+set}" ]; then
+        binding=$(slurm_binding)
+        [ -n "$binding" ] || exit 0
+    else
+        case $NVIDIA_VISIBLE_DEVICES in
+            "" | none | void) exit 0 ;;
+            all) binding=$(slurm_binding) ;;
+        esac
+    fi
+
+    parse_capabilities
+    load_gpus
+    if [ -n "$binding" ]; then
+        select_devices "${binding%%=*}" "${binding#*=}"
+    elif [ "$NVIDIA_VISIBLE_DEVICES" = all ]; then
+        [ "${#gpu_minor[@]}" -gt 0 ] || exit 0
+        select_devices NVIDIA_VISIBLE_DEVICES "$(seq -s, 0 $((${#gpu_minor[@]} - 1)))"
+    else
+        select_devices NVIDIA_VISIBLE_DEVICES "$NVIDIA_VISIBLE_DEVICES"
+    fi
+    [ "${#selected_gpus[@]}" -gt 0 ] || exit 0
+    [ -z "$binding" ] || renumber_cuda_devices
+
+    if [ "$backend" = nvidia-container-cli ]; then
+        run_container_cli
+    else
+        read_library_list
+        check_requirements
+        bind_devices
+        bind_libraries
+        bind_programs
+        printf '%s\n' "${mounts[@]}" >>"${ENROOT_MOUNTS:?}"
+    fi
+    [ "${#environ[@]}" -eq 0 ] || printf '%s\n' "${environ[@]}" >>"${ENROOT_ENVIRON:?}"
+}
+
+main "$@"
