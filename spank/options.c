@@ -1,0 +1,521 @@
+/* See options.h. Pure string work plus stat(2): no Slurm, no side effects. */
+#include "options.h"
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+static int copy_str(char *dst, size_t dstlen, const char *src)
+{
+	size_t n = strlen(src);
+
+	if (n >= dstlen)
+		return -1;
+	memcpy(dst, src, n + 1);
+	return 0;
+}
+
+/* Replace *slot with a copy of value; the old value is freed. */
+static int store(char **slot, const char *value, char *err, size_t errlen)
+{
+	char *copy = strdup(value);
+
+	if (copy == NULL)
+		return fail(err, errlen, "out of memory");
+	free(*slot);
+	*slot = copy;
+	return 0;
+}
+
+void conf_defaults(struct plugin_conf *conf)
+{
+	memset(conf, 0, sizeof(*conf));
+	strcpy(conf->runtime_path, "/run/berth");
+	strcpy(conf->berth, "/usr/local/bin/berth");
+	conf->sbatch_support = 1;
+}
+
+int parse_bool(const char *value)
+{
+	static const char *const yes[] = { "1", "true", "yes", "y" };
+	static const char *const no[] = { "0", "false", "no", "n" };
+
+	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
+		if (strcasecmp(value, yes[i]) == 0)
+			return 1;
+		if (strcasecmp(value, no[i]) == 0)
+			return 0;
+	}
+	return -1;
+}
+
+static int conf_path(char *dst, const char *key, const char *value,
+		     char *err, size_t errlen)
+{
+	if (value[0] != '/')
+		return fail(err, errlen, "%s: '%s' is not an absolute path",
+			    key, value);
+	if (copy_str(dst, PATH_MAX, value) < 0)
+		return fail(err, errlen, "%s: path too long", key);
+	return 0;
+}
+
+static int conf_bool(int *dst, const char *key, const char *value,
+		     char *err, size_t errlen)
+{
+	int b = parse_bool(value);
+
+	if (b < 0)
+		return fail(err, errlen,
+			    "%s: '%s' is not a boolean (1/true/yes/y or 0/false/no/n)",
+			    key, value);
+	*dst = b;
+	return 0;
+}
+
+int conf_parse(struct plugin_conf *conf, int argc, char **argv,
+	       char *err, size_t errlen)
+{
+	conf_defaults(conf);
+	for (int i = 0; i < argc; i++) {
+		const char *arg = argv[i];
+		const char *eq = strchr(arg, '=');
+		char key[64];
+		const char *value;
+		size_t keylen;
+		int rc;
+
+		if (eq == NULL)
+			return fail(err, errlen, "plugstack option '%s' is not key=value", arg);
+		keylen = (size_t)(eq - arg);
+		if (keylen == 0 || keylen >= sizeof(key))
+			return fail(err, errlen, "plugstack option '%s' has a bad key", arg);
+		memcpy(key, arg, keylen);
+		key[keylen] = '\0';
+		value = eq + 1;
+
+		if (strcmp(key, "runtime_path") == 0)
+			rc = conf_path(conf->runtime_path, key, value, err, errlen);
+		else if (strcmp(key, "berth") == 0)
+			rc = conf_path(conf->berth, key, value, err, errlen);
+		else if (strcmp(key, "importer") == 0)
+			rc = conf_path(conf->importer, key, value, err, errlen);
+		else if (strcmp(key, "execute_entrypoint") == 0)
+			rc = conf_bool(&conf->execute_entrypoint, key, value, err, errlen);
+		else if (strcmp(key, "sbatch_support") == 0)
+			rc = conf_bool(&conf->sbatch_support, key, value, err, errlen);
+		else if (strcmp(key, "use_enroot_load") == 0)
+			rc = conf_bool(&conf->use_enroot_load, key, value, err, errlen);
+		else if (strcmp(key, "use_squashfuse") == 0)
+			rc = conf_bool(&conf->use_squashfuse, key, value, err, errlen);
+		else if (strcmp(key, "container_scope") == 0) {
+			if (strcmp(value, "job") == 0)
+				conf->container_scope_job = 1;
+			else if (strcmp(value, "global") == 0)
+				conf->container_scope_job = 0;
+			else
+				return fail(err, errlen,
+					    "container_scope: '%s' is neither job nor global", value);
+			rc = 0;
+		} else
+			return fail(err, errlen, "unknown plugstack option '%s'", key);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+void flags_init(struct container_flags *flags)
+{
+	memset(flags, 0, sizeof(*flags));
+	flags->name_mode = NAME_AUTO;
+	flags->mount_home = UNSET;
+	flags->remap_root = UNSET;
+	flags->entrypoint = UNSET;
+	flags->writable = UNSET;
+}
+
+void flags_free(struct container_flags *flags)
+{
+	free(flags->image);
+	free(flags->mounts);
+	free(flags->workdir);
+	free(flags->name);
+	free(flags->save);
+	free(flags->env_names);
+	free(flags->unshare);
+	flags_init(flags);
+}
+
+int flags_want_container(const struct container_flags *flags)
+{
+	return flags->image != NULL || flags->name != NULL;
+}
+
+int flags_check(const struct container_flags *flags, char *err, size_t errlen)
+{
+	static const char *const need_container =
+		"%s needs --container-image or --container-name";
+
+	if (flags_want_container(flags))
+		return 0;
+	if (flags->mounts)
+		return fail(err, errlen, need_container, "--container-mounts");
+	if (flags->workdir)
+		return fail(err, errlen, need_container, "--container-workdir");
+	if (flags->save)
+		return fail(err, errlen, need_container, "--container-save");
+	if (flags->env_names)
+		return fail(err, errlen, need_container, "--container-env");
+	if (flags->unshare)
+		return fail(err, errlen, need_container, "--container-unshare");
+	return 0;
+}
+
+int image_is_file(const char *image)
+{
+	size_t n = strlen(image);
+
+	return image[0] == '/' || image[0] == '.' ||
+	       (n > 5 && strcmp(image + n - 5, ".sqsh") == 0);
+}
+
+/*
+ * "#SBATCH --container-image nvcr.io#nvidia/cuda" reaches us as "nvcr.io":
+ * the '#' started a comment. A lone registry host has no '/', and its first
+ * part has a dot or is localhost; Docker Hub names (ubuntu, python:3) do not.
+ */
+static int looks_like_bare_registry(const char *image)
+{
+	const char *at = strchr(image, '@');
+	size_t hostlen;
+
+	if (at != NULL) /* USER@HOST */
+		image = at + 1;
+	hostlen = strcspn(image, ":");
+	if (strchr(image, '/') != NULL || strchr(image, '#') != NULL)
+		return 0;
+	if (hostlen == 9 && strncmp(image, "localhost", 9) == 0)
+		return 1;
+	return memchr(image, '.', hostlen) != NULL;
+}
+
+int set_image(struct container_flags *flags, const char *value,
+	      int check_files, char *err, size_t errlen)
+{
+	struct stat st;
+	size_t n = strlen(value);
+
+	if (n == 0)
+		return fail(err, errlen, "--container-image: empty image");
+	if (image_is_file(value)) {
+		if (check_files && stat(value, &st) < 0)
+			return fail(err, errlen, "--container-image: no such file '%s'", value);
+		if (check_files && !S_ISREG(st.st_mode))
+			return fail(err, errlen, "--container-image: '%s' is not a file", value);
+	} else if (strstr(value, "://") == NULL) {
+		if (value[n - 1] == '#' || value[n - 1] == ':' || value[n - 1] == '@')
+			return fail(err, errlen,
+				    "--container-image: '%s' ends without an image name", value);
+		if (looks_like_bare_registry(value))
+			return fail(err, errlen,
+				    "--container-image: '%s' is a registry host without an image "
+				    "(in an #SBATCH line, '#' starts a comment: give the image "
+				    "on the sbatch or srun command line)", value);
+	}
+	return store(&flags->image, value, err, errlen);
+}
+
+static int known_mount_flag(const char *flag, size_t len)
+{
+	static const char *const known[] = {
+		"ro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec",
+		"private", "rprivate", "shared", "rshared", "slave", "rslave",
+		"nofail", "x-create=dir", "x-create=file",
+	};
+
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+		if (strlen(known[i]) == len && strncmp(flag, known[i], len) == 0)
+			return 1;
+	return 0;
+}
+
+/* One SRC:DST[:FLAGS] entry of len bytes at spec. */
+static int check_mount(const char *spec, size_t len, char *err, size_t errlen)
+{
+	const char *end = spec + len;
+	const char *colon = memchr(spec, ':', len);
+	const char *dst, *dst_end, *flags;
+
+	if (len == 0)
+		return fail(err, errlen, "--container-mounts: empty entry");
+	if (colon == NULL || colon + 1 == end)
+		return fail(err, errlen, "--container-mounts: missing destination in '%.*s'",
+			    (int)len, spec);
+	if (colon == spec)
+		return fail(err, errlen, "--container-mounts: missing source in '%.*s'",
+			    (int)len, spec);
+	if (spec[0] != '/')
+		return fail(err, errlen,
+			    "--container-mounts: relative source in '%.*s' (use an absolute path)",
+			    (int)len, spec);
+	dst = colon + 1;
+	dst_end = memchr(dst, ':', (size_t)(end - dst));
+	if (dst_end == NULL)
+		dst_end = end;
+	if (dst[0] != '/')
+		return fail(err, errlen, "--container-mounts: relative destination in '%.*s'",
+			    (int)len, spec);
+	if (dst_end == end)
+		return 0;
+	flags = dst_end + 1;
+	if (flags == end)
+		return fail(err, errlen, "--container-mounts: empty flags in '%.*s'",
+			    (int)len, spec);
+	while (flags < end) {
+		const char *plus = memchr(flags, '+', (size_t)(end - flags));
+		size_t flen = (size_t)((plus ? plus : end) - flags);
+
+		if (!known_mount_flag(flags, flen))
+			return fail(err, errlen, "--container-mounts: unknown flag '%.*s' in '%.*s'",
+				    (int)flen, flags, (int)len, spec);
+		flags += flen + (plus ? 1 : 0);
+		if (plus && flags == end)
+			return fail(err, errlen, "--container-mounts: empty flag in '%.*s'",
+				    (int)len, spec);
+	}
+	return 0;
+}
+
+int set_mounts(struct container_flags *flags, const char *value,
+	       char *err, size_t errlen)
+{
+	const char *p = value;
+
+	if (*p == '\0')
+		return fail(err, errlen, "--container-mounts: empty value");
+	for (;;) {
+		size_t len = strcspn(p, ",");
+
+		if (check_mount(p, len, err, errlen) < 0)
+			return -1;
+		if (p[len] == '\0')
+			break;
+		p += len + 1;
+	}
+	return store(&flags->mounts, value, err, errlen);
+}
+
+int set_workdir(struct container_flags *flags, const char *value,
+		char *err, size_t errlen)
+{
+	if (value[0] != '/')
+		return fail(err, errlen, "--container-workdir: '%s' is not an absolute path", value);
+	return store(&flags->workdir, value, err, errlen);
+}
+
+int set_name(struct container_flags *flags, const char *value,
+	     char *err, size_t errlen)
+{
+	static const struct { const char *suffix; enum name_mode mode; } modes[] = {
+		{ "auto", NAME_AUTO }, { "create", NAME_CREATE },
+		{ "exec", NAME_EXEC }, { "no_exec", NAME_NO_EXEC },
+	};
+	size_t len = strcspn(value, ":");
+	enum name_mode mode = NAME_AUTO;
+	char *name;
+
+	if (len == 0)
+		return fail(err, errlen, "--container-name: empty name in '%s'", value);
+	for (size_t i = 0; i < len; i++)
+		if (!isalnum((unsigned char)value[i]) && strchr("_.-", value[i]) == NULL)
+			return fail(err, errlen,
+				    "--container-name: '%s' may only use letters, digits, '_', '.', '-'",
+				    value);
+	if (value[0] == '.')
+		return fail(err, errlen, "--container-name: '%s' starts with '.'", value);
+	if (value[len] == ':') {
+		const char *suffix = value + len + 1;
+		size_t i;
+
+		for (i = 0; i < sizeof(modes) / sizeof(modes[0]); i++)
+			if (strcmp(suffix, modes[i].suffix) == 0)
+				break;
+		if (i == sizeof(modes) / sizeof(modes[0]))
+			return fail(err, errlen,
+				    "--container-name: unknown mode '%s' (create, exec, no_exec, auto)",
+				    suffix);
+		mode = modes[i].mode;
+	}
+	name = strndup(value, len);
+	if (name == NULL)
+		return fail(err, errlen, "out of memory");
+	free(flags->name);
+	flags->name = name;
+	flags->name_mode = mode;
+	return 0;
+}
+
+int set_save(struct container_flags *flags, const char *value,
+	     char *err, size_t errlen)
+{
+	size_t n = strlen(value);
+
+	if (n == 0)
+		return fail(err, errlen, "--container-save: empty path");
+	if (value[n - 1] == '/')
+		return fail(err, errlen, "--container-save: '%s' is a directory, not a file", value);
+	return store(&flags->save, value, err, errlen);
+}
+
+int set_env_names(struct container_flags *flags, const char *value,
+		  char *err, size_t errlen)
+{
+	const char *p = value;
+
+	for (;;) {
+		size_t len = strcspn(p, ",");
+
+		if (len == 0)
+			return fail(err, errlen, "--container-env: empty name in '%s'", value);
+		for (size_t i = 0; i < len; i++) {
+			unsigned char c = (unsigned char)p[i];
+
+			if (!(isalpha(c) || c == '_' || (i > 0 && isdigit(c))))
+				return fail(err, errlen,
+					    "--container-env: '%.*s' is not a variable name",
+					    (int)len, p);
+		}
+		if (p[len] == '\0')
+			break;
+		p += len + 1;
+	}
+	return store(&flags->env_names, value, err, errlen);
+}
+
+int set_unshare(struct container_flags *flags, const char *value,
+		char *err, size_t errlen)
+{
+	const char *p = value;
+
+	for (;;) {
+		size_t len = strcspn(p, ",");
+
+		if (!((len == 3 && (strncmp(p, "net", 3) == 0 ||
+				    strncmp(p, "ipc", 3) == 0 ||
+				    strncmp(p, "uts", 3) == 0))))
+			return fail(err, errlen,
+				    "--container-unshare: unknown namespace '%.*s' (net, ipc, uts)",
+				    (int)len, p);
+		if (p[len] == '\0')
+			break;
+		p += len + 1;
+	}
+	return store(&flags->unshare, value, err, errlen);
+}
+
+int name_in_list(const char *list, const char *key, size_t keylen)
+{
+	const char *p = list;
+
+	if (list == NULL)
+		return 0;
+	for (;;) {
+		size_t len = strcspn(p, ",");
+
+		if (len == keylen && strncmp(p, key, len) == 0)
+			return 1;
+		if (p[len] == '\0')
+			return 0;
+		p += len + 1;
+	}
+}
+
+int unshare_has(const struct container_flags *flags, const char *ns)
+{
+	return name_in_list(flags->unshare, ns, strlen(ns));
+}
+
+int image_uri(const char *image, char *out, size_t outlen)
+{
+	int n;
+
+	if (strstr(image, "://") != NULL)
+		n = snprintf(out, outlen, "%s", image);
+	else
+		n = snprintf(out, outlen, "docker://%s", image);
+	return (n < 0 || (size_t)n >= outlen) ? -1 : 0;
+}
+
+int image_cache_name(const char *image, char *out, size_t outlen)
+{
+	const char *scheme = strstr(image, "://");
+	size_t i = 0;
+
+	if (scheme != NULL)
+		image = scheme + 3;
+	for (; *image != '\0'; image++) {
+		if (i + 1 >= outlen)
+			return -1;
+		out[i++] = strchr("/:#@", *image) ? '+' : *image;
+	}
+	if (i == 0 || i + sizeof(".sqsh") > outlen)
+		return -1;
+	memcpy(out + i, ".sqsh", sizeof(".sqsh"));
+	return 0;
+}
+
+/* Search paths whose image value must beat the host's: host paths are useless inside. */
+static int path_like(const char *key, size_t keylen)
+{
+	static const char *const keys[] = {
+		"PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH",
+		"CPLUS_INCLUDE_PATH", "MANPATH", "PKG_CONFIG_PATH", "PYTHONPATH",
+	};
+
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (strlen(keys[i]) == keylen && strncmp(key, keys[i], keylen) == 0)
+			return 1;
+	return 0;
+}
+
+/* Variables that describe this job and node: only the task's values are true. */
+static int from_slurm(const char *key, size_t keylen)
+{
+	static const char *const prefixes[] = { "SLURM_", "PMIX_", "PMI_" };
+
+	for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++) {
+		size_t n = strlen(prefixes[i]);
+
+		if (keylen >= n && strncmp(key, prefixes[i], n) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+int container_value_wins(const char *key, size_t keylen, int task_has,
+			 const char *env_names)
+{
+	if (from_slurm(key, keylen))
+		return 0;
+	if (!task_has)
+		return 1;
+	return path_like(key, keylen) && !name_in_list(env_names, key, keylen);
+}

@@ -1,0 +1,99 @@
+/*
+ * Parsing and validation for spank_berth: plugstack.conf options and
+ * --container-* flag values. Nothing here calls Slurm, so the C tests in
+ * spank/tests/ exercise it directly.
+ *
+ * Every function that can fail writes one line into err (naming the key or
+ * flag and the bad value) and returns -1; 0 means success.
+ */
+#ifndef BERTH_SPANK_OPTIONS_H
+#define BERTH_SPANK_OPTIONS_H
+
+#include <limits.h>
+#include <stddef.h>
+
+#define ERR_LEN 512
+
+/* plugstack.conf: required /path/spank_berth.so key=value ... */
+struct plugin_conf {
+	char runtime_path[PATH_MAX];
+	char berth[PATH_MAX];    /* the runtime executable */
+	char importer[PATH_MAX]; /* enroot-style "import -o OUT URI"; empty: berth */
+	int execute_entrypoint;
+	int container_scope_job; /* 0: global (default), 1: job */
+	int sbatch_support;
+	int use_enroot_load;     /* accepted for compatibility, see README */
+	int use_squashfuse;      /* accepted for compatibility, see README */
+};
+
+void conf_defaults(struct plugin_conf *conf);
+int conf_parse(struct plugin_conf *conf, int argc, char **argv,
+	       char *err, size_t errlen);
+/* 1/true/yes/y -> 1, 0/false/no/n -> 0, anything else -1 (case-insensitive) */
+int parse_bool(const char *value);
+
+enum name_mode { NAME_AUTO, NAME_CREATE, NAME_EXEC, NAME_NO_EXEC };
+enum tristate { UNSET = -1, OFF = 0, ON = 1 };
+
+/* --container-* values as the user gave them; strings are malloc'ed */
+struct container_flags {
+	char *image;
+	char *mounts;
+	char *workdir;
+	char *name;             /* without the :mode suffix */
+	enum name_mode name_mode;
+	char *save;
+	char *env_names;        /* --container-env, comma separated */
+	char *unshare;          /* comma separated subset of net,ipc,uts */
+	enum tristate mount_home;
+	enum tristate remap_root;
+	enum tristate entrypoint;
+	int entrypoint_log;
+	enum tristate writable;
+};
+
+void flags_init(struct container_flags *flags);
+void flags_free(struct container_flags *flags);
+/* Did the user ask for a container at all? */
+int flags_want_container(const struct container_flags *flags);
+/* Cross-flag checks once all flags are parsed (flags without an image...) */
+int flags_check(const struct container_flags *flags, char *err, size_t errlen);
+
+/*
+ * Value checks, one per flag; they store the value in flags on success.
+ * check_files: also look at the local filesystem (submission side).
+ */
+int set_image(struct container_flags *flags, const char *value,
+	      int check_files, char *err, size_t errlen);
+int set_mounts(struct container_flags *flags, const char *value,
+	       char *err, size_t errlen);
+int set_workdir(struct container_flags *flags, const char *value,
+		char *err, size_t errlen);
+int set_name(struct container_flags *flags, const char *value,
+	     char *err, size_t errlen);
+int set_save(struct container_flags *flags, const char *value,
+	     char *err, size_t errlen);
+int set_env_names(struct container_flags *flags, const char *value,
+		  char *err, size_t errlen);
+int set_unshare(struct container_flags *flags, const char *value,
+		char *err, size_t errlen);
+
+/* Is the image a squashfs file rather than a registry reference? */
+int image_is_file(const char *image);
+/* URI handed to "berth import": docker:// unless a scheme is given */
+int image_uri(const char *image, char *out, size_t outlen);
+/* Cache file name for a registry image: '/', ':', '#', '@' become '+' */
+int image_cache_name(const char *image, char *out, size_t outlen);
+/* Is the namespace (net, ipc, uts) in the --container-unshare list? */
+int unshare_has(const struct container_flags *flags, const char *ns);
+/* Is key one of the comma separated names? */
+int name_in_list(const char *list, const char *key, size_t keylen);
+
+/*
+ * Environment merge (task env vs the container's): does the container's
+ * value replace the task's? task_has: the task env has the key already.
+ */
+int container_value_wins(const char *key, size_t keylen, int task_has,
+			 const char *env_names);
+
+#endif

@@ -1,0 +1,1112 @@
+/*
+ * spank_berth: pyxis-compatible --container-* flags for srun/sbatch/salloc.
+ *
+ * A thin caller of the berth runtime. Per step and node (slurmstepd):
+ *   init_post_opt (root)  make runtime_path/<uid>/ for the user
+ *   user_init (user)      berth import (registry images, cached per user and
+ *                         node), berth create (named containers), then
+ *                         "berth start --detach", which prints the container
+ *                         pid and lives until its stdin closes
+ *   task_init (user)      join that pid's namespaces, chdir, merge env
+ *   exit (root)           close the keeper's stdin, berth export, berth remove
+ * Flag values are checked on the submission side (options.c) so a bad flag
+ * fails srun/sbatch before anything runs.
+ */
+#define _GNU_SOURCE
+#include "options.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+#include <slurm/spank.h>
+
+#define BERTH_SPANK_VERSION "0.1.0"
+
+SPANK_PLUGIN(spank_berth, 1);
+
+static struct plugin_conf conf;
+static struct container_flags flags;
+
+/* One step on one node (remote context). */
+static struct {
+	int active;
+	uid_t uid;
+	gid_t gid;
+	uint32_t jobid;
+	uint32_t stepid;
+	char user_dir[PATH_MAX];   /* runtime_path/<uid> */
+	char step_dir[PATH_MAX];   /* user_dir/<jobid>.<stepid> */
+	char container[NAME_MAX];  /* container name given to berth, or "" */
+	int remove_container;      /* created for --container-save only */
+	char pidfile[PATH_MAX];    /* named container's pid file we wrote, or "" */
+	pid_t keeper;              /* our "berth start --detach", or 0 */
+	int keeper_stdin;          /* closing it stops the keeper */
+	pid_t container_pid;       /* the pid whose namespaces tasks join */
+} step = { .keeper_stdin = -1 };
+
+enum opt_id {
+	OPT_IMAGE, OPT_MOUNTS, OPT_WORKDIR, OPT_NAME, OPT_SAVE,
+	OPT_MOUNT_HOME, OPT_NO_MOUNT_HOME, OPT_REMAP_ROOT, OPT_NO_REMAP_ROOT,
+	OPT_ENTRYPOINT, OPT_NO_ENTRYPOINT, OPT_ENTRYPOINT_LOG,
+	OPT_WRITABLE, OPT_READONLY, OPT_ENV, OPT_UNSHARE,
+};
+
+static int on_option(int val, const char *optarg, int remote);
+
+static struct spank_option options[] = {
+	{ "container-image", "[USER@][REGISTRY#]IMAGE[:TAG]|PATH",
+	  "[berth] the image to run the step in", 1, OPT_IMAGE, on_option },
+	{ "container-mounts", "SRC:DST[:FLAGS][,SRC:DST...]",
+	  "[berth] bind mounts, FLAGS joined with '+' (ro, rbind, ...)", 1, OPT_MOUNTS, on_option },
+	{ "container-workdir", "PATH",
+	  "[berth] working directory inside the container", 1, OPT_WORKDIR, on_option },
+	{ "container-name", "NAME[:create|:exec|:no_exec|:auto]",
+	  "[berth] name the container so later steps reuse it", 1, OPT_NAME, on_option },
+	{ "container-save", "PATH",
+	  "[berth] save the container to a squashfs file after the step", 1, OPT_SAVE, on_option },
+	{ "container-mount-home", NULL,
+	  "[berth] bind mount the user's home directory", 0, OPT_MOUNT_HOME, on_option },
+	{ "no-container-mount-home", NULL,
+	  "[berth] do not bind mount the user's home directory", 0, OPT_NO_MOUNT_HOME, on_option },
+	{ "container-remap-root", NULL,
+	  "[berth] become root inside the container", 0, OPT_REMAP_ROOT, on_option },
+	{ "no-container-remap-root", NULL,
+	  "[berth] stay yourself inside the container", 0, OPT_NO_REMAP_ROOT, on_option },
+	{ "container-entrypoint", NULL,
+	  "[berth] run the image entrypoint (not supported yet)", 0, OPT_ENTRYPOINT, on_option },
+	{ "no-container-entrypoint", NULL,
+	  "[berth] do not run the image entrypoint", 0, OPT_NO_ENTRYPOINT, on_option },
+	{ "container-entrypoint-log", NULL,
+	  "[berth] log the entrypoint's output", 0, OPT_ENTRYPOINT_LOG, on_option },
+	{ "container-writable", NULL,
+	  "[berth] make the container filesystem writable", 0, OPT_WRITABLE, on_option },
+	{ "container-readonly", NULL,
+	  "[berth] make the container filesystem read-only", 0, OPT_READONLY, on_option },
+	{ "container-env", "NAME[,NAME...]",
+	  "[berth] variables whose task value beats the image's", 1, OPT_ENV, on_option },
+	{ "container-unshare", "net,ipc,uts",
+	  "[berth] give the container its own namespaces", 1, OPT_UNSHARE, on_option },
+	/* --environment (Environment Definition Files) is registered here once the EDF work lands. */
+	SPANK_OPTIONS_TABLE_END
+};
+
+static int on_option(int val, const char *optarg, int remote)
+{
+	char err[ERR_LEN] = "";
+	int rc = 0;
+
+	switch (val) {
+	case OPT_IMAGE:
+		rc = set_image(&flags, optarg, !remote, err, sizeof(err));
+		break;
+	case OPT_MOUNTS:
+		rc = set_mounts(&flags, optarg, err, sizeof(err));
+		break;
+	case OPT_WORKDIR:
+		rc = set_workdir(&flags, optarg, err, sizeof(err));
+		break;
+	case OPT_NAME:
+		rc = set_name(&flags, optarg, err, sizeof(err));
+		break;
+	case OPT_SAVE:
+		rc = set_save(&flags, optarg, err, sizeof(err));
+		break;
+	case OPT_ENV:
+		rc = set_env_names(&flags, optarg, err, sizeof(err));
+		break;
+	case OPT_UNSHARE:
+		rc = set_unshare(&flags, optarg, err, sizeof(err));
+		break;
+	case OPT_MOUNT_HOME:
+	case OPT_NO_MOUNT_HOME:
+		flags.mount_home = val == OPT_MOUNT_HOME ? ON : OFF;
+		break;
+	case OPT_REMAP_ROOT:
+	case OPT_NO_REMAP_ROOT:
+		flags.remap_root = val == OPT_REMAP_ROOT ? ON : OFF;
+		break;
+	case OPT_ENTRYPOINT:
+	case OPT_NO_ENTRYPOINT:
+		flags.entrypoint = val == OPT_ENTRYPOINT ? ON : OFF;
+		break;
+	case OPT_ENTRYPOINT_LOG:
+		flags.entrypoint_log = 1;
+		break;
+	case OPT_WRITABLE:
+	case OPT_READONLY:
+		flags.writable = val == OPT_WRITABLE ? ON : OFF;
+		break;
+	default:
+		snprintf(err, sizeof(err), "unknown option id %d", val);
+		rc = -1;
+	}
+	if (rc < 0)
+		slurm_error("spank_berth: %s", err);
+	return rc;
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	spank_context_t ctx = spank_context();
+	char err[ERR_LEN];
+
+	flags_init(&flags);
+	if (conf_parse(&conf, ac, av, err, sizeof(err)) < 0) {
+		slurm_error("spank_berth: plugstack.conf: %s", err);
+		return -1;
+	}
+	if (ctx == S_CTX_ALLOCATOR && !conf.sbatch_support)
+		return 0;
+	if (ctx != S_CTX_LOCAL && ctx != S_CTX_REMOTE && ctx != S_CTX_ALLOCATOR)
+		return 0;
+	for (struct spank_option *opt = options; opt->name != NULL; opt++) {
+		spank_err_t rc = spank_option_register(sp, opt);
+
+		if (rc != ESPANK_SUCCESS) {
+			slurm_error("spank_berth: cannot register --%s: %s",
+				    opt->name, spank_strerror(rc));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* ---- helpers for the remote side ---------------------------------------- */
+
+static int path_join(char *out, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static int path_join(char *out, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(out, PATH_MAX, fmt, ap);
+	va_end(ap);
+	if (n < 0 || n >= PATH_MAX) {
+		slurm_error("spank_berth: path too long: %s...", out);
+		return -1;
+	}
+	return 0;
+}
+
+/* mkdir that accepts an existing directory owned by uid; as root, chown it to uid:gid. */
+static int make_dir(const char *path, mode_t mode, uid_t uid, gid_t gid)
+{
+	struct stat st;
+
+	if (mkdir(path, mode) == 0) {
+		if (geteuid() == 0 && chown(path, uid, gid) < 0) {
+			slurm_error("spank_berth: cannot chown %s: %m", path);
+			return -1;
+		}
+		return 0;
+	}
+	if (errno != EEXIST) {
+		slurm_error("spank_berth: cannot create %s: %m", path);
+		return -1;
+	}
+	if (lstat(path, &st) < 0 || !S_ISDIR(st.st_mode)) {
+		slurm_error("spank_berth: %s exists and is not a directory", path);
+		return -1;
+	}
+	if (st.st_uid != uid) {
+		slurm_error("spank_berth: %s is owned by uid %u, not %u",
+			    path, (unsigned)st.st_uid, (unsigned)uid);
+		return -1;
+	}
+	return 0;
+}
+
+/* Steps that are not user commands: the batch script, extern and interactive steps. */
+static int special_step(uint32_t stepid)
+{
+	return stepid == SLURM_BATCH_SCRIPT || stepid == SLURM_EXTERN_CONT ||
+	       stepid == SLURM_INTERACTIVE_STEP;
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	char err[ERR_LEN];
+	int entrypoint;
+
+	(void)ac;
+	(void)av;
+	if (spank_context() != S_CTX_REMOTE) {
+		if (flags_check(&flags, err, sizeof(err)) < 0) {
+			slurm_error("spank_berth: %s", err);
+			return -1;
+		}
+		entrypoint = flags.entrypoint != UNSET ? flags.entrypoint : conf.execute_entrypoint;
+		if (flags_want_container(&flags) && entrypoint) {
+			slurm_error("spank_berth: --container-entrypoint: running the image "
+				    "entrypoint is not supported yet (use --no-container-entrypoint%s)",
+				    conf.execute_entrypoint ? "; plugstack.conf sets execute_entrypoint" : "");
+			return -1;
+		}
+		return 0;
+	}
+	if (!flags_want_container(&flags))
+		return 0;
+	if (spank_get_item(sp, S_JOB_UID, &step.uid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_GID, &step.gid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_ID, &step.jobid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &step.stepid) != ESPANK_SUCCESS) {
+		slurm_error("spank_berth: cannot read the job's uid, gid or ids");
+		return -1;
+	}
+	if (special_step(step.stepid))
+		return 0;
+	/* runtime_path is root's; the per-user dir below it is the user's (pyxis#4). */
+	if (make_dir(conf.runtime_path, 0755, 0, 0) < 0 ||
+	    path_join(step.user_dir, "%s/%u", conf.runtime_path, (unsigned)step.uid) < 0 ||
+	    make_dir(step.user_dir, 0700, step.uid, step.gid) < 0 ||
+	    path_join(step.step_dir, "%s/%u.%u", step.user_dir, step.jobid, step.stepid) < 0)
+		return -1;
+	step.active = 1;
+	return 0;
+}
+
+/* NULL-terminated copy of the job env with KEY=VALUE overrides replacing their keys. */
+static char **child_env(spank_t sp, char **overrides, int noverrides)
+{
+	char **job_env = NULL;
+	char **env;
+	int n = 0, out = 0;
+
+	if (spank_get_item(sp, S_JOB_ENV, &job_env) != ESPANK_SUCCESS || job_env == NULL) {
+		slurm_error("spank_berth: cannot read the job environment");
+		return NULL;
+	}
+	while (job_env[n] != NULL)
+		n++;
+	env = calloc((size_t)(n + noverrides + 1), sizeof(*env));
+	if (env == NULL) {
+		slurm_error("spank_berth: out of memory");
+		return NULL;
+	}
+	for (int i = 0; i < n; i++) {
+		int replaced = 0;
+
+		for (int j = 0; j < noverrides; j++) {
+			size_t keylen = strcspn(overrides[j], "=") + 1;
+
+			if (strncmp(job_env[i], overrides[j], keylen) == 0)
+				replaced = 1;
+		}
+		if (!replaced)
+			env[out++] = job_env[i];
+	}
+	for (int j = 0; j < noverrides; j++)
+		env[out++] = overrides[j];
+	return env;
+}
+
+/* Exit codes of a child that failed before exec (see report_failure). */
+#define EXIT_NO_USER 126
+#define EXIT_NO_LOG 125
+
+/*
+ * Fork argv as the job user. stdin/stdout of the child: the given fds (-1:
+ * /dev/null); stderr: log_path, opened as the user. Only async-signal-safe
+ * calls after fork: slurmstepd has threads.
+ */
+static pid_t spawn(spank_t sp, char *const argv[], char **env, int in_fd, int out_fd,
+		   const char *log_path)
+{
+	gid_t *groups = NULL;
+	int ngroups = 0;
+	int null_fd, log_fd;
+	int as_root = geteuid() == 0;
+	pid_t pid;
+
+	if (as_root && spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &groups, &ngroups) != ESPANK_SUCCESS) {
+		slurm_error("spank_berth: cannot read the job's groups");
+		return -1;
+	}
+	null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null_fd < 0) {
+		slurm_error("spank_berth: cannot open /dev/null: %m");
+		return -1;
+	}
+	pid = fork();
+	if (pid == 0) {
+		if (as_root && setgroups((size_t)ngroups, groups) < 0)
+			_exit(EXIT_NO_USER);
+		if (setresgid(step.gid, step.gid, step.gid) < 0 ||
+		    setresuid(step.uid, step.uid, step.uid) < 0)
+			_exit(EXIT_NO_USER);
+		log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+		if (log_fd < 0 || dup2(log_fd, 2) < 0 ||
+		    dup2(in_fd >= 0 ? in_fd : null_fd, 0) < 0 ||
+		    dup2(out_fd >= 0 ? out_fd : null_fd, 1) < 0)
+			_exit(EXIT_NO_LOG);
+		/* slurmstepd's own fds are none of the runtime's business */
+		if (close_range(3, ~0U, 0) < 0)
+			for (int fd = 3; fd < 1024; fd++)
+				close(fd);
+		if (chdir(step.step_dir) < 0)
+			_exit(EXIT_NO_LOG);
+		execve(argv[0], argv, env);
+		_exit(127);
+	}
+	if (pid < 0)
+		slurm_error("spank_berth: fork: %m");
+	close(null_fd);
+	return pid;
+}
+
+/* Report why a runtime command failed: its last stderr line. */
+static void report_failure(const char *what, const char *log_path, int status)
+{
+	char buf[4096];
+	char *line;
+	ssize_t n = -1;
+	int fd = open(log_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	off_t size;
+
+	if (fd >= 0) {
+		size = lseek(fd, 0, SEEK_END);
+		if (size > (off_t)sizeof(buf) - 1)
+			lseek(fd, size - (off_t)sizeof(buf) + 1, SEEK_SET);
+		else
+			lseek(fd, 0, SEEK_SET);
+		n = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+	}
+	if (n < 0)
+		n = 0;
+	buf[n] = '\0';
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		buf[--n] = '\0';
+	line = strrchr(buf, '\n');
+	line = line ? line + 1 : buf;
+	if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_NO_USER)
+		slurm_error("spank_berth: %s: cannot become uid %u", what, (unsigned)step.uid);
+	else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_NO_LOG)
+		slurm_error("spank_berth: %s: cannot write %s as uid %u", what, log_path,
+			    (unsigned)step.uid);
+	else if (WIFEXITED(status) && WEXITSTATUS(status) == 127 && line[0] == '\0')
+		slurm_error("spank_berth: %s: cannot execute the runtime", what);
+	else if (*line != '\0')
+		slurm_error("spank_berth: %s failed: %s", what, line);
+	else
+		slurm_error("spank_berth: %s failed with status %d (log: %s)", what, status, log_path);
+}
+
+static int wait_child(pid_t pid, int *status)
+{
+	while (waitpid(pid, status, 0) < 0) {
+		if (errno != EINTR)
+			return -1;
+	}
+	return 0;
+}
+
+/*
+ * Run a runtime command to completion. out: its stdout (up to outlen - 1
+ * bytes, NUL-terminated), or NULL. Logs and returns -1 on failure.
+ */
+static int run(spank_t sp, const char *what, char *const argv[], char **overrides,
+	       int noverrides, char *out, size_t outlen)
+{
+	char log_path[PATH_MAX];
+	char **env;
+	int pipe_fds[2] = { -1, -1 };
+	size_t used = 0;
+	int status = 0;
+	pid_t pid;
+
+	if (path_join(log_path, "%s/%s.log", step.step_dir, argv[1]) < 0)
+		return -1;
+	env = child_env(sp, overrides, noverrides);
+	if (env == NULL)
+		return -1;
+	if (out != NULL && pipe2(pipe_fds, O_CLOEXEC) < 0) {
+		slurm_error("spank_berth: pipe: %m");
+		free(env);
+		return -1;
+	}
+	pid = spawn(sp, argv, env, -1, pipe_fds[1], log_path);
+	free(env);
+	if (out != NULL) {
+		close(pipe_fds[1]);
+		for (;;) {
+			char sink[256];
+			ssize_t n = used + 1 < outlen ? read(pipe_fds[0], out + used, outlen - 1 - used)
+						      : read(pipe_fds[0], sink, sizeof(sink));
+
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				break;
+			if (used + 1 < outlen)
+				used += (size_t)n;
+		}
+		out[used] = '\0';
+		close(pipe_fds[0]);
+	}
+	if (pid < 0)
+		return -1;
+	if (wait_child(pid, &status) < 0) {
+		slurm_error("spank_berth: %s: waitpid: %m", what);
+		return -1;
+	}
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		report_failure(what, log_path, status);
+		return -1;
+	}
+	return 0;
+}
+
+/* Hold an exclusive lock on path; say so when another step holds it. */
+static int lock_file(const char *path)
+{
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+
+	if (fd < 0) {
+		slurm_error("spank_berth: cannot open lock %s: %m", path);
+		return -1;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+		return fd;
+	slurm_info("spank_berth: waiting for another step holding %s", path);
+	while (flock(fd, LOCK_EX) < 0) {
+		if (errno != EINTR) {
+			slurm_error("spank_berth: cannot lock %s: %m", path);
+			close(fd);
+			return -1;
+		}
+	}
+	return fd;
+}
+
+/* Registry image -> squashfs in user_dir/images, imported once per node. */
+static int import_image(spank_t sp, char *sqsh)
+{
+	char images[PATH_MAX], name[NAME_MAX - 16], lock[PATH_MAX], tmp[PATH_MAX];
+	char uri[PATH_MAX];
+	char *argv[] = { conf.importer[0] ? conf.importer : conf.berth, "import",
+			 "-o", tmp, uri, NULL };
+	int lock_fd, rc = 0;
+
+	if (image_cache_name(flags.image, name, sizeof(name)) < 0 ||
+	    image_uri(flags.image, uri, sizeof(uri)) < 0) {
+		slurm_error("spank_berth: --container-image: '%s' is too long", flags.image);
+		return -1;
+	}
+	if (path_join(images, "%s/images", step.user_dir) < 0 ||
+	    make_dir(images, 0700, step.uid, step.gid) < 0 ||
+	    path_join(sqsh, "%s/%s", images, name) < 0 ||
+	    path_join(lock, "%s.lock", sqsh) < 0 ||
+	    path_join(tmp, "%s.%u.%u.tmp", sqsh, step.jobid, step.stepid) < 0)
+		return -1;
+	lock_fd = lock_file(lock);
+	if (lock_fd < 0)
+		return -1;
+	if (access(sqsh, R_OK) != 0) {
+		slurm_info("spank_berth: importing %s", uri);
+		unlink(tmp);
+		rc = run(sp, "berth import", argv, NULL, 0, NULL, 0);
+		if (rc == 0 && rename(tmp, sqsh) < 0) {
+			slurm_error("spank_berth: cannot rename %s to %s: %m", tmp, sqsh);
+			rc = -1;
+		}
+		if (rc < 0)
+			unlink(tmp);
+	}
+	close(lock_fd);
+	return rc;
+}
+
+/* A path from the command line, relative to where srun ran. */
+static int user_path(spank_t sp, const char *flag, const char *path, char *out)
+{
+	char pwd[PATH_MAX];
+
+	if (path[0] == '/')
+		return path_join(out, "%s", path);
+	if (spank_getenv(sp, "PWD", pwd, sizeof(pwd)) != ESPANK_SUCCESS) {
+		slurm_error("spank_berth: %s: relative path '%s' and no PWD", flag, path);
+		return -1;
+	}
+	return path_join(out, "%s/%s", pwd, path);
+}
+
+/* The squashfs file of --container-image, imported first for a registry image. */
+static int resolve_image(spank_t sp, char *sqsh)
+{
+	if (image_is_file(flags.image))
+		return user_path(sp, "--container-image", flags.image, sqsh);
+	return import_image(sp, sqsh);
+}
+
+static int container_exists(spank_t sp, const char *name)
+{
+	char out[65536];
+	char *argv[] = { conf.berth, "list", NULL };
+	size_t len = strlen(name);
+
+	if (run(sp, "berth list", argv, NULL, 0, out, sizeof(out)) < 0)
+		return -1;
+	for (char *line = out; *line != '\0'; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != '\0'))
+		if (strncmp(line, name, len) == 0 && (line[len] == '\n' || line[len] == '\0'))
+			return 1;
+	return 0;
+}
+
+/* pid of a running container recorded in pidfile, or 0. */
+static pid_t running_pid(const char *pidfile)
+{
+	char buf[32], proc[64];
+	struct stat st;
+	ssize_t n;
+	long pid;
+	int fd = open(pidfile, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	pid = strtol(buf, NULL, 10);
+	snprintf(proc, sizeof(proc), "/proc/%ld", pid);
+	if (pid <= 0 || stat(proc, &st) < 0 || st.st_uid != step.uid)
+		return 0;
+	return (pid_t)pid;
+}
+
+static int write_pidfile(const char *pidfile, pid_t pid)
+{
+	char buf[32];
+	int n = snprintf(buf, sizeof(buf), "%ld\n", (long)pid);
+	int fd = open(pidfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+
+	if (fd < 0 || write(fd, buf, (size_t)n) != n) {
+		slurm_error("spank_berth: cannot write %s: %m", pidfile);
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	close(fd);
+	return 0;
+}
+
+static void set_override(char **env, int *n, char *storage, const char *key, enum tristate value)
+{
+	if (value == UNSET)
+		return;
+	sprintf(storage, "%s=%s", key, value == ON ? "yes" : "no");
+	env[(*n)++] = storage;
+}
+
+/* "berth start --detach ... TARGET": wait for the pid line. */
+static int start_keeper(spank_t sp, const char *target)
+{
+	char log_path[PATH_MAX], pmix_dir[PATH_MAX], pmix_mount[2 * PATH_MAX + 2];
+	char home[64], remap[64], writable[64];
+	char *overrides[3];
+	int noverrides = 0;
+	char *mounts = NULL, **argv = NULL, **env = NULL;
+	int in_pipe[2] = { -1, -1 }, out_pipe[2] = { -1, -1 };
+	char line[32];
+	size_t used = 0;
+	struct stat st;
+	int argc = 0, rc = -1, status;
+	size_t nmounts = 1;
+
+	set_override(overrides, &noverrides, home, "ENROOT_MOUNT_HOME", flags.mount_home);
+	set_override(overrides, &noverrides, remap, "ENROOT_REMAP_ROOT", flags.remap_root);
+	set_override(overrides, &noverrides, writable, "ENROOT_ROOTFS_WRITABLE", flags.writable);
+	for (const char *p = flags.mounts; p && *p; p++)
+		nmounts += *p == ',';
+	argv = calloc(2 * nmounts + 12, sizeof(*argv));
+	if (argv == NULL || (flags.mounts && (mounts = strdup(flags.mounts)) == NULL)) {
+		slurm_error("spank_berth: out of memory");
+		goto out;
+	}
+	argv[argc++] = conf.berth;
+	argv[argc++] = "start";
+	argv[argc++] = "--detach";
+	for (const char *const *ns = (const char *const[]){ "net", "ipc", "uts", NULL }; *ns; ns++)
+		if (unshare_has(&flags, *ns))
+			argv[argc++] = strcmp(*ns, "net") == 0 ? "--net" :
+				       strcmp(*ns, "ipc") == 0 ? "--ipc" : "--uts";
+	for (char *save = NULL, *m = mounts ? strtok_r(mounts, ",", &save) : NULL; m;
+	     m = strtok_r(NULL, ",", &save)) {
+		argv[argc++] = "-m";
+		argv[argc++] = m;
+	}
+	/* PMIx clients find their server through this dir: same path inside. */
+	if (spank_getenv(sp, "PMIX_SERVER_TMPDIR", pmix_dir, sizeof(pmix_dir)) == ESPANK_SUCCESS &&
+	    stat(pmix_dir, &st) == 0 && S_ISDIR(st.st_mode)) {
+		snprintf(pmix_mount, sizeof(pmix_mount), "%s:%s", pmix_dir, pmix_dir);
+		argv[argc++] = "-m";
+		argv[argc++] = pmix_mount;
+	}
+	argv[argc++] = (char *)target;
+	if (path_join(log_path, "%s/start.log", step.step_dir) < 0)
+		goto out;
+	env = child_env(sp, overrides, noverrides);
+	if (env == NULL)
+		goto out;
+	if (pipe2(in_pipe, O_CLOEXEC) < 0 || pipe2(out_pipe, O_CLOEXEC) < 0) {
+		slurm_error("spank_berth: pipe: %m");
+		goto out;
+	}
+	step.keeper = spawn(sp, argv, env, in_pipe[0], out_pipe[1], log_path);
+	close(in_pipe[0]);
+	close(out_pipe[1]);
+	in_pipe[0] = out_pipe[1] = -1;
+	if (step.keeper < 0) {
+		step.keeper = 0;
+		goto out;
+	}
+	step.keeper_stdin = in_pipe[1];
+	in_pipe[1] = -1;
+	while (used < sizeof(line) - 1) {
+		ssize_t n = read(out_pipe[0], line + used, 1);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0 || line[used] == '\n')
+			break;
+		used++;
+	}
+	line[used] = '\0';
+	step.container_pid = (pid_t)strtol(line, NULL, 10);
+	if (used == 0 || step.container_pid <= 0 || strspn(line, "0123456789") != used) {
+		step.container_pid = 0;
+		close(step.keeper_stdin);
+		step.keeper_stdin = -1;
+		if (wait_child(step.keeper, &status) < 0)
+			status = -1;
+		step.keeper = 0;
+		report_failure("berth start", log_path, status);
+		goto out;
+	}
+	rc = 0;
+out:
+	for (int i = 0; i < 2; i++) {
+		if (in_pipe[i] >= 0)
+			close(in_pipe[i]);
+		if (out_pipe[i] >= 0)
+			close(out_pipe[i]);
+	}
+	free(env);
+	free(argv);
+	free(mounts);
+	return rc;
+}
+
+/* --container-name: attach to it running, or create it once and start it. */
+static int prepare_named(spank_t sp)
+{
+	char named[PATH_MAX], lock[PATH_MAX], pidfile[PATH_MAX], sqsh[PATH_MAX];
+	int lock_fd, exists, rc = -1;
+	pid_t running;
+	char *argv[] = { conf.berth, "create", "-n", step.container, sqsh, NULL };
+
+	if (path_join(named, "%s/named", step.user_dir) < 0 ||
+	    make_dir(named, 0700, step.uid, step.gid) < 0 ||
+	    path_join(lock, "%s/%s.lock", named, step.container) < 0 ||
+	    path_join(pidfile, "%s/%s.pid", named, step.container) < 0)
+		return -1;
+	lock_fd = lock_file(lock);
+	if (lock_fd < 0)
+		return -1;
+	running = running_pid(pidfile);
+	if (flags.name_mode == NAME_EXEC || (flags.name_mode == NAME_AUTO && running)) {
+		if (running == 0) {
+			slurm_error("spank_berth: --container-name: '%s' is not running on this node",
+				    flags.name);
+			goto out;
+		}
+		step.container_pid = running;
+		rc = 0;
+		goto out;
+	}
+	exists = container_exists(sp, step.container);
+	if (exists < 0)
+		goto out;
+	if (exists && flags.name_mode == NAME_CREATE) {
+		slurm_error("spank_berth: --container-name: '%s' exists already (mode create)",
+			    flags.name);
+		goto out;
+	}
+	if (!exists && flags.image == NULL) {
+		slurm_error("spank_berth: --container-name: no container '%s' on this node "
+			    "and no --container-image to create it from", flags.name);
+		goto out;
+	}
+	if (!exists && (resolve_image(sp, sqsh) < 0 ||
+			run(sp, "berth create", argv, NULL, 0, NULL, 0) < 0))
+		goto out;
+	if (start_keeper(sp, step.container) < 0)
+		goto out;
+	if (running == 0) {
+		if (write_pidfile(pidfile, step.container_pid) < 0)
+			goto out;
+		strcpy(step.pidfile, pidfile);
+	}
+	rc = 0;
+out:
+	close(lock_fd);
+	return rc;
+}
+
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	char sqsh[PATH_MAX];
+	char *create_argv[] = { conf.berth, "create", "-n", step.container, sqsh, NULL };
+	int n;
+
+	(void)ac;
+	(void)av;
+	if (!step.active)
+		return 0;
+	if (make_dir(step.step_dir, 0700, step.uid, step.gid) < 0)
+		return -1;
+	if (flags.name != NULL) {
+		n = conf.container_scope_job
+			? snprintf(step.container, sizeof(step.container), "berth_%u_%s",
+				   step.jobid, flags.name)
+			: snprintf(step.container, sizeof(step.container), "berth_%s", flags.name);
+		if (n < 0 || (size_t)n >= sizeof(step.container)) {
+			slurm_error("spank_berth: --container-name: '%s' is too long", flags.name);
+			return -1;
+		}
+		return prepare_named(sp);
+	}
+	if (resolve_image(sp, sqsh) < 0)
+		return -1;
+	if (flags.save == NULL)
+		return start_keeper(sp, sqsh);
+	/* Saving needs a container on disk; a mounted image leaves nothing to save. */
+	snprintf(step.container, sizeof(step.container), "berth_%u.%u", step.jobid, step.stepid);
+	if (run(sp, "berth create", create_argv, NULL, 0, NULL, 0) < 0)
+		return -1;
+	step.remove_container = 1;
+	return start_keeper(sp, step.container);
+}
+
+/* ---- task side ------------------------------------------------------------- */
+
+/* The NUL-separated environment of pid, NUL-terminated twice; NULL on error. */
+static char *read_environ(pid_t pid, size_t *len)
+{
+	char path[64];
+	size_t cap = 16384, used = 0;
+	char *buf = malloc(cap);
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%ld/environ", (long)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (buf == NULL || fd < 0) {
+		slurm_error("spank_berth: cannot read %s: %m", path);
+		free(buf);
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	for (;;) {
+		ssize_t n;
+
+		if (cap - used < 2) {
+			char *bigger = realloc(buf, cap * 2);
+
+			if (bigger == NULL) {
+				slurm_error("spank_berth: out of memory");
+				free(buf);
+				close(fd);
+				return NULL;
+			}
+			buf = bigger;
+			cap *= 2;
+		}
+		n = read(fd, buf + used, cap - used - 2);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			slurm_error("spank_berth: cannot read %s: %m", path);
+			free(buf);
+			close(fd);
+			return NULL;
+		}
+		if (n == 0)
+			break;
+		used += (size_t)n;
+	}
+	close(fd);
+	buf[used] = buf[used + 1] = '\0';
+	*len = used;
+	return buf;
+}
+
+static int task_has(spank_t sp, const char *key)
+{
+	char small[2];
+
+	return spank_getenv(sp, key, small, sizeof(small)) != ESPANK_ENV_NOEXIST;
+}
+
+static int set_env(spank_t sp, const char *key, const char *value)
+{
+	if (spank_setenv(sp, key, value, 1) != ESPANK_SUCCESS) {
+		slurm_error("spank_berth: cannot set %s in the task environment", key);
+		return -1;
+	}
+	return 0;
+}
+
+/* Container env into the task env by the rules in container_value_wins(). */
+static int merge_environment(spank_t sp)
+{
+	static const char *const pmix_mca[][2] = {
+		{ "PMIX_PTL_MODULE", "PMIX_MCA_ptl" },
+		{ "PMIX_SECURITY_MODE", "PMIX_MCA_psec" },
+		{ "PMIX_GDS_MODULE", "PMIX_MCA_gds" },
+	};
+	char value[4096];
+	size_t len;
+	char *env = read_environ(step.container_pid, &len);
+	int rc = 0;
+
+	if (env == NULL)
+		return -1;
+	for (char *entry = env; *entry != '\0' && rc == 0; entry += strlen(entry) + 1) {
+		char *eq = strchr(entry, '=');
+
+		if (eq == NULL || eq == entry)
+			continue;
+		*eq = '\0';
+		if (container_value_wins(entry, (size_t)(eq - entry), task_has(sp, entry),
+					 flags.env_names))
+			rc = set_env(sp, entry, eq + 1);
+		entry[strlen(entry)] = '=';
+	}
+	free(env);
+	/* PMIx inside the image reads the PMIX_MCA_* spelling of these. */
+	for (size_t i = 0; i < sizeof(pmix_mca) / sizeof(pmix_mca[0]) && rc == 0; i++)
+		if (!task_has(sp, pmix_mca[i][1]) &&
+		    spank_getenv(sp, pmix_mca[i][0], value, sizeof(value)) == ESPANK_SUCCESS)
+			rc = set_env(sp, pmix_mca[i][1], value);
+	if (rc == 0)
+		rc = set_env(sp, "BERTH_VERSION", BERTH_SPANK_VERSION);
+	return rc;
+}
+
+static const struct { const char *name; int type; } namespaces[] = {
+	{ "user", CLONE_NEWUSER }, /* first: it gives the rights to join the rest */
+	{ "mnt", CLONE_NEWNS },
+	{ "net", CLONE_NEWNET },
+	{ "ipc", CLONE_NEWIPC },
+	{ "uts", CLONE_NEWUTS },
+};
+#define NS_COUNT (sizeof(namespaces) / sizeof(namespaces[0]))
+
+/*
+ * Join the container's namespaces that differ from the task's. All are
+ * compared before the first setns: afterwards the task has no rights in
+ * the namespaces it shares with the host.
+ */
+static int join_namespaces(void)
+{
+	int fds[NS_COUNT];
+	int rc = 0;
+
+	for (size_t i = 0; i < NS_COUNT; i++) {
+		char path[64], self[64];
+		struct stat target, mine;
+
+		snprintf(path, sizeof(path), "/proc/%ld/ns/%s", (long)step.container_pid,
+			 namespaces[i].name);
+		snprintf(self, sizeof(self), "/proc/self/ns/%s", namespaces[i].name);
+		fds[i] = open(path, O_RDONLY | O_CLOEXEC);
+		if (fds[i] < 0 || fstat(fds[i], &target) < 0 || stat(self, &mine) < 0) {
+			slurm_error("spank_berth: cannot open %s: %m", path);
+			rc = -1;
+		} else if (target.st_ino == mine.st_ino && target.st_dev == mine.st_dev) {
+			close(fds[i]);
+			fds[i] = -1;
+		}
+	}
+	for (size_t i = 0; i < NS_COUNT; i++) {
+		if (rc == 0 && fds[i] >= 0 && setns(fds[i], namespaces[i].type) < 0) {
+			slurm_error("spank_berth: cannot join the container's %s namespace: %m",
+				    namespaces[i].name);
+			rc = -1;
+		}
+		if (fds[i] >= 0)
+			close(fds[i]);
+	}
+	return rc;
+}
+
+static int same_dir(int fd, const char *path)
+{
+	struct stat a, b;
+
+	return fstat(fd, &a) == 0 && stat(path, &b) == 0 &&
+	       a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* setns into the container, then chroot to its root and pick the cwd. */
+static int enter_container(void)
+{
+	char root_path[64], cwd_path[64], orig[PATH_MAX];
+	int have_orig = getcwd(orig, sizeof(orig)) != NULL;
+	int root_fd, cwd_fd, rc = -1;
+
+	/* Opened before setns: afterwards /proc may not be mounted. */
+	snprintf(root_path, sizeof(root_path), "/proc/%ld/root", (long)step.container_pid);
+	snprintf(cwd_path, sizeof(cwd_path), "/proc/%ld/cwd", (long)step.container_pid);
+	root_fd = open(root_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	cwd_fd = open(cwd_path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (root_fd < 0 || cwd_fd < 0) {
+		slurm_error("spank_berth: cannot open %s: %m", root_fd < 0 ? root_path : cwd_path);
+		goto out;
+	}
+	if (join_namespaces() < 0)
+		goto out;
+	if (fchdir(root_fd) < 0 || chroot(".") < 0) {
+		slurm_error("spank_berth: cannot enter the container root: %m");
+		goto out;
+	}
+	if (flags.workdir != NULL) {
+		if (chdir(flags.workdir) < 0) {
+			slurm_error("spank_berth: --container-workdir: cannot chdir to %s: %m",
+				    flags.workdir);
+			goto out;
+		}
+	} else if (!same_dir(cwd_fd, "/")) {
+		/* the image's working directory */
+		if (fchdir(cwd_fd) < 0) {
+			slurm_error("spank_berth: cannot chdir to the container's workdir: %m");
+			goto out;
+		}
+	} else if (!(have_orig && chdir(orig) == 0) && chdir("/") < 0) {
+		slurm_error("spank_berth: cannot chdir to / in the container: %m");
+		goto out;
+	}
+	rc = 0;
+out:
+	if (root_fd >= 0)
+		close(root_fd);
+	if (cwd_fd >= 0)
+		close(cwd_fd);
+	return rc;
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (!step.active || step.container_pid <= 0)
+		return 0;
+	if (merge_environment(sp) < 0 || enter_container() < 0)
+		return -1;
+	return 0;
+}
+
+/* ---- step end --------------------------------------------------------------- */
+
+/* Wait up to timeout_ms for pid; 1: gone, 0: still there. */
+static int reaped_within(pid_t pid, int timeout_ms)
+{
+	struct timespec tick = { 0, 50 * 1000 * 1000 };
+
+	for (int waited = 0; waited <= timeout_ms; waited += 50) {
+		pid_t r = waitpid(pid, NULL, WNOHANG);
+
+		if (r == pid || (r < 0 && errno == ECHILD))
+			return 1;
+		nanosleep(&tick, NULL);
+	}
+	return 0;
+}
+
+/* EOF on its stdin tells the keeper to tear down; signals if it does not. */
+static void stop_keeper(void)
+{
+	if (step.keeper_stdin >= 0)
+		close(step.keeper_stdin);
+	step.keeper_stdin = -1;
+	if (step.keeper <= 0)
+		return;
+	if (!reaped_within(step.keeper, 10000)) {
+		slurm_info("spank_berth: container keeper %ld ignored EOF, sending SIGTERM",
+			   (long)step.keeper);
+		kill(step.keeper, SIGTERM);
+		if (!reaped_within(step.keeper, 5000)) {
+			kill(step.keeper, SIGKILL);
+			reaped_within(step.keeper, 5000);
+		}
+	}
+	step.keeper = 0;
+}
+
+static void remove_step_dir(void)
+{
+	DIR *dir = opendir(step.step_dir);
+	struct dirent *entry;
+
+	if (dir == NULL)
+		return;
+	while ((entry = readdir(dir)) != NULL)
+		if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0)
+			unlinkat(dirfd(dir), entry->d_name, 0);
+	closedir(dir);
+	if (rmdir(step.step_dir) < 0)
+		slurm_info("spank_berth: cannot remove %s: %m", step.step_dir);
+}
+
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+	int rc = 0;
+
+	(void)ac;
+	(void)av;
+	if (spank_context() == S_CTX_REMOTE && step.active) {
+		stop_keeper();
+		if (step.pidfile[0] != '\0')
+			unlink(step.pidfile);
+		if (flags.save != NULL && step.container[0] != '\0') {
+			char save[PATH_MAX];
+			char *argv[] = { conf.berth, "export", "-f", "-o", save, step.container, NULL };
+
+			rc = user_path(sp, "--container-save", flags.save, save);
+			if (rc == 0)
+				rc = run(sp, "berth export", argv, NULL, 0, NULL, 0);
+		}
+		if (step.remove_container) {
+			char *argv[] = { conf.berth, "remove", "-f", step.container, NULL };
+
+			if (run(sp, "berth remove", argv, NULL, 0, NULL, 0) < 0)
+				rc = -1;
+		}
+		if (rc == 0)
+			remove_step_dir();
+		step.active = 0;
+	}
+	flags_free(&flags);
+	return rc;
+}

@@ -1,0 +1,270 @@
+/*
+ * Tests for options.c: plugstack options, flag values, env merge rules.
+ * Prints one line per failed check and exits 1 if any failed.
+ * Run under valgrind by tests/test_spank_plugin.py.
+ */
+#include "../options.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int failures;
+static char err[ERR_LEN];
+
+#define CHECK(cond) do { \
+	if (!(cond)) { \
+		printf("FAIL %s:%d: %s (err: %s)\n", __FILE__, __LINE__, #cond, err); \
+		failures++; \
+	} \
+} while (0)
+
+/* rc == -1 and the message contains want */
+#define REFUSED(call, want) do { \
+	err[0] = '\0'; \
+	CHECK((call) == -1); \
+	CHECK(strstr(err, (want)) != NULL); \
+} while (0)
+
+#define ACCEPTED(call) do { err[0] = '\0'; CHECK((call) == 0); } while (0)
+
+static int parse(struct plugin_conf *conf, const char *a, const char *b)
+{
+	char *argv[2] = { (char *)a, (char *)b };
+
+	return conf_parse(conf, (a != NULL) + (b != NULL), argv, err, sizeof(err));
+}
+
+static void test_conf(void)
+{
+	struct plugin_conf conf;
+
+	ACCEPTED(parse(&conf, NULL, NULL));
+	CHECK(strcmp(conf.runtime_path, "/run/berth") == 0);
+	CHECK(strcmp(conf.berth, "/usr/local/bin/berth") == 0);
+	CHECK(conf.importer[0] == '\0');
+	CHECK(conf.sbatch_support == 1 && conf.execute_entrypoint == 0);
+	CHECK(conf.container_scope_job == 0 && conf.use_enroot_load == 0);
+	CHECK(conf.use_squashfuse == 0);
+
+	ACCEPTED(parse(&conf, "runtime_path=/var/run/b", "container_scope=job"));
+	CHECK(strcmp(conf.runtime_path, "/var/run/b") == 0);
+	CHECK(conf.container_scope_job == 1);
+	ACCEPTED(parse(&conf, "berth=/opt/berth/bin/berth", "importer=/usr/bin/enroot"));
+	CHECK(strcmp(conf.berth, "/opt/berth/bin/berth") == 0);
+	CHECK(strcmp(conf.importer, "/usr/bin/enroot") == 0);
+	ACCEPTED(parse(&conf, "sbatch_support=n", "execute_entrypoint=YES"));
+	CHECK(conf.sbatch_support == 0 && conf.execute_entrypoint == 1);
+	ACCEPTED(parse(&conf, "use_enroot_load=true", "use_squashfuse=1"));
+	CHECK(conf.use_enroot_load == 1 && conf.use_squashfuse == 1);
+
+	REFUSED(parse(&conf, "runtime_pth=/x", NULL), "unknown plugstack option 'runtime_pth'");
+	REFUSED(parse(&conf, "sbatch_support=maybe", NULL),
+		"sbatch_support: 'maybe' is not a boolean");
+	REFUSED(parse(&conf, "use_squashfuse=", NULL), "use_squashfuse: '' is not a boolean");
+	REFUSED(parse(&conf, "container_scope=node", NULL),
+		"container_scope: 'node' is neither job nor global");
+	REFUSED(parse(&conf, "runtime_path=run/berth", NULL),
+		"runtime_path: 'run/berth' is not an absolute path");
+	REFUSED(parse(&conf, "berth", NULL), "'berth' is not key=value");
+	REFUSED(parse(&conf, "=yes", NULL), "bad key");
+}
+
+static void test_bool(void)
+{
+	const char *yes[] = { "1", "true", "True", "yes", "Y" };
+	const char *no[] = { "0", "false", "NO", "n" };
+
+	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
+		CHECK(parse_bool(yes[i]) == 1);
+	for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+		CHECK(parse_bool(no[i]) == 0);
+	CHECK(parse_bool("on") == -1);
+	CHECK(parse_bool("") == -1);
+	CHECK(parse_bool("yess") == -1);
+}
+
+static void test_image(struct container_flags *f)
+{
+	char path[] = "/tmp/bspk-test-XXXXXX.sqsh";
+	int fd = mkstemps(path, 5);
+
+	CHECK(fd >= 0);
+	close(fd);
+	ACCEPTED(set_image(f, "ubuntu", 1, err, sizeof(err)));
+	ACCEPTED(set_image(f, "python:3", 1, err, sizeof(err)));
+	ACCEPTED(set_image(f, "nvcr.io#nvidia/cuda:12.9", 1, err, sizeof(err)));
+	ACCEPTED(set_image(f, "user@nvcr.io#nvidia/cuda", 1, err, sizeof(err)));
+	ACCEPTED(set_image(f, "ubuntu@sha256:0123abcd", 1, err, sizeof(err)));
+	ACCEPTED(set_image(f, "docker://localhost:5000#busybox", 1, err, sizeof(err)));
+	ACCEPTED(set_image(f, path, 1, err, sizeof(err)));
+	CHECK(strcmp(f->image, path) == 0);
+	/* on the compute node the file is not checked again */
+	ACCEPTED(set_image(f, "/nonexistent/img.sqsh", 0, err, sizeof(err)));
+	unlink(path);
+
+	REFUSED(set_image(f, "", 1, err, sizeof(err)), "--container-image: empty image");
+	REFUSED(set_image(f, "/nonexistent/img.sqsh", 1, err, sizeof(err)),
+		"--container-image: no such file '/nonexistent/img.sqsh'");
+	REFUSED(set_image(f, "img.sqsh", 1, err, sizeof(err)), "no such file 'img.sqsh'");
+	REFUSED(set_image(f, "/tmp", 1, err, sizeof(err)), "'/tmp' is not a file");
+	REFUSED(set_image(f, "nvcr.io", 1, err, sizeof(err)),
+		"'nvcr.io' is a registry host without an image");
+	REFUSED(set_image(f, "localhost:5000", 1, err, sizeof(err)), "registry host");
+	REFUSED(set_image(f, "user@registry.example.com", 1, err, sizeof(err)), "registry host");
+	REFUSED(set_image(f, "nvcr.io#", 1, err, sizeof(err)), "ends without an image name");
+	REFUSED(set_image(f, "ubuntu:", 1, err, sizeof(err)), "ends without an image name");
+	/* a refused value leaves the previous one in place */
+	CHECK(strcmp(f->image, "/nonexistent/img.sqsh") == 0);
+
+	CHECK(image_is_file("./a.sqsh") && image_is_file("/x") && image_is_file("a.sqsh"));
+	CHECK(!image_is_file("ubuntu:22.04") && !image_is_file("nvcr.io#nvidia/cuda"));
+}
+
+static void test_image_names(void)
+{
+	char out[64];
+
+	CHECK(image_uri("nvcr.io#nvidia/cuda:12.9", out, sizeof(out)) == 0);
+	CHECK(strcmp(out, "docker://nvcr.io#nvidia/cuda:12.9") == 0);
+	CHECK(image_uri("podman://ubuntu", out, sizeof(out)) == 0);
+	CHECK(strcmp(out, "podman://ubuntu") == 0);
+	CHECK(image_uri("ubuntu", out, 8) == -1);
+
+	CHECK(image_cache_name("nvcr.io#nvidia/cuda:12.9", out, sizeof(out)) == 0);
+	CHECK(strcmp(out, "nvcr.io+nvidia+cuda+12.9.sqsh") == 0);
+	CHECK(image_cache_name("docker://u@localhost:5000#a/b", out, sizeof(out)) == 0);
+	CHECK(strcmp(out, "u+localhost+5000+a+b.sqsh") == 0);
+	CHECK(image_cache_name("ubuntu", out, 10) == -1);
+	CHECK(image_cache_name("", out, sizeof(out)) == -1);
+}
+
+static void test_mounts(struct container_flags *f)
+{
+	ACCEPTED(set_mounts(f, "/data:/data", err, sizeof(err)));
+	ACCEPTED(set_mounts(f, "/a:/b:ro,/c:/d:rbind+rprivate+x-create=dir", err, sizeof(err)));
+	CHECK(strcmp(f->mounts, "/a:/b:ro,/c:/d:rbind+rprivate+x-create=dir") == 0);
+
+	REFUSED(set_mounts(f, "/data", err, sizeof(err)),
+		"--container-mounts: missing destination in '/data'");
+	REFUSED(set_mounts(f, "/a:/b,/data:", err, sizeof(err)), "missing destination in '/data:'");
+	REFUSED(set_mounts(f, ":/b", err, sizeof(err)), "missing source in ':/b'");
+	REFUSED(set_mounts(f, "data:/b", err, sizeof(err)), "relative source in 'data:/b'");
+	REFUSED(set_mounts(f, "/a:b", err, sizeof(err)), "relative destination in '/a:b'");
+	REFUSED(set_mounts(f, "/a:/b:rx", err, sizeof(err)), "unknown flag 'rx' in '/a:/b:rx'");
+	REFUSED(set_mounts(f, "/a:/b:ro+", err, sizeof(err)), "empty flag in '/a:/b:ro+'");
+	REFUSED(set_mounts(f, "/a:/b:", err, sizeof(err)), "empty flags in '/a:/b:'");
+	REFUSED(set_mounts(f, "/a:/b,,/c:/d", err, sizeof(err)), "empty entry");
+	REFUSED(set_mounts(f, "", err, sizeof(err)), "empty value");
+	CHECK(strcmp(f->mounts, "/a:/b:ro,/c:/d:rbind+rprivate+x-create=dir") == 0);
+}
+
+static void test_name(struct container_flags *f)
+{
+	ACCEPTED(set_name(f, "pytorch", err, sizeof(err)));
+	CHECK(strcmp(f->name, "pytorch") == 0 && f->name_mode == NAME_AUTO);
+	ACCEPTED(set_name(f, "my_env-2.1:exec", err, sizeof(err)));
+	CHECK(strcmp(f->name, "my_env-2.1") == 0 && f->name_mode == NAME_EXEC);
+	ACCEPTED(set_name(f, "a:no_exec", err, sizeof(err)));
+	CHECK(f->name_mode == NAME_NO_EXEC);
+	ACCEPTED(set_name(f, "a:create", err, sizeof(err)));
+	CHECK(f->name_mode == NAME_CREATE);
+
+	REFUSED(set_name(f, "a:rm", err, sizeof(err)), "--container-name: unknown mode 'rm'");
+	REFUSED(set_name(f, "a:", err, sizeof(err)), "unknown mode ''");
+	REFUSED(set_name(f, ":exec", err, sizeof(err)), "empty name");
+	REFUSED(set_name(f, "a/b", err, sizeof(err)), "'a/b' may only use");
+	REFUSED(set_name(f, "..", err, sizeof(err)), "starts with '.'");
+	CHECK(strcmp(f->name, "a") == 0 && f->name_mode == NAME_CREATE);
+}
+
+static void test_other_flags(struct container_flags *f)
+{
+	ACCEPTED(set_workdir(f, "/workspace", err, sizeof(err)));
+	REFUSED(set_workdir(f, "work", err, sizeof(err)),
+		"--container-workdir: 'work' is not an absolute path");
+	REFUSED(set_workdir(f, "", err, sizeof(err)), "--container-workdir");
+
+	ACCEPTED(set_save(f, "/scratch/out.sqsh", err, sizeof(err)));
+	REFUSED(set_save(f, "", err, sizeof(err)), "--container-save: empty path");
+	REFUSED(set_save(f, "/scratch/", err, sizeof(err)), "is a directory");
+
+	ACCEPTED(set_env_names(f, "PATH,LD_LIBRARY_PATH,_X1", err, sizeof(err)));
+	REFUSED(set_env_names(f, "PATH,,X", err, sizeof(err)), "--container-env: empty name");
+	REFUSED(set_env_names(f, "1X", err, sizeof(err)), "'1X' is not a variable name");
+	REFUSED(set_env_names(f, "A-B", err, sizeof(err)), "'A-B' is not a variable name");
+
+	ACCEPTED(set_unshare(f, "net,uts", err, sizeof(err)));
+	CHECK(unshare_has(f, "net") && unshare_has(f, "uts") && !unshare_has(f, "ipc"));
+	REFUSED(set_unshare(f, "net,pid", err, sizeof(err)),
+		"--container-unshare: unknown namespace 'pid'");
+	REFUSED(set_unshare(f, "", err, sizeof(err)), "unknown namespace ''");
+	REFUSED(set_unshare(f, "netx", err, sizeof(err)), "unknown namespace 'netx'");
+}
+
+static void test_flags_check(void)
+{
+	struct container_flags f;
+
+	flags_init(&f);
+	ACCEPTED(flags_check(&f, err, sizeof(err)));
+	CHECK(!flags_want_container(&f));
+	ACCEPTED(set_mounts(&f, "/a:/b", err, sizeof(err)));
+	REFUSED(flags_check(&f, err, sizeof(err)),
+		"--container-mounts needs --container-image or --container-name");
+	ACCEPTED(set_name(&f, "n", err, sizeof(err)));
+	ACCEPTED(flags_check(&f, err, sizeof(err)));
+	CHECK(flags_want_container(&f));
+	flags_free(&f);
+	CHECK(f.name == NULL && f.mounts == NULL && f.writable == UNSET);
+
+	ACCEPTED(set_unshare(&f, "ipc", err, sizeof(err)));
+	REFUSED(flags_check(&f, err, sizeof(err)), "--container-unshare needs");
+	flags_free(&f);
+}
+
+static int wins(const char *key, int task_has, const char *names)
+{
+	return container_value_wins(key, strlen(key), task_has, names);
+}
+
+static void test_env_merge(void)
+{
+	/* the image fills in what the task lacks */
+	CHECK(wins("CUDA_HOME", 0, NULL) == 1);
+	/* the task wins on a clash */
+	CHECK(wins("HOME", 1, NULL) == 0);
+	/* except for search paths, unless --container-env names them */
+	CHECK(wins("PATH", 1, NULL) == 1);
+	CHECK(wins("LD_LIBRARY_PATH", 1, "X,LD_LIBRARY_PATH") == 0);
+	CHECK(wins("PATH", 1, "PATHX") == 1);
+	/* Slurm and PMI variables only ever come from the task */
+	CHECK(wins("SLURM_JOB_ID", 0, NULL) == 0);
+	CHECK(wins("PMIX_RANK", 1, NULL) == 0);
+	CHECK(wins("PMI_FD", 0, NULL) == 0);
+	CHECK(wins("PMIXX", 0, NULL) == 1);
+}
+
+int main(void)
+{
+	struct container_flags f;
+
+	test_conf();
+	test_bool();
+	flags_init(&f);
+	test_image(&f);
+	test_mounts(&f);
+	test_name(&f);
+	test_other_flags(&f);
+	flags_free(&f);
+	test_image_names();
+	test_flags_check();
+	test_env_merge();
+	if (failures) {
+		printf("%d check(s) failed\n", failures);
+		return 1;
+	}
+	printf("all option tests passed\n");
+	return 0;
+}
