@@ -1,0 +1,176 @@
+"""spank_berth.so: builds warning-free, its option parser passes its C tests
+without leaks, it carries the symbols Slurm looks for, and a real srun/sbatch
+refuses bad --container-* flags before anything is submitted."""
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SPANK = Path(__file__).resolve().parent.parent / "spank"
+SLURM_VERSION_H = Path("/usr/include/slurm/slurm_version.h")
+
+pytestmark = pytest.mark.skipif(
+    not SLURM_VERSION_H.exists(), reason="needs Slurm headers (libslurm-dev)"
+)
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("spank")
+    subprocess.run(
+        ["make", "-s", "-C", str(SPANK), f"O={out}", "all", f"{out}/test_options"],
+        check=True, capture_output=True, text=True,
+    )
+    return out
+
+
+def _slurm_version_number():
+    for line in SLURM_VERSION_H.read_text().splitlines():
+        if line.startswith("#define SLURM_VERSION_NUMBER"):
+            return int(line.split()[2], 16)
+    raise AssertionError("no SLURM_VERSION_NUMBER in slurm_version.h")
+
+
+def test_option_parser_c_tests_pass(build):
+    result = subprocess.run([build / "test_options"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+    assert "all option tests passed" in result.stdout
+
+
+def test_option_parser_has_no_leaks_or_memory_errors(build):
+    assert shutil.which("valgrind"), "valgrind is needed for this test (apt install valgrind)"
+    result = subprocess.run(
+        ["valgrind", "--quiet", "--leak-check=full", "--errors-for-leak-kinds=all",
+         "--error-exitcode=99", build / "test_options"],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_plugin_exports_spank_entry_points(build):
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", build / "spank_berth.so"],
+        check=True, capture_output=True, text=True,
+    ).stdout.split()
+    for name in ("slurm_spank_init", "slurm_spank_init_post_opt", "slurm_spank_user_init",
+                 "slurm_spank_task_init", "slurm_spank_exit",
+                 "plugin_name", "plugin_type", "plugin_version", "spank_plugin_version"):
+        assert name in symbols, name
+
+
+def test_plugin_identifies_itself_to_this_slurm(build):
+    # RTLD_LAZY: the slurm_* functions it calls come from srun/slurmstepd.
+    lib = ctypes.CDLL(str(build / "spank_berth.so"), mode=os.RTLD_LAZY)
+    assert (ctypes.c_char * 32).in_dll(lib, "plugin_name").value == b"spank_berth"
+    assert (ctypes.c_char * 32).in_dll(lib, "plugin_type").value == b"spank"
+    assert ctypes.c_uint.in_dll(lib, "plugin_version").value == _slurm_version_number()
+
+
+# ---- through a real srun/sbatch: option callbacks run before any submission
+
+
+@pytest.fixture()
+def slurm_conf(build, tmp_path):
+    """A slurm.conf whose controller is never reached: bad flags stop first."""
+    def write(*plugin_args):
+        plugstack = tmp_path / "plugstack.conf"
+        plugstack.write_text(
+            " ".join(["required", str(build / "spank_berth.so"), *plugin_args]) + "\n")
+        conf = tmp_path / "slurm.conf"
+        conf.write_text(
+            "ClusterName=bspk\nSlurmctldHost=localhost\n"
+            f"PlugStackConfig={plugstack}\n"
+            "NodeName=localhost CPUs=1 State=UNKNOWN\n"
+            "PartitionName=p Nodes=localhost Default=YES\n")
+        return {**os.environ, "SLURM_CONF": str(conf)}
+    return write
+
+
+needs_srun = pytest.mark.skipif(not shutil.which("srun"), reason="needs slurm-client")
+
+
+def _run(env, *argv):
+    return subprocess.run(list(argv), env=env, capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL)
+
+
+@needs_srun
+def test_srun_help_lists_the_flags(slurm_conf):
+    out = _run(slurm_conf(), "srun", "--help").stdout
+    for flag in ("--container-image", "--container-mounts", "--container-workdir",
+                 "--container-name", "--container-save", "--no-container-mount-home",
+                 "--container-remap-root", "--container-entrypoint-log",
+                 "--container-readonly", "--container-env", "--container-unshare"):
+        assert flag in out, flag
+
+
+@needs_srun
+@pytest.mark.parametrize("flag, message", [
+    ("--container-mounts=/data",
+     "spank_berth: --container-mounts: missing destination in '/data'"),
+    ("--container-mounts=/a:rel", "relative destination in '/a:rel'"),
+    ("--container-mounts=/a:/b:ro+bogus", "unknown flag 'bogus'"),
+    ("--container-image=", "--container-image: empty image"),
+    ("--container-image=/nonexistent/x.sqsh", "no such file '/nonexistent/x.sqsh'"),
+    ("--container-image=nvcr.io", "'nvcr.io' is a registry host without an image"),
+    ("--container-workdir=rel", "--container-workdir: 'rel' is not an absolute path"),
+    ("--container-name=n:sometimes", "--container-name: unknown mode 'sometimes'"),
+    ("--container-unshare=pid", "--container-unshare: unknown namespace 'pid'"),
+    ("--container-env=1BAD", "--container-env: '1BAD' is not a variable name"),
+])
+def test_srun_refuses_bad_flags_before_submission(slurm_conf, flag, message):
+    result = _run(slurm_conf(), "srun", flag, "true")
+    assert result.returncode != 0
+    assert message in result.stderr
+    # refused by the plugin, not by a failed attempt to reach slurmctld
+    assert "slurmctld" not in result.stderr and "Unable to" not in result.stderr
+
+
+@needs_srun
+def test_srun_refuses_container_flags_without_an_image(slurm_conf):
+    result = _run(slurm_conf(), "srun", "--container-mounts=/a:/b", "true")
+    assert result.returncode != 0
+    assert "--container-mounts needs --container-image or --container-name" in result.stderr
+
+
+@needs_srun
+def test_srun_refuses_entrypoint_until_supported(slurm_conf, tmp_path):
+    image = tmp_path / "img.sqsh"
+    image.write_bytes(b"")
+    result = _run(slurm_conf(), "srun", f"--container-image={image}",
+                  "--container-entrypoint", "true")
+    assert result.returncode != 0
+    assert "--container-entrypoint: running the image entrypoint is not supported" \
+        in result.stderr
+
+
+@needs_srun
+def test_sbatch_catches_image_truncated_by_a_hash_comment(slurm_conf, tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH --container-image nvcr.io#nvidia/cuda:12.9\ntrue\n")
+    result = _run(slurm_conf(), "sbatch", str(script))
+    assert result.returncode != 0
+    assert "'nvcr.io' is a registry host without an image" in result.stderr
+
+
+@needs_srun
+def test_sbatch_flags_absent_when_sbatch_support_is_off(slurm_conf):
+    result = _run(slurm_conf("sbatch_support=no"), "sbatch", "--container-image=x", "--wrap=true")
+    assert result.returncode != 0
+    assert "unrecognized option" in result.stderr
+
+
+@needs_srun
+@pytest.mark.parametrize("args, message", [
+    (["runtime_pth=/run/x"], "plugstack.conf: unknown plugstack option 'runtime_pth'"),
+    (["use_squashfuse=perhaps"], "use_squashfuse: 'perhaps' is not a boolean"),
+    (["container_scope=node"], "container_scope: 'node' is neither job nor global"),
+])
+def test_bad_plugstack_options_are_named(slurm_conf, args, message):
+    result = _run(slurm_conf(*args), "srun", "true")
+    assert result.returncode != 0
+    assert message in result.stderr
