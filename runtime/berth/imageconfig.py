@@ -1,0 +1,84 @@
+"""The image configuration kept inside every imported root filesystem.
+
+`/etc/berth/image.json` is the contract with `berth start` and the SPANK
+plugin: {"env", "entrypoint", "cmd", "workdir", "user", "source", "digest"}.
+`/etc/environment` and `/etc/rc` carry the same facts the way enroot does,
+so a plain squashfs is self-describing for enroot users too.
+"""
+
+import json
+import os
+import shlex
+
+from berth.errors import BerthError
+from berth.layers import resolve
+
+IMAGE_JSON = "etc/berth/image.json"
+_KEYS = {"env": list, "entrypoint": (list, type(None)), "cmd": (list, type(None)),
+         "workdir": str, "user": str, "source": str, "digest": str}
+
+
+def from_oci(config, source, digest):
+    """Our contract from an OCI/Docker image config blob (parsed JSON)."""
+    settings = config.get("config") or {}
+    return {
+        "env": list(settings.get("Env") or []),
+        "entrypoint": settings.get("Entrypoint") or None,
+        "cmd": settings.get("Cmd") or None,
+        "workdir": settings.get("WorkingDir") or "",
+        "user": settings.get("User") or "",
+        "source": source,
+        "digest": digest,
+    }
+
+
+def rc_script(image):
+    """A POSIX sh /etc/rc: workdir, then the caller's command, the image's, or a shell."""
+    lines = ["#!/bin/sh", f"# Written by berth import from {image['source']}."]
+    if image["workdir"]:
+        lines.append(f"cd {shlex.quote(image['workdir'])} || exit 1")
+    lines.append('if [ "$#" -gt 0 ]; then exec "$@"; fi')
+    command = (image["entrypoint"] or []) + (image["cmd"] or [])
+    if command:
+        lines.append("exec " + " ".join(shlex.quote(arg) for arg in command))
+    else:
+        lines.append("exec /bin/sh -l")
+    return "\n".join(lines) + "\n"
+
+
+def write_image_config(root, image):
+    """Write image.json, /etc/environment and /etc/rc into `root`."""
+    files = {
+        IMAGE_JSON: json.dumps(image, indent=2) + "\n",
+        "etc/environment": "".join(f"{entry}\n" for entry in image["env"]),
+        "etc/rc": rc_script(image),
+    }
+    for name, text in files.items():
+        path = resolve(root, name)
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        if os.path.lexists(path):
+            os.unlink(path)  # never write through a symlink the image left there
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    os.chmod(resolve(root, "etc/rc"), 0o755)
+
+
+def read_image_config(root_path):
+    """The image.json of an unpacked or mounted root, checked against the contract."""
+    path = resolve(str(root_path), IMAGE_JSON, follow_last=True)
+    try:
+        with open(path, encoding="utf-8") as f:
+            image = json.load(f)
+    except FileNotFoundError:
+        raise BerthError(f"{root_path}/{IMAGE_JSON} is missing: not a root made by "
+                         "berth import") from None
+    except (ValueError, OSError) as e:
+        raise BerthError(f"{root_path}/{IMAGE_JSON}: {e}") from None
+    if not isinstance(image, dict):
+        raise BerthError(f"{root_path}/{IMAGE_JSON}: expected a JSON object")
+    for key, kind in _KEYS.items():
+        if not isinstance(image.get(key), kind):
+            raise BerthError(f"{root_path}/{IMAGE_JSON}: key '{key}' missing or of the "
+                             "wrong type")
+    return image

@@ -1,0 +1,149 @@
+"""`berth import`: a registry image to a self-describing squashfs file.
+
+manifest (index -> platform manifest) -> layers into the blob cache, in
+parallel and verified -> applied in order to a temporary root -> image config
+written into it -> mksquashfs -> renamed into place.
+"""
+
+import concurrent.futures
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+
+from tqdm import tqdm
+
+from berth import reference, squash
+from berth.blobs import BlobCache
+from berth.errors import BerthError
+from berth.imageconfig import from_oci, write_image_config
+from berth.layers import apply_layer
+from berth.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_credentials
+
+# uname -m names to the GOARCH names registries use.
+_ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386",
+           "i386": "386"}
+
+
+def cmd_import(args, cfg):
+    ref = reference.parse(args.uri)
+    output = os.path.abspath(args.output or reference.default_output(args.uri))
+    replace = cfg.flag("ENROOT_FORCE_OVERRIDE")
+    _check_output(output, replace)
+    show_progress = not args.quiet and sys.stderr.isatty()
+
+    credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
+    registry = Registry(ref, cfg, credentials, credentials_path)
+    registry.connect()
+    manifest, digest = _platform_manifest(registry, ref, args.arch)
+    try:
+        config = json.loads(registry.blob(manifest["config"]["digest"]))
+        layers = [(layer["digest"], int(layer["size"])) for layer in manifest["layers"]]
+    except (KeyError, TypeError, ValueError):
+        raise BerthError(f"manifest {digest} of {ref} is malformed") from None
+    total = sum(size for _, size in layers)
+
+    cache = BlobCache(cfg["ENROOT_CACHE_PATH"])
+    missing = [(d, size) for d, size in layers if not cache.has(d)]
+    squash.require_space(cache.blob_dir, sum(size for _, size in missing), "the layers")
+    _download(cache, registry, missing, cfg, show_progress, args.quiet)
+
+    # Estimates from the compressed sizes: the root is at least as large,
+    # the squashfs about half of it at worst; enough to fail early.
+    squash.require_space(cfg["ENROOT_TEMP_PATH"], total, "the unpacked image")
+    squash.require_space(os.path.dirname(output), total // 2, "the squashfs image")
+    try:
+        workdir = tempfile.mkdtemp(prefix="berth-import-", dir=cfg["ENROOT_TEMP_PATH"])
+    except OSError as e:
+        raise BerthError(f"ENROOT_TEMP_PATH {cfg['ENROOT_TEMP_PATH']}: {e.strerror}") from None
+    try:
+        root = os.path.join(workdir, "rootfs")
+        os.mkdir(root, 0o755)
+        for layer_digest, _ in tqdm(layers, desc="unpacking", unit="layer",
+                                    disable=not show_progress):
+            apply_layer(root, cache.path(layer_digest), layer_digest,
+                        cfg["ENROOT_GZIP_PROGRAM"])
+        write_image_config(root, from_oci(config, args.uri, digest))
+        squash.make_squashfs(root, output, cfg, replace, show_progress)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def _check_output(output, replace):
+    if os.path.lexists(output) and not replace:
+        raise BerthError(f"{output} already exists; remove it or set ENROOT_FORCE_OVERRIDE=yes")
+    directory = os.path.dirname(output)
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        raise BerthError(f"output directory {directory} does not exist or is not writable")
+
+
+def _platform_manifest(registry, ref, arch):
+    """The image manifest for our platform, and the digest the user pulled."""
+    manifest, media_type, digest = registry.manifest(ref.reference,
+                                                     INDEX_TYPES + MANIFEST_TYPES)
+    if media_type in INDEX_TYPES:
+        choice = _pick_platform(manifest.get("manifests") or [], arch, ref)
+        manifest, media_type, _ = registry.manifest(choice, MANIFEST_TYPES)
+    if media_type not in MANIFEST_TYPES:
+        raise BerthError(f"{ref}: unsupported manifest type '{media_type}' (Docker schema 2 "
+                         "or OCI image expected)")
+    return manifest, digest
+
+
+def _pick_platform(entries, arch, ref):
+    wanted = arch or platform.machine()
+    name, _, variant = wanted.partition("/")
+    name = _ARCHES.get(name, name)
+    available = []
+    for entry in entries:
+        plat = entry.get("platform") or {}
+        if plat.get("os") != "linux":
+            continue  # attestations and other systems
+        available.append("/".join(filter(None, (plat.get("architecture"),
+                                                plat.get("variant")))))
+        if plat.get("architecture") == name and variant in ("", plat.get("variant")):
+            return entry["digest"]
+    raise BerthError(f"{ref} has no image for architecture {wanted}; available: "
+                     f"{', '.join(sorted(available)) or 'none'} (choose one with --arch)")
+
+
+def _download(cache, registry, layers, cfg, show_progress, quiet):
+    """Fetch the layers in parallel; the first failure stops the others."""
+    if not layers:
+        return
+    failed = threading.Event()
+    overall = tqdm(total=sum(size for _, size in layers), desc="downloading", unit="B",
+                   unit_scale=True, disable=not show_progress)
+
+    def fetch(position, digest, size):
+        bar = tqdm(total=size, desc=digest[7:19], unit="B", unit_scale=True, leave=False,
+                   position=position, disable=not show_progress)
+
+        def on_bytes(count):
+            if failed.is_set():
+                raise BerthError("download cancelled")
+            bar.update(count)
+            overall.update(count)
+
+        try:
+            cache.fetch(digest, registry, on_bytes, quiet)
+        finally:
+            bar.close()
+
+    workers = max(1, min(cfg.number("ENROOT_MAX_CONNECTIONS"), len(layers)))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(fetch, i + 1, d, size) for i, (d, size) in enumerate(layers)]
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                future.result()
+        except BaseException:
+            failed.set()
+            for future in futures:
+                future.cancel()
+            raise
+        finally:
+            overall.close()

@@ -1,0 +1,206 @@
+"""Apply image layers (tar archives) to a root directory, as overlayfs would.
+
+Whiteouts: `.wh.NAME` deletes NAME from the layers below, `.wh..wh..opq`
+empties its directory of what the layers below put there.
+
+Layers come from anywhere, so nothing in one may write outside the root:
+entry and hard-link names with `..` or a leading `/` are refused, and every
+path is resolved inside the root as if the root were `/` (a symlink to
+`/etc` or `../../..` leads back into the root, never out of it). Device
+nodes are skipped, setuid/setgid bits dropped, ownership ignored (an
+unprivileged user cannot chown). Owners keep read access to files and full
+access to directories, so the user can pack and later unpack the tree.
+"""
+
+import collections
+import errno
+import os
+import posixpath
+import shutil
+import signal
+import stat
+import subprocess
+import tarfile
+
+from berth.errors import BerthError
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+_MAX_SYMLINKS = 40
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def resolve(root, name, follow_last=False):
+    """Host path of `name` in `root`, following symlinks with `root` as `/`."""
+    pending = collections.deque(p for p in name.split("/") if p not in ("", "."))
+    parts = []
+    followed = 0
+    while pending:
+        part = pending.popleft()
+        if part == "..":
+            if parts:
+                parts.pop()
+            continue
+        path = os.path.join(root, *parts, part)
+        if not pending and not follow_last:
+            parts.append(part)
+            break
+        try:
+            is_link = stat.S_ISLNK(os.lstat(path).st_mode)
+        except FileNotFoundError:
+            is_link = False
+        if not is_link:
+            parts.append(part)
+            continue
+        followed += 1
+        if followed > _MAX_SYMLINKS:
+            raise BerthError(f"too many levels of symbolic links in '{name}'")
+        target = os.readlink(path)
+        if target.startswith("/"):
+            parts = []
+        pending.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
+    return os.path.join(root, *parts)
+
+
+def _decompressor(path, gzip_program):
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic.startswith(_GZIP_MAGIC):
+        return [gzip_program, "-d", "-c"]
+    if magic == _ZSTD_MAGIC:
+        return ["zstd", "-d", "-c", "-q"]
+    return None
+
+
+def apply_layer(root, path, digest, gzip_program):
+    """Apply the layer file `path` (tar, gzip or zstd) to `root`."""
+    command = _decompressor(path, gzip_program)
+    with open(path, "rb") as raw:
+        if command is None:
+            _apply_tar(root, raw, digest)
+            return
+        try:
+            proc = subprocess.Popen(command, stdin=raw, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+        except OSError as e:
+            raise BerthError(f"cannot run {command[0]} for layer {digest}: {e.strerror}") \
+                from None
+        tar_error = None
+        try:
+            _apply_tar(root, proc.stdout, digest)
+            # tar ends with zero blocks; drain the rest so the program exits cleanly.
+            while proc.stdout.read(1 << 16):
+                pass
+        except BerthError as e:
+            tar_error = e  # a broken stream shows as a bad tar: the program says why
+        finally:
+            proc.stdout.close()
+            stderr = proc.stderr.read().decode(errors="replace").strip()
+            proc.stderr.close()
+            status = proc.wait()
+        # A program killed by the pipe we closed early did not fail itself.
+        if tar_error and status in (0, -signal.SIGPIPE):
+            raise tar_error
+        if status != 0:
+            raise BerthError(f"layer {digest}: {command[0]} -d failed: "
+                             f"{stderr.splitlines()[-1] if stderr else f'exit {status}'}")
+
+
+def _apply_tar(root, stream, digest):
+    created = set()  # host paths this layer made: an opaque marker spares them
+    dir_times = {}
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as archive:
+            for member in archive:
+                _apply_member(root, archive, member, created, dir_times, digest)
+    except tarfile.TarError as e:
+        raise BerthError(f"layer {digest} is not a valid tar archive: {e}") from None
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            free = shutil.disk_usage(root).free
+            raise BerthError(f"no space left in {root} unpacking layer {digest} "
+                             f"({free} bytes free)") from None
+        raise BerthError(f"layer {digest}: {e.strerror}: "
+                         f"{e.filename.removeprefix(root) if e.filename else ''}") from None
+    for path, mtime in dir_times.items():
+        os.utime(path, (mtime, mtime), follow_symlinks=False)
+
+
+def _entry_name(name, digest, what="entry"):
+    if name.startswith("/") or ".." in name.split("/"):
+        raise BerthError(f"layer {digest}: {what} '{name}' points outside the image root; "
+                         "refusing the layer")
+    return name
+
+
+def _remove(path):
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def _apply_member(root, archive, member, created, dir_times, digest):
+    name = _entry_name(member.name, digest)
+    parent_name, base = posixpath.split(name.rstrip("/"))
+    if base == OPAQUE:
+        directory = resolve(root, parent_name, follow_last=True)
+        if os.path.isdir(directory):
+            for child in os.listdir(directory):
+                child_path = os.path.join(directory, child)
+                if child_path not in created:
+                    _remove(child_path)
+        return
+    if base.startswith(WHITEOUT):
+        _remove(resolve(root, posixpath.join(parent_name, base[len(WHITEOUT):])))
+        return
+    if member.ischr() or member.isblk():
+        return  # devices come from the host at start, never from an image
+    target = resolve(root, name) if base not in ("", ".") else root
+    if target == root:
+        if member.isdir():
+            os.chmod(root, _dir_mode(member.mode))
+        return
+    created.add(target)
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        os.makedirs(parent, mode=0o755)
+    if member.isdir():
+        if not os.path.isdir(target) or os.path.islink(target):
+            _remove(target)
+            os.mkdir(target, 0o700)
+        os.chmod(target, _dir_mode(member.mode))
+        dir_times[target] = member.mtime
+        return
+    _remove(target)
+    if member.isreg():
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(archive.extractfile(member), out, 1 << 20)
+            os.fchmod(out.fileno(), _file_mode(member.mode))
+    elif member.issym():
+        os.symlink(member.linkname, target)
+    elif member.islnk():
+        source = resolve(root, _entry_name(member.linkname, digest, "hard link target"))
+        if not os.path.lexists(source):
+            raise BerthError(f"layer {digest}: hard link '{name}' to missing "
+                             f"'{member.linkname}'")
+        os.link(source, target, follow_symlinks=False)
+    elif member.isfifo():
+        os.mkfifo(target, _file_mode(member.mode))
+    else:
+        return
+    os.utime(target, (member.mtime, member.mtime), follow_symlinks=False)
+
+
+def _file_mode(mode):
+    return (mode & 0o1777) | 0o400
+
+
+def _dir_mode(mode):
+    return (mode & 0o1777) | 0o700

@@ -1,0 +1,102 @@
+"""Registry image references: docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]."""
+
+import re
+from dataclasses import dataclass
+
+from berth.errors import BerthError
+
+SCHEME = "docker://"
+DEFAULT_REGISTRY = "registry-1.docker.io"
+FORMAT = "docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]"
+
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]+)?")
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_USER = re.compile(r"[^\s@#/:]+")
+
+
+@dataclass(frozen=True)
+class Reference:
+    uri: str
+    user: str
+    registry: str
+    repository: str
+    tag: str
+    digest: str
+    explicit_registry: bool
+
+    @property
+    def reference(self):
+        """What the manifest endpoint is asked for: the digest, else the tag."""
+        return self.digest or self.tag
+
+    def __str__(self):
+        suffix = f"@{self.digest}" if self.digest else f":{self.tag}"
+        return f"{self.registry}/{self.repository}{suffix}"
+
+    def registry_hint(self):
+        """Why a Docker Hub lookup may be a mistake: 'nvcr.io/x' lacks its '#'."""
+        first = self.repository.split("/")[0]
+        if self.explicit_registry or "/" not in self.repository:
+            return ""
+        if "." in first or first == "localhost":
+            meant = self.uri.replace(f"{first}/", f"{first}#", 1)
+            return f" (taken as a Docker Hub image; for registry {first} write {meant})"
+        return ""
+
+
+def _bad(uri, why):
+    return BerthError(f"invalid image reference '{uri}': {why}; expected {FORMAT}")
+
+
+def parse(uri):
+    """Split a docker:// URI into its parts, filling in Docker Hub defaults."""
+    if not uri.startswith(SCHEME):
+        raise BerthError(f"'{uri}' is not a registry reference; expected {FORMAT}")
+    rest = uri[len(SCHEME):]
+    digest = ""
+    head, at, tail = rest.rpartition("@")
+    if at and tail.startswith("sha256:"):
+        if not _DIGEST.fullmatch(tail):
+            raise _bad(uri, f"digest '{tail}' is not sha256: and 64 lowercase hex digits")
+        rest, digest = head, tail
+    user = ""
+    if "@" in rest:
+        user, _, rest = rest.partition("@")
+        if not _USER.fullmatch(user):
+            raise _bad(uri, f"user '{user}' is not valid")
+    registry = ""
+    if "#" in rest:
+        registry, _, rest = rest.partition("#")
+        if not _HOST.fullmatch(registry):
+            raise _bad(uri, f"registry '{registry}' is not HOST[:PORT]")
+    image, tag = rest, ""
+    last = rest.rsplit("/", 1)[-1]
+    if ":" in last:
+        image, _, tag = rest.rpartition(":")
+        if not _TAG.fullmatch(tag):
+            raise _bad(uri, f"tag '{tag}' is not valid")
+    if not _REPOSITORY.fullmatch(image):
+        raise _bad(uri, f"image name '{image}' is not valid (lowercase letters, digits, "
+                        "'.', '_', '-' separated by '/')")
+    explicit = bool(registry)
+    registry = registry or DEFAULT_REGISTRY
+    repository = image
+    if registry == DEFAULT_REGISTRY and "/" not in image:
+        repository = f"library/{image}"
+    return Reference(uri, user, registry, repository, tag or ("" if digest else "latest"),
+                     digest, explicit)
+
+
+def default_output(uri):
+    """File name for an import: the image part with '/' and ':' as '+'."""
+    rest = uri[len(SCHEME):]
+    head, at, tail = rest.rpartition("@")
+    digest = f"@{tail}" if at and tail.startswith("sha256:") else ""
+    if digest:
+        rest = head
+    rest = rest.partition("@")[2] or rest
+    rest = rest.partition("#")[2] or rest
+    return re.sub(r"[/:]", "+", rest + digest) + ".sqsh"

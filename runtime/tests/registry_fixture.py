@@ -1,0 +1,279 @@
+"""Test helpers for `berth import`: a real registry, images pushed through
+its v2 API, and a proxy in front of it that counts requests, asks for
+credentials and breaks transfers on demand.
+
+A plain module, imported by the import tests (not a conftest.py).
+"""
+
+import base64
+import gzip
+import hashlib
+import http.server
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+RUNTIME = Path(__file__).resolve().parents[1]
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+TOKEN = "berth-test-token"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port, what, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port}")
+
+
+def sha256(data):
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class Registry:
+    """Debian's docker-registry on 127.0.0.1, storing in `directory`."""
+
+    def __init__(self, directory):
+        self.port = free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        self.url = f"http://{self.host}"
+        directory = Path(directory)
+        config = directory / "registry.yml"
+        config.write_text(
+            "version: 0.1\n"
+            "log: {level: error, accesslog: {disabled: true}}\n"
+            f"storage: {{filesystem: {{rootdirectory: {directory / 'storage'}}}}}\n"
+            f"http: {{addr: '{self.host}'}}\n")
+        self.log = open(directory / "registry.log", "wb")
+        self.process = subprocess.Popen(["docker-registry", "serve", str(config)],
+                                        stdout=self.log, stderr=self.log)
+        wait_for_port(self.port, "docker-registry")
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(10)
+        self.log.close()
+
+    def push_blob(self, repo, data):
+        digest = sha256(data)
+        start = requests.post(f"{self.url}/v2/{repo}/blobs/uploads/", timeout=10)
+        start.raise_for_status()
+        location = requests.compat.urljoin(self.url, start.headers["Location"])
+        separator = "&" if "?" in location else "?"
+        done = requests.put(f"{location}{separator}digest={digest}", data=data, timeout=10,
+                            headers={"Content-Type": "application/octet-stream"})
+        done.raise_for_status()
+        return digest
+
+    def push_manifest(self, repo, ref, manifest, media_type):
+        body = json.dumps(manifest).encode()
+        response = requests.put(f"{self.url}/v2/{repo}/manifests/{ref}", data=body,
+                                headers={"Content-Type": media_type}, timeout=10)
+        response.raise_for_status()
+        return sha256(body)
+
+    def push_image(self, repo, tag, layers, config=None, media_type=OCI_MANIFEST,
+                   layer_type="application/vnd.oci.image.layer.v1.tar+gzip"):
+        """Push layers (bytes, already compressed as wanted) and an image
+        config; returns the manifest digest."""
+        config = config or {"architecture": "amd64", "os": "linux", "config": {}}
+        config_blob = json.dumps(config).encode()
+        config_type = ("application/vnd.oci.image.config.v1+json" if media_type == OCI_MANIFEST
+                       else "application/vnd.docker.container.image.v1+json")
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": media_type,
+            "config": {"mediaType": config_type, "size": len(config_blob),
+                       "digest": self.push_blob(repo, config_blob)},
+            "layers": [{"mediaType": layer_type, "size": len(layer),
+                        "digest": self.push_blob(repo, layer)} for layer in layers],
+        }
+        return self.push_manifest(repo, tag, manifest, media_type)
+
+    def push_index(self, repo, tag, platforms):
+        """An OCI index over {(arch, variant): manifest digest}."""
+        entries = []
+        for (arch, variant), digest in platforms.items():
+            size = len(requests.get(f"{self.url}/v2/{repo}/manifests/{digest}", timeout=10,
+                                    headers={"Accept": OCI_MANIFEST}).content)
+            plat = {"architecture": arch, "os": "linux"}
+            if variant:
+                plat["variant"] = variant
+            entries.append({"mediaType": OCI_MANIFEST, "digest": digest, "size": size,
+                            "platform": plat})
+        index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}
+        return self.push_manifest(repo, tag, index, OCI_INDEX)
+
+
+# -- layers -----------------------------------------------------------------
+
+def layer_tar(*entries):
+    """A tar from entries: ("dir", name, mode), ("file", name, data[, mode]),
+    ("symlink", name, target), ("hardlink", name, target), ("char", name),
+    ("fifo", name)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for kind, name, *rest in entries:
+            info = tarfile.TarInfo(name)
+            info.mtime = 1_700_000_000
+            data = None
+            if kind == "dir":
+                info.type, info.mode = tarfile.DIRTYPE, rest[0] if rest else 0o755
+            elif kind == "file":
+                data = rest[0]
+                info.size, info.mode = len(data), rest[1] if len(rest) > 1 else 0o644
+            elif kind in ("symlink", "hardlink"):
+                info.type = tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE
+                info.linkname = rest[0]
+            elif kind == "char":
+                info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 1, 3
+            elif kind == "fifo":
+                info.type = tarfile.FIFOTYPE
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def gzipped(data):
+    return gzip.compress(data, mtime=0)
+
+
+def zstd_compressed(data):
+    return subprocess.run(["zstd", "-q", "-c"], input=data, stdout=subprocess.PIPE,
+                          check=True).stdout
+
+
+# -- a proxy that counts, authenticates and breaks -------------------------
+
+class Proxy:
+    """An HTTP front for `upstream` on 127.0.0.1.
+
+    auth: None, "basic" or "bearer" (token from its own /token, given for
+    `login`/`password`). `cut`: blob digests whose transfer stops halfway;
+    `cut_once` stops only the first; `tamper`: path -> body served instead;
+    `blob_delay`: seconds before each blob is sent.
+    """
+
+    def __init__(self, upstream, auth=None, login="alice", password="secret"):
+        self.upstream = upstream
+        self.auth = auth
+        self.basic = "Basic " + base64.b64encode(f"{login}:{password}".encode()).decode()
+        self.requests = []
+        self.cut, self.cut_once, self.tamper = set(), set(), {}
+        self.blob_delay = 0.0
+        self.port = free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                proxy._handle(self)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def blob_requests(self):
+        return [path for path in self.requests if "/blobs/" in path]
+
+    def _handle(self, handler):
+        path = handler.path
+        self.requests.append(path)
+        if path.startswith("/token"):
+            if handler.headers.get("Authorization") == self.basic:
+                return self._reply(handler, 200, json.dumps({"token": TOKEN}).encode(),
+                                   {"Content-Type": "application/json"})
+            return self._reply(handler, 401, b"{}", {})
+        expected = {"basic": self.basic, "bearer": f"Bearer {TOKEN}"}.get(self.auth)
+        if expected and handler.headers.get("Authorization") != expected:
+            challenge = ('Basic realm="test"' if self.auth == "basic" else
+                         f'Bearer realm="http://{self.host}/token",service="test"')
+            return self._reply(handler, 401, b"{}", {"WWW-Authenticate": challenge})
+        headers = {k: v for k, v in handler.headers.items() if k.lower() == "accept"}
+        upstream = requests.get(self.upstream + path, headers=headers, timeout=10)
+        body = self.tamper.get(path, upstream.content)
+        keep = {k: v for k, v in upstream.headers.items()
+                if k.lower() in ("content-type", "docker-content-digest")}
+        digest = path.rsplit("/", 1)[-1]
+        if "/blobs/" in path:
+            time.sleep(self.blob_delay)
+            if digest in self.cut or digest in self.cut_once:
+                self.cut_once.discard(digest)
+                return self._reply(handler, upstream.status_code, body, keep, broken=True)
+        return self._reply(handler, upstream.status_code, body, keep)
+
+    @staticmethod
+    def _reply(handler, status, body, headers, broken=False):
+        handler.send_response(status)
+        for key, value in headers.items():
+            handler.send_header(key, value)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body[:len(body) // 2] if broken else body)
+        handler.wfile.flush()
+        if broken:
+            handler.close_connection = True
+            handler.connection.shutdown(socket.SHUT_RDWR)
+
+
+# -- running berth ----------------------------------------------------------
+
+def berth_env(tmp_path, **overrides):
+    """An environment for `berth` confined to tmp_path."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ENROOT_")}
+    env.update({
+        "PYTHONPATH": str(RUNTIME),
+        "ENROOT_SYSCONF_PATH": str(tmp_path / "sysconf"),
+        "ENROOT_CONFIG_PATH": str(tmp_path / "config"),
+        "ENROOT_CACHE_PATH": str(tmp_path / "cache"),
+        "ENROOT_DATA_PATH": str(tmp_path / "data"),
+        "ENROOT_TEMP_PATH": str(tmp_path / "temp"),
+        "ENROOT_ALLOW_HTTP": "yes",
+        "ENROOT_SQUASH_OPTIONS": "-comp gzip",
+        "ENROOT_MAX_PROCESSORS": "1",
+    })
+    env.update(overrides)
+    (tmp_path / "temp").mkdir(exist_ok=True)
+    return env
+
+
+def berth(args, env, cwd, user=None):
+    """Run the CLI; returns the CompletedProcess (text)."""
+    command = [sys.executable, "-m", "berth.cli", *args]
+    if user:
+        command = ["runuser", "-u", user, "--", *command]
+    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def unsquash(image, directory):
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(directory), str(image)], check=True,
+                   stdout=subprocess.DEVNULL)
+    return Path(directory)
