@@ -285,12 +285,25 @@ bind_libraries() {
         target=$(readlink -f "$path") && [ -f "$target" ] || continue
         bind "$target" "$dir/$name" bind,ro,nosuid,x-create=file
     done <<<"$cache"
-    local search=$lib64_dir
-    [ "$used32" = no ] || search=$search:$lib32_dir
-    case ":${LD_LIBRARY_PATH:-}:" in
+    local ours=$lib64_dir search
+    [ "$used32" = no ] || ours=$ours:$lib32_dir
+    search=$(library_path)
+    case ":$search:" in
         *":$lib64_dir:"*) ;;
-        *) environ+=("LD_LIBRARY_PATH=$search${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}") ;;
+        *) environ+=("LD_LIBRARY_PATH=$ours${search:+:$search}") ;;
     esac
+}
+
+# The loader path as the image and earlier hooks (their ENROOT_ENVIRON
+# lines) left it.
+library_path() {
+    local line value=${LD_LIBRARY_PATH:-}
+    if [ -f "${ENROOT_ENVIRON:?}" ]; then
+        while IFS= read -r line; do
+            if [[ $line == LD_LIBRARY_PATH=* ]]; then value=${line#*=}; fi
+        done <"$ENROOT_ENVIRON"
+    fi
+    echo "$value"
 }
 
 bind_programs() {

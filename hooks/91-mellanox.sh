@@ -1,0 +1,156 @@
+#!/bin/bash
+# Mellanox/NVIDIA InfiniBand and RoCE HCAs inside a container, as an
+# enroot-protocol hook.
+#
+# MELLANOX_VISIBLE_DEVICES: all | none | void | "" | unset (nothing) | comma
+# list of indices (HCAs in name order, mlx5_2 before mlx5_10) or names
+# (mlx5_0). Appends to $ENROOT_MOUNTS the selected HCAs' /dev/infiniband
+# nodes (uverbsN, and umadN/issmN where present), rdma_cm, the host's verbs
+# libraries and mlx4/mlx5 providers, and /etc/libibverbs.d; to
+# $ENROOT_ENVIRON LD_LIBRARY_PATH.
+#
+# The host's verbs stack is used, not the image's: it matches the host's
+# kernel driver. Its libraries go into /usr/local/rdma/lib64, put first on
+# LD_LIBRARY_PATH (no write into the root, so a read-only root works).
+# libibverbs looks for a provider first in the directory it was built with,
+# then by plain name through the loader's path: the providers are bound into
+# the same directory under their own names so that second lookup finds them.
+#
+# Knobs, from the environment: BERTH_LDCONFIG (command printing the ld.so
+# cache, default: ldconfig -p), BERTH_SYS_ROOT (default /sys), BERTH_DEV_ROOT
+# (default /dev), BERTH_ETC_ROOT (default /etc).
+set -eu -o pipefail
+
+PATH=${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+sys=${BERTH_SYS_ROOT:-/sys}
+dev=${BERTH_DEV_ROOT:-/dev}
+etc=${BERTH_ETC_ROOT:-/etc}
+lib_dir=/usr/local/rdma/lib64
+libraries=" libibverbs.so librdmacm.so libibumad.so libmlx5.so libmlx4.so libnl-3.so libnl-route-3.so "
+
+die() {
+    echo "mellanox hook: $*" >&2
+    exit 1
+}
+
+mounts=()
+declare -A bound=()
+bind() { # SRC DST OPTIONS; one destination once
+    [ -z "${bound[$2]:-}" ] || return 0
+    bound[$2]=1
+    mounts+=("$1 $2 none $3")
+}
+
+# MELLANOX_VISIBLE_DEVICES -> selected (HCA names), checked against this node.
+selected=()
+select_hcas() {
+    local item
+    local -a hcas items
+    mapfile -t hcas < <(
+        for item in "$sys"/class/infiniband/*; do
+            if [ -e "$item" ]; then echo "${item##*/}"; fi
+        done | sort -V
+    )
+    if [ "$MELLANOX_VISIBLE_DEVICES" = all ]; then
+        selected=("${hcas[@]}")
+        return
+    fi
+    IFS=, read -ra items <<<"$MELLANOX_VISIBLE_DEVICES"
+    for item in "${items[@]}"; do
+        item=${item//[[:space:]]/}
+        if [[ $item =~ ^[0-9]+$ ]]; then
+            [ "$item" -lt "${#hcas[@]}" ] ||
+                die "MELLANOX_VISIBLE_DEVICES: no HCA $item on this node (it has ${#hcas[@]})"
+            item=${hcas[$((10#$item))]}
+        elif [[ ! $item =~ ^[A-Za-z0-9_.-]+$ ]]; then
+            die "MELLANOX_VISIBLE_DEVICES: '$item' is neither an HCA index nor a name"
+        elif [ ! -d "$sys/class/infiniband/$item" ]; then
+            die "MELLANOX_VISIBLE_DEVICES: no HCA $item on this node"
+        fi
+        [[ " ${selected[*]} " == *" $item "* ]] || selected+=("$item")
+    done
+}
+
+# An HCA's character devices, named by its sysfs entries: the verbs node
+# is required, the management ones bound where they exist.
+bind_devices() {
+    local hca entry node
+    for hca in "${selected[@]}"; do
+        node=''
+        for entry in "$sys/class/infiniband/$hca"/device/infiniband_verbs/uverbs*; do
+            [ -e "$entry" ] && node=${entry##*/}
+        done
+        [ -n "$node" ] || die "$sys/class/infiniband/$hca: no infiniband_verbs/uverbs* entry (ib_uverbs not loaded?)"
+        [ -c "$dev/infiniband/$node" ] || die "$dev/infiniband/$node: HCA $hca's verbs device node is missing"
+        bind "$dev/infiniband/$node" "/dev/infiniband/$node" bind,nosuid,noexec,x-create=file
+        for entry in "$sys/class/infiniband/$hca"/device/infiniband_mad/*; do
+            node=${entry##*/}
+            if [ -c "$dev/infiniband/$node" ]; then
+                bind "$dev/infiniband/$node" "/dev/infiniband/$node" bind,nosuid,noexec,x-create=file
+            fi
+        done
+    done
+    if [ -c "$dev/infiniband/rdma_cm" ]; then
+        bind "$dev/infiniband/rdma_cm" /dev/infiniband/rdma_cm bind,nosuid,noexec,x-create=file
+    fi
+}
+
+# The verbs libraries from the ld.so cache (native 64-bit entries), and the
+# mlx providers beside libibverbs.
+bind_libraries() {
+    local ldconfig=${BERTH_LDCONFIG:-ldconfig -p} cache line name flags path base target provider
+    cache=$($ldconfig) || die "BERTH_LDCONFIG: '$ldconfig' failed"
+    while IFS= read -r line; do
+        [[ $line == *" => "* ]] || continue
+        line=${line#"${line%%[![:space:]]*}"}
+        name=${line%% *} path=${line##* => }
+        flags=${line#* (} flags=${flags%%)*}
+        case $name in *.so.*) base=${name%%.so.*}.so ;; *) base=$name ;; esac
+        [[ $libraries == *" $base "* && $flags == *64* ]] || continue
+        target=$(readlink -f "$path") || continue
+        [ -f "$target" ] || continue
+        bind "$target" "$lib_dir/$name" bind,ro,nosuid,x-create=file
+        if [ "$base" = libibverbs.so ]; then
+            for provider in "${target%/*}"/libibverbs/libmlx*-rdmav*.so; do
+                if [ -e "$provider" ]; then
+                    bind "$(readlink -f "$provider")" "$lib_dir/${provider##*/}" bind,ro,nosuid,x-create=file
+                fi
+            done
+        fi
+    done <<<"$cache"
+    if [ -d "$etc/libibverbs.d" ]; then
+        bind "$etc/libibverbs.d" /etc/libibverbs.d bind,ro,nosuid,nodev,noexec,x-create=dir
+    fi
+}
+
+# The loader path as the image and earlier hooks (their ENROOT_ENVIRON
+# lines, the NVIDIA hook's say) left it.
+library_path() {
+    local line value=${LD_LIBRARY_PATH:-}
+    if [ -f "${ENROOT_ENVIRON:?}" ]; then
+        while IFS= read -r line; do
+            if [[ $line == LD_LIBRARY_PATH=* ]]; then value=${line#*=}; fi
+        done <"$ENROOT_ENVIRON"
+    fi
+    echo "$value"
+}
+
+main() {
+    local search
+    case ${MELLANOX_VISIBLE_DEVICES:-none} in
+        none | void) exit 0 ;;
+    esac
+    select_hcas
+    [ "${#selected[@]}" -gt 0 ] || exit 0
+    bind_devices
+    bind_libraries
+    search=$(library_path)
+    printf '%s\n' "${mounts[@]}" >>"${ENROOT_MOUNTS:?}"
+    case ":$search:" in
+        *":$lib_dir:"*) ;;
+        *) echo "LD_LIBRARY_PATH=$lib_dir${search:+:$search}" >>"${ENROOT_ENVIRON:?}" ;;
+    esac
+}
+
+main "$@"
