@@ -19,6 +19,9 @@
 # has to be written, so a read-only root works. Other images find them through
 # LD_LIBRARY_PATH, which this hook puts in front of the image's own.
 #
+# An Environment Definition File switches the hook off with the annotation
+# com.hooks.nvidia.enable = false (BERTH_HOOK_NVIDIA_ENABLE=0).
+#
 # Knobs, from the environment (e.g. an environ.d/*.env file):
 #   BERTH_NVIDIA_BACKEND    ldcache (default: bind mounts from the ld.so cache)
 #                           | nvidia-container-cli (libnvidia-container does it)
@@ -354,7 +357,8 @@ run_container_cli() {
 }
 
 main() {
-    local binding=
+    local binding=''
+    [ "${BERTH_HOOK_NVIDIA_ENABLE:-1}" != 0 ] || exit 0
     case $backend in
         ldcache | nvidia-container-cli) ;;
         *) die "BERTH_NVIDIA_BACKEND: unknown backend '$backend' (ldcache or nvidia-container-cli)" ;;

@@ -16,6 +16,9 @@
 # then by plain name through the loader's path: the providers are bound into
 # the same directory under their own names so that second lookup finds them.
 #
+# An Environment Definition File switches the hook off with the annotation
+# com.hooks.mellanox.enable = false (BERTH_HOOK_MELLANOX_ENABLE=0).
+#
 # Knobs, from the environment: BERTH_LDCONFIG (command printing the ld.so
 # cache, default: ldconfig -p), BERTH_SYS_ROOT (default /sys), BERTH_DEV_ROOT
 # (default /dev), BERTH_ETC_ROOT (default /etc).
@@ -138,6 +141,7 @@ library_path() {
 
 main() {
     local search
+    [ "${BERTH_HOOK_MELLANOX_ENABLE:-1}" != 0 ] || exit 0
     case ${MELLANOX_VISIBLE_DEVICES:-none} in
         none | void) exit 0 ;;
     esac

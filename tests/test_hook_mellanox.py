@@ -110,6 +110,15 @@ def test_nothing_requested_binds_nothing(host, tmp_path, value):
     assert mounts == [] and environ == []
 
 
+def test_edf_annotation_switches_the_hook_off(host, tmp_path):
+    env = {"MELLANOX_VISIBLE_DEVICES": "all", "BERTH_HOOK_MELLANOX_ENABLE": "0"}
+    proc, mounts, environ = run_hook(host, tmp_path, env)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert mounts == [] and environ == []
+    proc, mounts, _ = run_hook(host, tmp_path, env | {"BERTH_HOOK_MELLANOX_ENABLE": "1"})
+    assert proc.returncode == 0 and mounts
+
+
 def test_all_on_a_node_without_hcas_binds_nothing(host, tmp_path):
     proc, mounts, environ = run_hook(host, tmp_path, {"MELLANOX_VISIBLE_DEVICES": "all"}, tree=None)
     assert (proc.returncode, proc.stderr) == (0, "")

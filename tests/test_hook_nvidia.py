@@ -140,6 +140,15 @@ def test_nothing_requested_binds_nothing(driver, tmp_path, value):
     assert mounts == [] and environ == []
 
 
+def test_edf_annotation_switches_the_hook_off(driver, tmp_path):
+    env = {"NVIDIA_VISIBLE_DEVICES": "all", "BERTH_HOOK_NVIDIA_ENABLE": "0"}
+    proc, mounts, environ = run_hook(driver, tmp_path, env)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert mounts == [] and environ == []
+    proc, mounts, _ = run_hook(driver, tmp_path, env | {"BERTH_HOOK_NVIDIA_ENABLE": "1"})
+    assert proc.returncode == 0 and mounts
+
+
 def test_all_on_a_node_without_gpus_is_a_cpu_container(driver, tmp_path):
     proc, mounts, environ = run_hook(driver, tmp_path, {"NVIDIA_VISIBLE_DEVICES": "all"}, tree=None)
     assert (proc.returncode, proc.stderr) == (0, "")
