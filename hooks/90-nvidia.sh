@@ -104,7 +104,7 @@ select_devices() {
     for item in "${items[@]}"; do
         item=${item//[[:space:]]/}
         if [[ $item =~ ^[0-9]+$ ]]; then
-            [ "$item" -lt "${#gpu_minor[@]}" ] ||
+            [ "${#item}" -lt 6 ] && [ "$((10#$item))" -lt "${#gpu_minor[@]}" ] ||
                 die "$variable: no GPU $item on this node (it has ${#gpu_minor[@]})"
             selected_gpus[$((10#$item))]=1
         elif [[ $item =~ ^GPU-$uuid_re$ ]]; then
@@ -376,6 +376,10 @@ main() {
     parse_capabilities
     load_gpus
     if [ -n "$binding" ]; then
+        # A job's binding means nothing on a node without GPUs (a CUDA image
+        # on a CPU node); "-1" and Slurm's "NoDevFiles" hide every GPU.
+        case ${binding#*=} in -1 | NoDevFiles) exit 0 ;; esac
+        [ "${#gpu_minor[@]}" -gt 0 ] || exit 0
         select_devices "${binding%%=*}" "${binding#*=}"
     elif [ "$NVIDIA_VISIBLE_DEVICES" = all ]; then
         [ "${#gpu_minor[@]}" -gt 0 ] || exit 0

@@ -217,6 +217,7 @@ def test_list_of_indices_selects_those_only(driver, tmp_path):
     "value, named",
     [
         ("0,8", "8"),
+        ("99999999999999999999999", "99999999999999999999999"),
         ("GPU-1234", "GPU-1234"),
         ("GPU-ffffffff-0000-1111-2222-333333333333", "GPU-ffffffff-0000-1111-2222-333333333333"),
         ("MIG-ffffffff-0000-1111-2222-333333333333", "MIG-ffffffff"),
@@ -301,6 +302,21 @@ def test_all_is_narrowed_to_the_jobs_gpus(driver, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert [d for d in bound_devices(mounts) if d[-1].isdigit()] == ["/dev/nvidia5"]
     assert "CUDA_VISIBLE_DEVICES=0" in environ
+
+
+@pytest.mark.parametrize("binding", [{"SLURM_JOB_GPUS": "0"}, {"CUDA_VISIBLE_DEVICES": "0,1"}])
+def test_cuda_image_with_a_binding_on_a_cpu_node_runs(driver, tmp_path, binding):
+    env = {"NVIDIA_VISIBLE_DEVICES": "all"} | binding
+    proc, mounts, environ = run_hook(driver, tmp_path, env, tree=None)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert mounts == [] and environ == []
+
+
+@pytest.mark.parametrize("hidden", ["-1", "NoDevFiles"])
+def test_cuda_visible_devices_hiding_every_gpu_binds_none(driver, tmp_path, hidden):
+    proc, mounts, environ = run_hook(driver, tmp_path, {"CUDA_VISIBLE_DEVICES": hidden})
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert mounts == [] and environ == []
 
 
 def test_bad_slurm_binding_names_the_variable(driver, tmp_path):
