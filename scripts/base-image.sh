@@ -2,6 +2,8 @@
 # Build the node image the Molecule scenarios and the demo cluster start from,
 # offline from Debian's mirror: debootstrap minbase, then systemd + python3.
 # Skips the build when the image already exists (pass --rebuild to force).
+# The apt lists are dropped and dated 1970, so the roles' cache_valid_time
+# refreshes them on first use, as on a real node with stale lists.
 set -euo pipefail
 IMAGE=${BERTH_NODE_IMAGE:-berth/node:bookworm}
 SUITE=bookworm
@@ -26,6 +28,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends systemd systemd-sysv dbus python3 \
       python3-apt iproute2 procps ca-certificates sudo kmod \
  && apt-get clean && rm -rf /var/lib/apt/lists/* \
+ && touch -d @0 /var/lib/apt/lists \
  && systemctl mask getty@tty1.service console-getty.service systemd-logind.service \
       systemd-remount-fs.service
 STOPSIGNAL SIGRTMIN+3

@@ -3,10 +3,12 @@
 Precedence, lowest first: built-in defaults, `$ENROOT_SYSCONF_PATH/enroot.conf`,
 `$ENROOT_SYSCONF_PATH/enroot.conf.d/*.conf` (sorted), the process environment.
 A file line is `KEY VALUE`; `#` starts a comment; `${VAR}`/`$VAR` in a value
-expand from the environment and from keys set before it.
+expand from the environment, from keys set before it, and from UID and
+USER (the caller's), so a site can write per-user paths.
 """
 
 import os
+import pwd
 import re
 from pathlib import Path
 
@@ -119,9 +121,19 @@ class Config:
         return Path(self._values[key])
 
 
+def _caller(env):
+    uid = os.getuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = env.get("USER", str(uid))
+    return {"UID": str(uid), "USER": user}
+
+
 def load(env=None):
     """Resolve the configuration from files and the environment `env`."""
     env = dict(os.environ if env is None else env)
+    env.update(_caller(env))
     values = _defaults(env)
     sysconf = Path(env.get("ENROOT_SYSCONF_PATH") or values["ENROOT_SYSCONF_PATH"])
     files = [sysconf / "enroot.conf", *sorted(sysconf.glob("enroot.conf.d/*.conf"))]

@@ -1,0 +1,45 @@
+"""Helpers for the multinode verify step: the nodes, and ansible-playbook runs
+against Molecule's inventory from the project root (so ansible.cfg applies)."""
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import testinfra
+
+CONTROLLER = "berth-ctl"
+COMPUTE = ["berth-cn1", "berth-cn2"]
+NODES = [CONTROLLER, *COMPUTE]
+PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).parents[3]))
+
+
+@functools.cache
+def node(name):
+    """A node by its container name, through docker exec (fast, no ssh)."""
+    return testinfra.get_host(f"docker://{name}")
+
+
+def inventory_copy(tmp_path):
+    """A private copy of Molecule's inventory directory that a test may edit."""
+    source = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
+    target = tmp_path / "inventory"
+    shutil.copytree(source, target, symlinks=False)
+    return target
+
+
+def play(inventory, *args):
+    """Run site.yml; return (exit code, output, {host: changed count})."""
+    result = subprocess.run(
+        ["ansible-playbook", "-i", str(inventory), "site.yml", *args],
+        cwd=PROJECT, capture_output=True, text=True, timeout=1800,
+        env={**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"},
+    )
+    output = result.stdout + result.stderr
+    recap = {
+        host: int(changed)
+        for host, changed in re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", output, re.M)
+    }
+    return result.returncode, output, recap

@@ -1,0 +1,56 @@
+"""site.yml on the converged cluster: check mode changes nothing, and bad
+inventories stop the play before any host changes."""
+
+import base64
+import os
+
+import yaml
+
+from conftest import CONTROLLER, NODES, inventory_copy, node, play
+
+
+def slurm_conf_digests():
+    return {name: node(name).check_output("sha256sum /etc/slurm/slurm.conf") for name in NODES}
+
+
+def test_check_diff_reports_no_change(tmp_path):
+    rc, output, recap = play(inventory_copy(tmp_path), "--check", "--diff")
+    assert rc == 0, output[-3000:]
+    assert recap and set(recap) >= set(NODES), output[-3000:]
+    assert all(changed == 0 for changed in recap.values()), recap
+
+
+def test_node_line_that_contradicts_facts_stops_every_host(tmp_path):
+    inventory = inventory_copy(tmp_path)
+    host_vars = inventory / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    (host_vars / "berth-cn2.yml").write_text(yaml.safe_dump({"slurm_cpus": 999}))
+    before = slurm_conf_digests()
+    rc, output, recap = play(inventory)
+    assert rc != 0
+    assert "berth-cn2: slurm_cpus=999 in the inventory, but the host has" in output
+    assert all(changed == 0 for changed in recap.values()), recap
+    assert slurm_conf_digests() == before
+
+
+def test_munge_key_of_the_wrong_size_is_refused(tmp_path):
+    short_key = base64.b64encode(os.urandom(16)).decode()
+    before = node(CONTROLLER).check_output("sha256sum /etc/munge/munge.key")
+    rc, output, recap = play(inventory_copy(tmp_path), "-e", f"munge_key_b64={short_key}")
+    assert rc != 0
+    assert "key_b64 decodes to 16 bytes; munged needs 32 to 1024 bytes" in output
+    assert short_key not in output
+    assert all(changed == 0 for changed in recap.values()), recap
+    assert node(CONTROLLER).check_output("sha256sum /etc/munge/munge.key") == before
+
+
+def test_inventory_without_compute_group_is_refused(tmp_path):
+    inventory = inventory_copy(tmp_path)
+    hosts_file = inventory / "ansible_inventory.yml"
+    hosts = yaml.safe_load(hosts_file.read_text())
+    hosts["all"]["children"].pop("slurm_compute")
+    hosts_file.write_text(yaml.safe_dump(hosts))
+    rc, output, recap = play(inventory)
+    assert rc != 0
+    assert "group 'slurm_compute' at least one (has 0)" in output
+    assert all(changed == 0 for changed in recap.values()), recap

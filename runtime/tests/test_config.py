@@ -1,0 +1,51 @@
+"""enroot.conf loading: precedence, expansion, and refusal of unknown keys."""
+
+import os
+
+import pytest
+
+from berth import config
+from berth.errors import BerthError
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_defaults_follow_xdg(tmp_path):
+    cfg = config.load({"HOME": "/home/u", "XDG_CACHE_HOME": "/c", "ENROOT_SYSCONF_PATH": str(tmp_path)})
+    assert cfg["ENROOT_CACHE_PATH"] == "/c/enroot"
+    assert cfg["ENROOT_DATA_PATH"] == "/home/u/.local/share/enroot"
+    assert cfg["ENROOT_SQUASH_OPTIONS"].startswith("-comp zstd")
+
+
+def test_file_then_dropin_then_environment(tmp_path):
+    write(tmp_path / "enroot.conf", "ENROOT_MAX_CONNECTIONS 4\nENROOT_ALLOW_HTTP yes # trailing\n")
+    write(tmp_path / "enroot.conf.d/50-site.conf", "ENROOT_MAX_CONNECTIONS 6\n")
+    env = {"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path)}
+    assert config.load(env).number("ENROOT_MAX_CONNECTIONS") == 6
+    assert config.load(env).flag("ENROOT_ALLOW_HTTP") is True
+    env["ENROOT_MAX_CONNECTIONS"] = "9"
+    assert config.load(env).number("ENROOT_MAX_CONNECTIONS") == 9
+
+
+def test_values_expand_variables_and_the_caller(tmp_path):
+    write(tmp_path / "enroot.conf",
+          "ENROOT_CACHE_PATH ${SCRATCH}/cache\nENROOT_DATA_PATH /data/user-${UID}\n")
+    cfg = config.load({"HOME": "/h", "SCRATCH": "/scratch", "ENROOT_SYSCONF_PATH": str(tmp_path)})
+    assert cfg["ENROOT_CACHE_PATH"] == "/scratch/cache"
+    assert cfg["ENROOT_DATA_PATH"] == f"/data/user-{os.getuid()}"
+
+
+def test_unknown_key_names_file_line_and_key(tmp_path):
+    write(tmp_path / "enroot.conf", "ENROOT_DATA_PATH /d\n\nENROOT_DATAPATH /x\n")
+    with pytest.raises(BerthError, match=r"enroot.conf:3: unknown configuration key 'ENROOT_DATAPATH'"):
+        config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path)})
+
+
+@pytest.mark.parametrize("value", ["maybe", "2"])
+def test_bad_boolean_names_the_key(tmp_path, value):
+    cfg = config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path), "ENROOT_REMAP_ROOT": value})
+    with pytest.raises(BerthError, match=f"ENROOT_REMAP_ROOT: expected yes or no, got '{value}'"):
+        cfg.flag("ENROOT_REMAP_ROOT")

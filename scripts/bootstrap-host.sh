@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Prepare a fresh Debian 12 machine (as root) to run Berth's demo and tests:
+# Debian packages, the Docker daemon, the Python dev venv, the node image.
+# Idempotent: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+    docker.io debootstrap skopeo docker-registry apache2-utils
+    squashfs-tools squashfuse fuse-overlayfs uidmap zstd pigz busybox-static
+    python3-venv python3-requests python3-tqdm python3-setuptools python3-wheel
+    gcc make libc6-dev valgrind libslurm-dev slurm-wlm-basic-plugins-dev
+)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" \
+        || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    echo "bootstrap: installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+fi
+
+bash scripts/start-dockerd.sh
+
+if [[ ! -x .venv/bin/molecule ]] || ! cmp -s requirements-dev.txt .venv/requirements-dev.txt; then
+    echo "bootstrap: creating .venv from Debian's python3"
+    /usr/bin/python3 -m venv .venv
+    .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt -e runtime
+    cp requirements-dev.txt .venv/requirements-dev.txt
+fi
+
+bash scripts/base-image.sh
