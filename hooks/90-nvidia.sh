@@ -273,6 +273,10 @@ bind_libraries() {
     local ldconfig=${BERTH_LDCONFIG:-ldconfig -p}
     [ "${#wanted_libs[@]}" -gt 0 ] || return 0
     cache=$($ldconfig) || die "BERTH_LDCONFIG: '$ldconfig' failed"
+    # grep first: a shell loop over the whole cache costs a tenth of a second
+    local -a patterns=()
+    for base in "${!wanted_libs[@]}"; do patterns+=(-e "$base"); done
+    cache=$(grep -F "${patterns[@]}" <<<"$cache" || true)
     while IFS= read -r line; do
         [[ $line == *" => "* ]] || continue
         line=${line#"${line%%[![:space:]]*}"}
