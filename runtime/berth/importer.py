@@ -9,6 +9,7 @@ import concurrent.futures
 import json
 import os
 import platform
+import queue
 import shutil
 import sys
 import tempfile
@@ -118,10 +119,15 @@ def _download(cache, registry, layers, cfg, show_progress, quiet):
     failed = threading.Event()
     overall = tqdm(total=sum(size for _, size in layers), desc="downloading", unit="B",
                    unit_scale=True, disable=not show_progress)
+    workers = max(1, min(cfg.number("ENROOT_MAX_CONNECTIONS"), len(layers)))
+    free_rows = queue.SimpleQueue()  # one progress row per worker, under the overall bar
+    for row in range(1, workers + 1):
+        free_rows.put(row)
 
-    def fetch(position, digest, size):
+    def fetch(digest, size):
+        row = free_rows.get()
         bar = tqdm(total=size, desc=digest[7:19], unit="B", unit_scale=True, leave=False,
-                   position=position, disable=not show_progress)
+                   position=row, disable=not show_progress)
 
         def on_bytes(count):
             if failed.is_set():
@@ -133,10 +139,10 @@ def _download(cache, registry, layers, cfg, show_progress, quiet):
             cache.fetch(digest, registry, on_bytes, quiet)
         finally:
             bar.close()
+            free_rows.put(row)
 
-    workers = max(1, min(cfg.number("ENROOT_MAX_CONNECTIONS"), len(layers)))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(fetch, i + 1, d, size) for i, (d, size) in enumerate(layers)]
+        futures = [pool.submit(fetch, digest, size) for digest, size in layers]
         try:
             for future in concurrent.futures.as_completed(futures):
                 future.result()

@@ -195,9 +195,9 @@ class Registry:
             parsed = json.loads(body)
         except ValueError:
             raise BerthError(f"manifest {expected} of {self.ref} is not JSON") from None
+        # mediaType is optional in OCI manifests; the header then says it.
         media_type = (parsed.get("mediaType")
-                      or response.headers.get("Content-Type", "").split(";")[0]
-                      or ("" if "manifests" not in parsed else INDEX_TYPES[0]))
+                      or response.headers.get("Content-Type", "").split(";")[0])
         return parsed, media_type, digest
 
     def blob(self, digest):

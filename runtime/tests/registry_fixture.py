@@ -153,7 +153,7 @@ def layer_tar(*entries):
 
 
 def gzipped(data):
-    return gzip.compress(data, mtime=0)
+    return gzip.compress(data, compresslevel=6, mtime=0)
 
 
 def zstd_compressed(data):

@@ -1,13 +1,17 @@
 """`berth import` end to end against a real registry (Debian's docker-registry)."""
 
+import fcntl
 import json
 import os
 import platform
+import pty
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 from pathlib import Path
 
@@ -124,6 +128,37 @@ def test_import_builds_a_self_describing_image(tmp_path, env, proxy, registry):
         "from the image\n"
     assert subprocess.run(["sh", rc, "pwd"], capture_output=True, text=True).stdout == "/tmp\n"
     assert_nothing_left(tmp_path, keep=["test+app+v1.sqsh"])
+
+
+def on_a_terminal(args, env, cwd):
+    """Run berth with stderr on a pseudo-terminal; returns (status, what it showed)."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    process = subprocess.Popen([sys.executable, "-m", "berth.cli", *args], env=env, cwd=cwd,
+                               stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    return process.wait(60), shown.decode(errors="replace")
+
+
+def test_progress_only_on_a_terminal_and_not_quiet(tmp_path, env, proxy):
+    uri = f"docker://{proxy.host}#test/app:v1"
+    status, shown = on_a_terminal(["import", "-o", "a.sqsh", uri], env, tmp_path)
+    assert status == 0, shown
+    assert "downloading" in shown and "unpacking" in shown
+    status, shown = on_a_terminal(["--quiet", "import", "-o", "b.sqsh", uri],
+                                  dict(env, ENROOT_CACHE_PATH=str(tmp_path / "c2")), tmp_path)
+    assert status == 0, shown
+    assert shown == ""
 
 
 def test_second_import_downloads_no_layer(tmp_path, env, proxy, registry):
@@ -273,6 +308,14 @@ def test_credentials_readable_by_others_are_refused(tmp_path, env, proxy):
     assert proxy.requests == []
 
 
+def test_malformed_credentials_name_file_and_line(tmp_path, env, proxy):
+    path = write_credentials(env, f"machine {proxy.host} login a password b\nbogus x\n")
+    result = berth(["import", f"docker://{proxy.host}#test/app:v1"], env, tmp_path)
+    assert result.returncode == 1
+    assert result.stderr == f"berth: error: {path}:2: bad follower token 'bogus'\n"
+    assert proxy.requests == []
+
+
 def test_manifest_digest_mismatch(tmp_path, env, proxy, registry):
     path = f"/v2/test/app/manifests/{registry.app_digest}"
     proxy.tamper[path] = b'{"schemaVersion": 2, "layers": []}'
@@ -318,6 +361,15 @@ def test_retries_recover_a_broken_transfer(tmp_path, env, proxy, registry):
                    dict(env, ENROOT_TRANSFER_RETRIES="1"), tmp_path)
     assert result.returncode == 0, result.stderr
     assert len(blob_downloads(proxy, [broken])) == 2
+
+
+def test_transfer_timeout(tmp_path, env, proxy):
+    proxy.blob_delay = 3
+    result = berth(["import", f"docker://{proxy.host}#test/app:v1"],
+                   dict(env, ENROOT_TRANSFER_TIMEOUT="1"), tmp_path)
+    assert result.returncode == 1
+    assert "timed out" in result.stderr and result.stderr.count("\n") == 1
+    assert_nothing_left(tmp_path)
 
 
 def test_not_enough_temporary_space_fails_early(tmp_path, env, proxy):
