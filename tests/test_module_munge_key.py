@@ -1,0 +1,85 @@
+"""munge_key: binary-safe, idempotent, check mode, and refuses bad keys.
+
+The module runs through `ansible localhost -m`, as a play would run it."""
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_module(args, *extra):
+    env = {**os.environ, "ANSIBLE_LIBRARY": str(REPO / "library"),
+           "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json",
+           "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-m", "munge_key", "-a", json.dumps(args), *extra],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
+    )
+    report = json.loads(result.stdout)
+    return report["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+@pytest.fixture
+def key_args(tmp_path):
+    # Bytes that are not valid UTF-8: a text round trip would corrupt them.
+    key = bytes(range(256)) * 4
+    owner = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    group = subprocess.run(["id", "-gn"], capture_output=True, text=True).stdout.strip()
+    return key, {"key_b64": base64.b64encode(key).decode(), "path": str(tmp_path / "munge.key"),
+                 "owner": owner, "group": group}
+
+
+def test_installs_binary_key_intact_then_reports_no_change(key_args):
+    key, args = key_args
+    first = run_module(args)
+    assert first["changed"] is True
+    path = Path(args["path"])
+    assert path.read_bytes() == key
+    assert path.stat().st_mode & 0o777 == 0o400
+    assert first["size"] == 1024
+    assert args["key_b64"] not in json.dumps(first)
+    second = run_module(args)
+    assert second["changed"] is False
+
+
+def test_check_mode_reports_change_and_writes_nothing(key_args):
+    _, args = key_args
+    result = run_module(args, "--check")
+    assert result["changed"] is True
+    assert not Path(args["path"]).exists()
+
+
+def test_mode_drift_is_repaired(key_args):
+    key, args = key_args
+    run_module(args)
+    os.chmod(args["path"], 0o644)
+    result = run_module(args)
+    assert result["changed"] is True
+    assert Path(args["path"]).stat().st_mode & 0o777 == 0o400
+    assert Path(args["path"]).read_bytes() == key
+
+
+@pytest.mark.parametrize("size", [16, 2048])
+def test_key_of_wrong_size_is_refused_and_nothing_written(key_args, size):
+    _, args = key_args
+    args["key_b64"] = base64.b64encode(os.urandom(size)).decode()
+    result = run_module(args)
+    assert result.get("failed") is True
+    assert result["msg"] == f"munge_key: key_b64 decodes to {size} bytes; munged needs 32 to 1024 bytes"
+    assert not Path(args["path"]).exists()
+
+
+def test_key_that_is_not_base64_is_refused(key_args):
+    _, args = key_args
+    args["key_b64"] = "not base64!"
+    result = run_module(args)
+    assert result.get("failed") is True
+    assert result["msg"] == "munge_key: key_b64 is not valid base64"
+    assert not Path(args["path"]).exists()
