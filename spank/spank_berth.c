@@ -2,7 +2,8 @@
  * spank_berth: pyxis-compatible --container-* flags for srun/sbatch/salloc.
  *
  * A thin caller of the berth runtime. Per step and node (slurmstepd):
- *   init_post_opt (root)  make runtime_path/<uid>/ for the user
+ *   init_post_opt (root)  make runtime_path/<uid>/ for the user; the plugin
+ *                         keeps its files in runtime_path/<uid>/spank/
  *   user_init (user)      berth import (registry images, cached per user and
  *                         node), berth create (named containers), then
  *                         "berth start --detach", which prints the container
@@ -49,8 +50,9 @@ static struct {
 	gid_t gid;
 	uint32_t jobid;
 	uint32_t stepid;
-	char user_dir[PATH_MAX];   /* runtime_path/<uid> */
-	char step_dir[PATH_MAX];   /* user_dir/<jobid>.<stepid> */
+	char user_dir[PATH_MAX];   /* runtime_path/<uid>, shared with the runtime */
+	char state_dir[PATH_MAX];  /* user_dir/spank: images/, named/, steps */
+	char step_dir[PATH_MAX];   /* state_dir/<jobid>.<stepid>: logs */
 	char container[NAME_MAX];  /* container name given to berth, or "" */
 	int remove_container;      /* created for --container-save only */
 	char pidfile[PATH_MAX];    /* named container's pid file we wrote, or "" */
@@ -277,7 +279,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	if (make_dir(conf.runtime_path, 0755, 0, 0) < 0 ||
 	    path_join(step.user_dir, "%s/%u", conf.runtime_path, (unsigned)step.uid) < 0 ||
 	    make_dir(step.user_dir, 0700, step.uid, step.gid) < 0 ||
-	    path_join(step.step_dir, "%s/%u.%u", step.user_dir, step.jobid, step.stepid) < 0)
+	    path_join(step.state_dir, "%s/spank", step.user_dir) < 0 ||
+	    path_join(step.step_dir, "%s/%u.%u", step.state_dir, step.jobid, step.stepid) < 0)
 		return -1;
 	step.active = 1;
 	return 0;
@@ -511,7 +514,7 @@ static int import_image(spank_t sp, char *sqsh)
 		slurm_error("spank_berth: --container-image: '%s' is too long", flags.image);
 		return -1;
 	}
-	if (path_join(images, "%s/images", step.user_dir) < 0 ||
+	if (path_join(images, "%s/images", step.state_dir) < 0 ||
 	    make_dir(images, 0700, step.uid, step.gid) < 0 ||
 	    path_join(sqsh, "%s/%s", images, name) < 0 ||
 	    path_join(lock, "%s.lock", sqsh) < 0 ||
@@ -725,7 +728,7 @@ static int prepare_named(spank_t sp)
 	pid_t running;
 	char *argv[] = { conf.berth, "create", "-n", step.container, sqsh, NULL };
 
-	if (path_join(named, "%s/named", step.user_dir) < 0 ||
+	if (path_join(named, "%s/named", step.state_dir) < 0 ||
 	    make_dir(named, 0700, step.uid, step.gid) < 0 ||
 	    path_join(lock, "%s/%s.lock", named, step.container) < 0 ||
 	    path_join(pidfile, "%s/%s.pid", named, step.container) < 0)
@@ -783,7 +786,8 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	(void)av;
 	if (!step.active)
 		return 0;
-	if (make_dir(step.step_dir, 0700, step.uid, step.gid) < 0)
+	if (make_dir(step.state_dir, 0700, step.uid, step.gid) < 0 ||
+	    make_dir(step.step_dir, 0700, step.uid, step.gid) < 0)
 		return -1;
 	if (flags.name != NULL) {
 		n = conf.container_scope_job

@@ -1,0 +1,134 @@
+"""roles/spank_plugin: option checks and berth.conf, run through ansible-playbook
+(validate.yml and config.yml; the build is library/berth_spank.py's test), and
+the written berth.conf read back by a real srun loading the plugin."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+PLAY = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - name: Check the options
+      ansible.builtin.include_role:
+        name: spank_plugin
+        tasks_from: validate.yml
+    - name: Write berth.conf
+      ansible.builtin.include_role:
+        name: spank_plugin
+        tasks_from: config.yml
+"""
+
+
+def run_role(tmp_path, cases, check=False, plugin_dir="/usr/lib/slurm"):
+    """Run the play once; each case (name -> spank_plugin_options) is a local
+    host of its own writing below tmp_path/name. Returns ansible's JSON report."""
+    hosts = {
+        name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+               "spank_plugin_options": options, "spank_plugin_dir": plugin_dir,
+               "spank_plugin_slurm_config_dir": str(tmp_path / name / "etc")}
+        for name, options in cases.items()}
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps({"all": {"hosts": hosts}}))
+    play = tmp_path / "play.yml"
+    play.write_text(PLAY)
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(REPO / "roles"),
+               ANSIBLE_LIBRARY=str(REPO / "library"), ANSIBLE_DEPRECATION_WARNINGS="false",
+               ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="json")
+    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory), str(play)]
+    if check:
+        cmd += ["--check", "--diff"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    return json.loads(result.stdout)
+
+
+def changed(report, host="case"):
+    return report["stats"][host]["changed"]
+
+
+def failure(report, host):
+    """The msg of the task that failed on host."""
+    for play in report["plays"]:
+        for task in play["tasks"]:
+            result = task["hosts"].get(host, {})
+            for res in result.get("results", [result]):
+                if res.get("failed"):
+                    return res["msg"]
+    raise AssertionError(f"no task failed on {host}")
+
+
+def berth_conf(tmp_path, host="case"):
+    return (tmp_path / host / "etc" / "plugstack.conf.d" / "berth.conf").read_text()
+
+
+def test_writes_berth_conf_with_normalised_options_once(tmp_path):
+    options = {"sbatch_support": False, "use_squashfuse": "Y", "execute_entrypoint": 0,
+               "container_scope": "job", "importer": "/usr/bin/enroot"}
+    report = run_role(tmp_path, {"case": options})
+    assert report["stats"]["case"]["failures"] == 0, report
+    lines = [line for line in berth_conf(tmp_path).splitlines() if not line.startswith("#")]
+    assert lines == [
+        "required /usr/lib/slurm/spank_berth.so berth=/usr/local/bin/berth container_scope=job "
+        "execute_entrypoint=no importer=/usr/bin/enroot runtime_path=/run/berth "
+        "sbatch_support=no use_squashfuse=yes"]
+    assert "Ansible" in berth_conf(tmp_path).splitlines()[0]
+
+    report = run_role(tmp_path, {"case": options})
+    assert report["stats"]["case"]["failures"] == 0 and changed(report) == 0
+
+
+def test_check_mode_writes_nothing(tmp_path):
+    report = run_role(tmp_path, {"case": {}}, check=True)
+    assert report["stats"]["case"]["failures"] == 0 and changed(report) > 0
+    assert not (tmp_path / "case").exists()
+
+
+BAD_OPTIONS = {
+    "unknown": ({"runtime_pth": "/run/x"}, "spank_plugin_options: unknown key 'runtime_pth'"),
+    "bool": ({"sbatch_support": "maybe"},
+             "spank_plugin_options.sbatch_support: 'maybe' is not a boolean"),
+    "int": ({"use_enroot_load": 2}, "spank_plugin_options.use_enroot_load: '2' is not a boolean"),
+    "relative": ({"runtime_path": "run/berth"},
+                 "spank_plugin_options.runtime_path: 'run/berth' is not an absolute path"),
+    "space": ({"berth": "/opt/my berth"},
+              "spank_plugin_options.berth: '/opt/my berth' is not an absolute path"),
+    "scope": ({"container_scope": "node"},
+              "spank_plugin_options.container_scope: 'node' is neither job nor global"),
+}
+
+
+def test_bad_options_fail_naming_the_key_and_change_nothing(tmp_path):
+    report = run_role(tmp_path, {name: options for name, (options, _) in BAD_OPTIONS.items()})
+    for name, (_, message) in BAD_OPTIONS.items():
+        assert message in failure(report, name), name
+        assert not (tmp_path / name).exists(), name
+
+
+@pytest.mark.skipif(not shutil.which("srun") or not Path("/usr/include/slurm/spank.h").exists(),
+                    reason="needs slurm-client and libslurm-dev")
+def test_srun_loads_the_plugin_with_the_written_options(tmp_path):
+    build = tmp_path / "build"
+    subprocess.run(["make", "-s", "-C", str(REPO / "spank"), f"O={build}"], check=True)
+    report = run_role(tmp_path, {"case": {"sbatch_support": "no", "container_scope": "job"}},
+                      plugin_dir=str(build))
+    assert report["stats"]["case"]["failures"] == 0
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        "ClusterName=bspk\nSlurmctldHost=localhost\n"
+        f"PlugStackConfig={tmp_path / 'case' / 'etc' / 'plugstack.conf.d' / 'berth.conf'}\n"
+        "NodeName=localhost CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=localhost Default=YES\n")
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    srun = subprocess.run(["srun", "--container-mounts=/data", "true"], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert "--container-mounts: missing destination in '/data'" in srun.stderr
+    sbatch = subprocess.run(["sbatch", "--container-image=x", "--wrap=true"], env=env,
+                            capture_output=True, text=True, timeout=30)
+    assert "unrecognized option" in sbatch.stderr  # sbatch_support=no reached the plugin
