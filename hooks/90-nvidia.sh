@@ -150,10 +150,10 @@ parse_capabilities() {
     [ -z "${capabilities[compat32]:-}" ] || want_compat32=yes
 }
 
-# The capability list: fill wanted_libs (base names), wanted_bins, wanted_ipcs.
+# The capability list: fill wanted_libs (base names), wanted_bins, wanted_files.
 declare -A wanted_libs=()
 wanted_bins=()
-wanted_ipcs=()
+wanted_files=()
 read_library_list() {
     local number=0 line capability kind name extra
     [ -r "$conf" ] || die "BERTH_NVIDIA_LIBRARIES: cannot read $conf"
@@ -169,12 +169,16 @@ read_library_list() {
             *) [[ $capabilities_known == *" $capability "* ]] ||
                 die "$conf:$number: unknown capability '$capability'" ;;
         esac
+        case $kind in
+            lib | bin) ;;
+            file) [[ $name == /* ]] || die "$conf:$number: a file must be an absolute path, got '$name'" ;;
+            *) die "$conf:$number: unknown kind '$kind' (lib, bin or file)" ;;
+        esac
         [ -n "${capabilities[$capability]:-}" ] || continue
         case $kind in
             lib) wanted_libs[$name]=1 ;;
             bin) wanted_bins+=("$name") ;;
-            ipc) wanted_ipcs+=("$name") ;;
-            *) die "$conf:$number: unknown kind '$kind' (lib, bin or ipc)" ;;
+            file) wanted_files+=("$name") ;;
         esac
     done <"$conf"
 }
@@ -313,14 +317,14 @@ library_path() {
     echo "$value"
 }
 
-bind_programs() {
+bind_programs_and_files() {
     local name path
     for name in "${wanted_bins[@]}"; do
         path=$(command -v "$name") || continue
         bind "$(readlink -f "$path")" "/usr/bin/$name" bind,ro,nosuid,x-create=file
     done
-    for path in "${wanted_ipcs[@]}"; do
-        if [ -S "$path" ]; then
+    for path in "${wanted_files[@]}"; do
+        if [ -e "$path" ]; then
             bind "$path" "$path" bind,nosuid,noexec,x-create=file
         fi
     done
@@ -401,7 +405,7 @@ main() {
         check_requirements
         bind_devices
         bind_libraries
-        bind_programs
+        bind_programs_and_files
         printf '%s\n' "${mounts[@]}" >>"${ENROOT_MOUNTS:?}"
     fi
     [ "${#environ[@]}" -eq 0 ] || printf '%s\n' "${environ[@]}" >>"${ENROOT_ENVIRON:?}"

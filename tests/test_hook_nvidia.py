@@ -388,6 +388,29 @@ def test_bad_library_list_names_file_and_line(driver, tmp_path):
     assert_refused(proc, mounts, environ, f"{conf}:3", "library")
 
 
+def test_files_of_a_capability_are_bound_where_present(driver, tmp_path):
+    icd = tmp_path / "nvidia_icd.json"
+    icd.write_text("{}\n")
+    conf = tmp_path / "nvidia-libraries.conf"
+    conf.write_text(f"graphics file {icd}\ngraphics file {tmp_path}/absent.json\ncompute lib libcuda.so\n")
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "BERTH_NVIDIA_LIBRARIES": str(conf)}
+    proc, mounts, _ = run_hook(driver, tmp_path, env)
+    assert proc.returncode == 0, proc.stderr
+    assert not any("nvidia_icd" in line for line in mounts)
+    proc, mounts, _ = run_hook(driver, tmp_path, env | {"NVIDIA_DRIVER_CAPABILITIES": "graphics"})
+    assert proc.returncode == 0, proc.stderr
+    assert f"{icd} {icd} none bind,nosuid,noexec,x-create=file" in mounts
+    assert not any("absent.json" in line for line in mounts)
+
+
+def test_relative_file_in_the_list_is_refused(driver, tmp_path):
+    conf = tmp_path / "nvidia-libraries.conf"
+    conf.write_text("graphics file share/nvidia_icd.json\n")
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "BERTH_NVIDIA_LIBRARIES": str(conf)}
+    proc, mounts, environ = run_hook(driver, tmp_path, env)
+    assert_refused(proc, mounts, environ, f"{conf}:1", "share/nvidia_icd.json")
+
+
 def test_unknown_backend_is_refused(driver, tmp_path):
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "BERTH_NVIDIA_BACKEND": "magic"}
     proc, mounts, environ = run_hook(driver, tmp_path, env)
