@@ -63,10 +63,10 @@ select_hcas() {
     for item in "${items[@]}"; do
         item=${item//[[:space:]]/}
         if [[ $item =~ ^[0-9]+$ ]]; then
-            [ "$item" -lt "${#hcas[@]}" ] ||
+            [ "${#item}" -lt 6 ] && [ "$((10#$item))" -lt "${#hcas[@]}" ] ||
                 die "MELLANOX_VISIBLE_DEVICES: no HCA $item on this node (it has ${#hcas[@]})"
             item=${hcas[$((10#$item))]}
-        elif [[ ! $item =~ ^[A-Za-z0-9_.-]+$ ]]; then
+        elif [[ ! $item =~ ^[A-Za-z0-9][A-Za-z0-9_.-]*$ ]]; then
             die "MELLANOX_VISIBLE_DEVICES: '$item' is neither an HCA index nor a name"
         elif [ ! -d "$sys/class/infiniband/$item" ]; then
             die "MELLANOX_VISIBLE_DEVICES: no HCA $item on this node"

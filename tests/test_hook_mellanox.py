@@ -170,7 +170,10 @@ def test_after_the_nvidia_hook_the_library_path_keeps_its_directory(host, tmp_pa
     assert added == [earlier, "LD_LIBRARY_PATH=/usr/local/rdma/lib64:/usr/local/nvidia/lib64:/opt/lib"]
 
 
-@pytest.mark.parametrize("value, named", [("8", "8"), ("mlx5_9", "mlx5_9"), ("../../etc", "../../etc")])
+@pytest.mark.parametrize("value, named", [
+    ("8", "8"), ("1234567890123456789012", "1234567890123456789012"), ("mlx5_9", "mlx5_9"),
+    ("../../etc", "../../etc"), ("..", "'..'"),
+])
 def test_bad_hca_is_refused_and_nothing_appended(host, tmp_path, value, named):
     proc, mounts, environ = run_hook(host, tmp_path, {"MELLANOX_VISIBLE_DEVICES": f"0,{value}"})
     assert proc.returncode != 0
