@@ -13,6 +13,7 @@ description:
     sorted; C(__pycache__) and C(*.pyc) skipped) and the hash kept in
     C(<venv>/.source-sha256). When it matches, nothing is done.
   - The build runs in a temporary copy, so O(src) is never written to.
+  - In check mode a missing O(src) (a copy task before this one did not run) reports a change.
 version_added: "0.1.0"
 options:
   src:
@@ -126,13 +127,16 @@ def main():
         supports_check_mode=True,
     )
     src, venv, python = (module.params[k] for k in ("src", "venv", "python"))
+    stamp = os.path.join(venv, ".source-sha256")
+    executable = os.path.join(venv, "bin", "berth")
+    if module.check_mode and not os.path.exists(src):
+        # The task that copies the source there did not run for real.
+        module.exit_json(changed=True, sha256="", previous_sha256=read_stamp(stamp), executable=executable)
     if not os.path.isfile(os.path.join(src, "pyproject.toml")):
         module.fail_json(msg=f"src: {src} has no pyproject.toml")
     if not os.access(python, os.X_OK):
         module.fail_json(msg=f"python: {python} is not an executable")
 
-    stamp = os.path.join(venv, ".source-sha256")
-    executable = os.path.join(venv, "bin", "berth")
     sha256 = source_sha256(src)
     previous = read_stamp(stamp)
     changed = previous != sha256 or not os.access(executable, os.X_OK)

@@ -15,7 +15,7 @@ description:
 version_added: "0.1.0"
 options:
   path:
-    description: The file to write. Its directory must exist.
+    description: The file to write. Its directory must exist (in check mode it may be missing).
     type: path
     default: /etc/enroot/enroot.conf
   settings:
@@ -105,7 +105,8 @@ def main():
         text, values = render(module.params["settings"])
     except ValueError as e:
         module.fail_json(msg=str(e), path=path)
-    if not os.path.isdir(os.path.dirname(path)):
+    # In check mode the directory may be one an earlier task would have made.
+    if not module.check_mode and not os.path.isdir(os.path.dirname(path)):
         module.fail_json(msg=f"{path}: directory {os.path.dirname(path)} does not exist", path=path)
 
     before = read(path)

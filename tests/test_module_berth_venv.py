@@ -94,3 +94,11 @@ def test_source_without_pyproject_fails_naming_src_and_creates_nothing(tmp_path)
     assert result["failed"] is True
     assert result["msg"] == f"src: {tmp_path} has no pyproject.toml"
     assert not venv.exists()
+
+
+def test_check_mode_with_the_source_not_yet_copied_plans_an_install(tmp_path):
+    venv = tmp_path / "venv"
+    args = {"src": str(tmp_path / "not-copied-yet"), "venv": str(venv), "python": SYSTEM_PYTHON}
+    assert run_module(tmp_path, args, check=True)["changed"] is True
+    assert not venv.exists()
+    assert run_module(tmp_path, args)["msg"] == f"src: {tmp_path}/not-copied-yet has no pyproject.toml"

@@ -83,8 +83,8 @@ def test_writes_a_file_the_runtime_reads_and_second_run_changes_nothing(tmp_path
     assert "ENROOT_ALLOW_HTTP no\n" in conf.read_text()
     assert "ENROOT_MOUNT_HOME yes\n" in conf.read_text()
 
-    cfg = config.load({"ENROOT_SYSCONF_PATH": str(tmp_path), "HOME": "/home/u", "UID": "1234"})
-    assert cfg["ENROOT_DATA_PATH"] == "/var/lib/berth/data/1234"
+    cfg = config.load({"ENROOT_SYSCONF_PATH": str(tmp_path), "HOME": "/home/u"})
+    assert cfg["ENROOT_DATA_PATH"] == f"/var/lib/berth/data/{os.getuid()}"
     assert cfg["ENROOT_SQUASH_OPTIONS"] == "-comp zstd -Xcompression-level 3"
     assert cfg.flag("ENROOT_ALLOW_HTTP") is False
     assert cfg.number("ENROOT_MAX_CONNECTIONS") == 4
@@ -118,3 +118,13 @@ def test_bad_setting_fails_naming_the_key_and_keeps_the_file(tmp_path, key, valu
     assert result["failed"] is True
     assert message in result["msg"]
     assert conf.read_text() == "ENROOT_ALLOW_HTTP yes\n"
+
+
+def test_missing_directory_fails_naming_it_but_check_mode_plans_the_file(tmp_path):
+    conf = tmp_path / "etc" / "enroot" / "enroot.conf"
+    planned = run_module(tmp_path, node_settings(conf), check=True)
+    assert planned["changed"] is True
+    assert planned["diff"]["before"] == ""
+    failed = run_module(tmp_path, node_settings(conf))
+    assert failed["msg"] == f"{conf}: directory {conf.parent} does not exist"
+    assert not conf.parent.exists()
