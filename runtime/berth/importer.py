@@ -30,6 +30,14 @@ _ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386"
 
 
 def cmd_import(args, cfg):
+    try:
+        return _import(args, cfg)
+    except OSError as e:  # a path we could not use: say which, in one line
+        where = f"{e.filename}: " if e.filename else ""
+        raise BerthError(f"{where}{e.strerror or e}") from None
+
+
+def _import(args, cfg):
     ref = reference.parse(args.uri)
     output = os.path.abspath(args.output or reference.default_output(args.uri))
     replace = cfg.flag("ENROOT_FORCE_OVERRIDE")
@@ -75,6 +83,8 @@ def cmd_import(args, cfg):
 
 
 def _check_output(output, replace):
+    if os.path.isdir(output):
+        raise BerthError(f"output {output} is a directory; name the image file")
     if os.path.lexists(output) and not replace:
         raise BerthError(f"{output} already exists; remove it or set ENROOT_FORCE_OVERRIDE=yes")
     directory = os.path.dirname(output)

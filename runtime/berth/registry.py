@@ -70,6 +70,7 @@ class Registry:
         self.session.mount("https://", adapter)
         self.session.mount("http://", adapter)
         self.base = ""
+        self.authenticated = False
 
     # -- connection and authentication ------------------------------------
 
@@ -116,6 +117,7 @@ class Registry:
             if login is None:
                 raise self._denied()
             self.session.auth = login
+            self.authenticated = True
             return
         if scheme.lower() != "bearer" or "realm" not in params:
             raise BerthError(f"registry {host}: unsupported authentication '{challenge}'")
@@ -142,6 +144,7 @@ class Registry:
         except (ValueError, KeyError, AttributeError):
             raise BerthError(f"token service {realm} sent no token") from None
         self.session.headers["Authorization"] = f"Bearer {token}"
+        self.authenticated = True
 
     def _denied(self):
         source = (f"the credentials in {self.credentials_path}" if self.credentials
@@ -151,6 +154,17 @@ class Registry:
                           f"{self.ref.registry_hint()}")
 
     def _get(self, url, **kwargs):
+        """GET; a 401 once authenticated means our token expired (long pulls
+        outlive them): get a fresh one and ask again."""
+        response = self._get_with_retries(url, **kwargs)
+        if response.status_code == 401 and self.authenticated:
+            challenge = response.headers.get("WWW-Authenticate", "")
+            response.close()
+            self._authenticate(challenge)
+            response = self._get_with_retries(url, **kwargs)
+        return response
+
+    def _get_with_retries(self, url, **kwargs):
         """GET with retries on connection failures and server errors."""
         for attempt in range(self.retries + 1):
             last = attempt == self.retries

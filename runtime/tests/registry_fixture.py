@@ -26,7 +26,6 @@ RUNTIME = Path(__file__).resolve().parents[1]
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-TOKEN = "berth-test-token"
 
 
 def free_port():
@@ -167,7 +166,8 @@ class Proxy:
     """An HTTP front for `upstream` on 127.0.0.1.
 
     auth: None, "basic" or "bearer" (token from its own /token, given for
-    `login`/`password`). `cut`: blob digests whose transfer stops halfway;
+    `login`/`password`, good for `token_uses` requests).
+    `cut`: blob digests whose transfer stops halfway;
     `cut_once` stops only the first; `tamper`: path -> body served instead;
     `blob_delay`: seconds before each blob is sent.
     """
@@ -179,6 +179,8 @@ class Proxy:
         self.requests = []
         self.cut, self.cut_once, self.tamper = set(), set(), {}
         self.blob_delay = 0.0
+        self.token_uses = None  # how many requests a token is good for; None: forever
+        self.tokens = {}  # token -> requests left
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         proxy = self
@@ -208,11 +210,12 @@ class Proxy:
         self.requests.append(path)
         if path.startswith("/token"):
             if handler.headers.get("Authorization") == self.basic:
-                return self._reply(handler, 200, json.dumps({"token": TOKEN}).encode(),
+                token = f"token-{len(self.tokens)}"
+                self.tokens[token] = self.token_uses
+                return self._reply(handler, 200, json.dumps({"token": token}).encode(),
                                    {"Content-Type": "application/json"})
             return self._reply(handler, 401, b"{}", {})
-        expected = {"basic": self.basic, "bearer": f"Bearer {TOKEN}"}.get(self.auth)
-        if expected and handler.headers.get("Authorization") != expected:
+        if not self._authorized(handler.headers.get("Authorization", "")):
             challenge = ('Basic realm="test"' if self.auth == "basic" else
                          f'Bearer realm="http://{self.host}/token",service="test"')
             return self._reply(handler, 401, b"{}", {"WWW-Authenticate": challenge})
@@ -228,6 +231,17 @@ class Proxy:
                 self.cut_once.discard(digest)
                 return self._reply(handler, upstream.status_code, body, keep, broken=True)
         return self._reply(handler, upstream.status_code, body, keep)
+
+    def _authorized(self, header):
+        if self.auth == "basic":
+            return header == self.basic
+        if self.auth == "bearer":
+            token = header.removeprefix("Bearer ")
+            if token not in self.tokens or self.tokens[token] == 0:
+                return False
+            if self.tokens[token] is not None:
+                self.tokens[token] -= 1
+        return True
 
     @staticmethod
     def _reply(handler, status, body, headers, broken=False):

@@ -1,7 +1,6 @@
 """`berth import` end to end against a real registry (Debian's docker-registry)."""
 
 import fcntl
-import json
 import os
 import platform
 import pty
@@ -16,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
@@ -34,7 +34,8 @@ CONFIG = {"architecture": HOST_ARCH, "os": "linux", "config": {
     "Entrypoint": ["echo"], "Cmd": ["from", "the image"], "WorkingDir": "/tmp"}}
 BASE = layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=berth\n"),
                  ("file", "etc/old", b"old"), ("dir", "opt"), ("file", "opt/lower", b"l"),
-                 ("dir", "usr"), ("dir", "usr/bin"), ("file", "usr/bin/tool", b"#!/bin/sh\n", 0o755),
+                 ("dir", "usr"), ("dir", "usr/bin"),
+                 ("file", "usr/bin/tool", b"#!/bin/sh\n", 0o755),
                  ("symlink", "bin", "usr/bin"))
 TOP = layer_tar(("file", "etc/.wh.old", b""), ("dir", "opt"), ("file", "opt/.wh..wh..opq", b""),
                 ("file", "opt/upper", b"u"), ("file", "etc/added", b"added\n"))
@@ -76,7 +77,6 @@ def env(tmp_path):
 
 
 def layer_digests(registry, repo, tag="v1"):
-    import requests
     manifest = requests.get(f"{registry.url}/v2/{repo}/manifests/{tag}", timeout=10, headers={
         "Accept": f"{DOCKER_MANIFEST}, application/vnd.oci.image.manifest.v1+json"}).json()
     return [layer["digest"] for layer in manifest["layers"]]
@@ -247,6 +247,23 @@ def test_bad_reference(tmp_path, env, uri, message):
     assert_nothing_left(tmp_path)
 
 
+def test_unusable_paths_are_named(tmp_path, env, proxy):
+    uri = f"docker://{proxy.host}#test/app:v1"
+    (tmp_path / "adir").mkdir()
+    result = berth(["import", "-o", "adir", uri], env, tmp_path)
+    assert result.stderr == f"berth: error: output {tmp_path / 'adir'} is a directory; " \
+                            "name the image file\n"
+    result = berth(["import", "-o", "no/such/x.sqsh", uri], env, tmp_path)
+    assert result.stderr == f"berth: error: output directory {tmp_path / 'no/such'} does " \
+                            "not exist or is not writable\n"
+    (tmp_path / "afile").write_text("")
+    result = berth(["import", uri], dict(env, ENROOT_CACHE_PATH=str(tmp_path / "afile")),
+                   tmp_path)
+    assert result.stderr == f"berth: error: cannot create cache directory " \
+                            f"{tmp_path / 'afile/blobs/sha256'}: Not a directory\n"
+    assert_nothing_left(tmp_path)
+
+
 def test_unknown_image_or_tag(tmp_path, env, proxy):
     for image in ("test/app:nope", "test/none:v1"):
         result = berth(["import", f"docker://{proxy.host}#{image}"], env, tmp_path)
@@ -297,6 +314,19 @@ def test_registry_credentials(tmp_path, env, registry, scheme):
     finally:
         proxy.stop()
     assert_nothing_left(tmp_path, keep=["test+app+v1.sqsh"])
+
+
+def test_expired_token_is_renewed(tmp_path, env, registry):
+    proxy = Proxy(registry.url, auth="bearer", login="alice", password="secret")
+    proxy.token_uses = 3  # expires during the layer downloads
+    try:
+        write_credentials(env, f"machine {proxy.host} login alice password secret\n")
+        result = berth(["import", f"docker://{proxy.host}#test/app:v1"],
+                       dict(env, ENROOT_MAX_CONNECTIONS="1"), tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert len(proxy.tokens) >= 2
+    finally:
+        proxy.stop()
 
 
 def test_credentials_readable_by_others_are_refused(tmp_path, env, proxy):

@@ -61,7 +61,8 @@ def test_whiteout_removes_file_and_directory(root):
 
 def test_opaque_directory_keeps_only_the_new_layer(root):
     apply(root,
-          layer_tar(("dir", "d"), ("file", "d/old", b"o"), ("dir", "d/sub"), ("file", "d/sub/y", b"")),
+          layer_tar(("dir", "d"), ("file", "d/old", b"o"), ("dir", "d/sub"),
+                    ("file", "d/sub/y", b"")),
           layer_tar(("dir", "d"), ("file", "d/new", b"n"), ("file", "d/.wh..wh..opq", b"")))
     assert tree(root) == ["d", "d/new"]
 
