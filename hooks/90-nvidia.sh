@@ -31,23 +31,20 @@
 #   BERTH_DEV_ROOT          where the device nodes are (default /dev)
 set -eu -o pipefail
 
-# Host programs (ldconfig, nvidia-smi) live in sbin dirs an ordinary user's PATH may lack.
-PATH=${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+here=$(dirname "$(readlink -f "$0")")
+hook_name=nvidia
+# shellcheck source=hooks/common.bash
+. "$here/common.bash"
 
 proc=${BERTH_PROC_ROOT:-/proc}
 dev=${BERTH_DEV_ROOT:-/dev}
-conf=${BERTH_NVIDIA_LIBRARIES:-$(dirname "$(readlink -f "$0")")/nvidia-libraries.conf}
+conf=${BERTH_NVIDIA_LIBRARIES:-$here/nvidia-libraries.conf}
 backend=${BERTH_NVIDIA_BACKEND:-ldcache}
 lib64_dir=/usr/local/nvidia/lib64
 lib32_dir=/usr/local/nvidia/lib
 capabilities_known=" compute utility video graphics display ngx compat32 all "
 uuid_re='[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}'
 constraint_re='^(cuda|driver|arch|brand)(>=|<=|==|!=|=|>|<)(.+)$'
-
-die() {
-    echo "nvidia hook: $*" >&2
-    exit 1
-}
 
 # The GPUs of this node in index order: the driver's per-GPU procfs
 # directories are named by PCI bus id, which is nvidia-smi's index order.
@@ -239,14 +236,7 @@ check_requirements() {
     done
 }
 
-mounts=()
 environ=()
-declare -A bound=()
-bind() { # SRC DST OPTIONS; one destination once
-    [ -z "${bound[$2]:-}" ] || return 0
-    bound[$2]=1
-    mounts+=("$1 $2 none $3")
-}
 
 bind_devices() {
     local index node
@@ -273,48 +263,19 @@ bind_devices() {
 # compat32, 32-bit; the entry's name stays (it is the soname programs ask
 # for), its file is the resolved target.
 bind_libraries() {
-    local line name flags path base target dir used32=no cache
-    local ldconfig=${BERTH_LDCONFIG:-ldconfig -p}
+    local entries name bits target dirs=$lib64_dir line
     [ "${#wanted_libs[@]}" -gt 0 ] || return 0
-    cache=$($ldconfig) || die "BERTH_LDCONFIG: '$ldconfig' failed"
-    # grep first: a shell loop over the whole cache costs a tenth of a second
-    local -a patterns=()
-    for base in "${!wanted_libs[@]}"; do patterns+=(-e "$base"); done
-    cache=$(grep -F "${patterns[@]}" <<<"$cache" || true)
-    while IFS= read -r line; do
-        [[ $line == *" => "* ]] || continue
-        line=${line#"${line%%[![:space:]]*}"}
-        name=${line%% *} path=${line##* => }
-        flags=${line#* (} flags=${flags%%)*}
-        case $name in *.so.*) base=${name%%.so.*}.so ;; *) base=$name ;; esac
-        [ -n "${wanted_libs[$base]:-}" ] || continue
-        case $flags in
-            *64*) dir=$lib64_dir ;;
-            libc6) [ "$want_compat32" = yes ] || continue; dir=$lib32_dir used32=yes ;;
-            *) continue ;;
-        esac
-        target=$(readlink -f "$path") && [ -f "$target" ] || continue
-        bind "$target" "$dir/$name" bind,ro,nosuid,x-create=file
-    done <<<"$cache"
-    local ours=$lib64_dir search
-    [ "$used32" = no ] || ours=$ours:$lib32_dir
-    search=$(library_path)
-    case ":$search:" in
-        *":$lib64_dir:"*) ;;
-        *) environ+=("LD_LIBRARY_PATH=$ours${search:+:$search}") ;;
-    esac
-}
-
-# The loader path as the image and earlier hooks (their ENROOT_ENVIRON
-# lines) left it.
-library_path() {
-    local line value=${LD_LIBRARY_PATH:-}
-    if [ -f "${ENROOT_ENVIRON:?}" ]; then
-        while IFS= read -r line; do
-            if [[ $line == LD_LIBRARY_PATH=* ]]; then value=${line#*=}; fi
-        done <"$ENROOT_ENVIRON"
-    fi
-    echo "$value"
+    entries=$(ld_cache_entries "${!wanted_libs[@]}") || exit 1
+    while read -r name bits target; do
+        if [ "$bits" = 64 ]; then
+            bind "$target" "$lib64_dir/$name" bind,ro,nosuid,x-create=file
+        elif [ "$want_compat32" = yes ]; then
+            bind "$target" "$lib32_dir/$name" bind,ro,nosuid,x-create=file
+            dirs=$lib64_dir:$lib32_dir
+        fi
+    done <<<"$entries"
+    line=$(library_path_line "$dirs")
+    if [ -n "$line" ]; then environ+=("$line"); fi
 }
 
 bind_programs_and_files() {
@@ -406,7 +367,7 @@ main() {
         bind_devices
         bind_libraries
         bind_programs_and_files
-        printf '%s\n' "${mounts[@]}" >>"${ENROOT_MOUNTS:?}"
+        flush_mounts
     fi
     [ "${#environ[@]}" -eq 0 ] || printf '%s\n' "${environ[@]}" >>"${ENROOT_ENVIRON:?}"
 }

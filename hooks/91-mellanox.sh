@@ -24,26 +24,15 @@
 # (default /dev), BERTH_ETC_ROOT (default /etc).
 set -eu -o pipefail
 
-PATH=${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+hook_name=mellanox
+# shellcheck source=hooks/common.bash
+. "$(dirname "$(readlink -f "$0")")/common.bash"
 
 sys=${BERTH_SYS_ROOT:-/sys}
 dev=${BERTH_DEV_ROOT:-/dev}
 etc=${BERTH_ETC_ROOT:-/etc}
 lib_dir=/usr/local/rdma/lib64
-libraries=" libibverbs.so librdmacm.so libibumad.so libmlx5.so libmlx4.so libnl-3.so libnl-route-3.so "
-
-die() {
-    echo "mellanox hook: $*" >&2
-    exit 1
-}
-
-mounts=()
-declare -A bound=()
-bind() { # SRC DST OPTIONS; one destination once
-    [ -z "${bound[$2]:-}" ] || return 0
-    bound[$2]=1
-    mounts+=("$1 $2 none $3")
-}
+libraries=(libibverbs.so librdmacm.so libibumad.so libmlx5.so libmlx4.so libnl-3.so libnl-route-3.so)
 
 # MELLANOX_VISIBLE_DEVICES -> selected (HCA names), checked against this node.
 selected=()
@@ -102,49 +91,26 @@ bind_devices() {
 # The verbs libraries from the ld.so cache (native 64-bit entries), and the
 # mlx providers beside libibverbs.
 bind_libraries() {
-    local ldconfig=${BERTH_LDCONFIG:-ldconfig -p} cache line name flags path base target provider
-    cache=$($ldconfig) || die "BERTH_LDCONFIG: '$ldconfig' failed"
-    # grep first: a shell loop over the whole cache costs a tenth of a second
-    local -a patterns=()
-    for base in $libraries; do patterns+=(-e "$base"); done
-    cache=$(grep -F "${patterns[@]}" <<<"$cache" || true)
-    while IFS= read -r line; do
-        [[ $line == *" => "* ]] || continue
-        line=${line#"${line%%[![:space:]]*}"}
-        name=${line%% *} path=${line##* => }
-        flags=${line#* (} flags=${flags%%)*}
-        case $name in *.so.*) base=${name%%.so.*}.so ;; *) base=$name ;; esac
-        [[ $libraries == *" $base "* && $flags == *64* ]] || continue
-        target=$(readlink -f "$path") || continue
-        [ -f "$target" ] || continue
+    local entries name bits target provider
+    entries=$(ld_cache_entries "${libraries[@]}") || exit 1
+    while read -r name bits target; do
+        [ "$bits" = 64 ] || continue
         bind "$target" "$lib_dir/$name" bind,ro,nosuid,x-create=file
-        if [ "$base" = libibverbs.so ]; then
+        if [[ $name == libibverbs.so* ]]; then
             for provider in "${target%/*}"/libibverbs/libmlx*-rdmav*.so; do
                 if [ -e "$provider" ]; then
                     bind "$(readlink -f "$provider")" "$lib_dir/${provider##*/}" bind,ro,nosuid,x-create=file
                 fi
             done
         fi
-    done <<<"$cache"
+    done <<<"$entries"
     if [ -d "$etc/libibverbs.d" ]; then
         bind "$etc/libibverbs.d" /etc/libibverbs.d bind,ro,nosuid,nodev,noexec,x-create=dir
     fi
 }
 
-# The loader path as the image and earlier hooks (their ENROOT_ENVIRON
-# lines, the NVIDIA hook's say) left it.
-library_path() {
-    local line value=${LD_LIBRARY_PATH:-}
-    if [ -f "${ENROOT_ENVIRON:?}" ]; then
-        while IFS= read -r line; do
-            if [[ $line == LD_LIBRARY_PATH=* ]]; then value=${line#*=}; fi
-        done <"$ENROOT_ENVIRON"
-    fi
-    echo "$value"
-}
-
 main() {
-    local search
+    local line
     [ "${BERTH_HOOK_MELLANOX_ENABLE:-1}" != 0 ] || exit 0
     case ${MELLANOX_VISIBLE_DEVICES:-none} in
         none | void) exit 0 ;;
@@ -153,12 +119,9 @@ main() {
     [ "${#selected[@]}" -gt 0 ] || exit 0
     bind_devices
     bind_libraries
-    search=$(library_path)
-    printf '%s\n' "${mounts[@]}" >>"${ENROOT_MOUNTS:?}"
-    case ":$search:" in
-        *":$lib_dir:"*) ;;
-        *) echo "LD_LIBRARY_PATH=$lib_dir${search:+:$search}" >>"${ENROOT_ENVIRON:?}" ;;
-    esac
+    line=$(library_path_line "$lib_dir")
+    flush_mounts
+    if [ -n "$line" ]; then echo "$line" >>"$ENROOT_ENVIRON"; fi
 }
 
 main "$@"

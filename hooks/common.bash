@@ -1,0 +1,77 @@
+# Shared by Berth's device hooks (90-nvidia.sh, 91-mellanox.sh), which source
+# it. Not a hook itself: without the .sh suffix the runtime does not run it.
+#
+# The sourcing hook sets hook_name (for messages); it collects its fstab
+# lines with bind and writes them with flush_mounts once every check passed,
+# so a refused start leaves $ENROOT_MOUNTS as it was.
+
+# Host programs (ldconfig, nvidia-smi) live in sbin dirs an ordinary user's PATH may lack.
+PATH=${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+die() {
+    # shellcheck disable=SC2154 # hook_name: set by the sourcing hook
+    echo "$hook_name hook: $*" >&2
+    exit 1
+}
+
+mounts=()
+declare -A bound=()
+bind() { # SRC DST OPTIONS; each destination once
+    [ -z "${bound[$2]:-}" ] || return 0
+    bound[$2]=1
+    mounts+=("$1 $2 none $3")
+}
+
+flush_mounts() {
+    if [ "${#mounts[@]}" -gt 0 ]; then
+        printf '%s\n' "${mounts[@]}" >>"${ENROOT_MOUNTS:?}"
+    fi
+}
+
+# ld_cache_entries BASE...: "NAME BITS FILE" for every ld.so cache entry
+# called BASE or BASE.<version> (BITS 64 or 32; FILE the entry resolved),
+# from $BERTH_LDCONFIG (default: ldconfig -p). Run it in $(...) || exit 1.
+ld_cache_entries() {
+    local ldconfig=${BERTH_LDCONFIG:-ldconfig -p} cache line name flags path base target bits
+    local -A wanted=()
+    local -a patterns=()
+    for base; do
+        wanted[$base]=1
+        patterns+=(-e "$base")
+    done
+    [ "${#patterns[@]}" -gt 0 ] || return 0
+    cache=$($ldconfig) || die "BERTH_LDCONFIG: '$ldconfig' failed"
+    # grep first: a shell loop over a whole host cache costs a tenth of a second
+    cache=$(grep -F "${patterns[@]}" <<<"$cache" || true)
+    while IFS= read -r line; do
+        [[ $line == *" => "* ]] || continue
+        line=${line#"${line%%[![:space:]]*}"}
+        name=${line%% *} path=${line##* => }
+        flags=${line#* (} flags=${flags%%)*}
+        case $name in *.so.*) base=${name%%.so.*}.so ;; *) base=$name ;; esac
+        [ -n "${wanted[$base]:-}" ] || continue
+        case $flags in
+            *64*) bits=64 ;;
+            libc6) bits=32 ;;
+            *) continue ;;
+        esac
+        target=$(readlink -f "$path") || continue
+        if [ -f "$target" ]; then echo "$name $bits $target"; fi
+    done <<<"$cache"
+}
+
+# library_path_line DIRS: the LD_LIBRARY_PATH line that puts DIRS in front
+# of the loader path the image and earlier hooks (their $ENROOT_ENVIRON
+# lines) left, or nothing when DIRS' first directory is on it already.
+library_path_line() {
+    local line current=${LD_LIBRARY_PATH:-}
+    if [ -f "${ENROOT_ENVIRON:?}" ]; then
+        while IFS= read -r line; do
+            if [[ $line == LD_LIBRARY_PATH=* ]]; then current=${line#*=}; fi
+        done <"$ENROOT_ENVIRON"
+    fi
+    case ":$current:" in
+        *":${1%%:*}:"*) ;;
+        *) echo "LD_LIBRARY_PATH=$1${current:+:$current}" ;;
+    esac
+}
