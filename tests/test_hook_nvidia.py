@@ -9,8 +9,10 @@ runs it; the tests read the mount and environment lines it appended.
 """
 
 import os
+import shutil
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -280,6 +282,37 @@ def test_host_ld_cache_is_read_by_default(driver, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert device_line(driver, "nvidia1") in mounts
     assert not any("/usr/local/nvidia/lib64/libcuda" in line for line in mounts)
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory an ordinary user can read (pytest's own tmp is root's, 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="berth-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_runs_as_an_ordinary_user_without_sbin_on_path(shared_dir):
+    # The runtime runs hooks as the user. A world-readable copy of the hook
+    # and a driver tree; PATH without sbin, where Debian keeps ldconfig.
+    root = shared_dir
+    hooks = root / "hooks"
+    shutil.copytree(REPO / "hooks", hooks)
+    shutil.copytree(FIXTURES / "two-a100" / "proc", root / "proc")
+    dev = make_dev(root / "dev")
+    for name in ("mounts", "environ"):
+        (root / name).touch(mode=0o666)
+        (root / name).chmod(0o666)
+    env = {"PATH": "/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES": "all", "ENROOT_PID": "1",
+           "ENROOT_ROOTFS": "/", "ENROOT_MOUNTS": str(root / "mounts"), "ENROOT_ENVIRON": str(root / "environ"),
+           "BERTH_PROC_ROOT": str(root / "proc"), "BERTH_DEV_ROOT": str(dev)}
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", hooks / "90-nvidia.sh"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert (root / "mounts").read_text().splitlines()[:2] == [
+        f"{dev}/nvidia1 /dev/nvidia1 {DEVICE_OPTIONS}", f"{dev}/nvidia0 /dev/nvidia0 {DEVICE_OPTIONS}"]
+    assert (root / "environ").read_text() == "LD_LIBRARY_PATH=/usr/local/nvidia/lib64\n"
 
 
 def test_failing_ldconfig_is_refused(driver, tmp_path):
