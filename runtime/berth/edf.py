@@ -354,7 +354,7 @@ def hook_environment(resolved, hooks_dir=None):
 
 
 def to_json(resolved):
-    return json.dumps(resolved, indent=2, sort_keys=False) + "\n"
+    return json.dumps(resolved, indent=2) + "\n"
 
 
 def _toml_string(text):
