@@ -11,6 +11,7 @@ import os
 import platform
 import queue
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -30,11 +31,17 @@ _ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386"
 
 
 def cmd_import(args, cfg):
+    # scancel and Slurm step ends send SIGTERM: unwind, so that cleanups run.
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return _import(args, cfg)
     except OSError as e:  # a path we could not use: say which, in one line
         where = f"{e.filename}: " if e.filename else ""
         raise BerthError(f"{where}{e.strerror or e}") from None
+
+
+def _terminated(signum, frame):
+    raise BerthError("import interrupted by SIGTERM")
 
 
 def _import(args, cfg):

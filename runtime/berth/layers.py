@@ -157,7 +157,10 @@ def _apply_member(root, archive, member, created, dir_times, digest):
                     _remove(child_path)
         return
     if base.startswith(WHITEOUT):
-        _remove(resolve(root, posixpath.join(parent_name, base[len(WHITEOUT):])))
+        hidden = base[len(WHITEOUT):]
+        if hidden in ("", ".", ".."):
+            raise BerthError(f"layer {digest}: whiteout '{name}' names no file")
+        _remove(resolve(root, posixpath.join(parent_name, hidden)))
         return
     if member.ischr() or member.isblk():
         return  # devices come from the host at start, never from an image

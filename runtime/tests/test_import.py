@@ -12,6 +12,7 @@ import sys
 import tempfile
 import termios
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -382,6 +383,21 @@ def test_broken_transfer_leaves_no_partial_layer_and_rerun_works(tmp_path, env, 
     proxy.cut.clear()
     result = berth(["import", uri], env, tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_sigterm_cleans_up(tmp_path, env, proxy):
+    proxy.blob_delay = 1
+    process = subprocess.Popen(
+        [sys.executable, "-m", "berth.cli", "import", f"docker://{proxy.host}#test/big:v1"],
+        env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    blobs = tmp_path / "cache/blobs/sha256"
+    while not (blobs.exists() and list(blobs.iterdir())):  # the layer download began
+        time.sleep(0.05)
+    process.terminate()
+    assert process.wait(30) == 1
+    assert process.stderr.read() == "berth: error: import interrupted by SIGTERM\n"
+    assert list(blobs.iterdir()) == []
+    assert_nothing_left(tmp_path)
 
 
 def test_retries_recover_a_broken_transfer(tmp_path, env, proxy, registry):

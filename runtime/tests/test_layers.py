@@ -67,6 +67,14 @@ def test_opaque_directory_keeps_only_the_new_layer(root):
     assert tree(root) == ["d", "d/new"]
 
 
+@pytest.mark.parametrize("name", ["d/.wh.", "d/.wh..", "d/.wh..."])
+def test_whiteouts_of_no_file_are_refused(root, name):
+    apply(root, layer_tar(("dir", "d"), ("file", "d/x", b"x")))
+    with pytest.raises(BerthError, match=f"whiteout '{name}' names no file"):
+        apply(root, layer_tar(("file", name, b"")))
+    assert tree(root) == ["d", "d/x"]
+
+
 @pytest.mark.parametrize("name", ["../evil", "a/../../evil", "/evil"])
 def test_entries_outside_the_root_are_refused(root, name):
     with pytest.raises(BerthError, match="points outside the image root"):
