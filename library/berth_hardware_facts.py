@@ -80,6 +80,10 @@ ansible_facts:
           uuid: GPU-01a2b3c4-5d6e-7f80-91a2-b3c4d5e6f700
           minor: 0
           bus_id: "0000:18:00.0"
+    berth_nvidia_driver_version:
+      description: The loaded NVIDIA kernel driver's version; empty without the driver.
+      type: str
+      sample: 550.54.15
     berth_gpu_topology:
       description:
         - The matrix of C(nvidia-smi topo -m) for each GPU, C(GPUn) to peer
@@ -155,6 +159,13 @@ def gpus(proc_root):
     names = sorted(os.listdir(base)) if os.path.isdir(base) else []
     found = [read_gpu(os.path.join(base, name, "information")) for name in names]
     return [dict(gpu, index=index) for index, gpu in enumerate(found)]
+
+
+def driver_version(proc_root):
+    """From the driver's version line ('... Kernel Module  550.54.15  ...')."""
+    text = read_text(os.path.join(proc_root, "driver", "nvidia", "version"))
+    match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text)
+    return match.group(1) if match else ""
 
 
 def parse_topology(text):
@@ -243,6 +254,7 @@ def main():
     module.exit_json(changed=False, ansible_facts={
         "berth_gpu_count": len(gpu_list),
         "berth_gpus": gpu_list,
+        "berth_nvidia_driver_version": driver_version(module.params["proc_root"]),
         "berth_gpu_topology": matrix,
         "berth_nvlink": any(link.startswith("NV") for links in matrix.values() for link in links.values()),
         "berth_ib_count": len(hca_list),

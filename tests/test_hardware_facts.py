@@ -38,6 +38,7 @@ def test_dgx_gpus_topology_and_hcas(tmp_path):
     assert not result.get("failed") and result["changed"] is False
     facts = result["ansible_facts"]
     assert facts["berth_gpu_count"] == 8
+    assert facts["berth_nvidia_driver_version"] == "550.54.15"  # open kernel module's wording
     assert [g["index"] for g in facts["berth_gpus"]] == list(range(8))
     assert [g["minor"] for g in facts["berth_gpus"]] == list(range(8))
     assert {g["model"] for g in facts["berth_gpus"]} == {"NVIDIA H100 80GB HBM3"}
@@ -56,6 +57,7 @@ def test_dgx_gpus_topology_and_hcas(tmp_path):
 
 def test_index_is_bus_order_and_minor_is_the_drivers(tmp_path):
     facts = run_module(tmp_path, **node("two-a100"))["ansible_facts"]
+    assert facts["berth_nvidia_driver_version"] == "535.104.05"  # proprietary module's wording
     assert [(g["index"], g["minor"], g["bus_id"]) for g in facts["berth_gpus"]] == [
         (0, 1, "0000:07:00.0"), (1, 0, "0000:0f:00.0")]
     assert facts["berth_gpu_topology"] == {"GPU0": {"GPU1": "SYS"}, "GPU1": {"GPU0": "SYS"}}
@@ -79,7 +81,8 @@ def test_node_without_gpus_or_hcas(tmp_path):
                         nvidia_smi=failing_nvidia_smi(tmp_path))
     assert not result.get("failed") and not result.get("warnings")
     assert result["ansible_facts"] == {
-        "berth_gpu_count": 0, "berth_gpus": [], "berth_gpu_topology": {}, "berth_nvlink": False,
+        "berth_gpu_count": 0, "berth_gpus": [], "berth_nvidia_driver_version": "",
+        "berth_gpu_topology": {}, "berth_nvlink": False,
         "berth_ib_count": 0, "berth_ib_hcas": []}
 
 
