@@ -54,12 +54,14 @@ def _import(args, cfg):
     credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
     registry = Registry(ref, cfg, credentials, credentials_path)
     registry.connect()
-    manifest, digest = _platform_manifest(registry, ref, args.arch)
     try:
+        manifest, digest = _platform_manifest(registry, ref, args.arch)
         config = json.loads(registry.blob(manifest["config"]["digest"]))
         layers = [(layer["digest"], int(layer["size"])) for layer in manifest["layers"]]
-    except (KeyError, TypeError, ValueError):
-        raise BerthError(f"manifest {digest} of {ref} is malformed") from None
+        if not isinstance(config, dict):
+            raise TypeError("image config is not an object")
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise BerthError(f"the manifest or image config of {ref} is malformed") from None
     total = sum(size for _, size in layers)
 
     cache = BlobCache(cfg["ENROOT_CACHE_PATH"])

@@ -168,7 +168,7 @@ class Proxy:
     auth: None, "basic" or "bearer" (token from its own /token, given for
     `login`/`password`, good for `token_uses` requests).
     `cut`: blob digests whose transfer stops halfway;
-    `cut_once` stops only the first; `tamper`: path -> body served instead;
+    `cut_once` stops only the first; `tamper`: path -> body served instead (200 OK);
     `blob_delay`: seconds before each blob is sent.
     """
 
@@ -221,7 +221,9 @@ class Proxy:
             return self._reply(handler, 401, b"{}", {"WWW-Authenticate": challenge})
         headers = {k: v for k, v in handler.headers.items() if k.lower() == "accept"}
         upstream = requests.get(self.upstream + path, headers=headers, timeout=10)
-        body = self.tamper.get(path, upstream.content)
+        status, body = upstream.status_code, upstream.content
+        if path in self.tamper:
+            status, body = 200, self.tamper[path]
         keep = {k: v for k, v in upstream.headers.items()
                 if k.lower() in ("content-type", "docker-content-digest")}
         digest = path.rsplit("/", 1)[-1]
@@ -229,8 +231,8 @@ class Proxy:
             time.sleep(self.blob_delay)
             if digest in self.cut or digest in self.cut_once:
                 self.cut_once.discard(digest)
-                return self._reply(handler, upstream.status_code, body, keep, broken=True)
-        return self._reply(handler, upstream.status_code, body, keep)
+                return self._reply(handler, status, body, keep, broken=True)
+        return self._reply(handler, status, body, keep)
 
     def _authorized(self, header):
         if self.auth == "basic":

@@ -109,7 +109,9 @@ def test_import_builds_a_self_describing_image(tmp_path, env, proxy, registry):
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # no progress when stderr is not a terminal
     image = tmp_path / "test+app+v1.sqsh"
-    assert stat.S_IMODE(image.stat().st_mode) & 0o777 == 0o644
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(image.stat().st_mode) == 0o666 & ~umask  # an ordinary file
     root = unsquash(image, tmp_path / "root")
     assert (root / "etc/os-release").read_text() == "ID=berth\n"
     assert (root / "etc/added").read_text() == "added\n"
@@ -356,6 +358,15 @@ def test_manifest_digest_mismatch(tmp_path, env, proxy, registry):
     assert result.stderr.startswith(
         f"berth: error: manifest digest mismatch for {proxy.host}/test/app@"
         f"{registry.app_digest}: expected {registry.app_digest}, got sha256:")
+    assert_nothing_left(tmp_path)
+
+
+def test_malformed_manifest(tmp_path, env, proxy, registry):
+    body = b'{"schemaVersion": 2, "mediaType": "%s", "layers": "no"}' % DOCKER_MANIFEST.encode()
+    proxy.tamper["/v2/test/app/manifests/v2"] = body
+    result = berth(["import", f"docker://{proxy.host}#test/app:v2"], env, tmp_path)
+    assert result.stderr == ("berth: error: the manifest or image config of "
+                             f"{proxy.host}/test/app:v2 is malformed\n")
     assert_nothing_left(tmp_path)
 
 
