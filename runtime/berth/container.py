@@ -1,0 +1,323 @@
+"""Container verbs: create, start, exec, list, remove, export, batch.
+
+A container is an unpacked root in $ENROOT_DATA_PATH/NAME; `start` also
+takes an IMAGE.sqsh (a path ending in .sqsh or containing '/') and mounts
+it with squashfuse instead of unpacking it. Every start works in a fresh
+directory under $ENROOT_RUNTIME_PATH that is removed when it ends.
+
+Config files (`start -c CONF`, `batch CONF`), a small subset of enroot's
+batch format; every other line is shell:
+  #ENROOT_ROOTFS=NAME|IMAGE.sqsh       what `batch` starts (ignored by -c)
+  #ENROOT_<KEY>=VALUE                  an enroot.conf setting, e.g.
+                                       #ENROOT_ROOTFS_WRITABLE=yes
+  #ENROOT_ENVIRON KEY=VALUE            a container variable (below -e)
+  #ENROOT_MOUNTS SRC DST TYPE OPTIONS  an fstab line (before -m mounts)
+When the file has any line that is neither blank nor a comment, the whole
+file is the container's rc: /bin/sh runs it inside with COMMAND as "$@"
+(--rc SCRIPT takes precedence).
+"""
+
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from berth import config, environ, hooks, launch, mounts, syscalls as sc
+from berth.errors import BerthError
+
+_SQUASHFS_MAGIC = b"hsqs"
+
+
+@dataclass
+class Conf:
+    rootfs: str = None
+    settings: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    mounts: list = field(default_factory=list)
+    rc: str = None
+
+
+def _check_name(name):
+    if not name or "/" in name or name.startswith(".") or name.endswith(".sqsh"):
+        raise BerthError(f"invalid container name '{name}': it must be non-empty, "
+                         "without '/', not start with '.' nor end with '.sqsh'")
+    return name
+
+
+def _check_image(path):
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except IsADirectoryError:
+        raise BerthError(f"{path}: is a directory, not a squashfs image") from None
+    except OSError as e:
+        raise BerthError(f"{path}: {e.strerror}") from None
+    if magic != _SQUASHFS_MAGIC:
+        raise BerthError(f"{path}: not a squashfs image")
+    return os.path.abspath(path)
+
+
+def _container_root(cfg, name):
+    root = cfg.path("ENROOT_DATA_PATH") / _check_name(name)
+    if not root.is_dir():
+        raise BerthError(f"no container named '{name}' in {root.parent} (see berth list)")
+    return root
+
+
+def _make_removable(tree):
+    """Give the owner rwx on every directory, so the tree can be removed later."""
+    for top, dirs, _ in os.walk(tree):
+        for d in [top, *(os.path.join(top, d) for d in dirs)]:
+            mode = os.lstat(d).st_mode
+            if mode & 0o700 != 0o700 and not os.path.islink(d):
+                os.chmod(d, mode | 0o700)
+
+
+def _rmtree(path):
+    def allow(func, failed, _exc):
+        os.chmod(os.path.dirname(failed), 0o700)
+        func(failed)
+    shutil.rmtree(path, onerror=allow)
+
+
+def _run_tool(command, what):
+    result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, check=False)
+    if result.returncode:
+        detail = (result.stderr.strip().splitlines() or ["no message"])[-1]
+        raise BerthError(f"{what}: {command[0]} failed: {detail}")
+
+
+def cmd_create(args, cfg):
+    image = _check_image(args.image)
+    name = _check_name(args.name if args.name is not None
+                       else os.path.basename(image).removesuffix(".sqsh"))
+    data = cfg.path("ENROOT_DATA_PATH")
+    target = data / name
+    if target.exists() and not args.force:
+        raise BerthError(f"container '{name}' already exists in {data} (-f replaces it)")
+    data.mkdir(mode=0o700, parents=True, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{name}.", dir=data)
+    try:
+        # Unprivileged, unsquashfs cannot make device nodes: a non-fatal error.
+        tolerate = ["-no-exit-code"] if os.getuid() else []
+        _run_tool(["unsquashfs", "-no-progress", "-no-xattrs", *tolerate, "-f",
+                   "-d", staging, image], image)
+        _make_removable(staging)
+        if target.exists():
+            old = tempfile.mkdtemp(prefix=f".{name}.old.", dir=data)
+            os.rename(target, f"{old}/root")
+            os.rename(staging, target)
+            _rmtree(old)
+        else:
+            os.rename(staging, target)
+    except BaseException:
+        _rmtree(staging)
+        raise
+    return 0
+
+
+def read_conf(path, expand_env):
+    conf = Conf()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise BerthError(f"{path}: cannot read: {e.strerror}") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        origin = f"{path}:{number}"
+        directive, _, rest = line.strip().partition(" ")
+        key, sep, value = directive.partition("=")
+        if directive == "#ENROOT_ENVIRON":
+            pair = environ.parse_line(rest, origin)
+            if pair:
+                conf.env[pair[0]] = pair[1]
+        elif directive == "#ENROOT_MOUNTS":
+            mount = mounts.parse_fstab_line(rest, origin, expand_env)
+            if mount:
+                conf.mounts.append(mount)
+        elif key == "#ENROOT_ROOTFS" and sep:
+            conf.rootfs = value
+        elif key.startswith("#ENROOT_") and sep:
+            if key[1:] not in config.KEYS:
+                raise BerthError(f"{origin}: unknown setting '{key[1:]}'")
+            conf.settings[key[1:]] = value
+        elif line.strip() and not line.lstrip().startswith("#"):
+            conf.rc = text
+    return conf
+
+
+def _configs(paths, expand_env, cfg):
+    """Merge -c files into one Conf; return it and the configuration it changes."""
+    merged = Conf()
+    for path in paths:
+        conf = read_conf(path, expand_env)
+        merged.rootfs = conf.rootfs or merged.rootfs
+        merged.settings.update(conf.settings)
+        merged.env.update(conf.env)
+        merged.mounts += conf.mounts
+        merged.rc = conf.rc if conf.rc is not None else merged.rc
+    return merged, config.Config({**dict(cfg.items()), **merged.settings})
+
+
+def _sorted_files(cfg, directory, pattern):
+    return [p for key in ("ENROOT_SYSCONF_PATH", "ENROOT_CONFIG_PATH")
+            for p in sorted(Path(cfg[key], directory).glob(pattern)) if p.is_file()]
+
+
+def _plan(args, cfg, container, conf):
+    """Check every input, then make the runtime directory: a launch.Plan."""
+    expand_env = {**os.environ, **dict(cfg.items())}
+    is_image = container.endswith(".sqsh") or "/" in container
+    image = _check_image(container) if is_image else None
+    root = None if is_image else str(_container_root(cfg, container))
+    if image and not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        raise BerthError(f"/dev/fuse is not usable by uid {os.getuid()}: starting {container} "
+                         "without unpacking needs it with mode 0666 (or use berth create)")
+    fstabs = []
+    for path in _sorted_files(cfg, "mounts.d", "*.fstab"):
+        fstabs += mounts.read_fstab(path, expand_env)
+    user_mounts = fstabs + conf.mounts + [mounts.parse_spec(s) for s in args.mount]
+    env = dict(conf.env)
+    for spec in args.env:
+        pair = environ.parse_option(spec, os.environ)
+        if pair:
+            env[pair[0]] = pair[1]
+    rc = conf.rc
+    if args.rc:
+        try:
+            rc = Path(args.rc).read_text(encoding="utf-8")
+        except OSError as e:
+            raise BerthError(f"--rc {args.rc}: {e.strerror}") from None
+    superuser = os.getuid() == 0 and cfg.flag("ENROOT_ALLOW_SUPERUSER")
+    unshare = 0
+    for ns, flag in (("net", sc.CLONE_NEWNET), ("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS)):
+        if getattr(args, ns) or cfg.flag(f"ENROOT_UNSHARE_{ns.upper()}"):
+            unshare |= flag
+    plan = launch.Plan(
+        cfg=cfg, runtime="", image=image, rootfs=root,
+        writable=args.rw or cfg.flag("ENROOT_ROOTFS_WRITABLE"),
+        remap_root=args.root or cfg.flag("ENROOT_REMAP_ROOT"),
+        user_namespace=not superuser, unshare=unshare,
+        pid_namespace=args.pid or cfg.flag("ENROOT_UNSHARE_PID"),
+        restrict_dev=cfg.flag("ENROOT_RESTRICT_DEV"),
+        mounts=user_mounts, env_files=_sorted_files(cfg, "environ.d", "*.env"), env=env,
+        hooks=hooks.find(cfg), rc=rc, command=list(args.command), detach=args.detach,
+    )
+    base = cfg.path("ENROOT_RUNTIME_PATH")
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        plan.runtime = tempfile.mkdtemp(prefix=f"{os.path.basename(container)}.", dir=base)
+    except OSError as e:
+        raise BerthError(f"ENROOT_RUNTIME_PATH {base}: {e.strerror}") from None
+    for sub in ("root", "lower") if image else ():
+        os.mkdir(f"{plan.runtime}/{sub}")
+    return plan
+
+
+def cmd_start(args, cfg):
+    conf, cfg = _configs(args.conf, {**os.environ, **dict(cfg.items())}, cfg)
+    return launch.start(_plan(args, cfg, args.container, conf))
+
+
+def cmd_batch(args, cfg):
+    conf, cfg = _configs([*args.conf, args.config], {**os.environ, **dict(cfg.items())}, cfg)
+    if not conf.rootfs:
+        raise BerthError(f"{args.config}: no #ENROOT_ROOTFS=NAME|IMAGE.sqsh line")
+    return launch.start(_plan(args, cfg, conf.rootfs, conf))
+
+
+def cmd_exec(args, cfg):
+    return launch.exec_in(args.pid, args.command)
+
+
+def running(cfg):
+    """{container name: pid} of the starts alive under ENROOT_RUNTIME_PATH."""
+    found = {}
+    base = cfg.path("ENROOT_RUNTIME_PATH")
+    for state in base.glob("*/state") if base.is_dir() else ():
+        try:
+            pid = int(state.read_text())
+        except (OSError, ValueError):
+            continue
+        if os.path.exists(f"/proc/{pid}"):
+            found.setdefault(state.parent.name.rsplit(".", 1)[0], []).append(pid)
+    return found
+
+
+def _size(tree):
+    total = 0
+    for top, dirs, files in os.walk(tree):
+        for entry in dirs + files:
+            total += os.lstat(os.path.join(top, entry)).st_blocks * 512
+    for unit in ("B", "K", "M", "G"):
+        if total < 1024:
+            return f"{total:.0f}{unit}"
+        total /= 1024
+    return f"{total:.1f}T"
+
+
+def cmd_list(args, cfg):
+    data = cfg.path("ENROOT_DATA_PATH")
+    names = sorted(p.name for p in data.iterdir()
+                   if p.is_dir() and not p.name.startswith(".")) if data.is_dir() else []
+    if not args.fancy:
+        for name in names:
+            print(name)
+        return 0
+    pids = running(cfg)
+    rows = [("NAME", "SIZE", "PIDS")]
+    rows += [(n, _size(data / n), ",".join(map(str, pids.get(n, []))) or "-") for n in names]
+    width = max(len(r[0]) for r in rows)
+    for name, size, procs in rows:
+        print(f"{name:<{width}}  {size:>6}  {procs}")
+    return 0
+
+
+def cmd_remove(args, cfg):
+    data = cfg.path("ENROOT_DATA_PATH")
+    busy = running(cfg)
+    doomed = []
+    for name in args.names:
+        root = data / _check_name(name)
+        if not root.is_dir():
+            if args.force:
+                continue
+            raise BerthError(f"no container named '{name}' in {data}")
+        if name in busy and not args.force:
+            raise BerthError(f"container '{name}' is running (pid {busy[name][0]}); "
+                             "-f removes it anyway")
+        doomed.append(root)
+    for root in doomed:
+        hidden = tempfile.mkdtemp(prefix=f".{root.name}.removing.", dir=data)
+        os.rename(root, f"{hidden}/root")
+        _rmtree(hidden)
+    return 0
+
+
+def cmd_export(args, cfg):
+    root = _container_root(cfg, args.name)
+    output = os.path.abspath(args.output or f"{args.name}.sqsh")
+    if os.path.exists(output) and not args.force:
+        raise BerthError(f"{output} already exists (-f overwrites it)")
+    fd, staging = tempfile.mkstemp(prefix=f".{os.path.basename(output)}.",
+                                   dir=os.path.dirname(output))
+    os.close(fd)
+    owner = ["-all-root"] if os.getuid() else []  # an unprivileged unpack owns every file
+    try:
+        _run_tool(["mksquashfs", str(root), staging, "-noappend", "-no-progress", *owner,
+                   *shlex.split(cfg["ENROOT_SQUASH_OPTIONS"])], args.name)
+        os.chmod(staging, 0o644 & ~_umask())
+        os.replace(staging, output)
+    except BaseException:
+        os.unlink(staging)
+        raise
+    return 0
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,39 @@
+"""hooks.d: executables run before the container command.
+
+Order: `$ENROOT_SYSCONF_PATH/hooks.d/*.sh` sorted, then
+`$ENROOT_CONFIG_PATH/hooks.d/*.sh` sorted. A file without the execute bit
+is skipped (`chmod -x` disables a hook). Each hook runs inside the new user
+and mount namespaces but still sees the host's filesystem, with the
+caller's environment, the container environment, every ENROOT_* setting and:
+  ENROOT_PID        pid of the process that becomes the container
+  ENROOT_ROOTFS     host path of the container root
+  ENROOT_MOUNTS     a file the hook may append fstab lines to
+  ENROOT_ENVIRON    a file the hook may append KEY=VALUE lines to
+  BERTH_RUNTIME_DIR a private scratch directory removed when the container ends
+A hook that exits non-zero aborts the start.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+
+from berth.errors import BerthError
+
+
+def find(cfg):
+    hooks = []
+    for base in (cfg["ENROOT_SYSCONF_PATH"], cfg["ENROOT_CONFIG_PATH"]):
+        hooks += sorted(p for p in Path(base, "hooks.d").glob("*.sh")
+                        if p.is_file() and os.access(p, os.X_OK))
+    return hooks
+
+
+def run(hooks, env):
+    for hook in hooks:
+        try:
+            status = subprocess.run([str(hook)], env=env, stdin=subprocess.DEVNULL,
+                                    check=False).returncode
+        except OSError as e:
+            raise BerthError(f"hook {hook}: cannot run: {e.strerror}") from None
+        if status:
+            raise BerthError(f"hook {hook} failed with exit status {status}")

@@ -1,0 +1,302 @@
+"""Processes of `berth start` and `berth exec`.
+
+One start is three processes (two without --pid):
+  berth    stays on the host, as a child subreaper: forwards SIGTERM, SIGHUP,
+           SIGUSR1 and SIGUSR2 to the container (SIGINT/SIGQUIT reach it from
+           the terminal), reports setup errors, and at the end stops
+           squashfuse and removes the per-start runtime directory.
+  child    unshares the user and mount namespaces (and net/ipc/uts), maps
+           the caller's uid/gid (to 0 with --root), mounts a squashfs image
+           with squashfuse; with --pid it unshares the pid namespace and
+           waits for its own child, which becomes pid 1 there.
+  build    (the child itself without --pid) builds the root, runs the hooks,
+           pivot_roots into it and execs the command with all of the
+           caller's open file descriptors.
+Setup messages travel to berth over a close-on-exec pipe, one line each:
+`fuse PID` (a squashfuse to stop at the end), `error MESSAGE`,
+`ready PID` (--detach only).
+
+`berth start --detach` (the interface of the SPANK plugin):
+  Does everything a start does, then runs a keeper process inside the
+  container's namespaces instead of the command. When the root is ready
+  and every hook has run, berth prints the keeper's pid (host pid
+  namespace) on stdout as one line `PID\\n`. The keeper's
+  /proc/PID/environ is the final container environment and its cwd the
+  image's workdir (/ when it has none or it is missing). berth then waits
+  until it gets SIGTERM, SIGINT or SIGHUP, or its stdin reaches end of file,
+  or the keeper dies; then it kills the keeper, tears everything down and
+  exits 0. A setup failure prints `berth: error: ...` and exits 1 without
+  printing a pid. `berth exec PID COMMAND...` runs a command in there.
+"""
+
+import os
+import select
+import shutil
+import signal
+import sys
+from dataclasses import dataclass, field
+
+from berth import environ, hooks, mounts, rootfs, syscalls as sc
+from berth.errors import BerthError
+
+_FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+_NAMESPACES = (("user", sc.CLONE_NEWUSER), ("mnt", sc.CLONE_NEWNS), ("pid", sc.CLONE_NEWPID),
+               ("net", sc.CLONE_NEWNET), ("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS))
+_KEEPER = ("import sys; sys.path.insert(0, sys.argv[1]); "
+           "from berth.rootfs import keeper_main; keeper_main(*sys.argv[2:])")
+
+
+@dataclass
+class Plan:
+    """Everything a start needs, checked before any process or file is made."""
+    cfg: object
+    runtime: str                 # per-start directory under ENROOT_RUNTIME_PATH
+    image: str = None            # squashfs started without unpacking, or
+    rootfs: str = None           # an unpacked container root
+    writable: bool = False
+    remap_root: bool = False
+    user_namespace: bool = True
+    unshare: int = 0             # extra CLONE_NEW* flags: net, ipc, uts
+    pid_namespace: bool = False
+    restrict_dev: bool = False
+    mounts: list = field(default_factory=list)
+    env_files: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)     # batch #ENROOT_ENVIRON, then -e
+    hooks: list = field(default_factory=list)
+    rc: str = None
+    command: list = field(default_factory=list)
+    detach: bool = False
+
+
+def _send(fd, message):
+    os.write(fd, (message.replace("\n", " ") + "\n").encode())
+
+
+def _exit_code(status):
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def _restore_signals():
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _exec(command, env):
+    _restore_signals()
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        print(f"berth: error: {command[0]}: {e.strerror} in the container", file=sys.stderr)
+        os._exit(127 if isinstance(e, FileNotFoundError) else 126)
+
+
+def _write(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _map_ids(inside_root):
+    uid, gid = os.getuid(), os.getgid()
+    sc.unshare(sc.CLONE_NEWUSER)
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{0 if inside_root else uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{0 if inside_root else gid} {gid} 1")
+
+
+def _child(plan, status):
+    """The first process in the new namespaces; never returns."""
+    try:
+        if plan.user_namespace:
+            _map_ids(plan.remap_root)
+        sc.unshare(sc.CLONE_NEWNS | plan.unshare)
+        sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
+        sc.mount(None, "/", None, sc.MS_REC | sc.MS_PRIVATE)
+        if plan.image:
+            lower = f"{plan.runtime}/lower" if plan.writable else f"{plan.runtime}/root"
+            _send(status, f"fuse {rootfs.mount_squashfs(plan.image, lower, os.getuid(), os.getgid())}")
+        if plan.pid_namespace:
+            sc.unshare(sc.CLONE_NEWPID)
+            pid = os.fork()
+            if pid:
+                os.close(status)
+                for sig in _FORWARDED:
+                    signal.signal(sig, lambda s, _f: os.kill(pid, s))
+                os._exit(_exit_code(os.waitpid(pid, 0)[1]))
+            sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
+        _build_and_run(plan, status)
+    except (BerthError, OSError) as e:
+        _send(status, f"error {e}")
+    os._exit(1)
+
+
+def _build_and_run(plan, status):
+    if plan.image:
+        root = f"{plan.runtime}/root"
+        if plan.writable:
+            rootfs.mount_overlay(f"{plan.runtime}/lower", root, f"{plan.runtime}/rw")
+    else:
+        root = plan.rootfs
+        sc.mount(root, root, None, sc.MS_BIND | sc.MS_REC)
+    image = rootfs.image_config(root)
+    env = environ.base(os.environ)
+    for path in plan.env_files:
+        environ.read_file(path, env)
+    env.update(image["env"])
+    for mount in rootfs.system_mounts(plan.pid_namespace, plan.restrict_dev) + plan.mounts:
+        mounts.apply(root, mount)
+    if plan.restrict_dev:
+        rootfs.finish_restricted_dev(root)
+    if plan.hooks:
+        _run_hooks(plan, root, env)
+    env.update(plan.env)
+    if plan.rootfs and not plan.writable:
+        mounts.remount_readonly(root)
+    workdir = image["workdir"]
+    if not workdir or not os.path.isdir(mounts.resolve(root, workdir)):
+        workdir = "/"
+    if plan.detach:
+        _exec_keeper(root, workdir, env, status)
+    rootfs.enter(root, workdir)
+    _exec(_command(plan, image), env)
+
+
+def _run_hooks(plan, root, env):
+    mounts_file, environ_file = f"{plan.runtime}/mounts", f"{plan.runtime}/environ"
+    scratch = f"{plan.runtime}/hooks"
+    os.mkdir(scratch)
+    _write(mounts_file, "")
+    _write(environ_file, "")
+    # Hooks see the container's variables, but search the host's PATH.
+    hook_env = {**os.environ, **env, "PATH": os.environ.get("PATH", environ.DEFAULT_PATH),
+                **dict(plan.cfg.items()),
+                "ENROOT_PID": os.readlink("/proc/self"), "ENROOT_ROOTFS": root,
+                "ENROOT_MOUNTS": mounts_file, "ENROOT_ENVIRON": environ_file,
+                "BERTH_RUNTIME_DIR": scratch}
+    hooks.run(plan.hooks, hook_env)
+    for mount in mounts.read_fstab(mounts_file, hook_env):
+        mounts.apply(root, mount)
+    environ.read_file(environ_file, env, expand=False)
+
+
+def _exec_keeper(root, workdir, env, status):
+    sc.keep_capability_across_exec(sc.CAP_SYS_ADMIN)  # pivot_root after exec
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.closerange(3, status)
+    os.closerange(status + 1, os.sysconf("SC_OPEN_MAX"))
+    os.set_inheritable(status, True)
+    library = os.path.dirname(os.path.dirname(os.path.abspath(rootfs.__file__)))
+    os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", _KEEPER,
+                               library, root, workdir, str(status)], env)
+
+
+def _command(plan, image):
+    if plan.rc is not None:
+        return ["/bin/sh", "-c", plan.rc, "rc", *plan.command]
+    if os.path.isfile("/etc/rc"):
+        return ["/bin/sh", "/etc/rc", *plan.command]
+    if plan.command:
+        return plan.command
+    return (image["entrypoint"] or []) + (image["cmd"] or []) or ["/bin/sh"]
+
+
+def _forward_signals(pid):
+    for sig in _FORWARDED:
+        signal.signal(sig, lambda s, _f: os.kill(pid, s))
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, lambda *_: None)
+
+
+def _wait_for_stop(child):
+    """Block until SIGTERM/SIGINT/SIGHUP, end of stdin, or the container's end."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: None)
+    child_fd = os.pidfd_open(child)
+    watched = [wake_r, child_fd]
+    try:
+        os.fstat(0)
+        watched.append(0)
+    except OSError:
+        return
+    while True:
+        ready = select.select(watched, [], [])[0]
+        if 0 not in ready or not os.read(0, 65536):
+            return
+
+
+def start(plan):
+    """Run `plan`; return the command's exit status (0 after a --detach stop)."""
+    sc.prctl(sc.PR_SET_CHILD_SUBREAPER, 1)
+    status_r, status_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(status_r)
+        _child(plan, status_w)
+    os.close(status_w)
+    _write(f"{plan.runtime}/state", f"{child}\n")
+    if not plan.detach:
+        _forward_signals(child)
+    helpers, error, keeper = [], None, None
+    try:
+        with os.fdopen(status_r, encoding="utf-8") as messages:
+            for line in messages:
+                kind, _, value = line.rstrip("\n").partition(" ")
+                if kind == "fuse":
+                    helpers.append(int(value))
+                elif kind == "error":
+                    error = value
+                elif kind == "ready":
+                    keeper = int(value)
+        if keeper:
+            print(keeper, flush=True)
+            _wait_for_stop(child)
+            os.kill(keeper, signal.SIGKILL)
+        code = _exit_code(os.waitpid(child, 0)[1])
+    finally:
+        for pid in helpers:
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
+        shutil.rmtree(plan.runtime, ignore_errors=True)
+    if error:
+        raise BerthError(error)
+    return 0 if keeper else code
+
+
+def exec_in(pid, command):
+    """`berth exec`: run `command` in the namespaces, environment and cwd of `pid`."""
+    if not command:
+        raise BerthError("exec: missing COMMAND")
+    proc = f"/proc/{pid}"
+    try:
+        with open(f"{proc}/environ", "rb") as f:
+            env = dict(e.decode(errors="surrogateescape").split("=", 1)
+                       for e in f.read().split(b"\0") if b"=" in e)
+        cwd = os.open(f"{proc}/cwd", os.O_RDONLY | os.O_DIRECTORY)
+        joins = []
+        for name, flag in _NAMESPACES:
+            theirs, ours = os.stat(f"{proc}/ns/{name}"), os.stat(f"/proc/self/ns/{name}")
+            if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+                joins.append((os.open(f"{proc}/ns/{name}", os.O_RDONLY), flag))
+    except FileNotFoundError:
+        raise BerthError(f"no process with pid {pid}") from None
+    except PermissionError:
+        raise BerthError(f"pid {pid}: permission denied (not your container?)") from None
+    try:
+        for fd, flag in joins:
+            sc.setns(fd, flag)
+            os.close(fd)
+        os.fchdir(cwd)
+    except OSError as e:
+        raise BerthError(f"pid {pid}: cannot join its container: {e.strerror}") from None
+    os.close(cwd)
+    if any(flag == sc.CLONE_NEWPID for _, flag in joins):
+        child = os.fork()  # a pid namespace applies to children only
+        if child:
+            _forward_signals(child)
+            return _exit_code(os.waitpid(child, 0)[1])
+    _exec(command, env)

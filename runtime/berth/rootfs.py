@@ -1,0 +1,128 @@
+"""A container root inside the new mount namespace: build it, read it, enter it."""
+
+import json
+import os
+import subprocess
+
+from berth import environ, mounts, syscalls as sc
+from berth.errors import BerthError
+
+IMAGE_CONFIG = "etc/berth/image.json"
+_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+
+
+def image_config(root):
+    """The image's env/entrypoint/cmd/workdir; images without a config give empty ones."""
+    config = {"env": {}, "entrypoint": None, "cmd": None, "workdir": ""}
+    path = mounts.resolve(root, IMAGE_CONFIG)
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            config.update({k: data.get(k) or config[k] for k in ("entrypoint", "cmd", "workdir")})
+            config["env"] = environ.from_list(data.get("env") or [])
+        except (OSError, ValueError, AttributeError, TypeError) as e:
+            raise BerthError(f"/{IMAGE_CONFIG} in the image is not valid: {e}") from None
+    else:
+        env_file = mounts.resolve(root, "etc/environment")
+        if os.path.isfile(env_file):
+            environ.read_file(env_file, config["env"], expand=False)
+    return config
+
+
+def mount_squashfs(image, target, uid, gid):
+    """Mount `image` at `target` through squashfuse; return squashfuse's pid.
+
+    The /dev/fuse connection is opened and mounted here, in the new user
+    namespace (the kernel requires both there); squashfuse only serves it.
+    It is started through a short-lived middle process so that it is not a
+    child of the container command, and is reaped by the subreaper berth.
+    """
+    try:
+        fuse = os.open("/dev/fuse", os.O_RDWR)
+    except OSError as e:
+        raise BerthError(f"/dev/fuse: {e.strerror}: starting an image without unpacking it "
+                         "needs /dev/fuse usable by this user (mode 0666)") from None
+    sc.mount(image, target, "fuse.squashfuse", sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV,
+             f"fd={fuse},rootmode=40000,user_id={uid},group_id={gid}")
+    report_r, report_w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        server = subprocess.Popen(["squashfuse", "-f", image, f"/dev/fd/{fuse}"],
+                                  pass_fds=(fuse,), stdin=subprocess.DEVNULL)
+        os.write(report_w, str(server.pid).encode())
+        os._exit(0)
+    os.close(report_w)
+    os.close(fuse)
+    os.waitpid(middle, 0)
+    with os.fdopen(report_r, "rb") as f:
+        return int(f.read() or 0)
+
+
+def mount_overlay(lower, target, scratch):
+    """A writable overlay over `lower` with upper and work dirs on a private tmpfs."""
+    os.makedirs(scratch, exist_ok=True)
+    sc.mount("tmpfs", scratch, "tmpfs", 0, "mode=0700")
+    os.mkdir(f"{scratch}/upper")
+    os.mkdir(f"{scratch}/work")
+    try:
+        sc.mount("overlay", target, "overlay", 0,
+                 f"lowerdir={lower},upperdir={scratch}/upper,workdir={scratch}/work")
+    except OSError as e:
+        raise BerthError(f"overlay on {target}: {e.strerror}: the kernel refused a "
+                         "writable overlay of the image (try `berth create` and --rw)") from None
+
+
+def system_mounts(pid_namespace, restrict_dev):
+    """/proc, /dev, /sys and /tmp of every container, as Mounts."""
+    def m(source, target, fstype, options):
+        return mounts.Mount(source, target, fstype, tuple(options.split(",")), "built-in mounts")
+    proc = (m("proc", "/proc", "proc", "nosuid,nodev,noexec,x-create=dir") if pid_namespace
+            else m("/proc", "/proc", "none", "rbind,x-create=dir"))
+    if restrict_dev:
+        dev = [m("tmpfs", "/dev", "tmpfs", "nosuid,noexec,mode=0755,x-create=dir")]
+        dev += [m(f"/dev/{n}", f"/dev/{n}", "none", "bind,x-create=file") for n in _DEV_NODES]
+        dev += [m("/dev/pts", "/dev/pts", "none", "rbind,x-create=dir"),
+                m("tmpfs", "/dev/shm", "tmpfs", "nosuid,nodev,mode=1777,x-create=dir")]
+    else:
+        dev = [m("/dev", "/dev", "none", "rbind,x-create=dir")]
+    return [proc, *dev, m("/sys", "/sys", "none", "rbind,x-create=dir"),
+            m("/tmp", "/tmp", "none", "bind,x-create=dir")]
+
+
+def finish_restricted_dev(root):
+    dev = mounts.resolve(root, "dev")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
+                         ("ptmx", "pts/ptmx")):
+        os.symlink(target, f"{dev}/{name}")
+
+
+def enter(root, workdir):
+    """pivot_root into `root`, detach the old root, chdir to `workdir`."""
+    os.chdir(root)
+    sc.pivot_root(".", ".")
+    sc.umount2(".", sc.MNT_DETACH)
+    try:
+        os.chdir(workdir or "/")
+    except OSError:
+        raise BerthError(f"workdir {workdir} does not exist in the container") from None
+
+
+def keeper_main(root, workdir, status_fd):
+    """The --detach keeper: enter the root, report ready, wait for a signal."""
+    import signal
+    host_pid = os.readlink("/proc/self")  # before pivot_root hides the host's /proc
+    status = int(status_fd)
+    try:
+        enter(root, workdir)
+        sc.drop_all_capabilities()
+    except (OSError, BerthError) as e:
+        os.write(status, f"error {e}\n".encode())
+        os._exit(1)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: os._exit(0))
+    os.write(status, f"ready {host_pid}\n".encode())
+    os.close(status)
+    while True:
+        signal.pause()

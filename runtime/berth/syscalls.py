@@ -1,0 +1,119 @@
+"""The Linux system calls Python's os module lacks, through ctypes.
+
+One thin wrapper per call; each raises OSError with the errno and the
+argument that failed, so callers can turn it into a message naming it.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_NOATIME = 0x400
+MS_NODIRATIME = 0x800
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_RELATIME = 0x200000
+MS_PRIVATE = 0x40000
+MS_SLAVE = 0x80000
+MS_SHARED = 0x100000
+MNT_DETACH = 0x2
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_RAISE = 2
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+CAP_SYS_ADMIN = 21
+
+# glibc has no wrappers for these: numbers per architecture.
+_SYSCALL_NUMBERS = {
+    "x86_64": {"pivot_root": 155, "capget": 125, "capset": 126},
+    "aarch64": {"pivot_root": 41, "capget": 90, "capset": 91},
+    "ppc64le": {"pivot_root": 203, "capget": 183, "capset": 184},
+}
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _check(result, what):
+    if result == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def _syscall(name, *args):
+    numbers = _SYSCALL_NUMBERS.get(platform.machine())
+    if numbers is None:
+        raise OSError(0, f"{name}: unsupported architecture {platform.machine()}")
+    return _check(_libc.syscall(ctypes.c_long(numbers[name]), *args), name)
+
+
+def unshare(flags):
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def setns(fd, nstype=0):
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+
+
+def mount(source, target, fstype=None, flags=0, data=None):
+    def enc(s):
+        return None if s is None else os.fsencode(s)
+    _check(
+        _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+        f"mount {target}",
+    )
+
+
+def umount2(target, flags=0):
+    _check(_libc.umount2(os.fsencode(target), ctypes.c_int(flags)), f"umount {target}")
+
+
+def pivot_root(new_root, put_old):
+    _syscall("pivot_root", os.fsencode(new_root), os.fsencode(put_old))
+
+
+def prctl(option, arg2=0, arg3=0, arg4=0, arg5=0):
+    args = (ctypes.c_ulong(a) for a in (arg2, arg3, arg4, arg5))
+    return _check(_libc.prctl(ctypes.c_int(option), *args), "prctl")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def keep_capability_across_exec(cap):
+    """Make `cap` (held now) survive execve as an ambient capability."""
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _syscall("capget", ctypes.byref(header), ctypes.byref(data))
+    data[cap // 32].inheritable |= 1 << (cap % 32)
+    _syscall("capset", ctypes.byref(header), ctypes.byref(data))
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap)
+
+
+def drop_all_capabilities():
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _syscall("capset", ctypes.byref(header), ctypes.byref(data))
