@@ -1,0 +1,19 @@
+#!/bin/sh
+# Berth standard hook: with ENROOT_MOUNT_HOME=yes, mount the caller's home
+# directory at the same path inside the container and point HOME at it.
+set -eu
+
+case $(echo "${ENROOT_MOUNT_HOME:-no}" | tr '[:upper:]' '[:lower:]') in
+    y|yes|1|true) ;;
+    *) exit 0 ;;
+esac
+
+# The caller's uid on the host, also under --root where `id -u` says 0.
+host_uid=$(awk '{ print $2; exit }' /proc/self/uid_map)
+home=$(getent passwd "$host_uid" | cut -d: -f6)
+if [ -z "$home" ] || [ ! -d "$home" ]; then
+    echo "10-home.sh: no home directory for uid $host_uid (ENROOT_MOUNT_HOME=yes)" >&2
+    exit 1
+fi
+echo "$home $home none rbind,x-create=dir" >> "$ENROOT_MOUNTS"
+echo "HOME=$home" >> "$ENROOT_ENVIRON"

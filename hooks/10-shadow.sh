@@ -1,0 +1,35 @@
+#!/bin/sh
+# Berth standard hook: make the caller's user and group known inside the
+# container, so `id`, `whoami` and tools that look the user up work.
+# The image's /etc/passwd and /etc/group are copied into the per-start
+# runtime directory, the missing entries appended, and the copies bound
+# over the originals; the image itself is never changed.
+set -eu
+
+uid=$(id -u)
+gid=$(id -g)
+
+for db in passwd group; do
+    original="$ENROOT_ROOTFS/etc/$db"
+    # A symlink could lead outside the container root: leave such images alone.
+    if [ -L "$original" ] || [ ! -f "$original" ]; then
+        continue
+    fi
+    if [ "$db" = passwd ]; then id=$uid; else id=$gid; fi
+    if awk -F: -v id="$id" '$3 == id { found = 1 } END { exit !found }' "$original"; then
+        continue
+    fi
+    entry=$(getent "$db" "$id" || true)
+    if [ -z "$entry" ]; then
+        if [ "$db" = passwd ]; then entry="user$id:x:$uid:$gid::/:/bin/sh"; else entry="group$id:x:$gid:"; fi
+    elif [ "$db" = passwd ]; then
+        # The host's login shell may not exist in the image.
+        shell=${entry##*:}
+        [ -x "$ENROOT_ROOTFS$shell" ] || entry="${entry%:*}:/bin/sh"
+    fi
+    copy="$BERTH_RUNTIME_DIR/$db"
+    cp "$original" "$copy"
+    [ -z "$(tail -c 1 "$copy")" ] || echo >> "$copy"
+    echo "$entry" >> "$copy"
+    echo "$copy /etc/$db none bind" >> "$ENROOT_MOUNTS"
+done
