@@ -9,7 +9,8 @@
  *                         "berth start --detach", which prints the container
  *                         pid and lives until its stdin closes
  *   task_init (user)      join that pid's namespaces, chdir, merge env
- *   exit (root)           close the keeper's stdin, berth export, berth remove
+ *   task_exit (root)      after the last local task: close the keeper's
+ *                         stdin, berth export, berth remove
  * Flag values are checked on the submission side (options.c) so a bad flag
  * fails srun/sbatch before anything runs.
  */
@@ -59,6 +60,7 @@ static struct {
 	pid_t keeper;              /* our "berth start --detach", or 0 */
 	int keeper_stdin;          /* closing it stops the keeper */
 	pid_t container_pid;       /* the pid whose namespaces tasks join */
+	uint32_t tasks_left;       /* local tasks still running */
 } step = { .keeper_stdin = -1 };
 
 enum opt_id {
@@ -282,6 +284,10 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	    path_join(step.state_dir, "%s/spank", step.user_dir) < 0 ||
 	    path_join(step.step_dir, "%s/%u.%u", step.state_dir, step.jobid, step.stepid) < 0)
 		return -1;
+	if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &step.tasks_left) != ESPANK_SUCCESS) {
+		slurm_error("spank_berth: cannot read the step's task count");
+		return -1;
+	}
 	step.active = 1;
 	return 0;
 }
@@ -350,6 +356,13 @@ static pid_t spawn(spank_t sp, char *const argv[], char **env, int in_fd, int ou
 	}
 	pid = fork();
 	if (pid == 0) {
+		sigset_t none;
+
+		/* slurmstepd's blocked and ignored signals must not reach the runtime */
+		for (int sig = 1; sig < NSIG; sig++)
+			signal(sig, SIG_DFL);
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
 		if (as_root && setgroups((size_t)ngroups, groups) < 0)
 			_exit(EXIT_NO_USER);
 		if (setresgid(step.gid, step.gid, step.gid) < 0 ||
@@ -1083,34 +1096,56 @@ static void remove_step_dir(void)
 		slurm_info("spank_berth: cannot remove %s: %m", step.step_dir);
 }
 
+/* Stop the container, save and remove what the step asked for, drop the logs. */
+static int finish_step(spank_t sp)
+{
+	int rc = 0;
+
+	stop_keeper();
+	if (step.pidfile[0] != '\0')
+		unlink(step.pidfile);
+	if (flags.save != NULL && step.container[0] != '\0') {
+		char save[PATH_MAX];
+		char *argv[] = { conf.berth, "export", "-f", "-o", save, step.container, NULL };
+
+		rc = user_path(sp, "--container-save", flags.save, save);
+		if (rc == 0)
+			rc = run(sp, "berth export", argv, NULL, 0, NULL, 0);
+	}
+	if (step.remove_container) {
+		char *argv[] = { conf.berth, "remove", "-f", step.container, NULL };
+
+		if (run(sp, "berth remove", argv, NULL, 0, NULL, 0) < 0)
+			rc = -1;
+	}
+	if (rc == 0) /* on failure the logs stay for the admin */
+		remove_step_dir();
+	step.active = 0;
+	return rc;
+}
+
+/*
+ * After the last local task, while slurmstepd still waits: at slurm_spank_exit
+ * Slurm is already signalling what is left of the step, export included.
+ */
+int slurm_spank_task_exit(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (!step.active || step.tasks_left == 0 || --step.tasks_left > 0)
+		return 0;
+	return finish_step(sp);
+}
+
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
 	int rc = 0;
 
 	(void)ac;
 	(void)av;
-	if (spank_context() == S_CTX_REMOTE && step.active) {
-		stop_keeper();
-		if (step.pidfile[0] != '\0')
-			unlink(step.pidfile);
-		if (flags.save != NULL && step.container[0] != '\0') {
-			char save[PATH_MAX];
-			char *argv[] = { conf.berth, "export", "-f", "-o", save, step.container, NULL };
-
-			rc = user_path(sp, "--container-save", flags.save, save);
-			if (rc == 0)
-				rc = run(sp, "berth export", argv, NULL, 0, NULL, 0);
-		}
-		if (step.remove_container) {
-			char *argv[] = { conf.berth, "remove", "-f", step.container, NULL };
-
-			if (run(sp, "berth remove", argv, NULL, 0, NULL, 0) < 0)
-				rc = -1;
-		}
-		if (rc == 0)
-			remove_step_dir();
-		step.active = 0;
-	}
+	/* steps whose tasks never started */
+	if (spank_context() == S_CTX_REMOTE && step.active)
+		rc = finish_step(sp);
 	flags_free(&flags);
 	return rc;
 }

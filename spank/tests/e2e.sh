@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# End to end: spank_berth.so under a real Slurm (slurmctld + slurmd + munge in
+# one systemd container made from berth/node:bookworm), jobs run by an
+# ordinary user. Proves flag checks before submission, and on the node: the
+# runtime calls (import once, create once, start --detach), joining the
+# container per task, workdir, env merge, mounts, named containers, save,
+# teardown.
+#   spank/tests/e2e.sh [fake|real]
+# fake (default): spank/tests/fake-berth plays the runtime (its contract only);
+# real: the berth runtime from runtime/, installed in the container.
+# Needs docker and berth/node:bookworm (scripts/base-image.sh). About 1-2 min
+# the first time (it builds bspk/slurm:bookworm), then about 40 s.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+mode=${1:-fake}
+image=${BSPK_IMAGE:-bspk/slurm:bookworm}
+name=${BSPK_CONTAINER:-bspk-e2e}
+work=$(mktemp -d /tmp/bspk-e2e.XXXXXX)
+cleanup() { [[ -n ${BSPK_KEEP:-} ]] || docker rm -f "$name" >/dev/null 2>&1 || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+if ! docker image inspect "$image" >/dev/null 2>&1; then
+    echo "e2e: building $image"
+    printf '%s\n' "FROM ${BERTH_NODE_IMAGE:-berth/node:bookworm}" \
+        "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge squashfs-tools busybox-static squashfuse fuse-overlayfs uidmap python3-venv python3-setuptools python3-wheel python3-requests python3-tqdm && apt-get clean && rm -rf /var/lib/apt/lists/*" \
+        >"$work/Dockerfile"
+    docker build -q -t "$image" "$work" >/dev/null
+fi
+
+make -s -C "$repo/spank" O="$work" all
+docker run -d --name "$name" --hostname bspk-node \
+    --cap-add ALL --cap-drop SYS_RESOURCE \
+    --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+    --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock \
+    -e container=docker "$image" /lib/systemd/systemd >/dev/null
+for _ in $(seq 60); do
+    state=$(docker exec "$name" systemctl is-system-running 2>/dev/null || true)
+    [[ $state == running || $state == degraded ]] && break
+    sleep 1
+done
+
+on_node() { docker exec -i "$name" "$@"; }
+put() { on_node sh -c "cat > '$1' && chmod $2 '$1'"; }
+
+plugin_dir=/usr/lib/x86_64-linux-gnu/slurm-wlm
+put "$plugin_dir/spank_berth.so" 0755 <"$work/spank_berth.so"
+if [[ $mode == fake ]]; then
+    put /usr/local/bin/berth 0755 <"$here/fake-berth"
+else
+    # as the container_runtime role does: a venv on the distribution's packages
+    tar -C "$repo/runtime" --exclude=__pycache__ --exclude=tests -c . | on_node sh -ec '
+        mkdir -p /opt/berth/src && tar -C /opt/berth/src -x
+        python3 -m venv --system-site-packages /opt/berth
+        /opt/berth/bin/pip install -q --no-deps --no-index --no-build-isolation /opt/berth/src
+        ln -sf /opt/berth/bin/berth /usr/local/bin/berth'
+fi
+
+put /etc/slurm/slurm.conf 0644 <<'EOF'
+ClusterName=bspk
+SlurmctldHost=bspk-node
+AuthType=auth/munge
+SlurmUser=slurm
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/lib/slurm/slurmd
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+ReturnToService=2
+SlurmdLogFile=/var/log/slurm/slurmd.log
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+PlugStackConfig=/etc/slurm/plugstack.conf
+NodeName=bspk-node CPUs=2 State=UNKNOWN
+PartitionName=debug Nodes=bspk-node Default=YES MaxTime=INFINITE State=UP
+EOF
+echo "required $plugin_dir/spank_berth.so runtime_path=/run/berth berth=/usr/local/bin/berth" |
+    put /etc/slurm/plugstack.conf 0644
+
+# A tiny image: busybox, a marker file, a workdir.
+on_node sh -e <<'EOF'
+useradd -m -u 1000 alice
+root=/tmp/imgroot
+mkdir -p $root/bin $root/usr/bin $root/etc $root/work $root/proc $root/tmp $root/dev
+cp /bin/busybox $root/bin/
+for applet in sh cat pwd env id ls echo sleep true; do
+    ln -s /bin/busybox $root/bin/$applet
+    ln -s /bin/busybox $root/usr/bin/$applet
+done
+echo ID=berth-test >$root/etc/os-release
+mkdir -p /srv/registry /srv/data
+mksquashfs $root /srv/img.sqsh -quiet -noappend -all-root >/dev/null
+cp /srv/img.sqsh /srv/registry/image.sqsh
+echo not-a-squashfs >/srv/bad.sqsh
+echo hello-from-host >/srv/data/hello
+mkdir -p /var/lib/slurm/slurmctld /var/lib/slurm/slurmd /run/munge /var/log/slurm
+chown slurm /var/lib/slurm/slurmctld
+systemctl restart munge slurmctld slurmd
+for _ in $(seq 30); do sinfo -h -o %T 2>/dev/null | grep -q idle && exit 0; sleep 1; done
+echo "e2e: slurm did not come up" >&2; sinfo >&2; exit 1
+EOF
+
+failures=0
+as_alice() { on_node runuser -u alice -- sh -c "cd /home/alice && $1" 2>&1; }
+check() { # description, command, expected substring
+    local out
+    out=$(as_alice "$2" || true)
+    if [[ $out == *"$3"* ]]; then
+        echo "ok   $1"
+    else
+        echo "FAIL $1: '$2' gave:"; echo "$out" | sed 's/^/     /'
+        failures=$((failures + 1))
+    fi
+}
+absent() { # description, command, substring that must not appear
+    local out
+    out=$(as_alice "$2" || true)
+    if [[ $out != *"$3"* ]]; then echo "ok   $1"; else echo "FAIL $1: '$2' gave: $out"; failures=$((failures + 1)); fi
+}
+jobs_so_far() { on_node sh -c 'scontrol show jobs -o 2>/dev/null | grep -c JobId= || true'; }
+
+img=--container-image=/srv/img.sqsh
+check "image file runs the command inside" "srun $img cat /etc/os-release" "ID=berth-test"
+check "cwd is the image workdir" "srun $img pwd" "/work"
+check "--container-workdir" "srun $img --container-workdir=/tmp pwd" "/tmp"
+check "image env fills in" "srun $img env" "IMAGE_VAR=from-image"
+check "image PATH beats the task's" "srun $img env" "PATH=/usr/local/bin:/usr/bin:/bin"
+absent "Slurm variables come from the task" "srun $img env" "SLURM_JOB_ID=from-image"
+check "task HOME beats the image's" "srun $img env" "HOME=/home/alice"
+check "BERTH_VERSION marker" "srun $img env" "BERTH_VERSION=0.1.0"
+absent "--container-env keeps the task's PATH" "srun $img --container-env=PATH env" "PATH=/usr/local/bin:/usr/bin:/bin"
+check "--container-mounts" "srun $img --container-mounts=/srv/data:/data:ro cat /data/hello" "hello-from-host"
+check "two tasks, one container each node" "srun -n2 $img cat /etc/os-release | grep -c berth-test" "2"
+check "relative image path" "cp /srv/img.sqsh rel.sqsh && srun --container-image=./rel.sqsh cat /etc/os-release" "ID=berth-test"
+
+reg="--container-image=registry.local#test/img:1"
+check "registry image imported" "srun $reg cat /etc/os-release" "ID=berth-test"
+check "registry image reused" "srun $reg cat /etc/os-release" "ID=berth-test"
+check "imported once" "grep -c '^import ' /var/tmp/fake-berth-1000/calls 2>/dev/null || echo real" "1"
+
+check "named container created" "srun --container-name=keep $img sh -c 'echo kept > /state && echo done'" "done"
+check "named container reused" "srun --container-name=keep cat /state" "kept"
+check "named container mode create refuses an existing one" "srun --container-name=keep:create $img true" "exists already"
+check "named container exec needs it running" "srun --container-name=keep:exec true" "is not running on this node"
+
+check "--container-save" "srun $img --container-save=/home/alice/saved.sqsh sh -c 'echo saved > /saved' && srun --container-image=/home/alice/saved.sqsh cat /saved" "saved"
+check "unnamed container for save removed" "ls /var/tmp/fake-berth-1000/containers | grep -c '^berth_[0-9]'" "0"
+
+check "runtime failure fails the step with its message" "srun --container-image=/srv/bad.sqsh true" "spank_berth"
+
+before=$(jobs_so_far)
+check "bad flag refused by srun" "srun --container-mounts=/data true" "spank_berth: --container-mounts: missing destination in '/data'"
+check "bad image refused by srun" "srun --container-image=nvcr.io true" "registry host without an image"
+after=$(jobs_so_far)
+if [[ $before == "$after" ]]; then echo "ok   refused flags submitted no job"; else
+    echo "FAIL refused flags submitted a job ($before -> $after)"; failures=$((failures + 1)); fi
+
+sleep 1
+absent "no keeper left after the steps" "pgrep -u alice -a -f '[u]nshare|[r]ead _' || echo none" "berth"
+check "step dirs removed, cache and names kept" "ls /run/berth/1000/spank" "images"
+absent "no step dir left" "ls /run/berth/1000/spank" "."
+
+if ((failures)); then
+    echo "e2e: $failures check(s) failed; the plugin's step dirs left:"
+    on_node sh -c 'for f in /run/berth/1000/spank/*.*/*; do echo "== $f"; cat "$f"; done' || true
+    exit 1
+fi
+echo "e2e: all checks passed ($mode runtime)"
