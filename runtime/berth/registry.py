@@ -5,12 +5,14 @@ token from the realm it names (anonymous, or with the user's credentials) or
 Basic with the credentials. Credentials come from a netrc file, as in enroot.
 """
 
+import getpass
 import hashlib
 import json
 import netrc
 import os
 import re
 import stat
+import sys
 import time
 from urllib.parse import urlsplit
 
@@ -71,6 +73,8 @@ class Registry:
         self.session.mount("http://", adapter)
         self.base = ""
         self.authenticated = False
+        self.login_source = ""  # what _login found, for error messages
+        self.typed_password = None
 
     # -- connection and authentication ------------------------------------
 
@@ -97,15 +101,19 @@ class Registry:
                              "is it a registry (API v2)?")
 
     def _login(self, *hosts):
-        if self.credentials is None:
-            return None
+        """(login, password) from the credentials file; for USER@ without an
+        entry there, the password is asked on the terminal, as enroot does."""
         for host in hosts:
-            entry = self.credentials.authenticators(host)
-            if entry:
-                login, _, password = entry
-                if self.ref.user and login != self.ref.user:
-                    continue
-                return login, password
+            entry = self.credentials.authenticators(host) if self.credentials else None
+            if entry and (not self.ref.user or entry[0] == self.ref.user):
+                self.login_source = f"the credentials in {self.credentials_path}"
+                return entry[0], entry[2]
+        if self.ref.user and sys.stdin.isatty():
+            if self.typed_password is None:
+                self.typed_password = getpass.getpass(
+                    f"Password for {self.ref.user}@{self.ref.registry}: ")
+            self.login_source = f"the password typed for {self.ref.user}"
+            return self.ref.user, self.typed_password
         return None
 
     def _authenticate(self, challenge):
@@ -147,8 +155,11 @@ class Registry:
         self.authenticated = True
 
     def _denied(self):
-        source = (f"the credentials in {self.credentials_path}" if self.credentials
-                  else f"no credentials ({self.credentials_path} not found)")
+        source = self.login_source
+        if not source:
+            who = f"{self.ref.user}@{self.ref.registry}" if self.ref.user else self.ref.registry
+            found = "" if self.credentials else " (not found)"
+            source = f"no credentials for {who} in {self.credentials_path}{found}"
         return BerthError(f"registry {self.ref.registry} refused access to "
                           f"{self.ref.repository} (401 Unauthorized) with {source}"
                           f"{self.ref.registry_hint()}")

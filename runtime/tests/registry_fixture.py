@@ -285,8 +285,8 @@ def berth(args, env, cwd, user=None):
     command = [sys.executable, "-m", "berth.cli", *args]
     if user:
         command = ["runuser", "-u", user, "--", *command]
-    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=120, check=False)
+    return subprocess.run(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def unsquash(image, directory):

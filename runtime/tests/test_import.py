@@ -1,5 +1,6 @@
 """`berth import` end to end against a real registry (Debian's docker-registry)."""
 
+import contextlib
 import fcntl
 import os
 import platform
@@ -303,8 +304,8 @@ def test_registry_credentials(tmp_path, env, registry, scheme):
         assert result.returncode == 1
         assert result.stderr == (
             f"berth: error: registry {proxy.host} refused access to test/app (401 "
-            f"Unauthorized) with no credentials ({env['ENROOT_CONFIG_PATH']}/.credentials "
-            "not found)\n")
+            f"Unauthorized) with no credentials for {proxy.host} in "
+            f"{env['ENROOT_CONFIG_PATH']}/.credentials (not found)\n")
         path = write_credentials(env, "machine 127.0.0.1 login alice password wrong\n")
         result = berth(["import", uri], env, tmp_path)
         assert result.returncode == 1
@@ -317,6 +318,33 @@ def test_registry_credentials(tmp_path, env, registry, scheme):
     finally:
         proxy.stop()
     assert_nothing_left(tmp_path, keep=["test+app+v1.sqsh"])
+
+
+def test_user_selects_the_entry_or_is_asked_for_a_password(tmp_path, env, registry):
+    proxy = Proxy(registry.url, auth="bearer", login="bob", password="hunter2")
+    try:
+        path = write_credentials(env, f"machine {proxy.host} login alice password secret\n")
+        uri = f"docker://bob@{proxy.host}#test/app:v1"
+        result = berth(["import", uri], env, tmp_path)  # no terminal to ask on
+        assert result.stderr == (
+            f"berth: error: registry {proxy.host} refused access to test/app (401 "
+            f"Unauthorized) with no credentials for bob@{proxy.host} in {path}\n")
+        pid, terminal = pty.fork()
+        if pid == 0:  # the child: the pseudo-terminal is its controlling terminal
+            os.chdir(tmp_path)
+            os.execve(sys.executable, [sys.executable, "-m", "berth.cli", "import", uri], env)
+        shown = b""
+        while b"Password for bob@" not in shown:
+            shown += os.read(terminal, 1024)
+        os.write(terminal, b"hunter2\n")
+        with contextlib.suppress(OSError):
+            while chunk := os.read(terminal, 1024):
+                shown += chunk
+        assert os.waitpid(pid, 0)[1] == 0, shown
+        assert (tmp_path / "test+app+v1.sqsh").exists()
+        assert b"hunter2" not in shown  # not echoed
+    finally:
+        proxy.stop()
 
 
 def test_expired_token_is_renewed(tmp_path, env, registry):
