@@ -34,7 +34,8 @@ def make_squashfs(root, output, cfg, replace, show_progress):
     partial = f"{output}.tmp-{os.getpid()}"
     command = ["mksquashfs", root, partial, "-noappend", *options,
                "-processors", str(cfg.number("ENROOT_MAX_PROCESSORS"))]
-    command += ["-quiet", "-progress"] if show_progress else ["-no-progress"]
+    if not show_progress:  # (-quiet would be nicer, but squashfs-tools 4.4 lacks it)
+        command.append("-no-progress")
     try:
         result = subprocess.run(command, stdout=sys.stderr if show_progress else subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, check=False)
