@@ -48,7 +48,7 @@ def test_inventory_without_compute_group_is_refused(tmp_path):
     inventory = inventory_copy(tmp_path)
     hosts_file = inventory / "ansible_inventory.yml"
     hosts = yaml.safe_load(hosts_file.read_text())
-    hosts["all"]["children"].pop("slurm_compute")
+    hosts.pop("slurm_compute")
     hosts_file.write_text(yaml.safe_dump(hosts))
     rc, output, recap = play(inventory)
     assert rc != 0
