@@ -306,14 +306,15 @@ def _resolve(path, label, environ, chain):
 
 
 def installed_hooks(hooks_dir):
-    """Hook names in hooks_dir: file names without a leading 'NN-' and '.sh'."""
+    """Hook names in hooks_dir: the `*.sh` files the runtime runs, without a
+    leading 'NN-' and '.sh' (helpers and data files beside them are no hooks)."""
     if hooks_dir is None or not Path(hooks_dir).is_dir():
         return set()
-    names = set()
-    for entry in Path(hooks_dir).iterdir():
-        if entry.is_file() and not entry.name.startswith("."):
-            names.add(re.sub(r"^\d+-", "", entry.name.removesuffix(".sh")))
-    return names
+    return {
+        re.sub(r"^\d+-", "", entry.name.removesuffix(".sh"))
+        for entry in Path(hooks_dir).glob("*.sh")
+        if entry.is_file()
+    }
 
 
 def _env_name(text):

@@ -16,8 +16,11 @@ def site(tmp_path):
     edf_dir.mkdir()
     hooks = tmp_path / "sysconf" / "hooks.d"
     hooks.mkdir(parents=True)
-    for hook in ("50-pmix.sh", "90-nvidia.sh", "91-ofi_nccl"):
+    for hook in ("50-pmix.sh", "90-nvidia.sh", "91-ofi_nccl.sh"):
         (hooks / hook).write_text("#!/bin/sh\n")
+    # Files beside the hooks that the runtime does not run are not hooks.
+    (hooks / "common.bash").write_text("")
+    (hooks / "nvidia-libraries.conf").write_text("")
     (tmp_path / "home").mkdir()
     return tmp_path
 
