@@ -29,6 +29,9 @@ OPAQUE = ".wh..wh..opq"
 _MAX_SYMLINKS = 40
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# tarfile reads a stream in pieces of this size (default 10 KiB); larger
+# pieces unpack a real image about a quarter faster, much larger ones slower.
+_BUFFER = 1 << 16
 
 
 def resolve(root, name, follow_last=False):
@@ -111,7 +114,7 @@ def _apply_tar(root, stream, digest):
     created = set()  # host paths this layer made: an opaque marker spares them
     dir_times = {}
     try:
-        with tarfile.open(fileobj=stream, mode="r|") as archive:
+        with tarfile.open(fileobj=stream, mode="r|", bufsize=_BUFFER) as archive:
             for member in archive:
                 _apply_member(root, archive, member, created, dir_times, digest)
     except tarfile.TarError as e:
@@ -184,7 +187,7 @@ def _apply_member(root, archive, member, created, dir_times, digest):
     if member.isreg():
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(archive.extractfile(member), out, 1 << 20)
+            shutil.copyfileobj(archive.extractfile(member), out, _BUFFER)
             os.fchmod(out.fileno(), _file_mode(member.mode))
     elif member.issym():
         os.symlink(member.linkname, target)
