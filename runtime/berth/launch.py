@@ -114,7 +114,8 @@ def _child(plan, status):
         sc.mount(None, "/", None, sc.MS_REC | sc.MS_PRIVATE)
         if plan.image:
             lower = f"{plan.runtime}/lower" if plan.writable else f"{plan.runtime}/root"
-            _send(status, f"fuse {rootfs.mount_squashfs(plan.image, lower, os.getuid(), os.getgid())}")
+            server = rootfs.mount_squashfs(plan.image, lower, os.getuid(), os.getgid())
+            _send(status, f"fuse {server}")
         if plan.pid_namespace:
             sc.unshare(sc.CLONE_NEWPID)
             pid = os.fork()
@@ -143,7 +144,8 @@ def _build_and_run(plan, status):
     for path in plan.env_files:
         environ.read_file(path, env)
     env.update(image["env"])
-    for mount in rootfs.system_mounts(plan.pid_namespace, plan.restrict_dev) + plan.mounts:
+    for mount in rootfs.system_mounts(plan.pid_namespace, bool(plan.unshare & sc.CLONE_NEWNET),
+                                     plan.restrict_dev) + plan.mounts:
         mounts.apply(root, mount)
     if plan.restrict_dev:
         rootfs.finish_restricted_dev(root)

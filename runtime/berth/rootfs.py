@@ -73,8 +73,11 @@ def mount_overlay(lower, target, scratch):
                          "writable overlay of the image (try `berth create` and --rw)") from None
 
 
-def system_mounts(pid_namespace, restrict_dev):
-    """/proc, /dev, /sys and /tmp of every container, as Mounts."""
+def system_mounts(pid_namespace, net_namespace, restrict_dev):
+    """/proc, /dev, /sys and /tmp of every container, as Mounts.
+
+    A new pid or net namespace gets its own proc or sysfs (the host's would
+    show the host's processes or network devices)."""
     def m(source, target, fstype, options):
         return mounts.Mount(source, target, fstype, tuple(options.split(",")), "built-in mounts")
     proc = (m("proc", "/proc", "proc", "nosuid,nodev,noexec,x-create=dir") if pid_namespace
@@ -86,7 +89,9 @@ def system_mounts(pid_namespace, restrict_dev):
                 m("tmpfs", "/dev/shm", "tmpfs", "nosuid,nodev,mode=1777,x-create=dir")]
     else:
         dev = [m("/dev", "/dev", "none", "rbind,x-create=dir")]
-    return [proc, *dev, m("/sys", "/sys", "none", "rbind,x-create=dir"),
+    sysfs = (m("sysfs", "/sys", "sysfs", "nosuid,nodev,noexec,ro,x-create=dir") if net_namespace
+           else m("/sys", "/sys", "none", "rbind,x-create=dir"))
+    return [proc, *dev, sysfs,
             m("/tmp", "/tmp", "none", "bind,x-create=dir")]
 
 

@@ -1,0 +1,516 @@
+"""Container verbs end to end, in real namespaces, as an unprivileged user.
+
+Run as root (as CI does), the tests create the user `berthtest` and run
+`berth` through `runuser` from a world-readable copy of the package; run as
+another user, they run `berth` as that user. The image is a busybox root
+(Debian's busybox-static) squashed in a few milliseconds.
+"""
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+USER = "berthtest"
+AS_ROOT = os.geteuid() == 0
+PACKAGE = Path(__file__).resolve().parents[1] / "berth"
+RC = """#!/bin/sh
+cd /work 2>/dev/null || cd /
+[ $# -gt 0 ] && exec "$@"
+exec /bin/sh
+"""
+
+
+def _world_readable_dir(prefix):
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o755)
+    return path
+
+
+def _make_readable(tree):
+    subprocess.run(["chmod", "-R", "a+rX", str(tree)], check=True)
+
+
+@pytest.fixture(scope="session")
+def user():
+    if not AS_ROOT:
+        return pwd.getpwuid(os.getuid())
+    try:
+        return pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", USER], check=True)
+        return pwd.getpwnam(USER)
+
+
+@pytest.fixture(scope="session")
+def library():
+    top = _world_readable_dir("bctr-lib-")
+    shutil.copytree(PACKAGE, top / "berth", ignore=shutil.ignore_patterns("__pycache__"))
+    _make_readable(top)
+    yield top
+    shutil.rmtree(top)
+
+
+def build_root(root, image_config=None, rc=True):
+    """A busybox root: every applet, /etc/passwd, optional config and /etc/rc."""
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    assert os.path.exists(busybox), "tests need Debian's busybox-static"
+    for d in ("bin", "etc", "proc", "dev", "sys", "tmp", "work", "usr/local/bin"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    shutil.copy(busybox, root / "bin/busybox")
+    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True,
+                             check=True).stdout.split()
+    for applet in applets:
+        if not (root / "bin" / applet).exists():
+            (root / "bin" / applet).symlink_to("busybox")
+    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (root / "usr/local/bin/only-in-image").write_text("#!/bin/sh\necho inside \"$@\"\n")
+    (root / "usr/local/bin/only-in-image").chmod(0o755)
+    if image_config is not None:
+        (root / "etc/berth").mkdir()
+        (root / "etc/berth/image.json").write_text(json.dumps(image_config))
+    if rc:
+        (root / "etc/rc").write_text(RC)
+
+
+def squash(root, image):
+    subprocess.run(["mksquashfs", str(root), str(image), "-noappend", "-all-root",
+                    "-no-progress", "-quiet", "-comp", "gzip"], check=True,
+                   stdout=subprocess.DEVNULL)
+    image.chmod(0o644)
+
+
+@pytest.fixture(scope="session")
+def images():
+    top = _world_readable_dir("bctr-img-")
+    build_root(top / "rc-root", {
+        "env": ["FOO=image", "BAR=image", "PATH=/usr/local/bin:/bin"], "entrypoint": None,
+        "cmd": ["/bin/sh"], "workdir": "/work", "user": "", "source": "test", "digest": ""})
+    squash(top / "rc-root", top / "app.sqsh")
+    build_root(top / "plain-root", rc=False)
+    squash(top / "plain-root", top / "plain.sqsh")
+    (top / "not-an-image.sqsh").write_text("hello\n")
+    _make_readable(top)
+    yield top
+    shutil.rmtree(top)
+
+
+@pytest.fixture(scope="session")
+def usable_fuse():
+    """/dev/fuse must be 0666 for image starts (TESTBED); restored afterwards."""
+    mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
+    if AS_ROOT:
+        os.chmod("/dev/fuse", 0o666)
+    yield
+    if AS_ROOT:
+        os.chmod("/dev/fuse", mode)
+
+
+class Berth:
+    """`berth` run as the test user with its own enroot directories."""
+
+    def __init__(self, base, library, user):
+        self.base = base
+        self.user = user
+        self.env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(library),
+            "HOME": user.pw_dir, "LANG": "C.UTF-8",
+            "ENROOT_SYSCONF_PATH": str(base / "sys"), "ENROOT_CONFIG_PATH": str(base / "cfg"),
+            "ENROOT_DATA_PATH": str(base / "data"), "ENROOT_RUNTIME_PATH": str(base / "run"),
+        }
+        for d in ("sys", "cfg", "data", "run", "host"):
+            (base / d).mkdir()
+        self.chown(base)
+
+    def chown(self, *paths):
+        for path in paths:
+            for p in [Path(path), *Path(path).rglob("*")] if Path(path).is_dir() else [Path(path)]:
+                os.lchown(p, self.user.pw_uid, self.user.pw_gid)
+
+    def command(self, *args):
+        prefix = ["runuser", "-u", self.user.pw_name, "--"] if AS_ROOT else []
+        return [*prefix, "/usr/bin/python3", "-m", "berth.cli", *map(str, args)]
+
+    def __call__(self, *args, env=None, **kwargs):
+        kwargs.setdefault("timeout", 60)
+        return subprocess.run(self.command(*args), env={**self.env, **(env or {})},
+                              cwd=self.base, capture_output=True, text=True, check=False,
+                              **kwargs)
+
+    def ok(self, *args, **kwargs):
+        result = self(*args, **kwargs)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def fails(self, *args, needle, **kwargs):
+        """Exit 1 with one `berth: error:` line naming `needle`; nothing left behind."""
+        result = self(*args, **kwargs)
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("berth: error:"), result.stderr
+        assert needle in lines[0], lines[0]
+        assert self.leftovers() == []
+        return lines[0]
+
+    def leftovers(self):
+        """Hidden staging entries in the data path and per-start runtime dirs."""
+        data = [p.name for p in (self.base / "data").iterdir() if p.name.startswith(".")]
+        return data + [p.name for p in (self.base / "run").iterdir()]
+
+    def write(self, relative, text, mode=0o644):
+        path = self.base / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(mode)
+        self.chown(self.base)
+        return path
+
+
+@pytest.fixture
+def berth(library, user, images, usable_fuse):
+    base = _world_readable_dir("bctr-home-")
+    yield Berth(base, library, user)
+    shutil.rmtree(base)
+
+
+@pytest.fixture
+def app(berth, images):
+    """A created container named `app`."""
+    berth.ok("create", images / "app.sqsh")
+    return berth.base / "data/app"
+
+
+# create / list / remove ---------------------------------------------------
+
+def test_create_list_remove(berth, images):
+    berth.ok("create", images / "app.sqsh")
+    assert (berth.base / "data/app/bin/busybox").is_file()
+    assert os.stat(berth.base / "data/app").st_uid == berth.user.pw_uid
+    berth.ok("create", "-n", "second", images / "plain.sqsh")
+    assert berth.ok("list").split() == ["app", "second"]
+    fancy = berth.ok("list", "--fancy").splitlines()
+    assert fancy[0].split() == ["NAME", "SIZE", "PIDS"]
+    assert fancy[1].split()[0] == "app" and fancy[1].split()[2] == "-"
+    berth.fails("create", images / "plain.sqsh", "-n", "app", needle="'app' already exists")
+    assert (berth.base / "data/app/etc/rc").exists()  # not replaced
+    berth.ok("create", "-f", "-n", "app", images / "plain.sqsh")
+    assert not (berth.base / "data/app/etc/rc").exists()  # replaced
+    berth.ok("remove", "app", "second")
+    assert berth.ok("list") == ""
+    berth.fails("remove", "app", needle="no container named 'app'")
+    berth.ok("remove", "-f", "app")
+    assert berth.leftovers() == []
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["missing.sqsh"], "missing.sqsh: No such file"),
+    (["{images}/not-an-image.sqsh"], "not-an-image.sqsh: not a squashfs image"),
+    (["{images}"], "is a directory"),
+    (["docker://ubuntu"], "docker://ubuntu: No such file"),
+    (["-n", "", "{images}/app.sqsh"], "invalid container name ''"),
+    (["-n", ".hidden", "{images}/app.sqsh"], "invalid container name '.hidden'"),
+    (["-n", "a/b", "{images}/app.sqsh"], "invalid container name 'a/b'"),
+    (["-n", "x.sqsh", "{images}/app.sqsh"], "invalid container name 'x.sqsh'"),
+])
+def test_create_refuses_bad_input(berth, images, args, needle):
+    berth.fails("create", *(a.format(images=images) for a in args), needle=needle)
+    assert list((berth.base / "data").iterdir()) == []
+
+
+def test_remove_refuses_bad_name_before_removing_anything(berth, app):
+    berth.fails("remove", "app", "nope", needle="no container named 'nope'")
+    assert app.is_dir()
+
+
+# start ----------------------------------------------------------------------
+
+def test_exit_status_and_signals_pass_through(berth, app):
+    assert berth("start", "app", "sh", "-c", "exit 7").returncode == 7
+    assert berth("start", "app", "sh", "-c", "kill -TERM $$").returncode == 128 + signal.SIGTERM
+    assert berth.leftovers() == []
+
+
+def test_command_is_resolved_inside_the_image(berth, app):
+    assert berth.ok("start", "app", "only-in-image", "a") == "inside a\n"
+    result = berth("start", "app", "no-such-command")
+    assert result.returncode == 127 and "no-such-command" in result.stderr
+
+
+def test_rc_runs_in_workdir_with_entrypoint_semantics(berth, app, images):
+    assert berth.ok("start", "app", "pwd") == "/work\n"
+    assert berth.ok("start", "app", input="echo from-default-shell\n") == "from-default-shell\n"
+    berth.ok("create", images / "plain.sqsh")
+    assert berth.ok("start", "plain", "pwd") == "/\n"  # no config, no /etc/rc
+    rc = berth.write("my.rc", 'echo "rc got $*"\n')
+    assert berth.ok("start", "--rc", rc, "app", "x", "y") == "rc got x y\n"
+
+
+def test_environment_precedence(berth, app):
+    berth.write("sys/environ.d/10-site.env", "FOO=sys\nSITE=sys\nLEVEL=sys\n")
+    berth.write("cfg/environ.d/10-me.env", "# mine\nLEVEL=user\nPATH=${PATH}:/opt/me\n")
+    out = berth.ok("start", "-e", "BAR=cli", "-e", "FROM_CALLER", "-e", "UNSET_HERE",
+                   "app", "env", env={"FROM_CALLER": "caller", "NOT_PASSED": "x"})
+    env = dict(line.split("=", 1) for line in out.splitlines())
+    assert env["FOO"] == "image"          # image beats environ.d
+    assert env["BAR"] == "cli"            # -e beats the image
+    assert env["SITE"] == "sys" and env["LEVEL"] == "user"
+    assert env["PATH"] == "/usr/local/bin:/bin"  # the image's, set after environ.d
+    assert env["FROM_CALLER"] == "caller"
+    assert "NOT_PASSED" not in env and "UNSET_HERE" not in env
+    berth.fails("start", "-e", "1BAD=x", "app", "true", needle="-e 1BAD=x")
+    berth.write("cfg/environ.d/20-bad.env", "no equals sign\n")
+    berth.fails("start", "app", "true", needle="20-bad.env:1")
+
+
+def test_open_file_descriptors_survive(berth, app):
+    read_end, write_end = os.pipe()
+    result = berth("start", "app", "sh", "-c", f'echo "PMI via fd $PMI_FD" >&{write_end}',
+                   env={"PMI_FD": str(write_end)}, pass_fds=(write_end,))
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        assert f.read() == "PMI via fd \n"  # the fd survives; the variable needs -e
+    assert result.returncode == 0, result.stderr
+    read_end, write_end = os.pipe()
+    result = berth("start", "-e", "PMI_FD", "app", "sh", "-c", 'echo "fd $PMI_FD" >&$PMI_FD',
+                   env={"PMI_FD": str(write_end)}, pass_fds=(write_end,))
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        assert f.read() == f"fd {write_end}\n"
+    assert result.returncode == 0, result.stderr
+
+
+def test_root_is_read_only_unless_rw(berth, app):
+    result = berth("start", "app", "touch", "/made")
+    assert result.returncode == 1 and "Read-only file system" in result.stderr
+    berth.ok("start", "--rw", "app", "touch", "/made")
+    assert (app / "made").exists()
+    berth.ok("start", "app", "touch", "/tmp/bctr-host-tmp-probe")  # /tmp is the host's
+    os.unlink("/tmp/bctr-host-tmp-probe")
+    berth.ok("start", "app", "true", env={"ENROOT_ROOTFS_WRITABLE": "yes"})
+
+
+def test_mounts_from_options_and_fstab(berth, app):
+    host = berth.base / "host"
+    (host / "in").write_text("from host\n")
+    berth.chown(host)
+    out = berth.ok("start", "-m", f"{host}:/mnt/data:ro+nosuid", "app",
+                   "sh", "-c", "cat /mnt/data/in; touch /mnt/data/x || echo refused")
+    assert out.startswith("from host\n") and out.endswith("refused\n")
+    berth.ok("start", "-m", f"{host}:/mnt/data", "app", "touch", "/mnt/data/written")
+    assert (host / "written").stat().st_uid == berth.user.pw_uid
+    berth.write("sys/mounts.d/10-site.fstab", f"# site\n{host} /site none bind,x-create=dir\n")
+    berth.write("cfg/mounts.d/10-me.fstab", "tmpfs /scratch tmpfs x-create=dir,size=1m\n"
+                "/does/not/exist /nothing none bind,nofail\n")
+    out = berth.ok("start", "app", "sh", "-c", "cat /site/in; grep -c ' /scratch ' /proc/mounts")
+    assert out == "from host\n1\n"
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("{host}:relative", "-m {host}:relative: mount destination 'relative' is not an absolute"),
+    ("{host}", "-m {host}: expected SRC:DST[:FLAGS]"),
+    (":/x", "-m :/x: expected SRC:DST[:FLAGS]"),
+    ("{host}:/x:ro+bogus", "unknown mount flag 'bogus'"),
+    ("/no/such/dir:/x", "-m /no/such/dir:/x: mount source /no/such/dir does not exist"),
+])
+def test_bad_mount_specs_are_refused(berth, app, spec, needle):
+    host = berth.base / "host"
+    berth.fails("start", "-m", spec.format(host=host), "app", "true",
+                needle=needle.format(host=host))
+
+
+def test_bad_fstab_line_names_file_and_line(berth, app):
+    berth.write("cfg/mounts.d/50-bad.fstab", "# ok\n/tmp relative none bind\n")
+    berth.fails("start", "app", "true", needle="50-bad.fstab:2: mount destination 'relative'")
+    berth.write("cfg/mounts.d/50-bad.fstab", "/tmp /x\n")
+    berth.fails("start", "app", "true", needle="50-bad.fstab:1: expected 'SRC DST TYPE")
+    berth.write("cfg/mounts.d/50-bad.fstab", "/tmp /x none bind\n")  # no x-create
+    berth.fails("start", "app", "true", needle="50-bad.fstab:1: mount destination /x does not")
+
+
+def test_remap_root(berth, app):
+    host = berth.base / "host"
+    out = berth.ok("start", "--root", "-m", f"{host}:/mnt", "app",
+                   "sh", "-c", "id -u; touch /mnt/by-root")
+    assert out == "0\n"
+    assert (host / "by-root").stat().st_uid == berth.user.pw_uid
+    assert berth.ok("start", "app", "id", "-u", env={"ENROOT_REMAP_ROOT": "yes"}) == "0\n"
+    assert berth.ok("start", "app", "id", "-u") == f"{berth.user.pw_uid}\n"
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="needs root")
+def test_root_caller_stays_in_a_user_namespace(berth, app):
+    def uid_map(extra_env):
+        result = subprocess.run(
+            ["/usr/bin/python3", "-m", "berth.cli", "start", "app", "cat", "/proc/self/uid_map"],
+            env={**berth.env, **extra_env}, capture_output=True, text=True, check=True)
+        return result.stdout.split()
+    assert uid_map({}) == ["0", "0", "1"]
+    assert uid_map({"ENROOT_ALLOW_SUPERUSER": "yes"}) == ["0", "0", "4294967295"]
+
+
+def test_unshare_pid_net_uts(berth, app):
+    assert berth.ok("start", "--pid", "app", "sh", "-c", "echo $$") == "1\n"
+    assert berth.ok("start", "--net", "app", "ls", "/sys/class/net").split() == ["lo"]
+    links = berth.ok("start", "--net", "app", "cat", "/proc/net/dev").splitlines()[2:]
+    assert [line.split(":")[0].strip() for line in links] == ["lo"]
+    hostname = berth.ok("start", "--uts", "--root", "app", "sh", "-c", "hostname in && hostname")
+    assert hostname == "in\n"
+
+
+def test_unknown_container_and_missing_image(berth):
+    berth.fails("start", "nope", "true", needle="no container named 'nope'")
+    berth.fails("start", "/no/such.sqsh", "true", needle="/no/such.sqsh: No such file")
+
+
+# start IMAGE.sqsh without unpacking ----------------------------------------
+
+def test_start_image_directly(berth, images):
+    image = images / "app.sqsh"
+    assert berth.ok("start", image, "sh", "-c", "pwd; echo $FOO") == "/work\nimage\n"
+    result = berth("start", image, "touch", "/made")
+    assert result.returncode == 1 and "Read-only file system" in result.stderr
+    assert berth.ok("start", "--rw", image, "sh", "-c", "touch /made && ls /made") == "/made\n"
+    assert berth("start", image, "ls", "/made").returncode == 1  # the overlay was private
+    assert list((berth.base / "data").iterdir()) == []  # nothing unpacked
+    assert berth.leftovers() == []
+    servers = subprocess.run(["pgrep", "-u", str(berth.user.pw_uid), "squashfuse"],
+                             capture_output=True, text=True).stdout
+    assert servers == ""
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="changes /dev/fuse")
+def test_image_start_says_when_fuse_is_unusable(berth, images):
+    os.chmod("/dev/fuse", 0o600)
+    try:
+        berth.fails("start", images / "app.sqsh", "true", needle="/dev/fuse is not usable")
+    finally:
+        os.chmod("/dev/fuse", 0o666)
+
+
+# --detach and exec ------------------------------------------------------------
+
+def start_detached(berth, *args):
+    process = subprocess.Popen(berth.command("start", "--detach", *args), env=berth.env,
+                               cwd=berth.base, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    assert line.strip().isdigit(), process.stderr.read()
+    return process, int(line)
+
+
+def berth_pid(process):
+    """The berth process itself, below runuser when the tests run as root."""
+    if not AS_ROOT:
+        return process.pid
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+    return int(children[0])
+
+
+@pytest.mark.parametrize("container", ["app", "image"])
+def test_detach_then_exec(berth, app, images, container):
+    target = images / "app.sqsh" if container == "image" else container
+    process, pid = start_detached(berth, "-e", "BAR=cli", target)
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert b"FOO=image" in environ and b"BAR=cli" in environ
+        assert os.readlink(f"/proc/{pid}/cwd") == "/work"
+        out = berth("exec", pid, "sh", "-c", "echo $FOO $BAR; pwd; id -u; exit 5")
+        assert out.returncode == 5 and out.stdout == f"image cli\n/work\n{berth.user.pw_uid}\n"
+        berth.ok("exec", pid, "touch", "/tmp/../work/../tmp/bctr-exec-probe")
+        os.unlink("/tmp/bctr-exec-probe")
+        if container == "app":
+            assert berth.ok("list", "-f").splitlines()[1].split()[2] == str(pid)
+    finally:
+        process.stdin.close()  # end of stdin stops the container
+        assert process.wait(timeout=10) == 0
+    assert not os.path.exists(f"/proc/{pid}")
+    assert berth.leftovers() == []
+
+
+def test_detach_stops_on_sigterm_and_remove_waits_for_it(berth, app):
+    process, pid = start_detached(berth, "--pid", "app")
+    try:
+        assert berth.ok("exec", pid, "sh", "-c", "echo $$") != "1\n"  # a child of pid 1
+        line = berth("remove", "app")
+        assert line.returncode == 1 and "is running" in line.stderr
+        assert app.is_dir()
+    finally:
+        os.kill(berth_pid(process), signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    assert not os.path.exists(f"/proc/{pid}")
+    berth.ok("remove", "app")
+
+
+def test_detach_setup_failure_prints_no_pid(berth, app):
+    result = berth("start", "--detach", "-m", "/no/such:/x", "app")
+    assert result.returncode == 1 and result.stdout == "" and "/no/such" in result.stderr
+
+
+def test_exec_refuses_bad_pid(berth):
+    berth.fails("exec", "999999999", "true", needle="no process with pid 999999999")
+
+
+# export and batch --------------------------------------------------------------
+
+def test_export_round_trip(berth, app):
+    berth.ok("start", "--rw", "app", "sh", "-c", "echo changed > /work/note")
+    berth.ok("export", "-o", "out.sqsh", "app")
+    out = berth.base / "out.sqsh"
+    berth.fails("export", "-o", "out.sqsh", "app", needle="out.sqsh already exists")
+    berth.ok("export", "-f", "-o", "out.sqsh", "app")
+    berth.fails("export", "nope", needle="no container named 'nope'")
+    assert [p.name for p in berth.base.iterdir() if p.name.startswith(".")] == []
+    berth.ok("create", "-n", "copy", out)
+    assert berth.ok("start", "copy", "cat", "/work/note") == "changed\n"
+
+
+def test_batch_file(berth, app, images):
+    host = berth.base / "host"
+    batch = berth.write("job.batch", f"""#!/bin/sh
+#ENROOT_ROOTFS=app
+#ENROOT_ROOTFS_WRITABLE=yes
+#ENROOT_ENVIRON GREETING=hello
+#ENROOT_MOUNTS {host} /mnt/host none bind,x-create=dir
+touch /batch-was-here
+echo "$GREETING $*"; ls /mnt/host
+""")
+    assert berth.ok("batch", batch, "a", "b") == "hello a b\n"
+    assert (app / "batch-was-here").exists()
+    conf = berth.write("only.conf", "#ENROOT_ENVIRON GREETING=conf\n")
+    assert berth.ok("start", "-c", conf, "app", "sh", "-c", "echo $GREETING") == "conf\n"
+    berth.write("bad.batch", "#ENROOT_ENVIRON GREETING=x\necho\n")
+    berth.fails("batch", "bad.batch", needle="bad.batch: no #ENROOT_ROOTFS")
+    berth.write("bad.batch", "#ENROOT_ROOTFS=app\n#ENROOT_NO_SUCH=1\n")
+    berth.fails("batch", "bad.batch", needle="bad.batch:2: unknown setting 'ENROOT_NO_SUCH'")
+    berth.fails("batch", "missing.batch", needle="missing.batch: cannot read")
+
+
+# hooks ------------------------------------------------------------------------------
+
+def test_hooks_add_mounts_and_environment(berth, app):
+    host = berth.base / "host"
+    (host / "f").write_text("hooked\n")
+    berth.chown(host)
+    berth.write("sys/hooks.d/20-site.sh", f"""#!/bin/sh
+echo "{host} /hooked none bind,x-create=dir" >> "$ENROOT_MOUNTS"
+echo "HOOKED=$FOO-$ENROOT_PID" >> "$ENROOT_ENVIRON"
+[ -d "$ENROOT_ROOTFS/etc" ] && [ -d "$BERTH_RUNTIME_DIR" ]
+""", mode=0o755)
+    berth.write("cfg/hooks.d/10-disabled.sh", "#!/bin/sh\nexit 1\n", mode=0o644)
+    out = berth.ok("start", "app", "sh", "-c", "cat /hooked/f; echo $HOOKED")
+    assert out.startswith("hooked\nimage-") and out.strip().split("-")[-1].isdigit()
+
+
+def test_failing_hook_aborts_and_is_named(berth, app):
+    hook = berth.write("cfg/hooks.d/30-broken.sh", "#!/bin/sh\nexit 3\n", mode=0o755)
+    berth.fails("start", "app", "true", needle=f"hook {hook} failed with exit status 3")
+    berth.write("cfg/hooks.d/30-broken.sh", "#!/bin/sh\necho 'x rel none bind' >> $ENROOT_MOUNTS\n",
+                mode=0o755)
+    berth.fails("start", "app", "true", needle="mount destination 'rel' is not an absolute path")
