@@ -179,6 +179,8 @@ class Proxy:
         self.requests = []
         self.cut, self.cut_once, self.tamper = set(), set(), {}
         self.blob_delay = 0.0
+        self.in_flight = self.most_in_flight = 0  # blob requests being answered at once
+        self.lock = threading.Lock()
         self.token_uses = None  # how many requests a token is good for; None: forever
         self.tokens = {}  # token -> requests left
         self.port = free_port()
@@ -228,7 +230,12 @@ class Proxy:
                 if k.lower() in ("content-type", "docker-content-digest")}
         digest = path.rsplit("/", 1)[-1]
         if "/blobs/" in path:
+            with self.lock:
+                self.in_flight += 1
+                self.most_in_flight = max(self.most_in_flight, self.in_flight)
             time.sleep(self.blob_delay)
+            with self.lock:
+                self.in_flight -= 1
             if digest in self.cut or digest in self.cut_once:
                 self.cut_once.discard(digest)
                 return self._reply(handler, status, body, keep, broken=True)

@@ -199,6 +199,15 @@ def test_concurrent_imports_download_each_layer_once(tmp_path, env, proxy, regis
     assert listing(tmp_path / "a.sqsh") == listing(tmp_path / "b.sqsh")
 
 
+@pytest.mark.parametrize("connections, expected", [("1", 1), ("10", 2)])
+def test_layers_download_in_parallel(tmp_path, env, proxy, connections, expected):
+    proxy.blob_delay = 0.3
+    result = berth(["import", f"docker://{proxy.host}#test/app:v1"],
+                   dict(env, ENROOT_MAX_CONNECTIONS=connections), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert proxy.most_in_flight == expected  # two layers
+
+
 def test_zstd_and_uncompressed_layers(tmp_path, env, proxy):
     result = berth(["import", f"docker://{proxy.host}#test/zstd:v1"], env, tmp_path)
     assert result.returncode == 0, result.stderr
