@@ -626,6 +626,44 @@ static int write_pidfile(const char *pidfile, pid_t pid)
 	return 0;
 }
 
+/*
+ * The step's PMIx server dir (PMIX_SERVER_TMPDIR of the tasks). Slurm puts
+ * that variable only into each task's env, after the container starts; but
+ * its PMIx server, running in this slurmstepd, already maps files below
+ * <base>/pmix.<jobid>.<stepid>/, whatever base slurm.conf or mpi.conf chose.
+ * 0: found, -1: not a PMIx step.
+ */
+static int find_pmix_dir(spank_t sp, char *dir)
+{
+	char component[64], line[PATH_MAX + 256];
+	struct stat st;
+	FILE *maps;
+	int found = -1;
+
+	if (spank_getenv(sp, "PMIX_SERVER_TMPDIR", dir, PATH_MAX) == ESPANK_SUCCESS)
+		return stat(dir, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+	snprintf(component, sizeof(component), "/pmix.%u.%u/", step.jobid, step.stepid);
+	maps = fopen("/proc/self/maps", "re");
+	if (maps == NULL)
+		return -1;
+	while (found < 0 && fgets(line, sizeof(line), maps) != NULL) {
+		char *path = strchr(line, '/');
+		char *at = path ? strstr(path, component) : NULL;
+		size_t len;
+
+		if (at == NULL)
+			continue;
+		len = (size_t)(at - path) + strlen(component) - 1;
+		if (len < PATH_MAX) {
+			memcpy(dir, path, len);
+			dir[len] = '\0';
+			found = stat(dir, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+		}
+	}
+	fclose(maps);
+	return found;
+}
+
 static void set_override(char **env, int *n, char *storage, const char *key, enum tristate value)
 {
 	if (value == UNSET)
@@ -645,7 +683,6 @@ static int start_keeper(spank_t sp, const char *target)
 	int in_pipe[2] = { -1, -1 }, out_pipe[2] = { -1, -1 };
 	char line[32];
 	size_t used = 0;
-	struct stat st;
 	int argc = 0, rc = -1, status;
 	size_t nmounts = 1;
 
@@ -672,8 +709,7 @@ static int start_keeper(spank_t sp, const char *target)
 		argv[argc++] = m;
 	}
 	/* PMIx clients find their server through this dir: same path inside. */
-	if (spank_getenv(sp, "PMIX_SERVER_TMPDIR", pmix_dir, sizeof(pmix_dir)) == ESPANK_SUCCESS &&
-	    stat(pmix_dir, &st) == 0 && S_ISDIR(st.st_mode)) {
+	if (find_pmix_dir(sp, pmix_dir) == 0) {
 		snprintf(pmix_mount, sizeof(pmix_mount), "%s:%s", pmix_dir, pmix_dir);
 		argv[argc++] = "-m";
 		argv[argc++] = pmix_mount;

@@ -23,7 +23,7 @@ trap cleanup EXIT
 if ! docker image inspect "$image" >/dev/null 2>&1; then
     echo "e2e: building $image"
     printf '%s\n' "FROM ${BERTH_NODE_IMAGE:-berth/node:bookworm}" \
-        "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge squashfs-tools busybox-static squashfuse fuse-overlayfs uidmap python3-venv python3-setuptools python3-wheel python3-requests python3-tqdm && apt-get clean && rm -rf /var/lib/apt/lists/*" \
+        "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge squashfs-tools busybox-static libpmix2 libpmix-dev squashfuse fuse-overlayfs uidmap python3-venv python3-setuptools python3-wheel python3-requests python3-tqdm && apt-get clean && rm -rf /var/lib/apt/lists/*" \
         >"$work/Dockerfile"
     docker build -q -t "$image" "$work" >/dev/null
 fi
@@ -65,6 +65,8 @@ StateSaveLocation=/var/lib/slurm/slurmctld
 SlurmdSpoolDir=/var/lib/slurm/slurmd
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
 SlurmdLogFile=/var/log/slurm/slurmd.log
@@ -80,9 +82,9 @@ echo "required $plugin_dir/spank_berth.so runtime_path=/run/berth berth=/usr/loc
 on_node sh -e <<'EOF'
 useradd -m -u 1000 alice
 root=/tmp/imgroot
-mkdir -p $root/bin $root/usr/bin $root/etc $root/work $root/proc $root/tmp $root/dev
+mkdir -p $root/bin $root/usr/bin $root/etc $root/work $root/proc $root/tmp $root/dev $root/mnt
 cp /bin/busybox $root/bin/
-for applet in sh cat pwd env id ls echo sleep true; do
+for applet in sh cat pwd env id ls echo sleep true test mount; do
     ln -s /bin/busybox $root/bin/$applet
     ln -s /bin/busybox $root/usr/bin/$applet
 done
@@ -132,6 +134,11 @@ check "--container-mounts" "srun $img --container-mounts=/srv/data:/data:ro cat 
 check "two tasks, one container each node" "srun -n2 $img cat /etc/os-release | grep -c berth-test" "2"
 check "relative image path" "cp /srv/img.sqsh rel.sqsh && srun --container-image=./rel.sqsh cat /etc/os-release" "ID=berth-test"
 
+check "PMIx server dir visible at the same path" "srun --mpi=pmix $img sh -c 'test -d \$PMIX_SERVER_TMPDIR && echo pmix-dir-ok'" "pmix-dir-ok"
+check "PMIX_MCA_* forms passed" "srun --mpi=pmix $img env" "PMIX_MCA_gds="
+
+check "sbatch flags reach the job's srun steps" "sbatch -W -o out.txt $img --wrap 'srun cat /etc/os-release' >/dev/null && cat out.txt" "ID=berth-test"
+
 reg="--container-image=registry.local#test/img:1"
 check "registry image imported" "srun $reg cat /etc/os-release" "ID=berth-test"
 check "registry image reused" "srun $reg cat /etc/os-release" "ID=berth-test"
@@ -140,6 +147,12 @@ check "imported once" "grep -c '^import ' /var/tmp/fake-berth-1000/calls 2>/dev/
 check "named container created" "srun --container-name=keep $img sh -c 'echo kept > /state && echo done'" "done"
 check "named container reused" "srun --container-name=keep cat /state" "kept"
 check "named container mode create refuses an existing one" "srun --container-name=keep:create $img true" "exists already"
+# A tmpfs mounted by a running step is seen only from that step's mount namespace.
+as_alice "srun --container-name=live $img sh -c 'mount -t tmpfs none /mnt && echo up > /mnt/flag && sleep 6'" >/dev/null &
+sleep 3
+check "named container :exec joins the running one" "srun --container-name=live:exec cat /mnt/flag" "up"
+check "named container :no_exec starts its own" "srun --container-name=live:no_exec ls /mnt | grep -c flag" "0"
+wait
 check "named container exec needs it running" "srun --container-name=keep:exec true" "is not running on this node"
 
 check "--container-save" "srun $img --container-save=/home/alice/saved.sqsh sh -c 'echo saved > /saved' && srun --container-image=/home/alice/saved.sqsh cat /saved" "saved"
