@@ -19,25 +19,24 @@ file is the container's rc: /bin/sh runs it inside with COMMAND as "$@"
 
 import os
 import shlex
-import shutil
 import subprocess
-import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from berth import config, environ, hooks, launch, mounts, syscalls as sc
+from berth import config, environ, hooks, launch, mounts, rootfs, syscalls as sc
 from berth.errors import BerthError
 
 _SQUASHFS_MAGIC = b"hsqs"
 
 
-@dataclass
 class Conf:
-    rootfs: str = None
-    settings: dict = field(default_factory=dict)
-    env: dict = field(default_factory=dict)
-    mounts: list = field(default_factory=list)
-    rc: str = None
+    """What config files say: rootfs, settings, env, mounts, rc (see above)."""
+
+    def __init__(self):
+        self.rootfs = None
+        self.settings = {}
+        self.env = {}
+        self.mounts = []
+        self.rc = None
 
 
 def _check_name(name):
@@ -76,11 +75,12 @@ def _make_removable(tree):
                 os.chmod(d, mode | 0o700)
 
 
-def _rmtree(path):
-    def allow(func, failed, _exc):
-        os.chmod(os.path.dirname(failed), 0o700)
-        func(failed)
-    shutil.rmtree(path, onerror=allow)
+def _fresh_dir(parent, name):
+    """A new directory parent/name.PID; a leftover of a dead process is replaced."""
+    path = f"{parent}/{name}.{os.getpid()}"
+    rootfs.remove_tree(path)
+    os.mkdir(path, 0o700)
+    return path
 
 
 def _run_tool(command, what):
@@ -100,7 +100,7 @@ def cmd_create(args, cfg):
     if target.exists() and not args.force:
         raise BerthError(f"container '{name}' already exists in {data} (-f replaces it)")
     data.mkdir(mode=0o700, parents=True, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{name}.", dir=data)
+    staging = _fresh_dir(data, f".{name}")
     try:
         # Unprivileged, unsquashfs cannot make device nodes: a non-fatal error.
         tolerate = ["-no-exit-code"] if os.getuid() else []
@@ -108,14 +108,14 @@ def cmd_create(args, cfg):
                    "-d", staging, image], image)
         _make_removable(staging)
         if target.exists():
-            old = tempfile.mkdtemp(prefix=f".{name}.old.", dir=data)
+            old = _fresh_dir(data, f".{name}.old")
             os.rename(target, f"{old}/root")
             os.rename(staging, target)
-            _rmtree(old)
+            rootfs.remove_tree(old)
         else:
             os.rename(staging, target)
     except BaseException:
-        _rmtree(staging)
+        rootfs.remove_tree(staging)
         raise
     return 0
 
@@ -209,7 +209,7 @@ def _plan(args, cfg, container, conf):
     base = cfg.path("ENROOT_RUNTIME_PATH")
     try:
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
-        plan.runtime = tempfile.mkdtemp(prefix=f"{os.path.basename(container)}.", dir=base)
+        plan.runtime = _fresh_dir(base, os.path.basename(container))
     except OSError as e:
         raise BerthError(f"ENROOT_RUNTIME_PATH {base}: {e.strerror}") from None
     for sub in ("root", "lower") if image else ():
@@ -291,9 +291,9 @@ def cmd_remove(args, cfg):
                              "-f removes it anyway")
         doomed.append(root)
     for root in doomed:
-        hidden = tempfile.mkdtemp(prefix=f".{root.name}.removing.", dir=data)
+        hidden = _fresh_dir(data, f".{root.name}.removing")
         os.rename(root, f"{hidden}/root")
-        _rmtree(hidden)
+        rootfs.remove_tree(hidden)
     return 0
 
 
@@ -302,9 +302,7 @@ def cmd_export(args, cfg):
     output = os.path.abspath(args.output or f"{args.name}.sqsh")
     if os.path.exists(output) and not args.force:
         raise BerthError(f"{output} already exists (-f overwrites it)")
-    fd, staging = tempfile.mkstemp(prefix=f".{os.path.basename(output)}.",
-                                   dir=os.path.dirname(output))
-    os.close(fd)
+    staging = f"{os.path.dirname(output)}/.{os.path.basename(output)}.{os.getpid()}"
     owner = ["-all-root"] if os.getuid() else []  # an unprivileged unpack owns every file
     try:
         _run_tool(["mksquashfs", str(root), staging, "-noappend", "-no-progress", *owner,
@@ -312,7 +310,8 @@ def cmd_export(args, cfg):
         os.chmod(staging, 0o644 & ~_umask())
         os.replace(staging, output)
     except BaseException:
-        os.unlink(staging)
+        if os.path.exists(staging):
+            os.unlink(staging)
         raise
     return 0
 

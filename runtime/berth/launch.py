@@ -31,10 +31,8 @@ Setup messages travel to berth over a close-on-exec pipe, one line each:
 
 import os
 import select
-import shutil
 import signal
 import sys
-from dataclasses import dataclass, field
 
 from berth import environ, hooks, mounts, rootfs, syscalls as sc
 from berth.errors import BerthError
@@ -46,26 +44,25 @@ _KEEPER = ("import sys; sys.path.insert(0, sys.argv[1]); "
            "from berth.rootfs import keeper_main; keeper_main(*sys.argv[2:])")
 
 
-@dataclass
 class Plan:
-    """Everything a start needs, checked before any process or file is made."""
-    cfg: object
-    runtime: str                 # per-start directory under ENROOT_RUNTIME_PATH
-    image: str = None            # squashfs started without unpacking, or
-    rootfs: str = None           # an unpacked container root
-    writable: bool = False
-    remap_root: bool = False
-    user_namespace: bool = True
-    unshare: int = 0             # extra CLONE_NEW* flags: net, ipc, uts
-    pid_namespace: bool = False
-    restrict_dev: bool = False
-    mounts: list = field(default_factory=list)
-    env_files: list = field(default_factory=list)
-    env: dict = field(default_factory=dict)     # batch #ENROOT_ENVIRON, then -e
-    hooks: list = field(default_factory=list)
-    rc: str = None
-    command: list = field(default_factory=list)
-    detach: bool = False
+    """Everything a start needs, checked before any process or file is made.
+
+    cfg          the resolved configuration
+    runtime      per-start directory under ENROOT_RUNTIME_PATH
+    image        a squashfs started without unpacking, or
+    rootfs       an unpacked container root
+    writable, remap_root, pid_namespace, restrict_dev, detach   booleans
+    user_namespace  False only for root with ENROOT_ALLOW_SUPERUSER=yes
+    unshare      extra CLONE_NEW* flags: net, ipc, uts
+    mounts       user mounts: mounts.d, config files, -m, in that order
+    env_files    environ.d files; env: config-file variables, then -e
+    hooks        hook executables in order
+    rc           script run instead of the image's /etc/rc, or None
+    command      the command and its arguments
+    """
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
 
 
 def _send(fd, message):
@@ -263,7 +260,7 @@ def start(plan):
         for pid in helpers:
             os.kill(pid, signal.SIGTERM)
             os.waitpid(pid, 0)
-        shutil.rmtree(plan.runtime, ignore_errors=True)
+        rootfs.remove_tree(plan.runtime)
     if error:
         raise BerthError(error)
     return 0 if keeper else code

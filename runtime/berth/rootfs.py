@@ -11,6 +11,20 @@ IMAGE_CONFIG = "etc/berth/image.json"
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
+def remove_tree(path):
+    """rm -rf `path`, giving its owner write access to directories on the way."""
+    if not os.path.lexists(path):
+        return
+    for top, dirs, files in os.walk(path, topdown=False):
+        os.chmod(top, 0o700)
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+            os.unlink(os.path.join(top, name))
+        for name in dirs:
+            if not os.path.islink(os.path.join(top, name)):
+                os.rmdir(os.path.join(top, name))
+    os.rmdir(path)
+
+
 def image_config(root):
     """The image's env/entrypoint/cmd/workdir; images without a config give empty ones."""
     config = {"env": {}, "entrypoint": None, "cmd": None, "workdir": ""}

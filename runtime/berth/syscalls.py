@@ -5,11 +5,11 @@ argument that failed, so callers can turn it into a message naming it.
 """
 
 import ctypes
-import ctypes.util
 import os
 import platform
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The C library Python itself runs on (find_library would spawn ldconfig).
+_libc = ctypes.CDLL(None, use_errno=True)
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
