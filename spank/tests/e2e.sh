@@ -33,7 +33,7 @@ docker run -d --name "$name" --hostname bspk-node \
     --cap-add ALL --cap-drop SYS_RESOURCE \
     --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
     --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock \
-    -e container=docker "$image" /lib/systemd/systemd >/dev/null
+    --device /dev/fuse -e container=docker "$image" /lib/systemd/systemd >/dev/null
 for _ in $(seq 60); do
     state=$(docker exec "$name" systemctl is-system-running 2>/dev/null || true)
     [[ $state == running || $state == degraded ]] && break
@@ -53,7 +53,9 @@ else
         mkdir -p /opt/berth/src && tar -C /opt/berth/src -x
         python3 -m venv --system-site-packages /opt/berth
         /opt/berth/bin/pip install -q --no-deps --no-index --no-build-isolation /opt/berth/src
-        ln -sf /opt/berth/bin/berth /usr/local/bin/berth'
+        ln -sf /opt/berth/bin/berth /usr/local/bin/berth
+        mkdir -p /etc/enroot
+        echo "ENROOT_RUNTIME_PATH /run/berth/\${UID}" >/etc/enroot/enroot.conf'
 fi
 
 put /etc/slurm/slurm.conf 0644 <<'EOF'
@@ -82,18 +84,25 @@ echo "required $plugin_dir/spank_berth.so runtime_path=/run/berth berth=/usr/loc
 on_node sh -e <<'EOF'
 useradd -m -u 1000 alice
 root=/tmp/imgroot
-mkdir -p $root/bin $root/usr/bin $root/etc $root/work $root/proc $root/tmp $root/dev $root/mnt
+mkdir -p $root/bin $root/usr/bin $root/etc $root/work $root/proc $root/sys $root/dev $root/run $root/tmp $root/mnt $root/home $root/root $root/var
 cp /bin/busybox $root/bin/
 for applet in sh cat pwd env id ls echo sleep true test mount; do
     ln -s /bin/busybox $root/bin/$applet
     ln -s /bin/busybox $root/usr/bin/$applet
 done
 echo ID=berth-test >$root/etc/os-release
+mkdir -p $root/etc/berth
+cat >$root/etc/berth/image.json <<'JSON'
+{"env": ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root", "IMAGE_VAR=from-image",
+         "SLURM_JOB_ID=from-image", "LD_LIBRARY_PATH=/image/lib"],
+ "entrypoint": null, "cmd": null, "workdir": "/work", "user": "", "source": "e2e", "digest": ""}
+JSON
 mkdir -p /srv/registry /srv/data
 mksquashfs $root /srv/img.sqsh -quiet -noappend -all-root >/dev/null
 cp /srv/img.sqsh /srv/registry/image.sqsh
 echo not-a-squashfs >/srv/bad.sqsh
 echo hello-from-host >/srv/data/hello
+chmod 0666 /dev/fuse
 mkdir -p /var/lib/slurm/slurmctld /var/lib/slurm/slurmd /run/munge /var/log/slurm
 chown slurm /var/lib/slurm/slurmctld
 systemctl restart munge slurmctld slurmd
@@ -139,24 +148,26 @@ check "PMIX_MCA_* forms passed" "srun --mpi=pmix $img env" "PMIX_MCA_gds="
 
 check "sbatch flags reach the job's srun steps" "sbatch -W -o out.txt $img --wrap 'srun cat /etc/os-release' >/dev/null && cat out.txt" "ID=berth-test"
 
-reg="--container-image=registry.local#test/img:1"
-check "registry image imported" "srun $reg cat /etc/os-release" "ID=berth-test"
-check "registry image reused" "srun $reg cat /etc/os-release" "ID=berth-test"
-check "imported once" "grep -c '^import ' /var/tmp/fake-berth-1000/calls 2>/dev/null || echo real" "1"
+if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's own tests
+    reg="--container-image=registry.local#test/img:1"
+    check "registry image imported" "srun $reg cat /etc/os-release" "ID=berth-test"
+    check "registry image reused" "srun $reg cat /etc/os-release" "ID=berth-test"
+    check "imported once" "grep -c '^import ' /var/tmp/fake-berth-1000/calls" "1"
+fi
 
-check "named container created" "srun --container-name=keep $img sh -c 'echo kept > /state && echo done'" "done"
+check "named container created" "srun --container-name=keep --container-writable $img sh -c 'echo kept > /state && echo done'" "done"
 check "named container reused" "srun --container-name=keep cat /state" "kept"
 check "named container mode create refuses an existing one" "srun --container-name=keep:create $img true" "exists already"
 # A tmpfs mounted by a running step is seen only from that step's mount namespace.
-as_alice "srun --container-name=live $img sh -c 'mount -t tmpfs none /mnt && echo up > /mnt/flag && sleep 6'" >/dev/null &
+as_alice "srun --container-name=live --container-remap-root $img sh -c 'mount -t tmpfs none /mnt && echo up > /mnt/flag && sleep 6'" >/dev/null &
 sleep 3
 check "named container :exec joins the running one" "srun --container-name=live:exec cat /mnt/flag" "up"
 check "named container :no_exec starts its own" "srun --container-name=live:no_exec ls /mnt | grep -c flag" "0"
 wait
 check "named container exec needs it running" "srun --container-name=keep:exec true" "is not running on this node"
 
-check "--container-save" "srun $img --container-save=/home/alice/saved.sqsh sh -c 'echo saved > /saved' && srun --container-image=/home/alice/saved.sqsh cat /saved" "saved"
-check "unnamed container for save removed" "ls /var/tmp/fake-berth-1000/containers | grep -c '^berth_[0-9]'" "0"
+check "--container-save" "srun $img --container-writable --container-save=/home/alice/saved.sqsh sh -c 'echo saved > /saved' && srun --container-image=/home/alice/saved.sqsh cat /saved" "saved"
+check "unnamed container for save removed" "berth list | grep -c '^berth_[0-9]'" "0"
 
 check "runtime failure fails the step with its message" "srun --container-image=/srv/bad.sqsh true" "spank_berth"
 
@@ -169,7 +180,6 @@ if [[ $before == "$after" ]]; then echo "ok   refused flags submitted no job"; e
 
 sleep 1
 absent "no keeper left after the steps" "pgrep -u alice -a -f '[u]nshare|[r]ead _' || echo none" "berth"
-check "step dirs removed, cache and names kept" "ls /run/berth/1000/spank" "images"
 absent "no step dir left" "ls /run/berth/1000/spank" "."
 
 if ((failures)); then
