@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare a fresh Debian 12 machine (as root) to run Berth's demo and tests:
 # Debian packages, the Docker daemon, the Python dev venv, the node image.
+# Callers use the venv's bin: ${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin.
 # Idempotent: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,11 +27,16 @@ fi
 
 bash scripts/start-dockerd.sh
 
-if [[ ! -x .venv/bin/molecule ]] || ! cmp -s requirements-dev.txt .venv/requirements-dev.txt; then
-    echo "bootstrap: creating .venv from Debian's python3"
-    /usr/bin/python3 -m venv .venv
-    .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt -e runtime
-    cp requirements-dev.txt .venv/requirements-dev.txt
+# The venv lives outside the checkout, world-readable, so tests can run the
+# runtime as an ordinary user, and later clones on this machine reuse it.
+VENV=${BERTH_DEV_VENV:-/opt/berth-dev/venv}
+if [[ ! -x "$VENV/bin/molecule" ]] || ! cmp -s requirements-dev.txt "$VENV/requirements-dev.txt"; then
+    echo "bootstrap: creating $VENV from Debian's python3"
+    /usr/bin/python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements-dev.txt
+    cp requirements-dev.txt "$VENV/requirements-dev.txt"
 fi
+# This checkout's runtime, editable (quick; points the venv at this clone).
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e runtime
 
 bash scripts/base-image.sh

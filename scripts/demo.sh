@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap-host.sh
-export PATH="$PWD/.venv/bin:$PATH"
+export PATH="${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin:$PATH"
 
 if [[ "${1:-}" == "destroy" ]]; then
     exec molecule destroy -s multinode

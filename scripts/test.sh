@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap-host.sh
-export PATH="$PWD/.venv/bin:$PATH" ANSIBLE_FORCE_COLOR=0 PY_COLORS=0
+export PATH="${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin:$PATH" ANSIBLE_FORCE_COLOR=0 PY_COLORS=0
 
 stage() { printf '\n=== %s\n' "$*"; }
 
