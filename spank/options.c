@@ -245,10 +245,12 @@ int set_image(struct container_flags *flags, const char *value,
 
 static int known_mount_flag(const char *flag, size_t len)
 {
+	/* the flags berth start -m takes */
 	static const char *const known[] = {
 		"ro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec",
+		"noatime", "nodiratime", "relatime", "defaults",
 		"private", "rprivate", "shared", "rshared", "slave", "rslave",
-		"nofail", "x-create=dir", "x-create=file",
+		"nofail", "x-create=dir", "x-create=file", "x-create=auto",
 	};
 
 	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)

@@ -143,6 +143,7 @@ static void test_image_names(void)
 static void test_mounts(struct container_flags *f)
 {
 	ACCEPTED(set_mounts(f, "/data:/data", err, sizeof(err)));
+	ACCEPTED(set_mounts(f, "/a:/b:noatime+x-create=auto+nofail", err, sizeof(err)));
 	ACCEPTED(set_mounts(f, "/a:/b:ro,/c:/d:rbind+rprivate+x-create=dir", err, sizeof(err)));
 	CHECK(strcmp(f->mounts, "/a:/b:ro,/c:/d:rbind+rprivate+x-create=dir") == 0);
 
