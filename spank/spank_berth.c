@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pwd.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -292,6 +293,25 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/* A login's environment for the job user, where Slurm has no job env (epilog). */
+static char **login_env(void)
+{
+	static char home[PATH_MAX + 8], user[64], logname[64];
+	static char path[] = "PATH=/usr/local/bin:/usr/bin:/bin";
+	static char *env[] = { home, user, logname, path, NULL };
+	char buf[4096];
+	struct passwd pw, *found = NULL;
+
+	if (getpwuid_r(step.uid, &pw, buf, sizeof(buf), &found) != 0 || found == NULL) {
+		slurm_error("spank_berth: no passwd entry for uid %u", (unsigned)step.uid);
+		return NULL;
+	}
+	snprintf(home, sizeof(home), "HOME=%s", pw.pw_dir);
+	snprintf(user, sizeof(user), "USER=%s", pw.pw_name);
+	snprintf(logname, sizeof(logname), "LOGNAME=%s", pw.pw_name);
+	return env;
+}
+
 /* NULL-terminated copy of the job env with KEY=VALUE overrides replacing their keys. */
 static char **child_env(spank_t sp, char **overrides, int noverrides)
 {
@@ -299,10 +319,10 @@ static char **child_env(spank_t sp, char **overrides, int noverrides)
 	char **env;
 	int n = 0, out = 0;
 
-	if (spank_get_item(sp, S_JOB_ENV, &job_env) != ESPANK_SUCCESS || job_env == NULL) {
-		slurm_error("spank_berth: cannot read the job environment");
+	if (spank_get_item(sp, S_JOB_ENV, &job_env) != ESPANK_SUCCESS || job_env == NULL)
+		job_env = login_env();
+	if (job_env == NULL)
 		return NULL;
-	}
 	while (job_env[n] != NULL)
 		n++;
 	env = calloc((size_t)(n + noverrides + 1), sizeof(*env));
@@ -345,9 +365,10 @@ static pid_t spawn(spank_t sp, char *const argv[], char **env, int in_fd, int ou
 	int as_root = geteuid() == 0;
 	pid_t pid;
 
+	/* in the epilog Slurm has no group list: the primary group will do */
 	if (as_root && spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &groups, &ngroups) != ESPANK_SUCCESS) {
-		slurm_error("spank_berth: cannot read the job's groups");
-		return -1;
+		groups = &step.gid;
+		ngroups = 1;
 	}
 	null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
 	if (null_fd < 0) {
@@ -377,7 +398,7 @@ static pid_t spawn(spank_t sp, char *const argv[], char **env, int in_fd, int ou
 		if (close_range(3, ~0U, 0) < 0)
 			for (int fd = 3; fd < 1024; fd++)
 				close(fd);
-		if (chdir(step.step_dir) < 0)
+		if (chdir(step.step_dir[0] ? step.step_dir : "/") < 0)
 			_exit(EXIT_NO_LOG);
 		execve(argv[0], argv, env);
 		_exit(127);
@@ -449,7 +470,9 @@ static int run(spank_t sp, const char *what, char *const argv[], char **override
 	int status = 0;
 	pid_t pid;
 
-	if (path_join(log_path, "%s/%s.log", step.step_dir, argv[1]) < 0)
+	if (step.step_dir[0] == '\0')
+		strcpy(log_path, "/dev/null");
+	else if (path_join(log_path, "%s/%s.log", step.step_dir, argv[1]) < 0)
 		return -1;
 	env = child_env(sp, overrides, noverrides);
 	if (env == NULL)
@@ -1171,6 +1194,40 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 	if (!step.active || step.tasks_left == 0 || --step.tasks_left > 0)
 		return 0;
 	return finish_step(sp);
+}
+
+/* container_scope=job: the job's named containers end with it (slurmd's epilog, as root). */
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+	char out[65536], prefix[32], *line, *save = NULL;
+	char *list_argv[] = { conf.berth, "list", NULL };
+	char err[ERR_LEN];
+	int rc = 0;
+
+	/* slurm_spank_init does not run before the epilog */
+	if (conf_parse(&conf, ac, av, err, sizeof(err)) < 0) {
+		slurm_error("spank_berth: plugstack.conf: %s", err);
+		return -1;
+	}
+	if (!conf.container_scope_job)
+		return 0;
+	if (spank_get_item(sp, S_JOB_UID, &step.uid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_GID, &step.gid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_ID, &step.jobid) != ESPANK_SUCCESS) {
+		slurm_error("spank_berth: epilog: cannot read the job's uid, gid or id");
+		return -1;
+	}
+	if (run(sp, "berth list", list_argv, NULL, 0, out, sizeof(out)) < 0)
+		return -1;
+	snprintf(prefix, sizeof(prefix), "berth_%u_", step.jobid);
+	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char *remove_argv[] = { conf.berth, "remove", "-f", line, NULL };
+
+		if (strncmp(line, prefix, strlen(prefix)) == 0 &&
+		    run(sp, "berth remove", remove_argv, NULL, 0, NULL, 0) < 0)
+			rc = -1;
+	}
+	return rc;
 }
 
 int slurm_spank_exit(spank_t sp, int ac, char **av)

@@ -77,8 +77,9 @@ PlugStackConfig=/etc/slurm/plugstack.conf
 NodeName=bspk-node CPUs=2 State=UNKNOWN
 PartitionName=debug Nodes=bspk-node Default=YES MaxTime=INFINITE State=UP
 EOF
-echo "required $plugin_dir/spank_berth.so runtime_path=/run/berth berth=/usr/local/bin/berth" |
-    put /etc/slurm/plugstack.conf 0644
+plugstack() { echo "required $plugin_dir/spank_berth.so runtime_path=/run/berth berth=/usr/local/bin/berth $*" |
+    put /etc/slurm/plugstack.conf 0644; }
+plugstack
 
 # A tiny image: busybox, a marker file, a workdir.
 on_node sh -e <<'EOF'
@@ -170,6 +171,12 @@ check "--container-save" "srun $img --container-writable --container-save=/home/
 check "unnamed container for save removed" "berth list | grep -c '^berth_[0-9]'" "0"
 
 check "runtime failure fails the step with its message" "srun --container-image=/srv/bad.sqsh true" "spank_berth"
+
+plugstack container_scope=job
+check "container_scope=job: the job's named container" "sbatch -W -o scoped.txt --wrap \"srun --container-name=scoped $img true; berth list\" >/dev/null; cat scoped.txt" "_scoped"
+sleep 2
+check "container_scope=job: removed by the epilog" "berth list | grep -c _scoped" "0"
+plugstack
 
 before=$(jobs_so_far)
 check "bad flag refused by srun" "srun --container-mounts=/data true" "spank_berth: --container-mounts: missing destination in '/data'"
