@@ -92,6 +92,8 @@ for applet in sh cat pwd env id ls echo sleep true test mount; do
     ln -s /bin/busybox $root/usr/bin/$applet
 done
 echo ID=berth-test >$root/etc/os-release
+printf '#!/bin/sh\necho image-only\n' >$root/usr/bin/only-in-image
+chmod 0755 $root/usr/bin/only-in-image
 mkdir -p $root/etc/berth
 cat >$root/etc/berth/image.json <<'JSON'
 {"env": ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root", "IMAGE_VAR=from-image",
@@ -134,6 +136,8 @@ img=--container-image=/srv/img.sqsh
 check "image file runs the command inside" "srun $img cat /etc/os-release" "ID=berth-test"
 check "cwd is the image workdir" "srun $img pwd" "/work"
 check "--container-workdir" "srun $img --container-workdir=/tmp pwd" "/tmp"
+check "a missing workdir fails the task naming it" "srun $img --container-workdir=/nope pwd" "--container-workdir: cannot chdir to /nope"
+check "command found in the image's PATH" "srun $img only-in-image" "image-only"
 check "image env fills in" "srun $img env" "IMAGE_VAR=from-image"
 check "image PATH beats the task's" "srun $img env" "PATH=/usr/local/bin:/usr/bin:/bin"
 absent "Slurm variables come from the task" "srun $img env" "SLURM_JOB_ID=from-image"
