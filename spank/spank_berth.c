@@ -460,8 +460,7 @@ static int wait_child(pid_t pid, int *status)
  * Run a runtime command to completion. out: its stdout (up to outlen - 1
  * bytes, NUL-terminated), or NULL. Logs and returns -1 on failure.
  */
-static int run(spank_t sp, const char *what, char *const argv[], char **overrides,
-	       int noverrides, char *out, size_t outlen)
+static int run(spank_t sp, const char *what, char *const argv[], char *out, size_t outlen)
 {
 	char log_path[PATH_MAX];
 	char **env;
@@ -474,7 +473,7 @@ static int run(spank_t sp, const char *what, char *const argv[], char **override
 		strcpy(log_path, "/dev/null");
 	else if (path_join(log_path, "%s/%s.log", step.step_dir, argv[1]) < 0)
 		return -1;
-	env = child_env(sp, overrides, noverrides);
+	env = child_env(sp, NULL, 0);
 	if (env == NULL)
 		return -1;
 	if (out != NULL && pipe2(pipe_fds, O_CLOEXEC) < 0) {
@@ -539,7 +538,8 @@ static int lock_file(const char *path)
 /* Registry image -> squashfs in user_dir/images, imported once per node. */
 static int import_image(spank_t sp, char *sqsh)
 {
-	char images[PATH_MAX], name[NAME_MAX - 16], lock[PATH_MAX], tmp[PATH_MAX];
+	/* room in NAME_MAX for the ".<jobid>.<stepid>.tmp" of the download */
+	char images[PATH_MAX], name[NAME_MAX - 32], lock[PATH_MAX], tmp[PATH_MAX];
 	char uri[PATH_MAX];
 	char *argv[] = { conf.importer[0] ? conf.importer : conf.berth, "import",
 			 "-o", tmp, uri, NULL };
@@ -562,7 +562,7 @@ static int import_image(spank_t sp, char *sqsh)
 	if (access(sqsh, R_OK) != 0) {
 		slurm_info("spank_berth: importing %s", uri);
 		unlink(tmp);
-		rc = run(sp, "berth import", argv, NULL, 0, NULL, 0);
+		rc = run(sp, "berth import", argv, NULL, 0);
 		if (rc == 0 && rename(tmp, sqsh) < 0) {
 			slurm_error("spank_berth: cannot rename %s to %s: %m", tmp, sqsh);
 			rc = -1;
@@ -602,7 +602,7 @@ static int container_exists(spank_t sp, const char *name)
 	char *argv[] = { conf.berth, "list", NULL };
 	size_t len = strlen(name);
 
-	if (run(sp, "berth list", argv, NULL, 0, out, sizeof(out)) < 0)
+	if (run(sp, "berth list", argv, out, sizeof(out)) < 0)
 		return -1;
 	for (char *line = out; *line != '\0'; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != '\0'))
 		if (strncmp(line, name, len) == 0 && (line[len] == '\n' || line[len] == '\0'))
@@ -833,7 +833,7 @@ static int prepare_named(spank_t sp)
 		goto out;
 	}
 	if (!exists && (resolve_image(sp, sqsh) < 0 ||
-			run(sp, "berth create", argv, NULL, 0, NULL, 0) < 0))
+			run(sp, "berth create", argv, NULL, 0) < 0))
 		goto out;
 	if (start_keeper(sp, step.container) < 0)
 		goto out;
@@ -878,7 +878,7 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		return start_keeper(sp, sqsh);
 	/* Saving needs a container on disk; a mounted image leaves nothing to save. */
 	snprintf(step.container, sizeof(step.container), "berth_%u.%u", step.jobid, step.stepid);
-	if (run(sp, "berth create", create_argv, NULL, 0, NULL, 0) < 0)
+	if (run(sp, "berth create", create_argv, NULL, 0) < 0)
 		return -1;
 	step.remove_container = 1;
 	return start_keeper(sp, step.container);
@@ -1169,12 +1169,12 @@ static int finish_step(spank_t sp)
 
 		rc = user_path(sp, "--container-save", flags.save, save);
 		if (rc == 0)
-			rc = run(sp, "berth export", argv, NULL, 0, NULL, 0);
+			rc = run(sp, "berth export", argv, NULL, 0);
 	}
 	if (step.remove_container) {
 		char *argv[] = { conf.berth, "remove", "-f", step.container, NULL };
 
-		if (run(sp, "berth remove", argv, NULL, 0, NULL, 0) < 0)
+		if (run(sp, "berth remove", argv, NULL, 0) < 0)
 			rc = -1;
 	}
 	if (rc == 0) /* on failure the logs stay for the admin */
@@ -1217,14 +1217,14 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 		slurm_error("spank_berth: epilog: cannot read the job's uid, gid or id");
 		return -1;
 	}
-	if (run(sp, "berth list", list_argv, NULL, 0, out, sizeof(out)) < 0)
+	if (run(sp, "berth list", list_argv, out, sizeof(out)) < 0)
 		return -1;
 	snprintf(prefix, sizeof(prefix), "berth_%u_", step.jobid);
 	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		char *remove_argv[] = { conf.berth, "remove", "-f", line, NULL };
 
 		if (strncmp(line, prefix, strlen(prefix)) == 0 &&
-		    run(sp, "berth remove", remove_argv, NULL, 0, NULL, 0) < 0)
+		    run(sp, "berth remove", remove_argv, NULL, 0) < 0)
 			rc = -1;
 	}
 	return rc;
