@@ -158,6 +158,8 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     check "registry image imported" "srun $reg cat /etc/os-release" "ID=berth-test"
     check "registry image reused" "srun $reg cat /etc/os-release" "ID=berth-test"
     check "imported once" "grep -c '^import ' /var/tmp/fake-berth-1000/calls" "1"
+    other="--container-image=registry.local#test/other:2"
+    check "concurrent steps import once" "(srun $other true & srun $other true; wait) >/dev/null 2>&1; grep -c '^import .*other' /var/tmp/fake-berth-1000/calls" "1"
 fi
 
 check "named container created" "srun --container-name=keep --container-writable $img sh -c 'echo kept > /state && echo done'" "done"
