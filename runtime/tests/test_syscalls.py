@@ -1,0 +1,127 @@
+"""berth.syscalls, each call exercised for real in a forked child's namespaces."""
+
+import errno
+import os
+import signal
+import socket
+import traceback
+
+import pytest
+
+from berth import syscalls as sc
+
+
+def in_child(function):
+    """Run `function` in a forked child; return what it returned (a str) or raise."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            message = "ok " + function()
+        except BaseException:  # reported to the parent, whatever it is
+            message = "failed " + traceback.format_exc()
+        os.write(write_end, message.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        message = f.read()
+    os.waitpid(pid, 0)
+    status, _, value = message.partition(" ")
+    assert status == "ok", value
+    return value
+
+
+def enter_user_and_mount_namespace(inside_uid=None):
+    uid, gid = os.getuid(), os.getgid()
+    sc.unshare(sc.CLONE_NEWUSER | sc.CLONE_NEWNS)
+    with open("/proc/self/setgroups", "w") as f:
+        f.write("deny")
+    with open("/proc/self/uid_map", "w") as f:
+        f.write(f"{uid if inside_uid is None else inside_uid} {uid} 1")
+    with open("/proc/self/gid_map", "w") as f:
+        f.write(f"{gid} {gid} 1")
+    sc.mount(None, "/", None, sc.MS_REC | sc.MS_PRIVATE)
+
+
+def test_mount_and_umount_stay_in_the_namespace(tmp_path):
+    def body():
+        enter_user_and_mount_namespace()
+        sc.mount("tmpfs", str(tmp_path), "tmpfs", sc.MS_NOSUID, "size=1m")
+        (tmp_path / "inside").write_text("x")
+        assert os.statvfs(tmp_path).f_flag & os.ST_NOSUID
+        sc.umount2(str(tmp_path), sc.MNT_DETACH)
+        return str(os.path.exists(tmp_path / "inside"))
+    assert in_child(body) == "False"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_errors_name_the_target(tmp_path):
+    def body():
+        enter_user_and_mount_namespace()
+        with pytest.raises(OSError) as failure:
+            sc.mount("tmpfs", str(tmp_path / "missing"), "tmpfs")
+        assert failure.value.errno == errno.ENOENT
+        return str(failure.value)
+    assert f"mount {tmp_path}/missing" in in_child(body)
+
+
+def test_pivot_root_into_a_tmpfs(tmp_path):
+    def body():
+        enter_user_and_mount_namespace()
+        sc.mount("tmpfs", str(tmp_path), "tmpfs")
+        (tmp_path / "only-here").mkdir()
+        os.chdir(tmp_path)
+        sc.pivot_root(".", ".")
+        sc.umount2(".", sc.MNT_DETACH)
+        os.chdir("/")
+        return " ".join(os.listdir("/"))
+    assert in_child(body) == "only-here"
+
+
+def test_setns_joins_another_process_namespaces():
+    ready_r, ready_w = os.pipe()
+    holder = os.fork()
+    if holder == 0:  # owns a user + uts namespace with its own hostname
+        enter_user_and_mount_namespace(inside_uid=0)
+        sc.unshare(sc.CLONE_NEWUTS)
+        socket.sethostname("bctr-joined")
+        os.write(ready_w, b"x")
+        signal.pause()  # until the test kills it
+        os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"x"
+
+        def body():
+            for name, flag in (("user", sc.CLONE_NEWUSER), ("uts", sc.CLONE_NEWUTS)):
+                fd = os.open(f"/proc/{holder}/ns/{name}", os.O_RDONLY)
+                sc.setns(fd, flag)
+            return socket.gethostname()
+        assert in_child(body) == "bctr-joined"
+        assert socket.gethostname() != "bctr-joined"
+    finally:
+        os.kill(holder, signal.SIGKILL)
+        os.waitpid(holder, 0)
+        os.close(ready_r)
+        os.close(ready_w)
+
+
+def test_ambient_capability_survives_exec_then_drops():
+    def body():
+        enter_user_and_mount_namespace()
+        sc.keep_capability_across_exec(sc.CAP_SYS_ADMIN)
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(write_end, 1)
+            os.execv("/bin/grep", ["grep", "^CapAmb", "/proc/self/status"])
+        os.close(write_end)
+        ambient = os.read(read_end, 100).decode().split()[1]
+        os.waitpid(pid, 0)
+        sc.drop_all_capabilities()
+        with open("/proc/self/status") as f:
+            effective = next(line for line in f if line.startswith("CapEff")).split()[1]
+        return f"{ambient} {effective}"
+    ambient, effective = in_child(body).split()
+    assert int(ambient, 16) == 1 << sc.CAP_SYS_ADMIN
+    assert int(effective, 16) == 0
