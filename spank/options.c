@@ -237,8 +237,8 @@ int set_image(struct container_flags *flags, const char *value,
 		if (looks_like_bare_registry(value))
 			return fail(err, errlen,
 				    "--container-image: '%s' is a registry host without an image "
-				    "(in an #SBATCH line, '#' starts a comment: give the image "
-				    "on the sbatch or srun command line)", value);
+				    "(in an #SBATCH line '#' starts a comment: write \"REGISTRY#IMAGE\" "
+				    "in quotes, or REGISTRY\\#IMAGE)", value);
 	}
 	return store(&flags->image, value, err, errlen);
 }

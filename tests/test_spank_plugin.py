@@ -158,6 +158,15 @@ def test_sbatch_catches_image_truncated_by_a_hash_comment(slurm_conf, tmp_path):
 
 
 @needs_srun
+@pytest.mark.parametrize("spelling", ['"/no#x.sqsh"', "/no\\#x.sqsh"])
+def test_sbatch_keeps_a_quoted_or_escaped_hash(slurm_conf, tmp_path, spelling):
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/sh\n#SBATCH --container-image {spelling}\ntrue\n")
+    result = _run(slurm_conf(), "sbatch", str(script))
+    assert "--container-image: no such file '/no#x.sqsh'" in result.stderr
+
+
+@needs_srun
 def test_sbatch_flags_absent_when_sbatch_support_is_off(slurm_conf):
     result = _run(slurm_conf("sbatch_support=no"), "sbatch", "--container-image=x", "--wrap=true")
     assert result.returncode != 0
