@@ -13,7 +13,7 @@ One start is three processes (two without --pid):
            pivot_roots into it and execs the command with all of the
            caller's open file descriptors.
 Setup messages travel to berth over a close-on-exec pipe, one line each:
-`fuse PID` (a squashfuse to stop at the end), `error MESSAGE`,
+`fuse PID` (a FUSE server to stop at the end), `error MESSAGE`,
 `ready PID` (--detach only).
 
 `berth start --detach` (the interface of the SPANK plugin):
@@ -111,8 +111,7 @@ def _child(plan, status):
         sc.mount(None, "/", None, sc.MS_REC | sc.MS_PRIVATE)
         if plan.image:
             lower = f"{plan.runtime}/lower" if plan.writable else f"{plan.runtime}/root"
-            server = rootfs.mount_squashfs(plan.image, lower, os.getuid(), os.getgid())
-            _send(status, f"fuse {server}")
+            _send(status, f"fuse {rootfs.mount_squashfs(plan.image, lower)}")
         if plan.pid_namespace:
             sc.unshare(sc.CLONE_NEWPID)
             pid = os.fork()
@@ -132,7 +131,9 @@ def _build_and_run(plan, status):
     if plan.image:
         root = f"{plan.runtime}/root"
         if plan.writable:
-            rootfs.mount_overlay(f"{plan.runtime}/lower", root, f"{plan.runtime}/rw")
+            server = rootfs.mount_overlay(f"{plan.runtime}/lower", root, f"{plan.runtime}/rw")
+            if server and not plan.pid_namespace:  # in a pid namespace it dies with pid 1
+                _send(status, f"fuse {server}")
     else:
         root = plan.rootfs
         sc.mount(root, root, None, sc.MS_BIND | sc.MS_REC)

@@ -44,27 +44,28 @@ def image_config(root):
     return config
 
 
-def mount_squashfs(image, target, uid, gid):
-    """Mount `image` at `target` through squashfuse; return squashfuse's pid.
+def mount_fuse(target, fstype, flags, server):
+    """Mount a FUSE filesystem at `target` and start `server` for it; return its pid.
 
     The /dev/fuse connection is opened and mounted here, in the new user
-    namespace (the kernel requires both there); squashfuse only serves it.
-    It is started through a short-lived middle process so that it is not a
-    child of the container command, and is reaped by the subreaper berth.
+    namespace (the kernel requires both there), and handed to the server as
+    /dev/fd/N (libfuse 3). The server is started through a short-lived
+    middle process so that it is no child of the container command; the
+    subreaper berth reaps it.
     """
     try:
         fuse = os.open("/dev/fuse", os.O_RDWR)
     except OSError as e:
         raise BerthError(f"/dev/fuse: {e.strerror}: starting an image without unpacking it "
                          "needs /dev/fuse usable by this user (mode 0666)") from None
-    sc.mount(image, target, "fuse.squashfuse", sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV,
-             f"fd={fuse},rootmode=40000,user_id={uid},group_id={gid}")
+    sc.mount(fstype, target, f"fuse.{fstype}", flags,
+             f"fd={fuse},rootmode=40000,user_id={os.getuid()},group_id={os.getgid()}")
     report_r, report_w = os.pipe()
     middle = os.fork()
     if middle == 0:
-        server = subprocess.Popen(["squashfuse", "-f", image, f"/dev/fd/{fuse}"],
-                                  pass_fds=(fuse,), stdin=subprocess.DEVNULL)
-        os.write(report_w, str(server.pid).encode())
+        process = subprocess.Popen([*server, f"/dev/fd/{fuse}"], pass_fds=(fuse,),
+                                   stdin=subprocess.DEVNULL)
+        os.write(report_w, str(process.pid).encode())
         os._exit(0)
     os.close(report_w)
     os.close(fuse)
@@ -73,18 +74,35 @@ def mount_squashfs(image, target, uid, gid):
         return int(f.read() or 0)
 
 
+def mount_squashfs(image, target):
+    """Serve `image` read-only at `target` with squashfuse; return its pid."""
+    return mount_fuse(target, "squashfuse", sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV,
+                      ["squashfuse", "-f", image])
+
+
 def mount_overlay(lower, target, scratch):
-    """A writable overlay over `lower` with upper and work dirs on a private tmpfs."""
+    """A writable overlay over `lower`, upper and work dirs on a private tmpfs.
+
+    Kernel overlayfs first; where the kernel refuses (old kernels in a user
+    namespace, some lower filesystems) fuse-overlayfs stands in and its pid
+    is returned (None for the kernel's).
+    """
     os.makedirs(scratch, exist_ok=True)
     sc.mount("tmpfs", scratch, "tmpfs", 0, "mode=0700")
     os.mkdir(f"{scratch}/upper")
     os.mkdir(f"{scratch}/work")
+    options = f"lowerdir={lower},upperdir={scratch}/upper,workdir={scratch}/work"
     try:
-        sc.mount("overlay", target, "overlay", 0,
-                 f"lowerdir={lower},upperdir={scratch}/upper,workdir={scratch}/work")
+        sc.mount("overlay", target, "overlay", 0, options)
+        return None
     except OSError as e:
-        raise BerthError(f"overlay on {target}: {e.strerror}: the kernel refused a "
-                         "writable overlay of the image (try `berth create` and --rw)") from None
+        refused = e.strerror
+    try:
+        return mount_fuse(target, "fuse-overlayfs", sc.MS_NOSUID | sc.MS_NODEV,
+                          ["fuse-overlayfs", "-f", "-o", options])
+    except (OSError, BerthError) as e:
+        raise BerthError(f"writable overlay on {target}: the kernel refused ({refused}) "
+                         f"and fuse-overlayfs failed: {e}") from None
 
 
 def system_mounts(pid_namespace, net_namespace, restrict_dev):

@@ -6,6 +6,7 @@ another user, they run `berth` as that user. The image is a busybox root
 (Debian's busybox-static) squashed in a few milliseconds.
 """
 
+import errno
 import json
 import os
 import pwd
@@ -514,3 +515,32 @@ def test_failing_hook_aborts_and_is_named(berth, app):
     berth.write("cfg/hooks.d/30-broken.sh", "#!/bin/sh\necho 'x rel none bind' >> $ENROOT_MOUNTS\n",
                 mode=0o755)
     berth.fails("start", "app", "true", needle="mount destination 'rel' is not an absolute path")
+
+
+def test_fuse_overlayfs_stands_in_when_the_kernel_refuses(tmp_path, usable_fuse):
+    from test_syscalls import enter_user_and_mount_namespace, in_child
+    from berth import rootfs, syscalls
+    (tmp_path / "lower").mkdir()
+    (tmp_path / "lower/old").write_text("lower\n")
+    (tmp_path / "merged").mkdir()
+
+    def body():
+        enter_user_and_mount_namespace()
+        kernel_mount = syscalls.mount
+
+        def refuse_overlay(source, target, fstype=None, flags=0, data=None):
+            if fstype == "overlay":
+                raise OSError(errno.EINVAL, "mount: Invalid argument")
+            return kernel_mount(source, target, fstype, flags, data)
+        syscalls.mount = refuse_overlay
+        server = rootfs.mount_overlay(str(tmp_path / "lower"), str(tmp_path / "merged"),
+                                      str(tmp_path / "scratch"))
+        try:
+            (tmp_path / "merged/new").write_text("upper\n")
+            fstype = next(line.split()[2] for line in open("/proc/self/mounts")
+                          if line.split()[1] == str(tmp_path / "merged"))
+            return f"{fstype} {(tmp_path / 'merged/old').read_text().strip()}"
+        finally:
+            os.kill(server, signal.SIGTERM)
+    assert in_child(body) == "fuse.fuse-overlayfs lower"
+    assert sorted(os.listdir(tmp_path / "lower")) == ["old"]  # writes went to the upper dir
