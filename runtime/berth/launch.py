@@ -124,7 +124,8 @@ def _child(plan, status):
         _build_and_run(plan, status)
     except (BerthError, OSError) as e:
         _send(status, f"error {e}")
-    os._exit(1)
+    finally:  # whatever happens, never return into berth's own code
+        os._exit(1)
 
 
 def _build_and_run(plan, status):
@@ -239,8 +240,7 @@ def start(plan):
         _child(plan, status_w)
     os.close(status_w)
     _write(f"{plan.runtime}/state", f"{child}\n")
-    if not plan.detach:
-        _forward_signals(child)
+    _forward_signals(child)  # until --detach is ready: a stop then ends the setup
     helpers, error, keeper = [], None, None
     try:
         with os.fdopen(status_r, encoding="utf-8") as messages:

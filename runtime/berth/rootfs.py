@@ -63,15 +63,20 @@ def mount_fuse(target, fstype, flags, server):
     report_r, report_w = os.pipe()
     middle = os.fork()
     if middle == 0:
-        process = subprocess.Popen([*server, f"/dev/fd/{fuse}"], pass_fds=(fuse,),
-                                   stdin=subprocess.DEVNULL)
-        os.write(report_w, str(process.pid).encode())
-        os._exit(0)
+        try:
+            process = subprocess.Popen([*server, f"/dev/fd/{fuse}"], pass_fds=(fuse,),
+                                       stdin=subprocess.DEVNULL)
+            os.write(report_w, str(process.pid).encode())
+        finally:
+            os._exit(0)
     os.close(report_w)
     os.close(fuse)
     os.waitpid(middle, 0)
     with os.fdopen(report_r, "rb") as f:
-        return int(f.read() or 0)
+        pid = f.read()
+    if not pid:
+        raise BerthError(f"{server[0]}: cannot be started (is it installed?)")
+    return int(pid)
 
 
 def mount_squashfs(image, target):

@@ -85,3 +85,12 @@ def test_devices_hook_follows_the_device_cgroup(tmp_path):
                    env={"PATH": os.environ["PATH"], "ENROOT_RESTRICT_DEV": "yes",
                         "ENROOT_MOUNTS": str(mounts)})
     assert mounts.read_text() == "/dev/null /dev/null none bind,x-create=file,nofail\n"
+
+
+def test_aptfix_only_for_a_remapped_root_with_apt(hooked, app):
+    (app / "etc/apt/apt.conf.d").mkdir(parents=True)
+    hooked.chown(app / "etc/apt")
+    conf = "/etc/apt/apt.conf.d/00berth-sandbox"
+    assert hooked.ok("start", "--root", "app", "cat", conf) == 'APT::Sandbox::User "root";\n'
+    # Unmapped, the placeholder x-create left in the container stays empty.
+    assert hooked.ok("start", "app", "cat", conf) == ""
