@@ -10,11 +10,12 @@ caller's environment, the container environment, every ENROOT_* setting and:
   ENROOT_MOUNTS     a file the hook may append fstab lines to
   ENROOT_ENVIRON    a file the hook may append KEY=VALUE lines to
   BERTH_RUNTIME_DIR a private scratch directory removed when the container ends
-A hook that exits non-zero aborts the start.
+A hook that exits non-zero aborts the start. Its output goes to stderr.
 """
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from berth.errors import BerthError
@@ -31,8 +32,9 @@ def find(cfg):
 def run(hooks, env):
     for hook in hooks:
         try:
+            # stdout goes to stderr: berth's stdout may be the --detach pid channel.
             status = subprocess.run([str(hook)], env=env, stdin=subprocess.DEVNULL,
-                                    check=False).returncode
+                                    stdout=sys.stderr.fileno(), check=False).returncode
         except OSError as e:
             raise BerthError(f"hook {hook}: cannot run: {e.strerror}") from None
         if status:

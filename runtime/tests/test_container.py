@@ -15,6 +15,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -449,6 +450,22 @@ def test_detach_stops_on_sigterm_and_remove_waits_for_it(berth, app):
     berth.ok("remove", "app")
 
 
+def test_detach_stopped_during_setup_leaves_nothing(berth, app):
+    marker = berth.base / "host/hook-started"
+    berth.write("cfg/hooks.d/50-slow.sh", f"#!/bin/sh\ntouch {marker}\nexec sleep 5 >/dev/null 2>&1\n", mode=0o755)
+    process = subprocess.Popen(berth.command("start", "--detach", "app"), env=berth.env,
+                               cwd=berth.base, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    for _ in range(200):
+        if marker.exists():
+            break
+        time.sleep(0.05)
+    os.kill(berth_pid(process), signal.SIGTERM)
+    out, _ = process.communicate(timeout=10)
+    assert process.returncode != 0 and out == ""
+    assert berth.leftovers() == []
+
+
 def test_detach_setup_failure_prints_no_pid(berth, app):
     result = berth("start", "--detach", "-m", "/no/such:/x", "app")
     assert result.returncode == 1 and result.stdout == "" and "/no/such" in result.stderr
@@ -502,11 +519,13 @@ def test_hooks_add_mounts_and_environment(berth, app):
     berth.write("sys/hooks.d/20-site.sh", f"""#!/bin/sh
 echo "{host} /hooked none bind,x-create=dir" >> "$ENROOT_MOUNTS"
 echo "HOOKED=$FOO-$ENROOT_PID" >> "$ENROOT_ENVIRON"
+echo "hook chatter"
 [ -d "$ENROOT_ROOTFS/etc" ] && [ -d "$BERTH_RUNTIME_DIR" ]
 """, mode=0o755)
     berth.write("cfg/hooks.d/10-disabled.sh", "#!/bin/sh\nexit 1\n", mode=0o644)
-    out = berth.ok("start", "app", "sh", "-c", "cat /hooked/f; echo $HOOKED")
-    assert out.startswith("hooked\nimage-") and out.strip().split("-")[-1].isdigit()
+    result = berth("start", "app", "sh", "-c", "cat /hooked/f; echo $HOOKED")
+    assert result.stdout.startswith("hooked\nimage-") and result.stdout.strip()[-1].isdigit()
+    assert result.stderr == "hook chatter\n"  # never on stdout
 
 
 def test_failing_hook_aborts_and_is_named(berth, app):
