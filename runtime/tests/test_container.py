@@ -437,9 +437,10 @@ def test_detach_then_exec(berth, app, images, container):
 
 
 def test_detach_stops_on_sigterm_and_remove_waits_for_it(berth, app):
-    process, pid = start_detached(berth, "--pid", "app")
+    process, pid = start_detached(berth, "--pid", "--net", "app")
     try:
         assert berth.ok("exec", pid, "sh", "-c", "echo $$") != "1\n"  # a child of pid 1
+        assert berth.ok("exec", pid, "ls", "/sys/class/net").split() == ["lo"]  # its net ns
         line = berth("remove", "app")
         assert line.returncode == 1 and "is running" in line.stderr
         assert app.is_dir()
