@@ -110,8 +110,7 @@ def _child(plan, status):
         sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
         sc.mount(None, "/", None, sc.MS_REC | sc.MS_PRIVATE)
         if plan.image:
-            lower = f"{plan.runtime}/lower" if plan.writable else f"{plan.runtime}/root"
-            _send(status, f"fuse {rootfs.mount_squashfs(plan.image, lower)}")
+            _send(status, f"fuse {rootfs.mount_squashfs(plan.image, f'{plan.runtime}/lower')}")
         if plan.pid_namespace:
             sc.unshare(sc.CLONE_NEWPID)
             pid = os.fork()
@@ -130,11 +129,12 @@ def _child(plan, status):
 
 def _build_and_run(plan, status):
     if plan.image:
+        # Always an overlay, read-only at the end unless --rw: mount points
+        # missing in the image can then be created (in the tmpfs upper dir).
         root = f"{plan.runtime}/root"
-        if plan.writable:
-            server = rootfs.mount_overlay(f"{plan.runtime}/lower", root, f"{plan.runtime}/rw")
-            if server and not plan.pid_namespace:  # in a pid namespace it dies with pid 1
-                _send(status, f"fuse {server}")
+        server = rootfs.mount_overlay(f"{plan.runtime}/lower", root, f"{plan.runtime}/rw")
+        if server and not plan.pid_namespace:  # in a pid namespace it dies with pid 1
+            _send(status, f"fuse {server}")
     else:
         root = plan.rootfs
         sc.mount(root, root, None, sc.MS_BIND | sc.MS_REC)
@@ -151,7 +151,7 @@ def _build_and_run(plan, status):
     if plan.hooks:
         _run_hooks(plan, root, env)
     env.update(plan.env)
-    if plan.rootfs and not plan.writable:
+    if not plan.writable:
         mounts.remount_readonly(root)
     workdir = image["workdir"]
     if not workdir or not os.path.isdir(mounts.resolve(root, workdir)):

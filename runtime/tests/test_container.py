@@ -380,6 +380,10 @@ def test_start_image_directly(berth, images):
     assert result.returncode == 1 and "Read-only file system" in result.stderr
     assert berth.ok("start", "--rw", image, "sh", "-c", "touch /made && ls /made") == "/made\n"
     assert berth("start", image, "ls", "/made").returncode == 1  # the overlay was private
+    host = berth.base / "host"
+    (host / "in").write_text("mounted\n")
+    out = berth.ok("start", "-m", f"{host}:/not/in/image:ro", image, "cat", "/not/in/image/in")
+    assert out == "mounted\n"
     assert list((berth.base / "data").iterdir()) == []  # nothing unpacked
     assert berth.leftovers() == []
     servers = subprocess.run(["pgrep", "-u", str(berth.user.pw_uid), "squashfuse"],
