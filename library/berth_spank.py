@@ -123,22 +123,35 @@ def header_version(include):
     return f"{number >> 16}.{(number >> 8) & 0xff:02d}.{number & 0xff}"
 
 
-def find_slurm_binary(module):
-    for name in SLURM_PROGRAMS:
-        path = module.get_bin_path(name, opt_dirs=["/usr/sbin", "/usr/bin"])
-        if path:
-            return path
-    module.fail_json(msg="no Slurm installed: none of %s found; set slurm_binary"
-                     % ", ".join(SLURM_PROGRAMS))
-
-
-def installed_version(module, binary):
+def reported_version(module, binary):
+    """(version, None) from `binary -V`, or (None, what it said instead)."""
     rc, out, err = module.run_command([binary, "-V"])
     match = re.match(r"slurm(?:-wlm)?\s+(\S+)", out.strip())
     if rc != 0 or not match:
-        module.fail_json(msg=f"slurm_binary: '{binary} -V' did not name a Slurm version: "
-                         f"{(out + err).strip()}")
-    return match.group(1)
+        return None, f"'{binary} -V' did not name a Slurm version: {(out + err).strip()}"
+    return match.group(1), None
+
+
+def installed_version(module, binary):
+    """The installed Slurm's version and the program that told it."""
+    if binary:
+        version, problem = reported_version(module, binary)
+        if problem:
+            module.fail_json(msg=f"slurm_binary: {problem}")
+        return version, binary
+    # srun -V needs a reachable configuration (not so on a configless login
+    # node without DNS SRV records): the daemons come first.
+    problems = []
+    for name in SLURM_PROGRAMS:
+        path = module.get_bin_path(name, opt_dirs=["/usr/sbin", "/usr/bin"])
+        if path:
+            version, problem = reported_version(module, path)
+            if version:
+                return version, path
+            problems.append(problem)
+    module.fail_json(msg="cannot tell the installed Slurm version: "
+                     + ("; ".join(problems) or f"none of {', '.join(SLURM_PROGRAMS)} found")
+                     + "; set slurm_binary")
 
 
 def read_stamp(stamp):
@@ -211,8 +224,7 @@ def main():
         headers = header_version(include)
     except ValueError as e:
         module.fail_json(msg=str(e))
-    binary = module.params["slurm_binary"] or find_slurm_binary(module)
-    slurm = installed_version(module, binary)
+    slurm, binary = installed_version(module, module.params["slurm_binary"])
     if slurm != headers:
         module.fail_json(
             msg=f"Slurm headers in {include} are version {headers} but {binary} is version "

@@ -149,3 +149,4 @@ def test_bad_slurm_binary_is_named(tmp_path, setup):
     result = run_module(tmp_path, args)
     assert result["failed"] is True
     assert f"slurm_binary: '{slurm.binary} -V' did not name a Slurm version" in result["msg"]
+
