@@ -102,3 +102,10 @@ def test_check_mode_with_the_source_not_yet_copied_plans_an_install(tmp_path):
     assert run_module(tmp_path, args, check=True)["changed"] is True
     assert not venv.exists()
     assert run_module(tmp_path, args)["msg"] == f"src: {tmp_path}/not-copied-yet has no pyproject.toml"
+
+
+def test_missing_interpreter_fails_naming_it_and_creates_nothing(tmp_path):
+    venv = tmp_path / "venv"
+    args = {"src": str(runtime_copy(tmp_path)), "venv": str(venv), "python": "/nonexistent/python3"}
+    assert run_module(tmp_path, args)["msg"] == "python: /nonexistent/python3 is not an executable"
+    assert not venv.exists()

@@ -108,6 +108,7 @@ def test_check_mode_reports_the_diff_and_writes_nothing(tmp_path):
     ("ENROOT_ALLOW_HTTP", "maybe", "ENROOT_ALLOW_HTTP: expected yes or no"),
     ("ENROOT_MAX_CONNECTIONS", "ten", "ENROOT_MAX_CONNECTIONS: expected a whole number"),
     ("ENROOT_DATA_PATH", "data/${UID}", "ENROOT_DATA_PATH: expected an absolute path"),
+    ("ENROOT_SQUASH_OPTIONS", "-comp zstd # fast", "ENROOT_SQUASH_OPTIONS: value must be one non-empty line"),
 ])
 def test_bad_setting_fails_naming_the_key_and_keeps_the_file(tmp_path, key, value, message):
     conf = tmp_path / "enroot.conf"
