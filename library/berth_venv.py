@@ -96,6 +96,9 @@ def read_stamp(stamp):
 
 
 def install(module, src, venv, python):
+    # Every user runs the runtime: a hardened root umask (027, 077) must not
+    # leave the venv unreadable to them.
+    os.umask(0o022)
     venv_python = os.path.join(venv, "bin", "python")
     if not os.access(venv_python, os.X_OK):
         module.run_command([python, "-m", "venv", "--system-site-packages", venv], check_rc=True)

@@ -30,8 +30,8 @@ PLAY = """
 pytestmark = pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason="needs /usr/bin/python3")
 
 
-def run_module(tmp_path, module_args, check=False):
-    """Run berth_venv once; return its registered result."""
+def run_module(tmp_path, module_args, check=False, umask=0o022):
+    """Run berth_venv once under `umask`; return its registered result."""
     play = tmp_path / "play.yml"
     play.write_text(PLAY)
     extra = tmp_path / "extra.json"
@@ -44,7 +44,8 @@ def run_module(tmp_path, module_args, check=False):
     ]
     if check:
         cmd += ["--check", "--diff"]
-    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True,
+                   preexec_fn=lambda: os.umask(umask))
     return json.loads(result_file.read_text())
 
 
@@ -68,8 +69,12 @@ def test_installs_once_and_again_only_when_the_source_changes(tmp_path):
     args = {"src": str(src), "venv": str(venv), "python": SYSTEM_PYTHON}
     files_before = sorted(p.relative_to(src) for p in src.rglob("*"))
 
-    first = run_module(tmp_path, args)
+    first = run_module(tmp_path, args, umask=0o077)  # a hardened root's umask
     assert first["changed"] is True
+    [package] = venv.glob("lib/python3*/site-packages/berth")
+    assert (venv / "bin" / "berth").stat().st_mode & 0o005 == 0o005
+    assert package.stat().st_mode & 0o005 == 0o005
+    assert (package / "cli.py").stat().st_mode & 0o004
     assert (venv / ".source-sha256").read_text().strip() == first["sha256"]
     assert berth_version(venv, tmp_path) == "0.1.0"
     assert sorted(p.relative_to(src) for p in src.rglob("*")) == files_before
