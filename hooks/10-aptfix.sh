@@ -4,7 +4,7 @@
 # fails. Tell apt to stay root, for Debian/Ubuntu images only.
 set -eu
 
-[ "$(id -u)" = 0 ] || exit 0
+[ "${BERTH_UID:?}" = 0 ] || exit 0
 [ -d "$ENROOT_ROOTFS/etc/apt/apt.conf.d" ] || exit 0
 [ ! -L "$ENROOT_ROOTFS/etc/apt" ] || exit 0
 

@@ -6,8 +6,9 @@
 # over the originals; the image itself is never changed.
 set -eu
 
-uid=$(id -u)
-gid=$(id -g)
+# Hooks run as root of the setup namespace: the container's ids come from Berth.
+uid=${BERTH_UID:?}
+gid=${BERTH_GID:?}
 
 for db in passwd group; do
     original="$ENROOT_ROOTFS/etc/$db"

@@ -199,8 +199,9 @@ def _plan(args, cfg, container, conf):
     plan = launch.Plan(
         cfg=cfg, runtime="", image=image, rootfs=root,
         writable=args.rw or cfg.flag("ENROOT_ROOTFS_WRITABLE"),
-        remap_root=args.root or cfg.flag("ENROOT_REMAP_ROOT"),
-        user_namespace=not superuser, unshare=unshare,
+        ids=None if superuser else (0, 0) if args.root or cfg.flag("ENROOT_REMAP_ROOT")
+        else (os.getuid(), os.getgid()),
+        unshare=unshare,
         pid_namespace=args.pid or cfg.flag("ENROOT_UNSHARE_PID"),
         restrict_dev=cfg.flag("ENROOT_RESTRICT_DEV"),
         mounts=user_mounts, env_files=_sorted_files(cfg, "environ.d", "*.env"), env=env,

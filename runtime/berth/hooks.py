@@ -2,14 +2,17 @@
 
 Order: `$ENROOT_SYSCONF_PATH/hooks.d/*.sh` sorted, then
 `$ENROOT_CONFIG_PATH/hooks.d/*.sh` sorted. A file without the execute bit
-is skipped (`chmod -x` disables a hook). Each hook runs inside the new user
-and mount namespaces but still sees the host's filesystem, with the
-caller's environment, the container environment, every ENROOT_* setting and:
+is skipped (`chmod -x` disables a hook). Each hook runs as root of a new
+user namespace mapped onto the caller (so it may mount into the root, and
+write where the caller may) and in the new mount namespace, but still sees
+the host's filesystem, with the caller's environment, the container
+environment, every ENROOT_* setting and:
   ENROOT_PID        pid of the process that becomes the container
   ENROOT_ROOTFS     host path of the container root
   ENROOT_MOUNTS     a file the hook may append fstab lines to
   ENROOT_ENVIRON    a file the hook may append KEY=VALUE lines to
   BERTH_RUNTIME_DIR a private scratch directory removed when the container ends
+  BERTH_UID, BERTH_GID  the ids the container's processes will have inside
 A hook that exits non-zero aborts the start. Its output goes to stderr.
 """
 

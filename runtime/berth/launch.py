@@ -1,17 +1,17 @@
 """Processes of `berth start` and `berth exec`.
 
-One start is three processes (two without --pid):
+One start is two processes (three with --pid):
   berth    stays on the host, as a child subreaper: forwards SIGTERM, SIGHUP,
            SIGUSR1 and SIGUSR2 to the container (SIGINT/SIGQUIT reach it from
-           the terminal), reports setup errors, and at the end stops
-           squashfuse and removes the per-start runtime directory.
-  child    unshares the user and mount namespaces (and net/ipc/uts), maps
-           the caller's uid/gid (to 0 with --root), mounts a squashfs image
-           with squashfuse; with --pid it unshares the pid namespace and
-           waits for its own child, which becomes pid 1 there.
-  build    (the child itself without --pid) builds the root, runs the hooks,
-           pivot_roots into it and execs the command with all of the
-           caller's open file descriptors.
+           the terminal), reports setup errors, and at the end stops the
+           FUSE servers and removes the per-start runtime directory.
+  child    in a new user namespace where the caller is root and a new mount
+           namespace: mounts the root (squashfuse + overlay for an image),
+           the system, fstab and -m mounts, runs the hooks, pivot_roots,
+           then nests the container's user namespace (the caller's uid/gid,
+           or 0 with --root) with its mount/net/ipc/uts/pid namespaces and
+           execs the command with all of the caller's open file descriptors
+           (with --pid it forks pid 1 for that and waits for it).
 Setup messages travel to berth over a close-on-exec pipe, one line each:
 `fuse PID` (a FUSE server to stop at the end), `error MESSAGE`,
 `ready PID` (--detach only).
@@ -51,8 +51,9 @@ class Plan:
     runtime      per-start directory under ENROOT_RUNTIME_PATH
     image        a squashfs started without unpacking, or
     rootfs       an unpacked container root
-    writable, remap_root, pid_namespace, restrict_dev, detach   booleans
-    user_namespace  False only for root with ENROOT_ALLOW_SUPERUSER=yes
+    writable, pid_namespace, restrict_dev, detach   booleans
+    ids          (uid, gid) of the container's processes inside (0, 0 with
+                 --root), or None: no user namespace (ENROOT_ALLOW_SUPERUSER)
     unshare      extra CLONE_NEW* flags: net, ipc, uts
     mounts       user mounts: mounts.d, config files, -m, in that order
     env_files    environ.d files; env: config-file variables, then -e
@@ -88,52 +89,48 @@ def _exec(command, env):
         os._exit(127 if isinstance(e, FileNotFoundError) else 126)
 
 
-def _write(path, text):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def _map_ids(inside_root):
-    uid, gid = os.getuid(), os.getgid()
-    sc.unshare(sc.CLONE_NEWUSER)
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{0 if inside_root else uid} {uid} 1")
-    _write("/proc/self/gid_map", f"{0 if inside_root else gid} {gid} 1")
-
-
 def _child(plan, status):
-    """The first process in the new namespaces; never returns."""
+    """Builds the root, runs the hooks, enters; never returns.
+
+    It works as root of a new user namespace mapped onto the caller (files
+    the caller or the image owns are then writable for mount points), in a
+    new mount namespace; rootfs.isolate then nests the container's own."""
     try:
-        if plan.user_namespace:
-            _map_ids(plan.remap_root)
-        sc.unshare(sc.CLONE_NEWNS | plan.unshare)
+        if plan.ids is not None:
+            rootfs.new_user_namespace(0, 0)
+        sc.unshare(sc.CLONE_NEWNS)
         sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
         sc.mount(None, "/", None, sc.MS_REC | sc.MS_PRIVATE)
-        if plan.image:
-            _send(status, f"fuse {rootfs.mount_squashfs(plan.image, f'{plan.runtime}/lower')}")
+        root, image, env = _build(plan, status)
+        workdir = image["workdir"]
+        if not workdir or not os.path.isdir(mounts.resolve(root, workdir)):
+            workdir = "/"
+        if plan.detach:
+            _exec_keeper(plan, root, workdir, env, status)
+        rootfs.enter(root, workdir)
+        flags = plan.unshare | (sc.CLONE_NEWPID if plan.pid_namespace else 0)
+        child = rootfs.isolate(plan.ids, flags)
+        if child:
+            os.close(status)
+            rootfs.relay(child)
         if plan.pid_namespace:
-            sc.unshare(sc.CLONE_NEWPID)
-            pid = os.fork()
-            if pid:
-                os.close(status)
-                for sig in _FORWARDED:
-                    signal.signal(sig, lambda s, _f: os.kill(pid, s))
-                os._exit(_exit_code(os.waitpid(pid, 0)[1]))
-            sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
-        _build_and_run(plan, status)
+            rootfs.mount_own_proc()
+        _exec(_command(plan, image), env)
     except (BerthError, OSError) as e:
         _send(status, f"error {e}")
     finally:  # whatever happens, never return into berth's own code
         os._exit(1)
 
 
-def _build_and_run(plan, status):
+def _build(plan, status):
+    """Mount the root and everything into it, run the hooks: (root, image config, env)."""
     if plan.image:
         # Always an overlay, read-only at the end unless --rw: mount points
         # missing in the image can then be created (in the tmpfs upper dir).
         root = f"{plan.runtime}/root"
+        _send(status, f"fuse {rootfs.mount_squashfs(plan.image, f'{plan.runtime}/lower')}")
         server = rootfs.mount_overlay(f"{plan.runtime}/lower", root, f"{plan.runtime}/rw")
-        if server and not plan.pid_namespace:  # in a pid namespace it dies with pid 1
+        if server:
             _send(status, f"fuse {server}")
     else:
         root = plan.rootfs
@@ -143,8 +140,7 @@ def _build_and_run(plan, status):
     for path in plan.env_files:
         environ.read_file(path, env)
     env.update(image["env"])
-    for mount in rootfs.system_mounts(plan.pid_namespace, bool(plan.unshare & sc.CLONE_NEWNET),
-                                     plan.restrict_dev) + plan.mounts:
+    for mount in rootfs.system_mounts(plan.restrict_dev) + plan.mounts:
         mounts.apply(root, mount)
     if plan.restrict_dev:
         rootfs.finish_restricted_dev(root)
@@ -153,35 +149,29 @@ def _build_and_run(plan, status):
     env.update(plan.env)
     if not plan.writable:
         mounts.remount_readonly(root)
-    workdir = image["workdir"]
-    if not workdir or not os.path.isdir(mounts.resolve(root, workdir)):
-        workdir = "/"
-    if plan.detach:
-        _exec_keeper(root, workdir, env, status)
-    rootfs.enter(root, workdir)
-    _exec(_command(plan, image), env)
+    return root, image, env
 
 
 def _run_hooks(plan, root, env):
     mounts_file, environ_file = f"{plan.runtime}/mounts", f"{plan.runtime}/environ"
     scratch = f"{plan.runtime}/hooks"
     os.mkdir(scratch)
-    _write(mounts_file, "")
-    _write(environ_file, "")
+    rootfs.write_file(mounts_file, "")
+    rootfs.write_file(environ_file, "")
+    uid, gid = plan.ids or (0, 0)
     # Hooks see the container's variables, but search the host's PATH.
     hook_env = {**os.environ, **env, "PATH": os.environ.get("PATH", environ.DEFAULT_PATH),
                 **dict(plan.cfg.items()),
                 "ENROOT_PID": os.readlink("/proc/self"), "ENROOT_ROOTFS": root,
                 "ENROOT_MOUNTS": mounts_file, "ENROOT_ENVIRON": environ_file,
-                "BERTH_RUNTIME_DIR": scratch}
+                "BERTH_RUNTIME_DIR": scratch, "BERTH_UID": str(uid), "BERTH_GID": str(gid)}
     hooks.run(plan.hooks, hook_env)
     for mount in mounts.read_fstab(mounts_file, hook_env):
         mounts.apply(root, mount)
     environ.read_file(environ_file, env, expand=False)
 
 
-def _exec_keeper(root, workdir, env, status):
-    sc.keep_capability_across_exec(sc.CAP_SYS_ADMIN)  # pivot_root after exec
+def _exec_keeper(plan, root, workdir, env, status):
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
@@ -189,8 +179,10 @@ def _exec_keeper(root, workdir, env, status):
     os.closerange(status + 1, os.sysconf("SC_OPEN_MAX"))
     os.set_inheritable(status, True)
     library = os.path.dirname(os.path.dirname(os.path.abspath(rootfs.__file__)))
-    os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", _KEEPER,
-                               library, root, workdir, str(status)], env)
+    ids = "-" if plan.ids is None else f"{plan.ids[0]}:{plan.ids[1]}"
+    flags = plan.unshare | (sc.CLONE_NEWPID if plan.pid_namespace else 0)
+    os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", _KEEPER, library, root,
+                               workdir, str(status), ids, str(flags)], env)
 
 
 def _command(plan, image):
@@ -204,8 +196,7 @@ def _command(plan, image):
 
 
 def _forward_signals(pid):
-    for sig in _FORWARDED:
-        signal.signal(sig, lambda s, _f: os.kill(pid, s))
+    rootfs.forward_signals(pid, _FORWARDED)
     for sig in (signal.SIGINT, signal.SIGQUIT):
         signal.signal(sig, lambda *_: None)
 
@@ -239,7 +230,7 @@ def start(plan):
         os.close(status_r)
         _child(plan, status_w)
     os.close(status_w)
-    _write(f"{plan.runtime}/state", f"{child}\n")
+    rootfs.write_file(f"{plan.runtime}/state", f"{child}\n")
     _forward_signals(child)  # until --detach is ready: a stop then ends the setup
     helpers, error, keeper = [], None, None
     try:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 
 from berth import environ, mounts, syscalls as sc
@@ -110,15 +111,13 @@ def mount_overlay(lower, target, scratch):
                          f"and fuse-overlayfs failed: {e}") from None
 
 
-def system_mounts(pid_namespace, net_namespace, restrict_dev):
+def system_mounts(restrict_dev):
     """/proc, /dev, /sys and /tmp of every container, as Mounts.
 
-    A new pid or net namespace gets its own proc or sysfs (the host's would
-    show the host's processes or network devices)."""
+    A new pid or net namespace later gets its own proc or sysfs on top
+    (see isolate): the host's would show the host's processes or devices."""
     def m(source, target, fstype, options):
         return mounts.Mount(source, target, fstype, tuple(options.split(",")), "built-in mounts")
-    proc = (m("proc", "/proc", "proc", "nosuid,nodev,noexec,x-create=dir") if pid_namespace
-            else m("/proc", "/proc", "none", "rbind,x-create=dir"))
     if restrict_dev:
         dev = [m("tmpfs", "/dev", "tmpfs", "nosuid,noexec,mode=0755,x-create=dir")]
         dev += [m(f"/dev/{n}", f"/dev/{n}", "none", "bind,x-create=file") for n in _DEV_NODES]
@@ -126,9 +125,8 @@ def system_mounts(pid_namespace, net_namespace, restrict_dev):
                 m("tmpfs", "/dev/shm", "tmpfs", "nosuid,nodev,mode=1777,x-create=dir")]
     else:
         dev = [m("/dev", "/dev", "none", "rbind,x-create=dir")]
-    sysfs = (m("sysfs", "/sys", "sysfs", "nosuid,nodev,noexec,ro,x-create=dir") if net_namespace
-           else m("/sys", "/sys", "none", "rbind,x-create=dir"))
-    return [proc, *dev, sysfs,
+    return [m("/proc", "/proc", "none", "rbind,x-create=dir"), *dev,
+            m("/sys", "/sys", "none", "rbind,x-create=dir"),
             m("/tmp", "/tmp", "none", "bind,x-create=dir")]
 
 
@@ -151,13 +149,84 @@ def enter(root, workdir):
         raise BerthError(f"workdir {workdir} does not exist in the container") from None
 
 
-def keeper_main(root, workdir, status_fd):
-    """The --detach keeper: enter the root, report ready, wait for a signal."""
-    import signal
-    host_pid = os.readlink("/proc/self")  # before pivot_root hides the host's /proc
+def isolate(ids, flags):
+    """After pivot_root: the namespaces the container's processes live in.
+
+    The root was built as root of an outer user namespace (so that files
+    the image owns as root can get mount points); here a nested user
+    namespace maps the container's (uid, gid) `ids` onto that root, or none
+    is made when `ids` is None (ENROOT_ALLOW_SUPERUSER). The mount, net,
+    ipc, uts and pid namespaces are made here too, owned by the inner user
+    namespace, so joining it first lets `berth exec` or the SPANK plugin
+    join all of them. With CLONE_NEWPID this forks: the parent gets the
+    child's pid and should only wait for it; the child (pid 1) gets 0.
+    """
+    if ids is not None:
+        new_user_namespace(*ids)
+    sc.unshare(sc.CLONE_NEWNS | flags)
+    if flags & sc.CLONE_NEWNET:
+        sc.mount("sysfs", "/sys", "sysfs", sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)
+    if flags & sc.CLONE_NEWPID:
+        child = os.fork()
+        if child:
+            return child
+        sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
+    return 0
+
+
+def mount_own_proc():
+    """In a new pid namespace, /proc of that namespace."""
+    sc.mount("proc", "/proc", "proc", sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)
+
+
+def forward_signals(pid, signals):
+    def forward(sig, _frame):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:  # already gone: nothing to stop
+            pass
+    for sig in signals:
+        signal.signal(sig, forward)
+
+
+def relay(child):
+    """Forward stop signals to `child`, wait for it, exit with its status."""
+    forward_signals(child, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                            signal.SIGUSR1, signal.SIGUSR2))
+    status = os.waitpid(child, 0)[1]
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code)
+
+
+def write_file(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def new_user_namespace(uid, gid):
+    """Unshare a user namespace where (uid, gid) inside are our own ids outside."""
+    outer_uid, outer_gid = os.getuid(), os.getgid()
+    sc.unshare(sc.CLONE_NEWUSER)
+    write_file("/proc/self/setgroups", "deny")
+    write_file("/proc/self/uid_map", f"{uid} {outer_uid} 1")
+    write_file("/proc/self/gid_map", f"{gid} {outer_gid} 1")
+
+
+def keeper_main(root, workdir, status_fd, ids, flags):
+    """The --detach keeper: enter the root, report ready, wait for a signal.
+
+    Runs as root of the outer user namespace (exec'd from the setup process
+    with the final environment, which /proc/PID/environ then shows)."""
     status = int(status_fd)
     try:
         enter(root, workdir)
+        child = isolate(None if ids == "-" else tuple(map(int, ids.split(":"))), int(flags))
+        if child:
+            os.close(status)
+            relay(child)
+        host_pid = os.readlink("/proc/self")  # the host's /proc is still mounted
+        if int(flags) & sc.CLONE_NEWPID:
+            mount_own_proc()
         sc.drop_all_capabilities()
     except (OSError, BerthError) as e:
         os.write(status, f"error {e}\n".encode())

@@ -35,16 +35,12 @@ MNT_DETACH = 0x2
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-PR_CAP_AMBIENT = 47
-PR_CAP_AMBIENT_RAISE = 2
-PR_CAP_AMBIENT_CLEAR_ALL = 4
-CAP_SYS_ADMIN = 21
 
 # glibc has no wrappers for these: numbers per architecture.
 _SYSCALL_NUMBERS = {
-    "x86_64": {"pivot_root": 155, "capget": 125, "capset": 126},
-    "aarch64": {"pivot_root": 41, "capget": 90, "capset": 91},
-    "ppc64le": {"pivot_root": 203, "capget": 183, "capset": 184},
+    "x86_64": {"pivot_root": 155, "capset": 126},
+    "aarch64": {"pivot_root": 41, "capset": 91},
+    "ppc64le": {"pivot_root": 203, "capset": 184},
 }
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
@@ -102,18 +98,7 @@ class _CapData(ctypes.Structure):
                 ("inheritable", ctypes.c_uint32)]
 
 
-def keep_capability_across_exec(cap):
-    """Make `cap` (held now) survive execve as an ambient capability."""
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
-    _syscall("capget", ctypes.byref(header), ctypes.byref(data))
-    data[cap // 32].inheritable |= 1 << (cap % 32)
-    _syscall("capset", ctypes.byref(header), ctypes.byref(data))
-    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap)
-
-
 def drop_all_capabilities():
-    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     _syscall("capset", ctypes.byref(header), ctypes.byref(data))

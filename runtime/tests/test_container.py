@@ -382,8 +382,11 @@ def test_start_image_directly(berth, images):
     assert berth("start", image, "ls", "/made").returncode == 1  # the overlay was private
     host = berth.base / "host"
     (host / "in").write_text("mounted\n")
-    out = berth.ok("start", "-m", f"{host}:/not/in/image:ro", image, "cat", "/not/in/image/in")
-    assert out == "mounted\n"
+    # Mount points the image lacks, even under its root-owned dirs, and files
+    # it owns as root appear as the caller's (as in an unpacked container).
+    out = berth.ok("start", "-m", f"{host}:/usr/local/new/dir:ro", image,
+                   "sh", "-c", "cat /usr/local/new/dir/in; stat -c %u /bin/busybox")
+    assert out == f"mounted\n{berth.user.pw_uid}\n"
     assert list((berth.base / "data").iterdir()) == []  # nothing unpacked
     assert berth.leftovers() == []
     servers = subprocess.run(["pgrep", "-u", str(berth.user.pw_uid), "squashfuse"],
