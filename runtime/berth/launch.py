@@ -29,6 +29,7 @@ Setup messages travel to berth over a close-on-exec pipe, one line each:
   printing a pid. `berth exec PID COMMAND...` runs a command in there.
 """
 
+import contextlib
 import os
 import select
 import signal
@@ -68,11 +69,6 @@ class Plan:
 
 def _send(fd, message):
     os.write(fd, (message.replace("\n", " ") + "\n").encode())
-
-
-def _exit_code(status):
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
 
 
 def _restore_signals():
@@ -246,8 +242,9 @@ def start(plan):
         if keeper:
             print(keeper, flush=True)
             _wait_for_stop(child)
-            os.kill(keeper, signal.SIGKILL)
-        code = _exit_code(os.waitpid(child, 0)[1])
+            with contextlib.suppress(ProcessLookupError):  # it may be gone already
+                os.kill(keeper, signal.SIGKILL)
+        code = rootfs.exit_code(os.waitpid(child, 0)[1])
     finally:
         for pid in helpers:
             os.kill(pid, signal.SIGTERM)
@@ -289,5 +286,5 @@ def exec_in(pid, command):
         child = os.fork()  # a pid namespace applies to children only
         if child:
             _forward_signals(child)
-            return _exit_code(os.waitpid(child, 0)[1])
+            return rootfs.exit_code(os.waitpid(child, 0)[1])
     _exec(command, env)

@@ -193,9 +193,13 @@ def relay(child):
     """Forward stop signals to `child`, wait for it, exit with its status."""
     forward_signals(child, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
                             signal.SIGUSR1, signal.SIGUSR2))
-    status = os.waitpid(child, 0)[1]
-    code = os.waitstatus_to_exitcode(status)
-    os._exit(128 - code if code < 0 else code)
+    os._exit(exit_code(os.waitpid(child, 0)[1]))
+
+
+def exit_code(wait_status):
+    """A shell-style exit code: 128 + N for a child killed by signal N."""
+    code = os.waitstatus_to_exitcode(wait_status)
+    return 128 - code if code < 0 else code
 
 
 def write_file(path, text):
