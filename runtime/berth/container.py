@@ -191,7 +191,12 @@ def _plan(args, cfg, container, conf):
             rc = Path(args.rc).read_text(encoding="utf-8")
         except OSError as e:
             raise BerthError(f"--rc {args.rc}: {e.strerror}") from None
-    superuser = os.getuid() == 0 and cfg.flag("ENROOT_ALLOW_SUPERUSER")
+    if os.getuid() == 0 and cfg.flag("ENROOT_ALLOW_SUPERUSER"):
+        ids = None  # no user namespace at all
+    elif args.root or cfg.flag("ENROOT_REMAP_ROOT"):
+        ids = (0, 0)
+    else:
+        ids = (os.getuid(), os.getgid())
     unshare = 0
     for ns, flag in (("net", sc.CLONE_NEWNET), ("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS)):
         if getattr(args, ns) or cfg.flag(f"ENROOT_UNSHARE_{ns.upper()}"):
@@ -199,9 +204,7 @@ def _plan(args, cfg, container, conf):
     plan = launch.Plan(
         cfg=cfg, runtime="", image=image, rootfs=root,
         writable=args.rw or cfg.flag("ENROOT_ROOTFS_WRITABLE"),
-        ids=None if superuser else (0, 0) if args.root or cfg.flag("ENROOT_REMAP_ROOT")
-        else (os.getuid(), os.getgid()),
-        unshare=unshare,
+        ids=ids, unshare=unshare,
         pid_namespace=args.pid or cfg.flag("ENROOT_UNSHARE_PID"),
         restrict_dev=cfg.flag("ENROOT_RESTRICT_DEV"),
         mounts=user_mounts, env_files=_sorted_files(cfg, "environ.d", "*.env"), env=env,
@@ -235,7 +238,7 @@ def cmd_exec(args, cfg):
 
 
 def running(cfg):
-    """{container name: pid} of the starts alive under ENROOT_RUNTIME_PATH."""
+    """{container name: [pid, ...]} of the starts alive under ENROOT_RUNTIME_PATH."""
     found = {}
     base = cfg.path("ENROOT_RUNTIME_PATH")
     for state in base.glob("*/state") if base.is_dir() else ():
