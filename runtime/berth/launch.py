@@ -27,6 +27,10 @@ Setup messages travel to berth over a close-on-exec pipe, one line each:
   or the keeper dies; then it kills the keeper, tears everything down and
   exits 0. A setup failure prints `berth: error: ...` and exits 1 without
   printing a pid. `berth exec PID COMMAND...` runs a command in there.
+  To join by hand: setns /proc/PID/ns/user first, then mnt (and net, ipc,
+  uts, pid where they differ from yours): all are owned by that user
+  namespace. The root is then the container's; chdir to /proc/PID/cwd
+  (opened before the setns calls).
 """
 
 import contextlib
