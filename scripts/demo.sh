@@ -12,6 +12,7 @@ if [[ "${1:-}" == "destroy" ]]; then
     exec molecule destroy -s multinode
 fi
 
+bash scripts/test-image.sh
 molecule create -s multinode
 molecule prepare -s multinode
 molecule converge -s multinode

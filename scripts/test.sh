@@ -22,4 +22,5 @@ stage "unit and integration tests"
 python -m pytest -q tests runtime/tests
 
 stage "multi-node cluster (molecule test -s multinode)"
+bash scripts/test-image.sh
 molecule test -s multinode

@@ -1,0 +1,179 @@
+"""srun/sbatch --container-* on the deployed cluster: every task of a
+two-node MPI job inside the container, PMIx and PMI2, the flags, bad input
+refused before submission, and nothing left behind."""
+
+import re
+import shlex
+
+import pytest
+
+from conftest import COMPUTE, CONTROLLER, node
+
+IMAGE_SQSH = "/opt/berth-images/mpi-test.sqsh"
+REGISTRY_IMAGE = f"{CONTROLLER}:5000#berth/mpi-test:1"
+OPENMPI = "/opt/mpi-test/allreduce-openmpi"
+MPICH = "/opt/mpi-test/allreduce-mpich"
+
+
+def srun(args, user="alice"):
+    return node(CONTROLLER).run(f"runuser -u {user} -- srun {args}")
+
+
+def assert_mpi_ranks(job, size):
+    assert job.rc == 0, job.stdout + job.stderr
+    ranks = re.findall(rf"^rank (\d+) of {size} on (\S+)$", job.stdout, re.M)
+    assert sorted(int(rank) for rank, _ in ranks) == list(range(size)), job.stdout
+    assert {host for _, host in ranks} == set(COMPUTE)
+    assert f"allreduce sum {size * (size + 1) // 2}" in job.stdout
+
+
+def no_containers_left():
+    for name in COMPUTE:
+        host = node(name)
+        assert host.run("runuser -u alice -- berth list").stdout.strip() == ""
+        assert "squashfuse" not in host.file("/proc/mounts").content_string
+        assert host.run("pgrep -u alice -f 'berth start'").rc == 1
+
+
+def test_login_node_srun_lists_the_flags():
+    help_text = node(CONTROLLER).check_output("srun --help")
+    for flag in ("--container-image", "--container-mounts", "--container-name", "--container-remap-root"):
+        assert flag in help_text
+
+
+def test_openmpi_pmix_four_ranks_two_nodes_in_the_squashfs():
+    job = srun(f"-N2 -n4 --mpi=pmix --container-image={IMAGE_SQSH} {OPENMPI}")
+    assert_mpi_ranks(job, 4)
+    no_containers_left()
+
+
+def test_tasks_see_the_image_not_the_host():
+    job = srun(f"-N2 --ntasks-per-node=1 --container-image={IMAGE_SQSH} grep ^VARIANT_ID= /etc/os-release")
+    assert job.rc == 0, job.stderr
+    assert job.stdout.splitlines() == ["VARIANT_ID=berth-mpi-test"] * 2
+
+
+def test_openmpi_pmix_from_the_registry():
+    job = srun(f"-N2 -n2 --mpi=pmix --container-image={REGISTRY_IMAGE} {OPENMPI}")
+    assert_mpi_ranks(job, 2)
+
+
+def test_mpich_pmi2_inherits_pmi_fd():
+    # PMI2 of MPICH inside the container; PMI_FD is the descriptor slurmstepd
+    # opened, which must survive into the container.
+    job = srun(f"-N2 -n2 --mpi=pmi2 --container-image={IMAGE_SQSH} {MPICH}")
+    assert_mpi_ranks(job, 2)
+
+
+def test_mounts_read_only_and_read_write():
+    for name in COMPUTE:
+        node(name).run("install -d -o alice /home/alice/data && echo host-file > /home/alice/data/in")
+    job = srun(f"-N1 -w {COMPUTE[0]} --container-image={IMAGE_SQSH} "
+               "--container-mounts=/home/alice/data:/data:ro,/home/alice/data:/rw "
+               "sh -c 'cat /data/in; touch /data/x 2>&1 | grep -c Read-only; echo new > /rw/out'")
+    assert job.rc == 0, job.stderr
+    assert job.stdout.splitlines() == ["host-file", "1"]
+    assert node(COMPUTE[0]).file("/home/alice/data/out").content_string == "new\n"
+    assert node(COMPUTE[0]).file("/home/alice/data/out").user == "alice"
+
+
+def test_workdir_flag_and_image_workdir():
+    image_default = srun(f"-N1 --container-image={IMAGE_SQSH} pwd")
+    flagged = srun(f"-N1 --container-image={IMAGE_SQSH} --container-workdir=/tmp pwd")
+    assert flagged.stdout.strip() == "/tmp", flagged.stderr
+    assert image_default.rc == 0, image_default.stderr
+
+
+def test_named_container_keeps_files_between_steps():
+    first = srun(f"-N1 -w {COMPUTE[1]} --container-image={IMAGE_SQSH} --container-name=keep "
+                 "--container-writable sh -c 'echo kept > /opt/mpi-test/note'")
+    assert first.rc == 0, first.stderr
+    second = srun(f"-N1 -w {COMPUTE[1]} --container-name=keep cat /opt/mpi-test/note")
+    assert second.rc == 0, second.stderr
+    assert second.stdout.strip() == "kept"
+    assert "berth_keep" in node(COMPUTE[1]).check_output("runuser -u alice -- berth list")
+    node(COMPUTE[1]).run("runuser -u alice -- berth remove -f berth_keep")
+
+
+def test_remap_root_owns_host_files_as_the_user():
+    node(COMPUTE[0]).run("install -d -o alice /home/alice/remap && rm -f /home/alice/remap/f")
+    job = srun(f"-N1 -w {COMPUTE[0]} --container-image={IMAGE_SQSH} --container-remap-root "
+               "--container-mounts=/home/alice/remap:/remap sh -c 'id -u; touch /remap/f'")
+    assert job.rc == 0, job.stderr
+    assert job.stdout.strip() == "0"
+    assert node(COMPUTE[0]).file("/home/alice/remap/f").user == "alice"
+
+
+def test_writable_and_readonly():
+    writable = srun(f"-N1 --container-image={IMAGE_SQSH} --container-writable touch /opt/w")
+    readonly = srun(f"-N1 --container-image={IMAGE_SQSH} --container-readonly touch /opt/w")
+    assert writable.rc == 0, writable.stderr
+    assert readonly.rc != 0
+    assert "Read-only file system" in readonly.stdout + readonly.stderr
+
+
+def test_container_env_keeps_the_tasks_value():
+    image_path = srun(f"-N1 --container-image={IMAGE_SQSH} printenv PATH")
+    kept = node(CONTROLLER).run(
+        f"runuser -u alice -- env PATH=/custom:/usr/bin:/bin srun -N1 --container-image={IMAGE_SQSH} "
+        "--container-env=PATH /usr/bin/printenv PATH")
+    assert kept.rc == 0, kept.stderr
+    assert kept.stdout.strip() == "/custom:/usr/bin:/bin"
+    assert image_path.stdout.strip() != "/custom:/usr/bin:/bin"
+
+
+def test_container_save_writes_a_squashfs():
+    node(COMPUTE[0]).run("install -d -o alice /home/alice/saved && rm -f /home/alice/saved/s.sqsh")
+    job = srun(f"-N1 -w {COMPUTE[0]} --container-image={IMAGE_SQSH} --container-writable "
+               "--container-save=/home/alice/saved/s.sqsh sh -c 'echo saved > /opt/mpi-test/marker'")
+    assert job.rc == 0, job.stderr
+    listing = node(COMPUTE[0]).check_output("unsquashfs -l /home/alice/saved/s.sqsh")
+    assert "/opt/mpi-test/marker" in listing
+
+
+def test_sbatch_container_image_runs_steps_in_the_container():
+    script = (f"#!/bin/bash\n#SBATCH --container-image={IMAGE_SQSH}\n#SBATCH -N2 -n2\n"
+              "srun grep ^VARIANT_ID= /etc/os-release\n")
+    job = node(CONTROLLER).run(
+        f"cd /home/alice && printf '%s' {shlex.quote(script)} | runuser -u alice -- sbatch --wait -o out.%j")
+    assert job.rc == 0, job.stderr
+    job_id = re.search(r"Submitted batch job (\d+)", job.stdout).group(1)
+    output = node(CONTROLLER).file(f"/home/alice/out.{job_id}")
+    # The output file is written on the batch host; fetch it from there.
+    text = output.content_string if output.exists else ""
+    if not text:
+        for name in COMPUTE:
+            candidate = node(name).file(f"/home/alice/out.{job_id}")
+            if candidate.exists:
+                text = candidate.content_string
+    assert text.splitlines() == ["VARIANT_ID=berth-mpi-test"] * 2
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--container-image=", "--container-image"),
+    ("--container-image=/no/such.sqsh", "/no/such.sqsh"),
+    (f"--container-image={IMAGE_SQSH} --container-mounts=/data", "missing destination in '/data'"),
+    (f"--container-image={IMAGE_SQSH} --container-workdir=relative", "--container-workdir"),
+    (f"--container-image={IMAGE_SQSH} --container-unshare=pid", "--container-unshare"),
+])
+def test_bad_flags_are_refused_before_submission(flag, message):
+    before = node(CONTROLLER).check_output("squeue -h -a -t all -o %i | wc -l")
+    job = srun(f"-N1 {flag} true")
+    assert job.rc != 0
+    errors = [line for line in job.stderr.splitlines() if "spank_berth" in line]
+    assert errors and message in errors[0], job.stderr
+    assert node(CONTROLLER).check_output("squeue -h -a -t all -o %i | wc -l") == before
+
+
+def test_missing_registry_image_fails_the_step_and_leaves_nothing():
+    job = srun(f"-N2 --container-image={CONTROLLER}:5000#no/such:1 true")
+    assert job.rc != 0
+    assert "no/such" in job.stderr
+    no_containers_left()
+
+
+def test_killing_one_task_ends_the_step_and_leaves_nothing():
+    job = srun(f"-N2 -n2 --kill-on-bad-exit=1 --container-image={IMAGE_SQSH} "
+               "sh -c 'if [ $SLURM_PROCID = 0 ]; then kill -9 $$; fi; sleep 60'")
+    assert job.rc != 0
+    no_containers_left()

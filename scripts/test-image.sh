@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build the MPI test image the scenarios run in containers, offline: Debian
+# minbase (from scripts/base-image.sh) + Open MPI + MPICH + the allreduce test
+# program built against each. Its /etc/os-release says VARIANT_ID=berth-mpi-test,
+# so a test can tell the image from the host. Writes, under .cache/images/:
+#   mpi-test.tar   docker-archive, for pushing to a registry with skopeo
+#   mpi-test.sqsh  the same root as a squashfs, for --container-image=PATH.sqsh
+# Skips the build when both exist and the sources are unchanged.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+IMAGE=berth/mpi-test:1
+BASE=${BERTH_NODE_IMAGE:-berth/node:bookworm}-minbase
+OUT=.cache/images
+SRC=molecule/multinode/files/mpi_allreduce.c
+stamp=$(cat "$0" "$SRC" | sha256sum | cut -c1-16)
+
+if [[ -f $OUT/mpi-test.sqsh && -f $OUT/mpi-test.tar && "$(cat $OUT/stamp 2>/dev/null)" == "$stamp" ]]; then
+    echo "test-image: $OUT/mpi-test.{tar,sqsh} present"
+    exit 0
+fi
+mkdir -p "$OUT"
+work=$(mktemp -d /var/tmp/berth-test-image.XXXXXX)
+trap 'rm -rf "$work"; docker rm -f berth-test-image-export >/dev/null 2>&1 || true' EXIT
+
+cp "$SRC" "$work/"
+cat >"$work/Dockerfile" <<DOCKERFILE
+FROM $BASE
+ENV DEBIAN_FRONTEND=noninteractive
+COPY mpi_allreduce.c /opt/mpi-test/
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openmpi-bin libopenmpi-dev mpich libmpich-dev gcc libc6-dev \
+ && mpicc.openmpi -O2 -o /opt/mpi-test/allreduce-openmpi /opt/mpi-test/mpi_allreduce.c \
+ && mpicc.mpich -O2 -o /opt/mpi-test/allreduce-mpich /opt/mpi-test/mpi_allreduce.c \
+ && apt-get purge -y gcc libc6-dev libopenmpi-dev libmpich-dev && apt-get autoremove -y \
+ && apt-get clean && rm -rf /var/lib/apt/lists/* \
+ && printf 'VARIANT="Berth MPI test image"\nVARIANT_ID=berth-mpi-test\n' >> /usr/lib/os-release
+ENV PATH=/opt/mpi-test:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+WORKDIR /opt/mpi-test
+DOCKERFILE
+echo "test-image: building $IMAGE (Open MPI, MPICH)"
+docker build -q -t "$IMAGE" "$work" >/dev/null
+
+echo "test-image: writing $OUT/mpi-test.tar and $OUT/mpi-test.sqsh"
+docker save -o "$work/mpi-test.tar" "$IMAGE"
+docker create --name berth-test-image-export "$IMAGE" /bin/true >/dev/null
+mkdir "$work/root"
+docker export berth-test-image-export | tar -C "$work/root" -x --exclude='dev/*'
+mksquashfs "$work/root" "$work/mpi-test.sqsh" -noappend -quiet -comp zstd >/dev/null
+chmod 0644 "$work/mpi-test.sqsh" "$work/mpi-test.tar"
+mv "$work/mpi-test.tar" "$work/mpi-test.sqsh" "$OUT/"
+echo "$stamp" >"$OUT/stamp"
