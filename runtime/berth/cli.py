@@ -103,7 +103,10 @@ def _add_edf(sub):
     p = sub.add_parser("edf", help="environment definition files")
     edf_sub = p.add_subparsers(dest="edf_verb", required=True)
     show = edf_sub.add_parser("show", help="print the resolved environment")
-    show.add_argument("--json", action="store_true", help="JSON instead of TOML")
+    form = show.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="JSON instead of TOML")
+    form.add_argument("--spank", action="store_true",
+                      help="KEY=VALUE lines for the SPANK plugin (image=, mount=, env=, ...)")
     show.add_argument("environment", help="NAME or PATH.toml")
     check = edf_sub.add_parser("check", help="validate an environment file")
     check.add_argument("environment", help="NAME or PATH.toml")

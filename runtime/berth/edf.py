@@ -2,8 +2,9 @@
 environment (image, workdir, mounts, env, hook annotations) and may inherit
 from other EDFs through `base_environment`.
 
-`berth edf show [--json] NAME|PATH` prints the resolved environment with the
-file each value came from; `berth edf check NAME|PATH` only validates it.
+`berth edf show [--json|--spank] NAME|PATH` prints the resolved environment
+with the file each value came from; `berth edf check NAME|PATH` only
+validates it.
 
 A NAME is looked up as NAME or NAME.toml in each directory of $EDF_PATH
 (colon-separated), then in ~/.edf/. A value containing '/' or ending in .toml
@@ -21,6 +22,8 @@ The JSON form is the interface the SPANK plugin reads; its keys are fixed:
 image, workdir, entrypoint, writable (null when no file sets them), mounts,
 env, annotations, hook_env (see hook_environment) and sources (value -> file;
 table entries as "env.KEY", "annotations.KEY", "mounts.DST").
+The --spank form is what the SPANK plugin reads at submission (it has no JSON
+parser): one KEY=VALUE line per setting, see to_spank.
 """
 
 import json
@@ -46,7 +49,8 @@ def cmd_edf(args, cfg):
     hooks_dir = Path(cfg["ENROOT_SYSCONF_PATH"]) / "hooks.d"
     resolved = resolve(args.environment, hooks_dir=hooks_dir)
     if args.edf_verb == "show":
-        print(to_json(resolved) if args.json else to_toml(resolved), end="")
+        out = to_json if args.json else to_spank if args.spank else to_toml
+        print(out(resolved), end="")
     return 0
 
 
@@ -408,3 +412,37 @@ def to_toml(resolved):
             lines += [f"{_toml_key(k)} = {_toml_value(v)}{_comment(sources[f'{table}.{k}'])}"
                       for k, v in resolved[table].items()]
     return "\n".join(lines) + "\n"
+
+
+def to_spank(resolved):
+    """One KEY=VALUE line per setting, in the plugin's flag vocabulary:
+    image=, workdir=, entrypoint=yes|no, writable=yes|no, then mount=SRC:DST[:FLAGS],
+    env=KEY=VALUE and hook_env=KEY=VALUE, one line each, in merge order.
+    A value that cannot travel on one line (or, for a mount, in the plugin's
+    comma-separated mount list) is an error naming it."""
+    sources = resolved["sources"]
+    lines = []
+
+    def add(key, value, where):
+        if "\n" in value or "\0" in value:
+            raise BerthError(f"{where}: '{key}' has a newline or NUL, which the SPANK "
+                             f"plugin cannot carry")
+        lines.append(f"{key}={value}")
+
+    for key in SCALARS:
+        value = resolved[key]
+        if isinstance(value, bool):
+            value = "yes" if value else "no"
+        if value is not None:
+            add(key, value, sources[key])
+    for mount in resolved["mounts"]:
+        where = sources["mounts." + os.path.normpath(mount.split(":")[1])]
+        if "," in mount:
+            raise BerthError(f"{where}: mount '{mount}' has a ',', which the SPANK plugin's "
+                             f"mount list cannot carry")
+        add("mount", mount, where)
+    for key, value in resolved["env"].items():
+        add("env", f"{key}={value}", sources[f"env.{key}"])
+    for key, value in resolved["hook_env"].items():
+        add("hook_env", f"{key}={value}", "annotations")
+    return "".join(line + "\n" for line in lines)

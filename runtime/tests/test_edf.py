@@ -337,3 +337,47 @@ def test_check_is_silent_on_success_and_one_line_on_failure(site, run):
     status, out, err = run("edf", "check", str(bad))
     assert (status, out) == (1, "")
     assert err == f"berth: error: {bad}:2: 'entrypoint' must be a boolean, not a string\n"
+
+
+def test_show_spank_lines_are_the_plugins_flag_vocabulary(site, run):
+    write(site / "edf", "site.toml", SITE)
+    write(site / "edf", "pytorch.toml", PYTORCH.replace('"ODD KEY" = "tab', 'ODD = "tab'))
+    status, out, err = run("edf", "show", "--spank", "pytorch")
+    assert (status, err) == (0, "")
+    assert out.splitlines() == [
+        "image=nvcr.io#nvidia/pytorch:24.01-py3",
+        "workdir=/workspace",
+        "entrypoint=no",
+        "writable=yes",
+        "mount=/scratch/u:/scratch",
+        "mount=/home:/home:ro",
+        "env=NCCL_DEBUG=WARN",
+        'env=ODD=tab\tquote"back\\slash\x7f',
+        "hook_env=BERTH_HOOK_PMIX_ENABLE=1",
+        "hook_env=BERTH_HOOK_OFI_NCCL_ENABLE=1",
+        "hook_env=BERTH_HOOK_OFI_NCCL_VERSION=cuda12",
+    ]
+
+
+def test_show_spank_leaves_out_unset_values(site, run):
+    write(site / "edf", "bare.toml", 'image = "/images/x.sqsh"\n')
+    assert run("edf", "show", "--spank", "bare") == (0, "image=/images/x.sqsh\n", "")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('image = "x"\n[env]\nA = "one\\ntwo"\n', "'env' has a newline"),
+    ('image = "x"\nmounts = ["/a,b:/b"]\n', "mount '/a,b:/b' has a ','"),
+])
+def test_show_spank_refuses_what_one_line_cannot_carry(site, run, text, expected):
+    path = write(site / "edf", "odd.toml", text)
+    status, out, err = run("edf", "show", "--spank", "odd")
+    assert (status, out) == (1, "")
+    assert err.startswith(f"berth: error: {path}: ") and expected in err
+    assert err.count("\n") == 1
+
+
+def test_show_takes_one_output_form(site, run, capsys):
+    write(site / "edf", "bare.toml", 'image = "x"\n')
+    with pytest.raises(SystemExit):
+        run("edf", "show", "--json", "--spank", "bare")
+    assert "not allowed with argument" in capsys.readouterr().err
