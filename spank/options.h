@@ -50,6 +50,9 @@ struct container_flags {
 	enum tristate entrypoint;
 	int entrypoint_log;
 	enum tristate writable;
+	char *environment;      /* --environment NAME|PATH.toml as given */
+	char *env_set;          /* KEY=VALUE lines of the EDF's env: the container's */
+	char *hook_env;         /* KEY=VALUE lines from its annotations: the hooks' */
 };
 
 void flags_init(struct container_flags *flags);
@@ -77,6 +80,20 @@ int set_env_names(struct container_flags *flags, const char *value,
 		  char *err, size_t errlen);
 int set_unshare(struct container_flags *flags, const char *value,
 		char *err, size_t errlen);
+int set_environment(struct container_flags *flags, const char *value,
+		    char *err, size_t errlen);
+
+/*
+ * EDF values travel from the submission side to the nodes as one text:
+ * "environment=NAME\n" then the lines of "berth edf show --spank NAME"
+ * (image=, workdir=, entrypoint=, writable=, mount=, env=, hook_env=).
+ * edf_body: the lines after the header if the text is for name, else NULL.
+ * apply_edf: those values as defaults under the flags the user gave (flags
+ * win; EDF mounts come first), checked like the flags themselves.
+ */
+const char *edf_body(const char *text, const char *name);
+int apply_edf(struct container_flags *flags, const char *lines,
+	      int check_files, char *err, size_t errlen);
 
 /* Is the image a squashfs file rather than a registry reference? */
 int image_is_file(const char *image);

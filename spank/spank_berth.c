@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <sched.h>
 #include <signal.h>
@@ -68,8 +69,16 @@ enum opt_id {
 	OPT_IMAGE, OPT_MOUNTS, OPT_WORKDIR, OPT_NAME, OPT_SAVE,
 	OPT_MOUNT_HOME, OPT_NO_MOUNT_HOME, OPT_REMAP_ROOT, OPT_NO_REMAP_ROOT,
 	OPT_ENTRYPOINT, OPT_NO_ENTRYPOINT, OPT_ENTRYPOINT_LOG,
-	OPT_WRITABLE, OPT_READONLY, OPT_ENV, OPT_UNSHARE,
+	OPT_WRITABLE, OPT_READONLY, OPT_ENV, OPT_UNSHARE, OPT_ENVIRONMENT,
 };
+
+/*
+ * The EDF is resolved once, at submission (the submitting environment
+ * expands its ${VAR}s), and its values reach the nodes in the job's
+ * environment under this name: see edf_body() in options.h.
+ */
+#define EDF_VAR "BERTH_EDF"
+#define EDF_MAX 65536
 
 static int on_option(int val, const char *optarg, int remote);
 
@@ -106,7 +115,9 @@ static struct spank_option options[] = {
 	  "[berth] variables whose task value beats the image's", 1, OPT_ENV, on_option },
 	{ "container-unshare", "net,ipc,uts",
 	  "[berth] give the container its own namespaces", 1, OPT_UNSHARE, on_option },
-	/* --environment (Environment Definition Files) is registered here once the EDF work lands. */
+	{ "environment", "NAME|PATH.toml",
+	  "[berth] an Environment Definition File; --container-* flags override it", 1,
+	  OPT_ENVIRONMENT, on_option },
 	SPANK_OPTIONS_TABLE_END
 };
 
@@ -136,6 +147,9 @@ static int on_option(int val, const char *optarg, int remote)
 		break;
 	case OPT_UNSHARE:
 		rc = set_unshare(&flags, optarg, err, sizeof(err));
+		break;
+	case OPT_ENVIRONMENT:
+		rc = set_environment(&flags, optarg, err, sizeof(err));
 		break;
 	case OPT_MOUNT_HOME:
 	case OPT_NO_MOUNT_HOME:
@@ -239,6 +253,210 @@ static int make_dir(const char *path, mode_t mode, uid_t uid, gid_t gid)
 	return 0;
 }
 
+static int wait_child(pid_t pid, int *status)
+{
+	while (waitpid(pid, status, 0) < 0) {
+		if (errno != EINTR)
+			return -1;
+	}
+	return 0;
+}
+
+/* ---- --environment on the submission side ---------------------------------- */
+
+/* Keep the last line of text (of used bytes) in msg, without "berth: error: ". */
+static void last_line(const char *text, size_t used, char *msg, size_t msglen)
+{
+	static const char prefix[] = "berth: error: ";
+	const char *end = text + used, *start;
+
+	while (end > text && (end[-1] == '\n' || end[-1] == '\r'))
+		end--;
+	for (start = end; start > text && start[-1] != '\n'; start--)
+		;
+	if ((size_t)(end - start) >= sizeof(prefix) - 1 &&
+	    strncmp(start, prefix, sizeof(prefix) - 1) == 0)
+		start += sizeof(prefix) - 1;
+	snprintf(msg, msglen, "%.*s", (int)(end - start), start);
+}
+
+/*
+ * Run argv as the submitting user in its environment: stdout into out (NUL
+ * terminated), on failure the last stderr line into msg. 0: exit status 0.
+ */
+static int capture(char *const argv[], char *out, size_t outlen, char *msg, size_t msglen)
+{
+	char errbuf[4096];
+	size_t used = 0, errused = 0;
+	int out_pipe[2] = { -1, -1 }, err_pipe[2] = { -1, -1 };
+	int status = 0, overflow = 0;
+	pid_t pid = -1;
+
+	if (pipe2(out_pipe, O_CLOEXEC) < 0 || pipe2(err_pipe, O_CLOEXEC) < 0) {
+		snprintf(msg, msglen, "pipe: %s", strerror(errno));
+		goto fail;
+	}
+	pid = fork();
+	if (pid == 0) {
+		int null_fd = open("/dev/null", O_RDONLY);
+
+		if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(out_pipe[1], 1) < 0 ||
+		    dup2(err_pipe[1], 2) < 0)
+			_exit(126);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	if (pid < 0) {
+		snprintf(msg, msglen, "fork: %s", strerror(errno));
+		goto fail;
+	}
+	close(out_pipe[1]);
+	close(err_pipe[1]);
+	out_pipe[1] = err_pipe[1] = -1;
+	/* both pipes at once: a child blocked on a full one would never exit */
+	for (struct pollfd fds[2] = { { out_pipe[0], POLLIN, 0 }, { err_pipe[0], POLLIN, 0 } };
+	     fds[0].fd >= 0 || fds[1].fd >= 0;) {
+		char sink[4096];
+		ssize_t n;
+
+		if (poll(fds, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			snprintf(msg, msglen, "poll: %s", strerror(errno));
+			goto fail;
+		}
+		if (fds[0].revents) {
+			n = used + 1 < outlen ? read(fds[0].fd, out + used, outlen - 1 - used)
+					      : read(fds[0].fd, sink, sizeof(sink));
+			if (n > 0 && used + 1 < outlen)
+				used += (size_t)n;
+			else if (n > 0)
+				overflow = 1;
+			else if (n == 0 || errno != EINTR)
+				fds[0].fd = -1;
+		}
+		if (fds[1].revents) {
+			if (errused > sizeof(errbuf) / 2) { /* keep the tail: the last line counts */
+				memmove(errbuf, errbuf + errused - sizeof(errbuf) / 2, sizeof(errbuf) / 2);
+				errused = sizeof(errbuf) / 2;
+			}
+			n = read(fds[1].fd, errbuf + errused, sizeof(errbuf) - errused);
+			if (n > 0)
+				errused += (size_t)n;
+			else if (n == 0 || errno != EINTR)
+				fds[1].fd = -1;
+		}
+	}
+	out[used] = '\0';
+	if (wait_child(pid, &status) < 0) {
+		snprintf(msg, msglen, "waitpid: %s", strerror(errno));
+		pid = -1;
+		goto fail;
+	}
+	pid = -1;
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !overflow) {
+		close(out_pipe[0]);
+		close(err_pipe[0]);
+		return 0;
+	}
+	if (overflow)
+		snprintf(msg, msglen, "%s printed more than %zu bytes", argv[0], outlen - 1);
+	else if (errused > 0)
+		last_line(errbuf, errused, msg, msglen);
+	else if (WIFEXITED(status) && WEXITSTATUS(status) >= 126)
+		snprintf(msg, msglen, "cannot execute %s", argv[0]);
+	else
+		snprintf(msg, msglen, "%s failed with status %d", argv[0], status);
+fail:
+	if (pid > 0)
+		wait_child(pid, &status);
+	for (int i = 0; i < 2; i++) {
+		if (out_pipe[i] >= 0)
+			close(out_pipe[i]);
+		if (err_pipe[i] >= 0)
+			close(err_pipe[i]);
+	}
+	return -1;
+}
+
+/*
+ * Resolve --environment through the runtime and put the result into this
+ * process's environment, which srun/sbatch/salloc hand to the job. A job
+ * step inside an sbatch/salloc of the same environment finds it there
+ * already: resolved once, at the first submission.
+ */
+static int submit_environment(void)
+{
+	char *argv[] = { conf.berth, "edf", "show", "--spank", flags.environment, NULL };
+	const char *inherited = getenv(EDF_VAR);
+	char msg[ERR_LEN], err[ERR_LEN];
+	char *text = NULL;
+	int header, rc = -1;
+
+	if (inherited != NULL && edf_body(inherited, flags.environment) != NULL) {
+		if (apply_edf(&flags, edf_body(inherited, flags.environment), 1,
+			      err, sizeof(err)) < 0) {
+			slurm_error("spank_berth: %s", err);
+			return -1;
+		}
+		return 0;
+	}
+	text = malloc(EDF_MAX);
+	if (text == NULL) {
+		slurm_error("spank_berth: out of memory");
+		return -1;
+	}
+	header = snprintf(text, EDF_MAX, "environment=%s\n", flags.environment);
+	if (header < 0 || header >= EDF_MAX / 2) {
+		slurm_error("spank_berth: --environment: the name is too long");
+		goto out;
+	}
+	if (capture(argv, text + header, EDF_MAX - (size_t)header, msg, sizeof(msg)) < 0) {
+		slurm_error("spank_berth: --environment: %s", msg);
+		goto out;
+	}
+	if (apply_edf(&flags, text + header, 1, err, sizeof(err)) < 0) {
+		slurm_error("spank_berth: %s", err);
+		goto out;
+	}
+	if (setenv(EDF_VAR, text, 1) < 0) {
+		slurm_error("spank_berth: --environment: cannot set %s: %m", EDF_VAR);
+		goto out;
+	}
+	rc = 0;
+out:
+	free(text);
+	return rc;
+}
+
+/* On the node: the values resolved at submission, from the job's environment. */
+static int node_environment(spank_t sp)
+{
+	char err[ERR_LEN];
+	char *text = malloc(EDF_MAX);
+	const char *body = NULL;
+	spank_err_t got;
+	int rc = -1;
+
+	if (text == NULL) {
+		slurm_error("spank_berth: out of memory");
+		return -1;
+	}
+	got = spank_getenv(sp, EDF_VAR, text, EDF_MAX);
+	if (got == ESPANK_SUCCESS)
+		body = edf_body(text, flags.environment);
+	if (body == NULL)
+		slurm_error("spank_berth: --environment: '%s' resolved at submission did not reach "
+			    "the node (%s: %s; does --export drop it?)", flags.environment, EDF_VAR,
+			    got == ESPANK_SUCCESS ? "for another environment" : spank_strerror(got));
+	else if (apply_edf(&flags, body, 0, err, sizeof(err)) < 0)
+		slurm_error("spank_berth: %s", err);
+	else
+		rc = 0;
+	free(text);
+	return rc;
+}
+
 /* Steps that are not user commands: the batch script, extern and interactive steps. */
 static int special_step(uint32_t stepid)
 {
@@ -254,6 +472,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	(void)ac;
 	(void)av;
 	if (spank_context() != S_CTX_REMOTE) {
+		if (flags.environment != NULL && submit_environment() < 0)
+			return -1;
 		if (flags_check(&flags, err, sizeof(err)) < 0) {
 			slurm_error("spank_berth: %s", err);
 			return -1;
@@ -267,7 +487,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		}
 		return 0;
 	}
-	if (!flags_want_container(&flags))
+	if (!flags_want_container(&flags) && flags.environment == NULL)
 		return 0;
 	if (spank_get_item(sp, S_JOB_UID, &step.uid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_GID, &step.gid) != ESPANK_SUCCESS ||
@@ -278,6 +498,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	}
 	if (special_step(step.stepid))
 		return 0;
+	if (flags.environment != NULL && node_environment(sp) < 0)
+		return -1;
 	/* runtime_path is root's; the per-user dir below it is the user's (pyxis#4). */
 	if (make_dir(conf.runtime_path, 0755, 0, 0) < 0 ||
 	    path_join(step.user_dir, "%s/%u", conf.runtime_path, (unsigned)step.uid) < 0 ||
@@ -445,15 +667,6 @@ static void report_failure(const char *what, const char *log_path, int status)
 		slurm_error("spank_berth: %s failed: %s", what, line);
 	else
 		slurm_error("spank_berth: %s failed with status %d (log: %s)", what, status, log_path);
-}
-
-static int wait_child(pid_t pid, int *status)
-{
-	while (waitpid(pid, status, 0) < 0) {
-		if (errno != EINTR)
-			return -1;
-	}
-	return 0;
 }
 
 /*
@@ -700,25 +913,37 @@ static int start_keeper(spank_t sp, const char *target)
 {
 	char log_path[PATH_MAX], pmix_dir[PATH_MAX], pmix_mount[2 * PATH_MAX + 2];
 	char home[64], remap[64], writable[64];
-	char *overrides[3];
+	char **overrides = NULL;
 	int noverrides = 0;
-	char *mounts = NULL, **argv = NULL, **env = NULL;
+	char *mounts = NULL, *env_set = NULL, *hook_env = NULL, **argv = NULL, **env = NULL;
 	int in_pipe[2] = { -1, -1 }, out_pipe[2] = { -1, -1 };
 	char line[32];
 	size_t used = 0;
 	int argc = 0, rc = -1, status;
-	size_t nmounts = 1;
+	size_t nmounts = 1, nenv = 1, nhooks = 1;
 
-	set_override(overrides, &noverrides, home, "ENROOT_MOUNT_HOME", flags.mount_home);
-	set_override(overrides, &noverrides, remap, "ENROOT_REMAP_ROOT", flags.remap_root);
-	set_override(overrides, &noverrides, writable, "ENROOT_ROOTFS_WRITABLE", flags.writable);
 	for (const char *p = flags.mounts; p && *p; p++)
 		nmounts += *p == ',';
-	argv = calloc(2 * nmounts + 12, sizeof(*argv));
-	if (argv == NULL || (flags.mounts && (mounts = strdup(flags.mounts)) == NULL)) {
+	for (const char *p = flags.env_set; p && *p; p++)
+		nenv += *p == '\n';
+	for (const char *p = flags.hook_env; p && *p; p++)
+		nhooks += *p == '\n';
+	argv = calloc(2 * nmounts + 2 * nenv + 12, sizeof(*argv));
+	overrides = calloc(nhooks + 3, sizeof(*overrides));
+	if (argv == NULL || overrides == NULL ||
+	    (flags.mounts && (mounts = strdup(flags.mounts)) == NULL) ||
+	    (flags.env_set && (env_set = strdup(flags.env_set)) == NULL) ||
+	    (flags.hook_env && (hook_env = strdup(flags.hook_env)) == NULL)) {
 		slurm_error("spank_berth: out of memory");
 		goto out;
 	}
+	set_override(overrides, &noverrides, home, "ENROOT_MOUNT_HOME", flags.mount_home);
+	set_override(overrides, &noverrides, remap, "ENROOT_REMAP_ROOT", flags.remap_root);
+	set_override(overrides, &noverrides, writable, "ENROOT_ROOTFS_WRITABLE", flags.writable);
+	/* hooks run in the caller's environment: the EDF's annotations go there */
+	for (char *save = NULL, *e = hook_env ? strtok_r(hook_env, "\n", &save) : NULL; e;
+	     e = strtok_r(NULL, "\n", &save))
+		overrides[noverrides++] = e;
 	argv[argc++] = conf.berth;
 	argv[argc++] = "start";
 	argv[argc++] = "--detach";
@@ -730,6 +955,12 @@ static int start_keeper(spank_t sp, const char *target)
 	     m = strtok_r(NULL, ",", &save)) {
 		argv[argc++] = "-m";
 		argv[argc++] = m;
+	}
+	/* --environment's env: the container's, over its image's */
+	for (char *save = NULL, *e = env_set ? strtok_r(env_set, "\n", &save) : NULL; e;
+	     e = strtok_r(NULL, "\n", &save)) {
+		argv[argc++] = "-e";
+		argv[argc++] = e;
 	}
 	/* PMIx clients find their server through this dir: same path inside. */
 	if (find_pmix_dir(sp, pmix_dir) == 0) {
@@ -789,6 +1020,9 @@ out:
 	free(env);
 	free(argv);
 	free(mounts);
+	free(env_set);
+	free(hook_env);
+	free(overrides);
 	return rc;
 }
 
@@ -953,6 +1187,29 @@ static int set_env(spank_t sp, const char *key, const char *value)
 	return 0;
 }
 
+/* What the EDF sets beats the task's values (as a flag would). */
+static int set_edf_env(spank_t sp)
+{
+	char *copy = strdup(flags.env_set);
+	int rc = 0;
+
+	if (copy == NULL) {
+		slurm_error("spank_berth: out of memory");
+		return -1;
+	}
+	for (char *save = NULL, *e = strtok_r(copy, "\n", &save); e && rc == 0;
+	     e = strtok_r(NULL, "\n", &save)) {
+		char *eq = strchr(e, '=');
+
+		if (eq == NULL) /* apply_edf took only KEY=VALUE lines */
+			continue;
+		*eq = '\0';
+		rc = set_env(sp, e, eq + 1);
+	}
+	free(copy);
+	return rc;
+}
+
 /* Container env into the task env by the rules in container_value_wins(). */
 static int merge_environment(spank_t sp)
 {
@@ -987,6 +1244,8 @@ static int merge_environment(spank_t sp)
 			rc = set_env(sp, pmix_mca[i][1], value);
 	if (rc == 0)
 		rc = set_env(sp, "BERTH_VERSION", BERTH_SPANK_VERSION);
+	if (rc == 0 && flags.env_set != NULL)
+		rc = set_edf_env(sp);
 	return rc;
 }
 

@@ -5,6 +5,7 @@ refuses bad --container-* flags before anything is submitted."""
 import ctypes
 import os
 import shutil
+import sys
 import subprocess
 from pathlib import Path
 
@@ -183,3 +184,66 @@ def test_bad_plugstack_options_are_named(slurm_conf, args, message):
     result = _run(slurm_conf(*args), "srun", "true")
     assert result.returncode != 0
     assert message in result.stderr
+
+
+# ---- --environment: resolved by the runtime at submission, refused there
+
+
+@pytest.fixture()
+def edf_site(slurm_conf, tmp_path):
+    """plugstack berth= pointing at this checkout's runtime; EDFs in tmp_path/edf."""
+    runtime = tmp_path / "berth"
+    runtime.write_text(f"#!/bin/sh\nPYTHONPATH={SPANK.parent / 'runtime'} "
+                       f"exec {sys.executable} -m berth.cli \"$@\"\n")
+    runtime.chmod(0o755)
+    edf_dir = tmp_path / "edf"
+    edf_dir.mkdir()
+    env = {**slurm_conf(f"berth={runtime}"), "EDF_PATH": str(edf_dir),
+           "ENROOT_SYSCONF_PATH": str(tmp_path / "sysconf")}
+    return env, edf_dir
+
+
+@needs_srun
+def test_srun_help_lists_environment(slurm_conf):
+    assert "--environment=NAME|PATH.toml" in _run(slurm_conf(), "srun", "--help").stdout
+
+
+@needs_srun
+@pytest.mark.parametrize("command", ["srun", "sbatch"])
+@pytest.mark.parametrize("text, message", [
+    ('imagee = "x"\n', "{path}:1: unknown key 'imagee'"),
+    ('image = "x"\nworkdir = 3\n', "{path}:2: 'workdir' must be a string"),
+    ('image = "x"\nmounts = ["/a:rel"]\n',
+     "{path}:2: mount '/a:rel': destination 'rel' is not an absolute path"),
+    # what only the plugin knows: files on this host, its mount flags
+    ('image = "/nonexistent/x.sqsh"\n',
+     "bad: --container-image: no such file '/nonexistent/x.sqsh'"),
+    ('image = "x"\nmounts = ["/a:/b:ro+bogus"]\n',
+     "bad: --container-mounts: unknown flag 'bogus' in '/a:/b:ro+bogus'"),
+    ('workdir = "/w"\n', "'bad' sets no image and no --container-image is given"),
+])
+def test_bad_environment_is_refused_before_submission(edf_site, command, text, message):
+    env, edf_dir = edf_site
+    path = edf_dir / "bad.toml"
+    path.write_text(text)
+    result = _run(env, command, "--environment=bad",
+                  *(["true"] if command == "srun" else ["--wrap=true"]))
+    assert result.returncode != 0
+    assert f"spank_berth: --environment: {message.format(path=path)}" in result.stderr
+    assert "slurmctld" not in result.stderr and "Unable to" not in result.stderr
+
+
+@needs_srun
+def test_missing_environment_names_where_it_looked(edf_site):
+    env, edf_dir = edf_site
+    result = _run(env, "srun", "--environment=nothere", "true")
+    assert result.returncode != 0
+    assert ("spank_berth: --environment: environment 'nothere' not found as nothere or "
+            f"nothere.toml in: {edf_dir}") in result.stderr
+
+
+@needs_srun
+def test_unrunnable_runtime_is_named(slurm_conf, tmp_path):
+    result = _run(slurm_conf(f"berth={tmp_path}/no-berth"), "srun", "--environment=x", "true")
+    assert result.returncode != 0
+    assert f"spank_berth: --environment: cannot execute {tmp_path}/no-berth" in result.stderr

@@ -162,6 +162,48 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     check "concurrent steps import once" "(srun $other true & srun $other true; wait) >/dev/null 2>&1; grep -c '^import .*other' /var/tmp/fake-berth-1000/calls" "1"
 fi
 
+if [[ $mode == real ]]; then # EDFs are resolved by the runtime itself
+    # a hook that shows what the EDF's annotations told it
+    on_node sh -ec 'mkdir -p /etc/enroot/hooks.d /srv/data/sub /home/alice/.edf
+        printf "#!/bin/sh\necho HOOK_SAW=\${BERTH_HOOK_PROBE_FLAVOUR:-unset} >>\"\$ENROOT_ENVIRON\"\n" \
+            >/etc/enroot/hooks.d/50-probe.sh
+        chmod 0755 /etc/enroot/hooks.d/50-probe.sh'
+    edf_text='image = "/srv/img.sqsh"
+workdir = "/data"
+mounts = ["${EDF_SRC}:/data:ro"]
+[env]
+EDF_VAR = "from-edf"
+IMAGE_VAR = "edf-beats-image"
+EDF_CLASH = "edf-beats-task"
+[annotations]
+com.hooks.probe.flavour = "vanilla"'
+    for f in e2e once; do put /home/alice/.edf/$f.toml 0644 <<<"$edf_text"; done
+    printf 'imagee = "/srv/img.sqsh"\n' | put /home/alice/.edf/broken.toml 0644
+    on_node chown -R alice /home/alice/.edf
+    edf="EDF_SRC=/srv/data srun --environment=e2e"
+    check "--environment runs in the EDF's image" "$edf cat /etc/os-release" "ID=berth-test"
+    check "--environment mounts (\${VAR} from the submitter)" "$edf cat /data/hello" "hello-from-host"
+    check "--environment workdir" "$edf pwd" "/data"
+    check "--container-workdir beats the EDF's" "$edf --container-workdir=/work pwd" "/work"
+    check "--environment env reaches the task" "$edf env" "EDF_VAR=from-edf"
+    check "--environment env beats the image's" "$edf env" "IMAGE_VAR=edf-beats-image"
+    check "--environment env beats the task's" "EDF_CLASH=task $edf env" "EDF_CLASH=edf-beats-task"
+    check "--environment annotations reach the hooks" "$edf env" "HOOK_SAW=vanilla"
+    check "flag mounts go after (inside) the EDF's" "$edf --container-mounts=/srv/registry:/data/sub ls /data/sub" "image.sqsh"
+    check "--environment=PATH.toml" "EDF_SRC=/srv/data srun --environment=/home/alice/.edf/e2e.toml cat /data/hello" "hello-from-host"
+    # resolved once at submission: the steps run after the file and \${EDF_SRC} are gone
+    check "sbatch --environment, resolved at submission only" "EDF_SRC=/srv/data sbatch -W -o edf.txt --environment=once --wrap 'rm ~/.edf/once.toml; unset EDF_SRC; srun cat /data/hello; srun pwd' >/dev/null; cat edf.txt" "hello-from-host
+/data"
+    check "salloc --environment" "EDF_SRC=/srv/data salloc -Q --environment=e2e srun cat /data/hello" "hello-from-host"
+    before=$(jobs_so_far)
+    check "broken EDF refused naming file, line and key" "srun --environment=broken true" "spank_berth: --environment: /home/alice/.edf/broken.toml:1: unknown key 'imagee'"
+    check "missing EDF refused" "sbatch --environment=nothere --wrap true" "spank_berth: --environment: environment 'nothere' not found"
+    check "unset \${VAR} refused" "srun --environment=e2e true" "\${EDF_SRC} in 'mounts' is not set"
+    after=$(jobs_so_far)
+    if [[ $before == "$after" ]]; then echo "ok   refused environments submitted no job"; else
+        echo "FAIL refused environments submitted a job ($before -> $after)"; failures=$((failures + 1)); fi
+fi
+
 check "named container created" "srun --container-name=keep --container-writable $img sh -c 'echo kept > /state && echo done'" "done"
 check "named container reused" "srun --container-name=keep cat /state" "kept"
 check "named container mode create refuses an existing one" "srun --container-name=keep:create $img true" "exists already"

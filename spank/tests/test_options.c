@@ -225,6 +225,65 @@ static void test_flags_check(void)
 	flags_free(&f);
 }
 
+static void test_edf(void)
+{
+	struct container_flags f;
+	const char *text = "environment=pytorch\nimage=nvcr.io#nvidia/pytorch:24.01\n"
+			   "workdir=/workspace\nwritable=yes\nentrypoint=no\n"
+			   "mount=/scratch:/scratch\nmount=/home:/home:ro\n"
+			   "env=CONFDIR=/workspace/conf\nhook_env=BERTH_HOOK_PMIX_ENABLE=1\n";
+	const char *body = edf_body(text, "pytorch");
+
+	CHECK(body != NULL && strncmp(body, "image=", 6) == 0);
+	CHECK(edf_body(text, "pytorc") == NULL);
+	CHECK(edf_body(text, "other") == NULL);
+	CHECK(edf_body("image=x\n", "x") == NULL);
+
+	/* alone, the EDF gives every value */
+	flags_init(&f);
+	ACCEPTED(set_environment(&f, "pytorch", err, sizeof(err)));
+	ACCEPTED(apply_edf(&f, body, 0, err, sizeof(err)));
+	CHECK(f.image && strcmp(f.image, "nvcr.io#nvidia/pytorch:24.01") == 0);
+	CHECK(f.workdir && strcmp(f.workdir, "/workspace") == 0);
+	CHECK(f.mounts && strcmp(f.mounts, "/scratch:/scratch,/home:/home:ro") == 0);
+	CHECK(f.env_set && strcmp(f.env_set, "CONFDIR=/workspace/conf") == 0);
+	CHECK(f.hook_env && strcmp(f.hook_env, "BERTH_HOOK_PMIX_ENABLE=1") == 0);
+	CHECK(f.writable == ON && f.entrypoint == OFF);
+	ACCEPTED(flags_check(&f, err, sizeof(err)));
+	flags_free(&f);
+
+	/* flags beat it; its mounts come before the flag's */
+	ACCEPTED(set_environment(&f, "pytorch", err, sizeof(err)));
+	ACCEPTED(set_image(&f, "ubuntu:24.04", 0, err, sizeof(err)));
+	ACCEPTED(set_workdir(&f, "/tmp", err, sizeof(err)));
+	ACCEPTED(set_mounts(&f, "/data:/data", err, sizeof(err)));
+	f.writable = OFF;
+	ACCEPTED(apply_edf(&f, body, 0, err, sizeof(err)));
+	CHECK(strcmp(f.image, "ubuntu:24.04") == 0 && strcmp(f.workdir, "/tmp") == 0);
+	CHECK(strcmp(f.mounts, "/scratch:/scratch,/home:/home:ro,/data:/data") == 0);
+	CHECK(f.writable == OFF);
+	flags_free(&f);
+
+	/* bad values are refused like the flags, naming the environment */
+	ACCEPTED(set_environment(&f, "e", err, sizeof(err)));
+	REFUSED(apply_edf(&f, "image=/no/such.sqsh\n", 1, err, sizeof(err)),
+		"--environment: e: --container-image: no such file '/no/such.sqsh'");
+	REFUSED(apply_edf(&f, "mount=/a:rel\n", 0, err, sizeof(err)), "relative destination");
+	REFUSED(apply_edf(&f, "mount=/a,b:/b\n", 0, err, sizeof(err)), "has a ','");
+	REFUSED(apply_edf(&f, "workdir=rel\n", 0, err, sizeof(err)), "is not an absolute path");
+	REFUSED(apply_edf(&f, "writable=maybe\n", 0, err, sizeof(err)), "not yes or no");
+	REFUSED(apply_edf(&f, "env=NOVALUE\n", 0, err, sizeof(err)), "not KEY=VALUE");
+	REFUSED(apply_edf(&f, "colour=blue\n", 0, err, sizeof(err)), "unexpected line");
+	REFUSED(apply_edf(&f, "hook_env==1\n", 0, err, sizeof(err)), "not KEY=VALUE");
+	CHECK(f.image == NULL && f.mounts == NULL && f.env_set == NULL && f.hook_env == NULL);
+	/* an EDF without an image needs --container-image */
+	ACCEPTED(apply_edf(&f, "workdir=/w\n", 0, err, sizeof(err)));
+	REFUSED(flags_check(&f, err, sizeof(err)),
+		"--environment: 'e' sets no image and no --container-image is given");
+	flags_free(&f);
+	REFUSED(set_environment(&f, "", err, sizeof(err)), "--environment: empty name");
+}
+
 static int wins(const char *key, int task_has, const char *names)
 {
 	return container_value_wins(key, strlen(key), task_has, names);
@@ -262,6 +321,7 @@ int main(void)
 	test_image_names();
 	test_flags_check();
 	test_env_merge();
+	test_edf();
 	if (failures) {
 		printf("%d check(s) failed\n", failures);
 		return 1;
