@@ -194,6 +194,7 @@ com.hooks.probe.flavour = "vanilla"'
     # resolved once at submission: the steps run after the file and \${EDF_SRC} are gone
     check "sbatch --environment, resolved at submission only" "EDF_SRC=/srv/data sbatch -W -o edf.txt --environment=once --wrap 'rm ~/.edf/once.toml; unset EDF_SRC; srun cat /data/hello; srun pwd' >/dev/null; cat edf.txt" "hello-from-host
 /data"
+    check "sbatch --export=NONE: each srun resolves in the batch's environment" "EDF_SRC=/srv/data sbatch -W -o exn.txt --export=NONE --environment=e2e --wrap 'srun true' >/dev/null; cat exn.txt" "\${EDF_SRC} in 'mounts' is not set"
     check "salloc --environment" "EDF_SRC=/srv/data salloc -Q --environment=e2e srun cat /data/hello" "hello-from-host"
     before=$(jobs_so_far)
     check "broken EDF refused naming file, line and key" "srun --environment=broken true" "spank_berth: --environment: /home/alice/.edf/broken.toml:1: unknown key 'imagee'"
