@@ -289,12 +289,12 @@ static int capture(char *const argv[], char *out, size_t outlen, char *msg, size
 	char errbuf[4096];
 	size_t used = 0, errused = 0;
 	int out_pipe[2] = { -1, -1 }, err_pipe[2] = { -1, -1 };
-	int status = 0, overflow = 0;
+	int status = 0, overflow = 0, rc = -1;
 	pid_t pid = -1;
 
 	if (pipe2(out_pipe, O_CLOEXEC) < 0 || pipe2(err_pipe, O_CLOEXEC) < 0) {
 		snprintf(msg, msglen, "pipe: %s", strerror(errno));
-		goto fail;
+		goto out;
 	}
 	pid = fork();
 	if (pid == 0) {
@@ -308,7 +308,7 @@ static int capture(char *const argv[], char *out, size_t outlen, char *msg, size
 	}
 	if (pid < 0) {
 		snprintf(msg, msglen, "fork: %s", strerror(errno));
-		goto fail;
+		goto out;
 	}
 	close(out_pipe[1]);
 	close(err_pipe[1]);
@@ -323,7 +323,7 @@ static int capture(char *const argv[], char *out, size_t outlen, char *msg, size
 			if (errno == EINTR)
 				continue;
 			snprintf(msg, msglen, "poll: %s", strerror(errno));
-			goto fail;
+			goto out;
 		}
 		if (fds[0].revents) {
 			n = used + 1 < outlen ? read(fds[0].fd, out + used, outlen - 1 - used)
@@ -348,18 +348,11 @@ static int capture(char *const argv[], char *out, size_t outlen, char *msg, size
 		}
 	}
 	out[used] = '\0';
-	if (wait_child(pid, &status) < 0) {
+	if (wait_child(pid, &status) < 0)
 		snprintf(msg, msglen, "waitpid: %s", strerror(errno));
-		pid = -1;
-		goto fail;
-	}
-	pid = -1;
-	if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !overflow) {
-		close(out_pipe[0]);
-		close(err_pipe[0]);
-		return 0;
-	}
-	if (overflow)
+	else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !overflow)
+		rc = 0;
+	else if (overflow)
 		snprintf(msg, msglen, "%s printed more than %zu bytes", argv[0], outlen - 1);
 	else if (errused > 0)
 		last_line(errbuf, errused, msg, msglen);
@@ -367,16 +360,18 @@ static int capture(char *const argv[], char *out, size_t outlen, char *msg, size
 		snprintf(msg, msglen, "cannot execute %s", argv[0]);
 	else
 		snprintf(msg, msglen, "%s failed with status %d", argv[0], status);
-fail:
-	if (pid > 0)
-		wait_child(pid, &status);
+	pid = -1;
+out:
+	/* closed before the wait: a child writing to a full pipe gets EPIPE, not stuck */
 	for (int i = 0; i < 2; i++) {
 		if (out_pipe[i] >= 0)
 			close(out_pipe[i]);
 		if (err_pipe[i] >= 0)
 			close(err_pipe[i]);
 	}
-	return -1;
+	if (pid > 0)
+		wait_child(pid, &status);
+	return rc;
 }
 
 /*
