@@ -18,11 +18,12 @@ def remove_tree(path):
         return
     for top, dirs, files in os.walk(path, topdown=False):
         os.chmod(top, 0o700)
-        for name in files + [d for d in dirs if os.path.islink(os.path.join(top, d))]:
+        for name in files:
             os.unlink(os.path.join(top, name))
+        # os.walk lists links to directories with the directories.
         for name in dirs:
-            if not os.path.islink(os.path.join(top, name)):
-                os.rmdir(os.path.join(top, name))
+            entry = os.path.join(top, name)
+            (os.unlink if os.path.islink(entry) else os.rmdir)(entry)
     os.rmdir(path)
 
 
