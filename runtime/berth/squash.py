@@ -32,7 +32,10 @@ def make_squashfs(root, output, cfg, replace, show_progress):
     except ValueError as e:
         raise BerthError(f"ENROOT_SQUASH_OPTIONS: {e}") from None
     partial = f"{output}.tmp-{os.getpid()}"
-    command = ["mksquashfs", root, partial, "-noappend", *options,
+    # Layers are unpacked without their owners, so every file is the
+    # importer's: store them as root's, so the image is the same whoever
+    # imported it, and its directories stay writable to root in a container.
+    command = ["mksquashfs", root, partial, "-noappend", "-all-root", *options,
                "-processors", str(cfg.number("ENROOT_MAX_PROCESSORS"))]
     if not show_progress:  # (-quiet would be nicer, but squashfs-tools 4.4 lacks it)
         command.append("-no-progress")

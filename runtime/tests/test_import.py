@@ -504,6 +504,11 @@ def test_import_as_an_unprivileged_user(proxy):
         assert result.returncode == 0, result.stderr
         image = home / "test+app+v1.sqsh"
         assert image.stat().st_uid == home.stat().st_uid
+        # Stored as root's, not as nobody's: the image is the same whoever
+        # imported it, and a container maps root, not the importer.
+        owners = subprocess.run(["unsquashfs", "-lln", str(image)], capture_output=True,
+                                text=True, check=True).stdout.splitlines()
+        assert {line.split()[1] for line in owners if line[:1] in "dl-"} == {"0/0"}
         root = unsquash(image, home / "root")
         assert (root / "etc/added").read_text() == "added\n"
         assert not (root / "etc/old").exists()
