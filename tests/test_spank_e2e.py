@@ -1,7 +1,8 @@
 """spank_berth.so end to end under a real slurmctld/slurmd (spank/tests/e2e.sh):
 flags refused before submission; on the node the runtime contract (import,
-create, start --detach) driven by spank/tests/fake-berth, tasks joining the
-container, workdir, env merge, mounts, PMIx dir, named containers, save,
+create, start --detach, edf show --spank) driven by spank/tests/fake-berth,
+tasks joining the container, workdir, env merge, mounts, PMIx dir, named
+containers, save, --environment (overrides, sbatch/salloc resolving once),
 teardown. About 25 s with bspk/slurm:bookworm built, 2 min the first time."""
 
 import shutil

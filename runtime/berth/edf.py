@@ -18,7 +18,7 @@ place (so nested mounts keep their order); env and annotations tables merge
 key by key. `${VAR}` in image, workdir, mounts and env values expands from
 the submitting environment when the file is read.
 
-The JSON form is the interface the SPANK plugin reads; its keys are fixed:
+The JSON form is for tools; its keys are fixed:
 image, workdir, entrypoint, writable (null when no file sets them), mounts,
 env, annotations, hook_env (see hook_environment) and sources (value -> file;
 table entries as "env.KEY", "annotations.KEY", "mounts.DST").

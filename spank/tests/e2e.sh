@@ -162,13 +162,14 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     check "concurrent steps import once" "(srun $other true & srun $other true; wait) >/dev/null 2>&1; grep -c '^import .*other' /var/tmp/fake-berth-1000/calls" "1"
 fi
 
-if [[ $mode == real ]]; then # EDFs are resolved by the runtime itself
-    # a hook that shows what the EDF's annotations told it
-    on_node sh -ec 'mkdir -p /etc/enroot/hooks.d /srv/data/sub /home/alice/.edf
-        printf "#!/bin/sh\necho HOOK_SAW=\${BERTH_HOOK_PROBE_FLAVOUR:-unset} >>\"\$ENROOT_ENVIRON\"\n" \
-            >/etc/enroot/hooks.d/50-probe.sh
-        chmod 0755 /etc/enroot/hooks.d/50-probe.sh'
-    edf_text='image = "/srv/img.sqsh"
+# --environment: the real runtime resolves EDF files; fake-berth hands out
+# the resolved lines (NAME.spank), so the plugin's part runs in both modes.
+on_node sh -ec 'mkdir -p /srv/data/sub /home/alice/.edf
+    printf "#!/bin/sh\necho HOOK_SAW=\${BERTH_HOOK_PROBE_FLAVOUR:-unset} >>\"\$ENROOT_ENVIRON\"\n" \
+        >/srv/50-probe.sh'
+if [[ $mode == real ]]; then
+    on_node install -D -m 0755 /srv/50-probe.sh /etc/enroot/hooks.d/50-probe.sh
+    edf_file=toml edf_text='image = "/srv/img.sqsh"
 workdir = "/data"
 mounts = ["${EDF_SRC}:/data:ro"]
 [env]
@@ -177,33 +178,45 @@ IMAGE_VAR = "edf-beats-image"
 EDF_CLASH = "edf-beats-task"
 [annotations]
 com.hooks.probe.flavour = "vanilla"'
-    for f in e2e once; do put /home/alice/.edf/$f.toml 0644 <<<"$edf_text"; done
-    printf 'imagee = "/srv/img.sqsh"\n' | put /home/alice/.edf/broken.toml 0644
-    on_node chown -R alice /home/alice/.edf
-    edf="EDF_SRC=/srv/data srun --environment=e2e"
-    check "--environment runs in the EDF's image" "$edf cat /etc/os-release" "ID=berth-test"
-    check "--environment mounts (\${VAR} from the submitter)" "$edf cat /data/hello" "hello-from-host"
-    check "--environment workdir" "$edf pwd" "/data"
-    check "--container-workdir beats the EDF's" "$edf --container-workdir=/work pwd" "/work"
-    check "--environment env reaches the task" "$edf env" "EDF_VAR=from-edf"
-    check "--environment env beats the image's" "$edf env" "IMAGE_VAR=edf-beats-image"
-    check "--environment env beats the task's" "EDF_CLASH=task $edf env" "EDF_CLASH=edf-beats-task"
-    check "--environment annotations reach the hooks" "$edf env" "HOOK_SAW=vanilla"
-    check "flag mounts go after (inside) the EDF's" "$edf --container-mounts=/srv/registry:/data/sub ls /data/sub" "image.sqsh"
-    check "--environment=PATH.toml" "EDF_SRC=/srv/data srun --environment=/home/alice/.edf/e2e.toml cat /data/hello" "hello-from-host"
-    # resolved once at submission: the steps run after the file and \${EDF_SRC} are gone
-    check "sbatch --environment, resolved at submission only" "EDF_SRC=/srv/data sbatch -W -o edf.txt --environment=once --wrap 'rm ~/.edf/once.toml; unset EDF_SRC; srun cat /data/hello; srun pwd' >/dev/null; cat edf.txt" "hello-from-host
-/data"
-    check "sbatch --export=NONE: each srun resolves in the batch's environment" "EDF_SRC=/srv/data sbatch -W -o exn.txt --export=NONE --environment=e2e --wrap 'srun true' >/dev/null; cat exn.txt" "\${EDF_SRC} in 'mounts' is not set"
-    check "salloc --environment" "EDF_SRC=/srv/data salloc -Q --environment=e2e srun cat /data/hello" "hello-from-host"
-    before=$(jobs_so_far)
-    check "broken EDF refused naming file, line and key" "srun --environment=broken true" "spank_berth: --environment: /home/alice/.edf/broken.toml:1: unknown key 'imagee'"
-    check "missing EDF refused" "sbatch --environment=nothere --wrap true" "spank_berth: --environment: environment 'nothere' not found"
-    check "unset \${VAR} refused" "srun --environment=e2e true" "\${EDF_SRC} in 'mounts' is not set"
-    after=$(jobs_so_far)
-    if [[ $before == "$after" ]]; then echo "ok   refused environments submitted no job"; else
-        echo "FAIL refused environments submitted a job ($before -> $after)"; failures=$((failures + 1)); fi
+else
+    edf_file=spank edf_text='image=/srv/img.sqsh
+workdir=/data
+mount=/srv/data:/data:ro
+env=EDF_VAR=from-edf
+env=IMAGE_VAR=edf-beats-image
+env=EDF_CLASH=edf-beats-task'
 fi
+for f in e2e once; do put /home/alice/.edf/$f.$edf_file 0644 <<<"$edf_text"; done
+printf 'imagee = "/srv/img.sqsh"\n' | put /home/alice/.edf/broken.toml 0644
+on_node chown -R alice /home/alice/.edf
+edf="EDF_SRC=/srv/data srun --environment=e2e"
+check "--environment runs in the EDF's image" "$edf cat /etc/os-release" "ID=berth-test"
+check "--environment mounts" "$edf cat /data/hello" "hello-from-host"
+check "--environment workdir" "$edf pwd" "/data"
+check "--container-workdir beats the EDF's" "$edf --container-workdir=/work pwd" "/work"
+check "--environment env reaches the task" "$edf env" "EDF_VAR=from-edf"
+check "--environment env beats the image's" "$edf env" "IMAGE_VAR=edf-beats-image"
+check "--environment env beats the task's" "EDF_CLASH=task $edf env" "EDF_CLASH=edf-beats-task"
+check "flag mounts go after (inside) the EDF's" "$edf --container-mounts=/srv/registry:/data/sub ls /data/sub" "image.sqsh"
+# resolved once at submission: the steps run after the file and \${EDF_SRC} are gone
+check "sbatch --environment, resolved at submission only" "EDF_SRC=/srv/data sbatch -W -o edf.txt --environment=once --wrap 'rm ~/.edf/once.*; unset EDF_SRC; srun cat /data/hello; srun pwd' >/dev/null; cat edf.txt" "hello-from-host
+/data"
+check "salloc --environment" "EDF_SRC=/srv/data salloc -Q --environment=e2e srun cat /data/hello" "hello-from-host"
+if [[ $mode == real ]]; then
+    check "--environment \${VAR} from the submitter" "EDF_SRC=/srv/registry srun --environment=e2e ls /data" "image.sqsh"
+    check "--environment annotations reach the hooks" "$edf env" "HOOK_SAW=vanilla"
+    check "--environment=PATH.toml" "EDF_SRC=/srv/data srun --environment=/home/alice/.edf/e2e.toml cat /data/hello" "hello-from-host"
+    check "sbatch --export=NONE: each srun resolves in the batch's environment" "EDF_SRC=/srv/data sbatch -W -o exn.txt --export=NONE --environment=e2e --wrap 'srun true' >/dev/null; cat exn.txt" "\${EDF_SRC} in 'mounts' is not set"
+fi
+before=$(jobs_so_far)
+check "missing EDF refused" "sbatch --environment=nothere --wrap true" "spank_berth: --environment: environment 'nothere' not found"
+if [[ $mode == real ]]; then
+    check "broken EDF refused naming file, line and key" "srun --environment=broken true" "spank_berth: --environment: /home/alice/.edf/broken.toml:1: unknown key 'imagee'"
+    check "unset \${VAR} refused" "srun --environment=e2e true" "\${EDF_SRC} in 'mounts' is not set"
+fi
+after=$(jobs_so_far)
+if [[ $before == "$after" ]]; then echo "ok   refused environments submitted no job"; else
+    echo "FAIL refused environments submitted a job ($before -> $after)"; failures=$((failures + 1)); fi
 
 check "named container created" "srun --container-name=keep --container-writable $img sh -c 'echo kept > /state && echo done'" "done"
 check "named container reused" "srun --container-name=keep cat /state" "kept"
