@@ -11,7 +11,7 @@ import os
 import shlex
 
 from berth.errors import BerthError
-from berth.layers import resolve
+from berth.rootpath import resolve
 
 IMAGE_JSON = "etc/berth/image.json"
 _KEYS = {"env": list, "entrypoint": (list, type(None)), "cmd": (list, type(None)),

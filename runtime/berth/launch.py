@@ -39,7 +39,7 @@ import select
 import signal
 import sys
 
-from berth import environ, hooks, mounts, rootfs, syscalls as sc
+from berth import environ, hooks, mounts, rootfs, rootpath, syscalls as sc
 from berth.errors import BerthError
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -103,7 +103,7 @@ def _child(plan, status):
         sc.mount(None, "/", None, sc.MS_REC | sc.MS_PRIVATE)
         root, image, env = _build(plan, status)
         workdir = image["workdir"]
-        if not workdir or not os.path.isdir(mounts.resolve(root, workdir)):
+        if not workdir or not os.path.isdir(rootpath.resolve(root, workdir, follow_last=True)):
             workdir = "/"
         if plan.detach:
             _exec_keeper(plan, root, workdir, env, status)

@@ -12,7 +12,6 @@ unprivileged user cannot chown). Owners keep read access to files and full
 access to directories, so the user can pack and later unpack the tree.
 """
 
-import collections
 import errno
 import os
 import posixpath
@@ -23,47 +22,15 @@ import subprocess
 import tarfile
 
 from berth.errors import BerthError
+from berth.rootpath import resolve
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
-_MAX_SYMLINKS = 40
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # tarfile reads a stream in pieces of this size (default 10 KiB); larger
 # pieces unpack a real image about a quarter faster, much larger ones slower.
 _BUFFER = 1 << 16
-
-
-def resolve(root, name, follow_last=False):
-    """Host path of `name` in `root`, following symlinks with `root` as `/`."""
-    pending = collections.deque(p for p in name.split("/") if p not in ("", "."))
-    parts = []
-    followed = 0
-    while pending:
-        part = pending.popleft()
-        if part == "..":
-            if parts:
-                parts.pop()
-            continue
-        path = os.path.join(root, *parts, part)
-        if not pending and not follow_last:
-            parts.append(part)
-            break
-        try:
-            is_link = stat.S_ISLNK(os.lstat(path).st_mode)
-        except FileNotFoundError:
-            is_link = False
-        if not is_link:
-            parts.append(part)
-            continue
-        followed += 1
-        if followed > _MAX_SYMLINKS:
-            raise BerthError(f"too many levels of symbolic links in '{name}'")
-        target = os.readlink(path)
-        if target.startswith("/"):
-            parts = []
-        pending.extendleft(reversed([p for p in target.split("/") if p not in ("", ".")]))
-    return os.path.join(root, *parts)
 
 
 def _decompressor(path, gzip_program):

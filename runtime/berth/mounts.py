@@ -13,7 +13,7 @@ import os
 import re
 from typing import NamedTuple
 
-from berth import syscalls as sc
+from berth import rootpath, syscalls as sc
 from berth.errors import BerthError
 
 _FLAGS = {
@@ -33,7 +33,6 @@ _LOCKED = ((os.ST_NOSUID, sc.MS_NOSUID), (os.ST_NODEV, sc.MS_NODEV),
            (os.ST_NOEXEC, sc.MS_NOEXEC), (os.ST_NOATIME, sc.MS_NOATIME),
            (os.ST_NODIRATIME, sc.MS_NODIRATIME), (os.ST_RELATIME, sc.MS_RELATIME))
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
-_MAX_SYMLINKS = 40
 
 
 class Mount(NamedTuple):
@@ -92,31 +91,6 @@ def parse_spec(spec):
     return Mount(source, target, "none", ("rbind", "x-create=auto") + flags, origin)
 
 
-def resolve(root, path):
-    """Host path of container path `path`, following symlinks as if `root` were /."""
-    pending = [p for p in path.split("/") if p not in ("", ".")]
-    done = []
-    links = 0
-    while pending:
-        part = pending.pop(0)
-        if part == "..":
-            if done:
-                done.pop()
-            continue
-        candidate = os.path.join(root, *done, part)
-        if os.path.islink(candidate):
-            links += 1
-            if links > _MAX_SYMLINKS:
-                raise BerthError(f"{path}: too many symbolic links in the container")
-            link = os.readlink(candidate)
-            if link.startswith("/"):
-                done = []
-            pending = [p for p in link.split("/") if p not in ("", ".")] + pending
-        else:
-            done.append(part)
-    return os.path.join(root, *done)
-
-
 def locked_flags(path):
     mounted = os.statvfs(path).f_flag
     return sum(ms for st, ms in _LOCKED if mounted & st)
@@ -155,7 +129,7 @@ def apply(root, mount):
     try:
         if mount.is_bind and not os.path.exists(mount.source):
             raise BerthError(f"mount source {mount.source} does not exist")
-        target = resolve(root, mount.target)
+        target = rootpath.resolve(root, mount.target, follow_last=True)
         if not os.path.exists(target):
             if create not in ("dir", "file", "auto"):
                 raise BerthError(f"mount destination {mount.target} does not exist in the "

@@ -1,14 +1,12 @@
 """A container root inside the new mount namespace: build it, read it, enter it."""
 
-import json
 import os
 import signal
 import subprocess
 
-from berth import environ, mounts, syscalls as sc
+from berth import environ, imageconfig, mounts, rootpath, syscalls as sc
 from berth.errors import BerthError
 
-IMAGE_CONFIG = "etc/berth/image.json"
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
@@ -30,17 +28,12 @@ def remove_tree(path):
 def image_config(root):
     """The image's env/entrypoint/cmd/workdir; images without a config give empty ones."""
     config = {"env": {}, "entrypoint": None, "cmd": None, "workdir": ""}
-    path = mounts.resolve(root, IMAGE_CONFIG)
-    if os.path.isfile(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-            config.update({k: data.get(k) or config[k] for k in ("entrypoint", "cmd", "workdir")})
-            config["env"] = environ.from_list(data.get("env") or [])
-        except (OSError, ValueError, AttributeError, TypeError) as e:
-            raise BerthError(f"/{IMAGE_CONFIG} in the image is not valid: {e}") from None
+    if os.path.isfile(rootpath.resolve(root, imageconfig.IMAGE_JSON, follow_last=True)):
+        image = imageconfig.read_image_config(root)
+        config.update(entrypoint=image["entrypoint"], cmd=image["cmd"], workdir=image["workdir"],
+                      env=environ.from_list(image["env"]))
     else:
-        env_file = mounts.resolve(root, "etc/environment")
+        env_file = rootpath.resolve(root, "etc/environment", follow_last=True)
         if os.path.isfile(env_file):
             environ.read_file(env_file, config["env"], expand=False)
     return config
@@ -132,7 +125,7 @@ def system_mounts(restrict_dev):
 
 
 def finish_restricted_dev(root):
-    dev = mounts.resolve(root, "dev")
+    dev = rootpath.resolve(root, "dev", follow_last=True)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
                          ("ptmx", "pts/ptmx")):
