@@ -63,6 +63,7 @@ static struct {
 	int keeper_stdin;          /* closing it stops the keeper */
 	pid_t container_pid;       /* the pid whose namespaces tasks join */
 	uint32_t tasks_left;       /* local tasks still running */
+	int setup_failed;          /* user_init could not make the container */
 } step = { .keeper_stdin = -1 };
 
 enum opt_id {
@@ -1077,16 +1078,13 @@ out:
 	return rc;
 }
 
-int slurm_spank_user_init(spank_t sp, int ac, char **av)
+/* Import, create and start this step's container; -1 (logged) on failure. */
+static int setup_container(spank_t sp)
 {
 	char sqsh[PATH_MAX];
 	char *create_argv[] = { conf.berth, "create", "-n", step.container, sqsh, NULL };
 	int n;
 
-	(void)ac;
-	(void)av;
-	if (!step.active)
-		return 0;
 	if (make_dir(step.state_dir, 0700, step.uid, step.gid) < 0 ||
 	    make_dir(step.step_dir, 0700, step.uid, step.gid) < 0)
 		return -1;
@@ -1111,6 +1109,21 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		return -1;
 	step.remove_container = 1;
 	return start_keeper(sp, step.container);
+}
+
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (!step.active)
+		return 0;
+	/*
+	 * A failure here makes Slurm 22.05 report "launch failed" yet srun exit 0.
+	 * Failing every task instead gives srun a non-zero exit status.
+	 */
+	if (setup_container(sp) < 0)
+		step.setup_failed = 1;
+	return 0;
 }
 
 /* ---- task side ------------------------------------------------------------- */
@@ -1350,6 +1363,10 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	(void)ac;
 	(void)av;
+	if (step.active && step.setup_failed) {
+		slurm_error("spank_berth: no container for this task (see the error above)");
+		return -1;
+	}
 	if (!step.active || step.container_pid <= 0)
 		return 0;
 	if (merge_environment(sp) < 0 || enter_container() < 0)

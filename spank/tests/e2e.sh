@@ -233,6 +233,7 @@ check "--container-save" "srun $img --container-writable --container-save=/home/
 check "unnamed container for save removed" "berth list | grep -c '^berth_[0-9]'" "0"
 
 check "runtime failure fails the step with its message" "srun --container-image=/srv/bad.sqsh true" "spank_berth"
+check "runtime failure makes srun exit non-zero" "srun --container-image=/srv/bad.sqsh true; echo srun-exit=\$?" "srun-exit=1"
 
 plugstack container_scope=job
 check "container_scope=job: the job's named container" "sbatch -W -o scoped.txt --wrap \"srun --container-name=scoped $img true; berth list\" >/dev/null; cat scoped.txt" "_scoped"
