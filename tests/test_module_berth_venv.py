@@ -1,52 +1,23 @@
 """library/berth_venv.py: a real venv from Debian's python3, run through ansible-playbook."""
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import ansible_module
+
 REPO = Path(__file__).resolve().parent.parent
 SYSTEM_PYTHON = "/usr/bin/python3"
-
-PLAY = """
-- hosts: localhost
-  gather_facts: false
-  tasks:
-    - name: Run the module under test
-      berth_venv: "{{ module_args }}"
-      register: result
-      ignore_errors: true
-    - name: Save its result for the test
-      ansible.builtin.copy:
-        content: "{{ result | to_json }}"
-        dest: "{{ result_file }}"
-      check_mode: false
-"""
 
 pytestmark = pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason="needs /usr/bin/python3")
 
 
 def run_module(tmp_path, module_args, check=False, umask=0o022):
     """Run berth_venv once under `umask`; return its registered result."""
-    play = tmp_path / "play.yml"
-    play.write_text(PLAY)
-    extra = tmp_path / "extra.json"
-    result_file = tmp_path / "result.json"
-    extra.write_text(json.dumps({"module_args": module_args, "result_file": str(result_file)}))
-    env = dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "library"), ANSIBLE_DEPRECATION_WARNINGS="false")
-    cmd = [
-        str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
-        "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{extra}", str(play),
-    ]
-    if check:
-        cmd += ["--check", "--diff"]
-    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True,
-                   preexec_fn=lambda: os.umask(umask))
-    return json.loads(result_file.read_text())
+    return ansible_module.run_module(tmp_path, "berth_venv", module_args, check, umask)
 
 
 def runtime_copy(tmp_path):

@@ -1,56 +1,23 @@
 """library/enroot_conf.py, run through ansible-playbook as a site would run it."""
 
 import importlib.util
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import ansible_module
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "runtime"))
 
 from berth import config  # noqa: E402
 
-PLAY = """
-- hosts: localhost
-  gather_facts: false
-  tasks:
-    - name: Run the module under test
-      enroot_conf: "{{ module_args }}"
-      register: result
-      ignore_errors: true
-    - name: Save its result for the test
-      ansible.builtin.copy:
-        content: "{{ result | to_json }}"
-        dest: "{{ result_file }}"
-      check_mode: false
-"""
-
 
 def run_module(tmp_path, module_args, check=False):
     """Run enroot_conf once; return its registered result."""
-    play = tmp_path / "play.yml"
-    play.write_text(PLAY)
-    extra = tmp_path / "extra.json"
-    result_file = tmp_path / "result.json"
-    extra.write_text(json.dumps({"module_args": module_args, "result_file": str(result_file)}))
-    env = dict(
-        os.environ,
-        ANSIBLE_LIBRARY=str(REPO / "library"),
-        ANSIBLE_MODULE_UTILS=str(REPO / "plugins" / "module_utils"),
-        ANSIBLE_DEPRECATION_WARNINGS="false",
-    )
-    cmd = [
-        str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
-        "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{extra}", str(play),
-    ]
-    if check:
-        cmd += ["--check", "--diff"]
-    subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
-    return json.loads(result_file.read_text())
+    return ansible_module.run_module(tmp_path, "enroot_conf", module_args, check)
 
 
 def node_settings(conf):

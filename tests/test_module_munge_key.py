@@ -1,29 +1,20 @@
 """munge_key: binary-safe, idempotent, check mode, and refuses bad keys.
 
-The module runs through `ansible localhost -m`, as a play would run it."""
+The module runs through ansible-playbook, as a play runs it."""
 
 import base64
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+import ansible_module
 
 
-def run_module(args, *extra):
-    env = {**os.environ, "ANSIBLE_LIBRARY": str(REPO / "library"),
-           "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json",
-           "ANSIBLE_LOCALHOST_WARNING": "0", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "0"}
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-m", "munge_key", "-a", json.dumps(args), *extra],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
-    )
-    report = json.loads(result.stdout)
-    return report["plays"][0]["tasks"][0]["hosts"]["localhost"]
+def run_module(tmp_path, args, check=False):
+    return ansible_module.run_module(tmp_path, "munge_key", args, check)
 
 
 @pytest.fixture
@@ -36,50 +27,50 @@ def key_args(tmp_path):
                  "owner": owner, "group": group}
 
 
-def test_installs_binary_key_intact_then_reports_no_change(key_args):
+def test_installs_binary_key_intact_then_reports_no_change(tmp_path, key_args):
     key, args = key_args
-    first = run_module(args)
+    first = run_module(tmp_path, args)
     assert first["changed"] is True
     path = Path(args["path"])
     assert path.read_bytes() == key
     assert path.stat().st_mode & 0o777 == 0o400
     assert first["size"] == 1024
     assert args["key_b64"] not in json.dumps(first)
-    second = run_module(args)
+    second = run_module(tmp_path, args)
     assert second["changed"] is False
 
 
-def test_check_mode_reports_change_and_writes_nothing(key_args):
+def test_check_mode_reports_change_and_writes_nothing(tmp_path, key_args):
     _, args = key_args
-    result = run_module(args, "--check")
+    result = run_module(tmp_path, args, check=True)
     assert result["changed"] is True
     assert not Path(args["path"]).exists()
 
 
-def test_mode_drift_is_repaired(key_args):
+def test_mode_drift_is_repaired(tmp_path, key_args):
     key, args = key_args
-    run_module(args)
+    run_module(tmp_path, args)
     os.chmod(args["path"], 0o644)
-    result = run_module(args)
+    result = run_module(tmp_path, args)
     assert result["changed"] is True
     assert Path(args["path"]).stat().st_mode & 0o777 == 0o400
     assert Path(args["path"]).read_bytes() == key
 
 
 @pytest.mark.parametrize("size", [16, 2048])
-def test_key_of_wrong_size_is_refused_and_nothing_written(key_args, size):
+def test_key_of_wrong_size_is_refused_and_nothing_written(tmp_path, key_args, size):
     _, args = key_args
     args["key_b64"] = base64.b64encode(os.urandom(size)).decode()
-    result = run_module(args)
+    result = run_module(tmp_path, args)
     assert result.get("failed") is True
     assert result["msg"] == f"munge_key: key_b64 decodes to {size} bytes; munged needs 32 to 1024 bytes"
     assert not Path(args["path"]).exists()
 
 
-def test_key_that_is_not_base64_is_refused(key_args):
+def test_key_that_is_not_base64_is_refused(tmp_path, key_args):
     _, args = key_args
     args["key_b64"] = "not base64!"
-    result = run_module(args)
+    result = run_module(tmp_path, args)
     assert result.get("failed") is True
     assert result["msg"] == "munge_key: key_b64 is not valid base64"
     assert not Path(args["path"]).exists()
