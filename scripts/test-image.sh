@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the MPI test image the scenarios run in containers, offline: Debian
 # minbase (from scripts/base-image.sh) + Open MPI + MPICH + the allreduce test
-# program built against each. Its /etc/os-release says VARIANT_ID=berth-mpi-test,
+# program built against each, and an Open MPI ping-pong for bench/. Its /etc/os-release says VARIANT_ID=berth-mpi-test,
 # so a test can tell the image from the host. Writes, under .cache/images/:
 #   mpi-test.tar   docker-archive, for pushing to a registry with skopeo
 #   mpi-test.sqsh  the same root as a squashfs, for --container-image=PATH.sqsh
@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 IMAGE=berth/mpi-test:1
 BASE=${BERTH_NODE_IMAGE:-berth/node:bookworm}-minbase
 OUT=.cache/images
-SRC=molecule/multinode/files/mpi_allreduce.c
-stamp=$(cat "$0" "$SRC" | sha256sum | cut -c1-16)
+SRC=molecule/multinode/files
+stamp=$(cat "$0" "$SRC"/mpi_*.c | sha256sum | cut -c1-16)
 
 if [[ -f $OUT/mpi-test.sqsh && -f $OUT/mpi-test.tar && "$(cat $OUT/stamp 2>/dev/null)" == "$stamp" ]]; then
     echo "test-image: $OUT/mpi-test.{tar,sqsh} present"
@@ -22,15 +22,16 @@ mkdir -p "$OUT"
 work=$(mktemp -d /var/tmp/berth-test-image.XXXXXX)
 trap 'rm -rf "$work"; docker rm -f berth-test-image-export >/dev/null 2>&1 || true' EXIT
 
-cp "$SRC" "$work/"
+cp "$SRC"/mpi_*.c "$work/"
 cat >"$work/Dockerfile" <<DOCKERFILE
 FROM $BASE
 ENV DEBIAN_FRONTEND=noninteractive
-COPY mpi_allreduce.c /opt/mpi-test/
+COPY mpi_allreduce.c mpi_pingpong.c /opt/mpi-test/
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openmpi-bin libopenmpi-dev mpich libmpich-dev gcc libc6-dev \
  && mpicc.openmpi -O2 -o /opt/mpi-test/allreduce-openmpi /opt/mpi-test/mpi_allreduce.c \
  && mpicc.mpich -O2 -o /opt/mpi-test/allreduce-mpich /opt/mpi-test/mpi_allreduce.c \
+ && mpicc.openmpi -O2 -o /opt/mpi-test/pingpong-openmpi /opt/mpi-test/mpi_pingpong.c \
  && apt-get purge -y gcc libc6-dev libopenmpi-dev libmpich-dev && apt-get autoremove -y \
  && apt-get clean && rm -rf /var/lib/apt/lists/* \
  && printf 'VARIANT="Berth MPI test image"\nVARIANT_ID=berth-mpi-test\n' >> /usr/lib/os-release

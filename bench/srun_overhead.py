@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""What a container costs a Slurm step, against the bare step, in one run.
+
+    python3 bench/srun_overhead.py [--runs N] [--big-mb MB] [--login CMD]
+
+Runs on the demo cluster (`bash scripts/demo.sh`): commands go to the login
+node through `--login` (default: docker exec into berth-ctl as alice) and the
+images are those scripts/test-image.sh made, seen by the compute nodes under
+/opt/berth-images. Times, N times each, min / median / p90 in ms:
+  srun -N2 true                                     bare step
+  srun -N2 --container-name=.. true                 named container, warm
+  srun -N2 --container-image=small.sqsh true        unnamed, from a local squashfs
+  srun -N2 --container-image=big.sqsh true          the same, image padded to MB
+and an MPI ping-pong between the two nodes, bare and in the container
+(latency of 8 bytes, bandwidth of 4 MiB). Targets: container MPI within 2% of
+bare; warm step overhead under 150 ms; unnamed step within 2x the warm one,
+small and big image alike.
+"""
+
+import argparse
+import re
+import shlex
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+IMAGES = Path(__file__).resolve().parents[1] / ".cache" / "images"
+SMALL = "/opt/berth-images/mpi-test.sqsh"
+BIG = "/opt/berth-images/mpi-test-big.sqsh"
+BARE_PINGPONG = "/opt/berth-test/mpi_pingpong"
+CONTAINER_PINGPONG = "/opt/mpi-test/pingpong-openmpi"
+
+
+def make_big_image(megabytes):
+    """The test image plus MB of incompressible data, once."""
+    big = IMAGES / "mpi-test-big.sqsh"
+    if big.exists() and big.stat().st_size > megabytes << 20:
+        return
+    padding = IMAGES / "padding"
+    padding.mkdir(exist_ok=True)
+    with open("/dev/urandom", "rb") as source, open(padding / "random.bin", "wb") as f:
+        for _ in range(megabytes):
+            f.write(source.read(1 << 20))
+    subprocess.run(["cp", IMAGES / "mpi-test.sqsh", big], check=True)
+    # Appended to the image's root; random data does not compress.
+    subprocess.run(["mksquashfs", padding, big, "-no-progress", "-quiet", "-all-root", "-noD"],
+                   check=True, stdout=subprocess.DEVNULL)
+    big.chmod(0o644)
+    subprocess.run(["rm", "-rf", padding], check=True)
+
+
+def on_login(login, command):
+    result = subprocess.run([*login, "bash", "-c", command], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"srun_overhead: '{command}' failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def timings(login, command, runs):
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        on_login(login, command)
+        samples.append((time.perf_counter() - started) * 1000)
+    samples.sort()
+    return samples[0], statistics.median(samples), samples[max(int(len(samples) * 0.9) - 1, 0)]
+
+
+def pingpong(login, prefix, program, runs):
+    latencies, bandwidths = [], []
+    for _ in range(runs):
+        out = on_login(login, f"srun -N2 -n2 --mpi=pmix {prefix} {program}")
+        latencies.append(float(re.search(r"latency_us (\S+)", out).group(1)))
+        bandwidths.append(float(re.search(r"bandwidth_MBps (\S+)", out).group(1)))
+    return statistics.median(latencies), statistics.median(bandwidths)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--big-mb", type=int, default=1024, help="padding of the big image")
+    parser.add_argument("--login", default="docker exec berth-ctl runuser -u alice --",
+                        help="prefix that runs a command as a user on the login node")
+    args = parser.parse_args()
+    login = shlex.split(args.login)
+    make_big_image(args.big_mb)
+
+    on_login(login, f"srun -N2 --container-name=bench --container-image={SMALL} true")
+    steps = [
+        ("srun -N2 true (bare)", "srun -N2 true"),
+        ("named container, warm", "srun -N2 --container-name=bench true"),
+        ("unnamed, small squashfs", f"srun -N2 --container-image={SMALL} true"),
+        (f"unnamed, squashfs + {args.big_mb} MB", f"srun -N2 --container-image={BIG} true"),
+    ]
+    rows = [(label, *timings(login, command, args.runs)) for label, command in steps]
+    on_login(login, "srun -N2 berth remove -f berth_bench")
+
+    bare = pingpong(login, "", BARE_PINGPONG, max(args.runs // 3, 3))
+    contained = pingpong(login, f"--container-image={SMALL}", CONTAINER_PINGPONG,
+                         max(args.runs // 3, 3))
+
+    print(f"{'step':34} {'min ms':>8} {'median':>8} {'p90':>8} {'over bare':>10}")
+    for label, low, median, p90 in rows:
+        print(f"{label:34} {low:8.0f} {median:8.0f} {p90:8.0f} {median - rows[0][2]:+10.0f}")
+    warm = rows[1][2] - rows[0][2]
+    print(f"\nwarm container overhead {warm:.0f} ms (target < 150 ms); unnamed/warm: "
+          f"small {rows[2][2] / rows[1][2]:.2f}x, big {rows[3][2] / rows[1][2]:.2f}x (target <= 2x)")
+    print(f"\n{'MPI ping-pong, 2 nodes':34} {'bare':>10} {'container':>10} {'ratio':>8}")
+    print(f"{'latency, 8 B (us)':34} {bare[0]:10.2f} {contained[0]:10.2f} {contained[0] / bare[0]:8.3f}")
+    print(f"{'bandwidth, 4 MiB (MB/s)':34} {bare[1]:10.1f} {contained[1]:10.1f} "
+          f"{contained[1] / bare[1]:8.3f}")
+    print("(target: ratios within 2% of 1)")
+
+
+if __name__ == "__main__":
+    main()
