@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bring up the local demo cluster (three Docker containers running systemd:
 # berth-ctl, berth-cn1, berth-cn2) with site.yml, then run an MPI job across
-# the two compute nodes as an ordinary user. `bash scripts/demo.sh destroy`
+# the two compute nodes as an ordinary user, each rank inside a container of
+# an image from the cluster's registry. `bash scripts/demo.sh destroy`
 # removes the cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +18,9 @@ molecule create -s multinode
 molecule prepare -s multinode
 molecule converge -s multinode
 
+job="srun -N2 -n4 --mpi=pmix --container-image=berth-ctl:5000#berth/mpi-test:1 allreduce-openmpi"
 echo
-echo "demo: srun -N2 -n2 --mpi=pmix mpi_allreduce, as user alice on berth-ctl"
-docker exec berth-ctl runuser -u alice -- srun -N2 -n2 --mpi=pmix /opt/berth-test/mpi_allreduce
+echo "demo: as user alice on berth-ctl: $job"
+docker exec berth-ctl runuser -u alice -- $job
 echo
 echo "demo: the cluster is up; log in with: docker exec -it berth-ctl runuser -l alice"
