@@ -95,8 +95,7 @@ def test_install_resolve_rerun_and_remove(node):
     pytorch = berth_show(node, "pytorch")
     assert pytorch["image"] == "nvcr.io#nvidia/pytorch:24.01-py3"
     assert pytorch["mounts"] == ["/home/alice:/home/alice", "/scratch:/scratch"]
-    assert pytorch["hook_env"] == {"BERTH_HOOK_PMIX_ENABLE": "1", "BERTH_HOOK_NVIDIA_ENABLE": "1",
-                                   "BERTH_HOOK_MELLANOX_ENABLE": "1"}
+    assert pytorch["hook_env"] == {"BERTH_HOOK_NVIDIA_ENABLE": "1", "BERTH_HOOK_MELLANOX_ENABLE": "1"}
     assert pytorch["sources"]["mounts./scratch"] == str(node / "edf" / "site-defaults.toml")
     edf_path = f"EDF_PATH={node / 'edf'}"
     assert f"{edf_path}\nexport EDF_PATH\n" in (node / "profile.d" / "berth-edf.sh").read_text()

@@ -93,8 +93,11 @@ def test_setns_joins_another_process_namespaces():
         assert os.read(ready_r, 1) == b"x"
 
         def body():
-            for name, flag in (("user", sc.CLONE_NEWUSER), ("uts", sc.CLONE_NEWUTS)):
-                fd = os.open(f"/proc/{holder}/ns/{name}", os.O_RDONLY)
+            # Open every namespace first: once in the holder's user namespace,
+            # /proc/<holder>/ns may no longer be ours to open.
+            fds = [(os.open(f"/proc/{holder}/ns/{name}", os.O_RDONLY), flag)
+                   for name, flag in (("user", sc.CLONE_NEWUSER), ("uts", sc.CLONE_NEWUTS))]
+            for fd, flag in fds:
                 sc.setns(fd, flag)
             return socket.gethostname()
         assert in_child(body) == "bctr-joined"
