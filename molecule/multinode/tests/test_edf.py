@@ -1,0 +1,60 @@
+"""srun --environment on the deployed cluster: an EDF in the user's ~/.edf on
+the login node, resolved at submission, applied on both compute nodes."""
+
+import shlex
+
+import pytest
+
+from conftest import COMPUTE, CONTROLLER, node
+
+EDF = """\
+image = "/opt/berth-images/mpi-test.sqsh"
+workdir = "/edf-work"
+mounts = ["/home/alice/edfdata:/edf-work:ro"]
+
+[env]
+EDF_MARKER = "from-the-edf"
+"""
+
+
+@pytest.fixture(scope="module")
+def edf():
+    node(CONTROLLER).run(
+        f"install -d -o alice /home/alice/.edf && printf '%s' {shlex.quote(EDF)} "
+        "> /home/alice/.edf/edftest.toml && chown alice /home/alice/.edf/edftest.toml")
+    for name in COMPUTE:
+        node(name).run(f"install -d -o alice /home/alice/edfdata && echo {name} > /home/alice/edfdata/marker")
+    yield "edftest"
+    node(CONTROLLER).run("rm -f /home/alice/.edf/edftest.toml")
+
+
+def srun(args):
+    return node(CONTROLLER).run(f"cd /home/alice && runuser -u alice -- srun {args}")
+
+
+def test_environment_gives_image_mounts_env_and_workdir_on_both_nodes(edf):
+    job = srun(f"-N2 --ntasks-per-node=1 -l --environment={edf} "
+               "sh -c 'pwd; echo $EDF_MARKER; cat marker; grep ^VARIANT_ID= /etc/os-release'")
+    assert job.rc == 0, job.stderr
+    for rank, compute in enumerate(COMPUTE):
+        lines = [line.split(": ", 1)[1] for line in job.stdout.splitlines()
+                 if line.startswith(f"{rank}: ")]
+        assert sorted(lines) == sorted(["/edf-work", "from-the-edf", compute,
+                                        "VARIANT_ID=berth-mpi-test"]), job.stdout
+
+
+def test_workdir_flag_overrides_the_edf(edf):
+    job = srun(f"-N2 --ntasks-per-node=1 --environment={edf} --container-workdir=/tmp pwd")
+    assert job.rc == 0, job.stderr
+    assert job.stdout.splitlines() == ["/tmp", "/tmp"]
+
+
+def test_broken_edf_is_refused_before_submission(edf):
+    node(CONTROLLER).run("printf 'imagee = \"x\"\\n' > /home/alice/.edf/broken.toml && "
+                         "chown alice /home/alice/.edf/broken.toml")
+    before = node(CONTROLLER).check_output("squeue -h -a -t all -o %i | wc -l")
+    job = srun("-N1 --environment=broken true")
+    assert job.rc != 0
+    assert "--environment" in job.stderr and "broken.toml:1" in job.stderr, job.stderr
+    assert "imagee" in job.stderr
+    assert node(CONTROLLER).check_output("squeue -h -a -t all -o %i | wc -l") == before
