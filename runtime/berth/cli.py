@@ -11,21 +11,6 @@ import sys
 from berth import __version__, config
 from berth.errors import BerthError
 
-# verb -> "module:function"; each function takes (args, cfg) and returns an exit status.
-VERBS = {
-    "import": "berth.importer:cmd_import",
-    "create": "berth.container:cmd_create",
-    "start": "berth.container:cmd_start",
-    "exec": "berth.container:cmd_exec",
-    "list": "berth.container:cmd_list",
-    "remove": "berth.container:cmd_remove",
-    "export": "berth.container:cmd_export",
-    "batch": "berth.container:cmd_batch",
-    "edf": "berth.edf:cmd_edf",
-    "setup-user": "berth.userdirs:cmd_setup_user",
-    "version": "berth.cli:cmd_version",
-}
-
 
 def cmd_version(args, cfg):
     print(__version__)
@@ -117,21 +102,49 @@ def _add_setup_user(sub):
     p.add_argument("user", help="user name or uid")
 
 
-def parser():
+def _add_version(sub):
+    sub.add_parser("version", help="print the version")
+
+
+# verb -> (adds its sub-parser, "module:function" run with (args, cfg) -> exit status)
+VERBS = {
+    "import": (_add_import, "berth.importer:cmd_import"),
+    "create": (_add_create, "berth.container:cmd_create"),
+    "start": (_add_start, "berth.container:cmd_start"),
+    "exec": (_add_exec, "berth.container:cmd_exec"),
+    "list": (_add_list, "berth.container:cmd_list"),
+    "remove": (_add_remove, "berth.container:cmd_remove"),
+    "export": (_add_export, "berth.container:cmd_export"),
+    "batch": (_add_batch, "berth.container:cmd_batch"),
+    "edf": (_add_edf, "berth.edf:cmd_edf"),
+    "setup-user": (_add_setup_user, "berth.userdirs:cmd_setup_user"),
+    "version": (_add_version, "berth.cli:cmd_version"),
+}
+
+
+def parser(verb=None):
+    """The argument parser; given a verb, with that verb's sub-parser alone."""
     p = argparse.ArgumentParser(prog="berth", description=__doc__.splitlines()[0])
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("-v", "--version", action="version", version=__version__)
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for add in (_add_import, _add_create, _add_start, _add_exec, _add_list,
-                _add_remove, _add_export, _add_batch, _add_edf, _add_setup_user):
-        add(sub)
-    sub.add_parser("version", help="print the version")
+    for name, (add, _) in VERBS.items():
+        if verb in (None, name):
+            add(sub)
     return p
 
 
+def _verb(argv):
+    """The verb of a command line, or None: building every sub-parser costs
+    more than a `berth start` may spend, so only the one in use is built."""
+    first = next((arg for arg in argv if not arg.startswith("-")), None)
+    return first if first in VERBS else None
+
+
 def main(argv=None):
-    args = parser().parse_args(argv)
-    module_name, func_name = VERBS[args.verb].split(":")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser(_verb(argv)).parse_args(argv)
+    module_name, func_name = VERBS[args.verb][1].split(":")
     try:
         cfg = config.load()
         func = getattr(importlib.import_module(module_name), func_name)
