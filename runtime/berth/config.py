@@ -10,7 +10,6 @@ USER (the caller's), so a site can write per-user paths.
 import os
 import pwd
 import re
-from pathlib import Path
 
 from berth.errors import BerthError
 
@@ -31,7 +30,7 @@ def _defaults(env):
     if "XDG_RUNTIME_DIR" not in env and not os.access(runtime_dir, os.W_OK):
         runtime_dir = os.path.join(env.get("TMPDIR") or "/tmp", f"berth-{uid}")
     return {
-        "ENROOT_LIBRARY_PATH": str(Path(__file__).resolve().parent),
+        "ENROOT_LIBRARY_PATH": os.path.dirname(os.path.realpath(__file__)),
         "ENROOT_SYSCONF_PATH": "/etc/enroot",
         "ENROOT_RUNTIME_PATH": f"{runtime_dir}/enroot",
         "ENROOT_CONFIG_PATH": f"{_xdg(env, 'XDG_CONFIG_HOME', home + '/.config')}/enroot",
@@ -117,9 +116,6 @@ class Config:
         except ValueError:
             raise BerthError(f"{key}: expected a number, got '{self._values[key]}'") from None
 
-    def path(self, key):
-        return Path(self._values[key])
-
 
 def _caller(env):
     uid = os.getuid()
@@ -130,19 +126,30 @@ def _caller(env):
     return {"UID": str(uid), "USER": user}
 
 
+def files_in(directory, suffix):
+    """Sorted paths of the regular files named *`suffix` in `directory`
+    (none when it is missing or unreadable; dot files are skipped)."""
+    try:
+        names = sorted(n for n in os.listdir(directory)
+                       if n.endswith(suffix) and not n.startswith("."))
+    except OSError:
+        return []
+    return [p for p in (f"{directory}/{n}" for n in names) if os.path.isfile(p)]
+
+
 def load(env=None):
     """Resolve the configuration from files and the environment `env`."""
     env = dict(os.environ if env is None else env)
     env.update(_caller(env))
     values = _defaults(env)
-    sysconf = Path(env.get("ENROOT_SYSCONF_PATH") or values["ENROOT_SYSCONF_PATH"])
-    files = [sysconf / "enroot.conf", *sorted(sysconf.glob("enroot.conf.d/*.conf"))]
+    sysconf = env.get("ENROOT_SYSCONF_PATH") or values["ENROOT_SYSCONF_PATH"]
+    files = [f"{sysconf}/enroot.conf", *files_in(f"{sysconf}/enroot.conf.d", ".conf")]
     for path in files:
-        if path.is_file():
+        if os.path.isfile(path):
             for key, value in parse_file(path, {**env, **values}):
                 values[key] = value
     for key in KEYS:
         if env.get(key):
             values[key] = env[key]
-    values["ENROOT_SYSCONF_PATH"] = str(sysconf)
+    values["ENROOT_SYSCONF_PATH"] = sysconf
     return Config(values)

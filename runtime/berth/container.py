@@ -20,7 +20,6 @@ file is the container's rc: /bin/sh runs it inside with COMMAND as "$@"
 import os
 import shlex
 import subprocess
-from pathlib import Path
 
 from berth import config, environ, hooks, launch, mounts, rootfs, syscalls as sc
 from berth.errors import BerthError
@@ -60,9 +59,10 @@ def _check_image(path):
 
 
 def _container_root(cfg, name):
-    root = cfg.path("ENROOT_DATA_PATH") / _check_name(name)
-    if not root.is_dir():
-        raise BerthError(f"no container named '{name}' in {root.parent} (see berth list)")
+    data = cfg["ENROOT_DATA_PATH"]
+    root = f"{data}/{_check_name(name)}"
+    if not os.path.isdir(root):
+        raise BerthError(f"no container named '{name}' in {data} (see berth list)")
     return root
 
 
@@ -95,11 +95,11 @@ def cmd_create(args, cfg):
     image = _check_image(args.image)
     name = _check_name(args.name if args.name is not None
                        else os.path.basename(image).removesuffix(".sqsh"))
-    data = cfg.path("ENROOT_DATA_PATH")
-    target = data / name
-    if target.exists() and not args.force:
+    data = cfg["ENROOT_DATA_PATH"]
+    target = f"{data}/{name}"
+    if os.path.exists(target) and not args.force:
         raise BerthError(f"container '{name}' already exists in {data} (-f replaces it)")
-    data.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.makedirs(data, mode=0o700, exist_ok=True)
     staging = _fresh_dir(data, f".{name}")
     try:
         # Unprivileged, unsquashfs cannot make device nodes: a non-fatal error.
@@ -107,7 +107,7 @@ def cmd_create(args, cfg):
         _run_tool(["unsquashfs", "-no-progress", "-no-xattrs", *tolerate, "-f",
                    "-d", staging, image], image)
         _make_removable(staging)
-        if target.exists():
+        if os.path.exists(target):
             old = _fresh_dir(data, f".{name}.old")
             os.rename(target, f"{old}/root")
             os.rename(staging, target)
@@ -123,7 +123,7 @@ def cmd_create(args, cfg):
 def read_conf(path, expand_env):
     conf = Conf()
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = _read_text(path)
     except OSError as e:
         raise BerthError(f"{path}: cannot read: {e.strerror}") from None
     for number, line in enumerate(text.splitlines(), 1):
@@ -162,9 +162,14 @@ def _configs(paths, expand_env, cfg):
     return merged, config.Config({**dict(cfg.items()), **merged.settings})
 
 
-def _sorted_files(cfg, directory, pattern):
+def _read_text(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _sorted_files(cfg, directory, suffix):
     return [p for key in ("ENROOT_SYSCONF_PATH", "ENROOT_CONFIG_PATH")
-            for p in sorted(Path(cfg[key], directory).glob(pattern)) if p.is_file()]
+            for p in config.files_in(f"{cfg[key]}/{directory}", suffix)]
 
 
 def _plan(args, cfg, container, conf):
@@ -172,12 +177,12 @@ def _plan(args, cfg, container, conf):
     expand_env = {**os.environ, **dict(cfg.items())}
     is_image = container.endswith(".sqsh") or "/" in container
     image = _check_image(container) if is_image else None
-    root = None if is_image else str(_container_root(cfg, container))
+    root = None if is_image else _container_root(cfg, container)
     if image and not os.access("/dev/fuse", os.R_OK | os.W_OK):
         raise BerthError(f"/dev/fuse is not usable by uid {os.getuid()}: starting {container} "
                          "without unpacking needs it with mode 0666 (or use berth create)")
     fstabs = []
-    for path in _sorted_files(cfg, "mounts.d", "*.fstab"):
+    for path in _sorted_files(cfg, "mounts.d", ".fstab"):
         fstabs += mounts.read_fstab(path, expand_env)
     user_mounts = fstabs + conf.mounts + [mounts.parse_spec(s) for s in args.mount]
     env = dict(conf.env)
@@ -188,7 +193,7 @@ def _plan(args, cfg, container, conf):
     rc = conf.rc
     if args.rc:
         try:
-            rc = Path(args.rc).read_text(encoding="utf-8")
+            rc = _read_text(args.rc)
         except OSError as e:
             raise BerthError(f"--rc {args.rc}: {e.strerror}") from None
     if os.getuid() == 0 and cfg.flag("ENROOT_ALLOW_SUPERUSER"):
@@ -207,12 +212,12 @@ def _plan(args, cfg, container, conf):
         ids=ids, unshare=unshare,
         pid_namespace=args.pid or cfg.flag("ENROOT_UNSHARE_PID"),
         restrict_dev=cfg.flag("ENROOT_RESTRICT_DEV"),
-        mounts=user_mounts, env_files=_sorted_files(cfg, "environ.d", "*.env"), env=env,
+        mounts=user_mounts, env_files=_sorted_files(cfg, "environ.d", ".env"), env=env,
         hooks=hooks.find(cfg), rc=rc, command=list(args.command), detach=args.detach,
     )
-    base = cfg.path("ENROOT_RUNTIME_PATH")
+    base = cfg["ENROOT_RUNTIME_PATH"]
     try:
-        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.makedirs(base, mode=0o700, exist_ok=True)
         plan.runtime = _fresh_dir(base, os.path.basename(container))
     except OSError as e:
         raise BerthError(f"ENROOT_RUNTIME_PATH {base}: {e.strerror}") from None
@@ -240,15 +245,22 @@ def cmd_exec(args, cfg):
 def running(cfg):
     """{container name: [pid, ...]} of the starts alive under ENROOT_RUNTIME_PATH."""
     found = {}
-    base = cfg.path("ENROOT_RUNTIME_PATH")
-    for state in base.glob("*/state") if base.is_dir() else ():
+    base = cfg["ENROOT_RUNTIME_PATH"]
+    for start in _entries(base):
         try:
-            pid = int(state.read_text())
+            pid = int(_read_text(f"{base}/{start}/state"))
         except (OSError, ValueError):
             continue
         if os.path.exists(f"/proc/{pid}"):
-            found.setdefault(state.parent.name.rsplit(".", 1)[0], []).append(pid)
+            found.setdefault(start.rsplit(".", 1)[0], []).append(pid)
     return found
+
+
+def _entries(directory):
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
 
 
 def _size(tree):
@@ -264,16 +276,16 @@ def _size(tree):
 
 
 def cmd_list(args, cfg):
-    data = cfg.path("ENROOT_DATA_PATH")
-    names = sorted(p.name for p in data.iterdir()
-                   if p.is_dir() and not p.name.startswith(".")) if data.is_dir() else []
+    data = cfg["ENROOT_DATA_PATH"]
+    names = sorted(n for n in _entries(data)
+                   if not n.startswith(".") and os.path.isdir(f"{data}/{n}"))
     if not args.fancy:
         for name in names:
             print(name)
         return 0
     pids = running(cfg)
     rows = [("NAME", "SIZE", "PIDS")]
-    rows += [(n, _size(data / n), ",".join(map(str, pids.get(n, []))) or "-") for n in names]
+    rows += [(n, _size(f"{data}/{n}"), ",".join(map(str, pids.get(n, []))) or "-") for n in names]
     width = max(len(r[0]) for r in rows)
     for name, size, procs in rows:
         print(f"{name:<{width}}  {size:>6}  {procs}")
@@ -281,12 +293,12 @@ def cmd_list(args, cfg):
 
 
 def cmd_remove(args, cfg):
-    data = cfg.path("ENROOT_DATA_PATH")
+    data = cfg["ENROOT_DATA_PATH"]
     busy = running(cfg)
     doomed = []
     for name in args.names:
-        root = data / _check_name(name)
-        if not root.is_dir():
+        root = f"{data}/{_check_name(name)}"
+        if not os.path.isdir(root):
             if args.force:
                 continue
             raise BerthError(f"no container named '{name}' in {data}")
@@ -295,7 +307,7 @@ def cmd_remove(args, cfg):
                              "-f removes it anyway")
         doomed.append(root)
     for root in doomed:
-        hidden = _fresh_dir(data, f".{root.name}.removing")
+        hidden = _fresh_dir(data, f".{os.path.basename(root)}.removing")
         os.rename(root, f"{hidden}/root")
         rootfs.remove_tree(hidden)
     return 0
@@ -309,7 +321,7 @@ def cmd_export(args, cfg):
     staging = f"{os.path.dirname(output)}/.{os.path.basename(output)}.{os.getpid()}"
     owner = ["-all-root"] if os.getuid() else []  # an unprivileged unpack owns every file
     try:
-        _run_tool(["mksquashfs", str(root), staging, "-noappend", "-no-progress", *owner,
+        _run_tool(["mksquashfs", root, staging, "-noappend", "-no-progress", *owner,
                    *shlex.split(cfg["ENROOT_SQUASH_OPTIONS"])], args.name)
         os.chmod(staging, 0o644 & ~_umask())
         os.replace(staging, output)

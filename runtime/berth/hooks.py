@@ -19,16 +19,15 @@ A hook that exits non-zero aborts the start. Its output goes to stderr.
 import os
 import subprocess
 import sys
-from pathlib import Path
 
+from berth.config import files_in
 from berth.errors import BerthError
 
 
 def find(cfg):
     hooks = []
     for base in (cfg["ENROOT_SYSCONF_PATH"], cfg["ENROOT_CONFIG_PATH"]):
-        hooks += sorted(p for p in Path(base, "hooks.d").glob("*.sh")
-                        if p.is_file() and os.access(p, os.X_OK))
+        hooks += [p for p in files_in(f"{base}/hooks.d", ".sh") if os.access(p, os.X_OK)]
     return hooks
 
 
@@ -36,7 +35,7 @@ def run(hooks, env):
     for hook in hooks:
         try:
             # stdout goes to stderr: berth's stdout may be the --detach pid channel.
-            status = subprocess.run([str(hook)], env=env, stdin=subprocess.DEVNULL,
+            status = subprocess.run([hook], env=env, stdin=subprocess.DEVNULL,
                                     stdout=sys.stderr.fileno(), check=False).returncode
         except OSError as e:
             raise BerthError(f"hook {hook}: cannot run: {e.strerror}") from None

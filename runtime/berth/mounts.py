@@ -9,9 +9,9 @@ rshared), nofail (skip the mount when it fails) and x-create=dir|file|auto
 `$VAR`/`${VAR}` in a line expand from the container's environment.
 """
 
+import collections
 import os
 import re
-from typing import NamedTuple
 
 from berth import rootpath, syscalls as sc
 from berth.errors import BerthError
@@ -35,12 +35,10 @@ _LOCKED = ((os.ST_NOSUID, sc.MS_NOSUID), (os.ST_NODEV, sc.MS_NODEV),
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
 
-class Mount(NamedTuple):
-    source: str
-    target: str
-    fstype: str
-    options: tuple
-    origin: str  # where it came from, for error messages
+class Mount(collections.namedtuple("Mount", "source target fstype options origin")):
+    """One mount; options is a tuple, origin says where it came from (for messages)."""
+
+    __slots__ = ()
 
     @property
     def is_bind(self):

@@ -6,7 +6,6 @@ argument that failed, so callers can turn it into a message naming it.
 
 import ctypes
 import os
-import platform
 
 # The C library Python itself runs on (find_library would spawn ldconfig).
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -53,9 +52,10 @@ def _check(result, what):
 
 
 def _syscall(name, *args):
-    numbers = _SYSCALL_NUMBERS.get(platform.machine())
+    machine = os.uname().machine
+    numbers = _SYSCALL_NUMBERS.get(machine)
     if numbers is None:
-        raise OSError(0, f"{name}: unsupported architecture {platform.machine()}")
+        raise OSError(0, f"{name}: unsupported architecture {machine}")
     return _check(_libc.syscall(ctypes.c_long(numbers[name]), *args), name)
 
 
