@@ -39,14 +39,14 @@ import select
 import signal
 import sys
 
-from berth import environ, hooks, mounts, rootfs, rootpath, syscalls as sc
+from berth import entry, environ, hooks, mounts, rootfs, rootpath, syscalls as sc
 from berth.errors import BerthError
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _NAMESPACES = (("user", sc.CLONE_NEWUSER), ("mnt", sc.CLONE_NEWNS), ("pid", sc.CLONE_NEWPID),
                ("net", sc.CLONE_NEWNET), ("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS))
 _KEEPER = ("import sys; sys.path.insert(0, sys.argv[1]); "
-           "from berth.rootfs import keeper_main; keeper_main(*sys.argv[2:])")
+           "from berth.entry import keeper_main; keeper_main(*sys.argv[2:])")
 
 
 class Plan:
@@ -94,10 +94,10 @@ def _child(plan, status):
 
     It works as root of a new user namespace mapped onto the caller (files
     the caller or the image owns are then writable for mount points), in a
-    new mount namespace; rootfs.isolate then nests the container's own."""
+    new mount namespace; entry.isolate then nests the container's own."""
     try:
         if plan.ids is not None:
-            rootfs.new_user_namespace(0, 0)
+            entry.new_user_namespace(0, 0)
         sc.unshare(sc.CLONE_NEWNS)
         sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
         sc.mount(None, "/", None, sc.MS_REC | sc.MS_PRIVATE)
@@ -107,14 +107,14 @@ def _child(plan, status):
             workdir = "/"
         if plan.detach:
             _exec_keeper(plan, root, workdir, env, status)
-        rootfs.enter(root, workdir)
+        entry.enter(root, workdir)
         flags = plan.unshare | (sc.CLONE_NEWPID if plan.pid_namespace else 0)
-        child = rootfs.isolate(plan.ids, flags)
+        child = entry.isolate(plan.ids, flags)
         if child:
             os.close(status)
-            rootfs.relay(child)
+            entry.relay(child)
         if plan.pid_namespace:
-            rootfs.mount_own_proc()
+            entry.mount_own_proc()
         _exec(_command(plan, image), env)
     except (BerthError, OSError) as e:
         _send(status, f"error {e}")
@@ -178,7 +178,7 @@ def _exec_keeper(plan, root, workdir, env, status):
     os.closerange(3, status)
     os.closerange(status + 1, os.sysconf("SC_OPEN_MAX"))
     os.set_inheritable(status, True)
-    library = os.path.dirname(os.path.dirname(os.path.abspath(rootfs.__file__)))
+    library = os.path.dirname(os.path.dirname(os.path.abspath(entry.__file__)))
     ids = "-" if plan.ids is None else f"{plan.ids[0]}:{plan.ids[1]}"
     flags = plan.unshare | (sc.CLONE_NEWPID if plan.pid_namespace else 0)
     os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", _KEEPER, library, root,
@@ -196,7 +196,7 @@ def _command(plan, image):
 
 
 def _forward_signals(pid):
-    rootfs.forward_signals(pid, _FORWARDED)
+    entry.forward_signals(pid, _FORWARDED)
     for sig in (signal.SIGINT, signal.SIGQUIT):
         signal.signal(sig, lambda *_: None)
 
@@ -248,7 +248,7 @@ def start(plan):
             _wait_for_stop(child)
             with contextlib.suppress(ProcessLookupError):  # it may be gone already
                 os.kill(keeper, signal.SIGKILL)
-        code = rootfs.exit_code(os.waitpid(child, 0)[1])
+        code = entry.exit_code(os.waitpid(child, 0)[1])
     finally:
         for pid in helpers:
             os.kill(pid, signal.SIGTERM)
@@ -290,5 +290,5 @@ def exec_in(pid, command):
         child = os.fork()  # a pid namespace applies to children only
         if child:
             _forward_signals(child)
-            return rootfs.exit_code(os.waitpid(child, 0)[1])
+            return entry.exit_code(os.waitpid(child, 0)[1])
     _exec(command, env)
