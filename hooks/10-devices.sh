@@ -7,8 +7,8 @@
 # adds nothing: the minimal set stays.
 set -eu
 
-case $(echo "${ENROOT_RESTRICT_DEV:-no}" | tr '[:upper:]' '[:lower:]') in
-    y|yes|1|true) ;;
+case ${ENROOT_RESTRICT_DEV:-no} in  # yes/no in any case, without forking tr
+    [yY] | [yY][eE][sS] | 1 | [tT][rR][uU][eE]) ;;
     *) exit 0 ;;
 esac
 

@@ -3,8 +3,8 @@
 # directory at the same path inside the container and point HOME at it.
 set -eu
 
-case $(echo "${ENROOT_MOUNT_HOME:-no}" | tr '[:upper:]' '[:lower:]') in
-    y|yes|1|true) ;;
+case ${ENROOT_MOUNT_HOME:-no} in  # yes/no in any case, without forking tr
+    [yY] | [yY][eE][sS] | 1 | [tT][rR][uU][eE]) ;;
     *) exit 0 ;;
 esac
 

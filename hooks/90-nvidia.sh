@@ -31,7 +31,10 @@
 #   BERTH_DEV_ROOT          where the device nodes are (default /dev)
 set -eu -o pipefail
 
-here=$(dirname "$(readlink -f "$0")")
+here=${BASH_SOURCE[0]%/*}
+# A hook linked into hooks.d finds its files beside the real one; forks
+# (readlink, dirname) only then: every hook runs in every container start.
+if [ -L "${BASH_SOURCE[0]}" ]; then here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")"); fi
 hook_name=nvidia
 # shellcheck source=hooks/common.bash
 . "$here/common.bash"
@@ -117,12 +120,14 @@ select_devices() {
     done
 }
 
-# Slurm's binding of GPUs to this step, as "VARIABLE=VALUE", or nothing.
+# Slurm's binding of GPUs to this step into "binding", as "VARIABLE=VALUE",
+# or empty (set, not printed: a $(...) would fork in every container start).
 slurm_binding() {
     local variable
+    binding=''
     for variable in SLURM_STEP_GPUS SLURM_JOB_GPUS CUDA_VISIBLE_DEVICES; do
         if [ -n "${!variable:-}" ]; then
-            echo "$variable=${!variable}"
+            binding="$variable=${!variable}"
             return
         fi
     done
@@ -333,12 +338,12 @@ main() {
         *) die "BERTH_NVIDIA_BACKEND: unknown backend '$backend' (ldcache or nvidia-container-cli)" ;;
     esac
     if [ -z "${NVIDIA_VISIBLE_DEVICES+set}" ]; then
-        binding=$(slurm_binding)
+        slurm_binding
         [ -n "$binding" ] || exit 0
     else
         case $NVIDIA_VISIBLE_DEVICES in
             "" | none | void) exit 0 ;;
-            all) binding=$(slurm_binding) ;;
+            all) slurm_binding ;;
         esac
     fi
 

@@ -25,8 +25,12 @@
 set -eu -o pipefail
 
 hook_name=mellanox
+here=${BASH_SOURCE[0]%/*}
+# A hook linked into hooks.d finds its files beside the real one; forks
+# (readlink, dirname) only then: every hook runs in every container start.
+if [ -L "${BASH_SOURCE[0]}" ]; then here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")"); fi
 # shellcheck source=hooks/common.bash
-. "$(dirname "$(readlink -f "$0")")/common.bash"
+. "$here/common.bash"
 
 sys=${BERTH_SYS_ROOT:-/sys}
 dev=${BERTH_DEV_ROOT:-/dev}
