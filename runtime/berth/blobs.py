@@ -3,7 +3,8 @@
 A blob appears under its name only after its digest was verified (it is
 written to a temporary file in the same directory, then renamed), so a
 reader never sees a partial layer. One lock per digest keeps concurrent
-imports on a node from downloading the same layer twice.
+imports on a node from downloading the same layer twice. A blob's mtime is
+its last use: `berth cache prune` removes the least recently used first.
 """
 
 import contextlib
@@ -29,20 +30,23 @@ class BlobCache:
             raise BerthError(f"unsupported layer digest '{digest}' (expected sha256:<64 hex>)")
         return os.path.join(self.blob_dir, digest.split(":", 1)[1])
 
+    def lock_path(self, digest):
+        return os.path.join(self.lock_dir, digest.replace(":", "-"))
+
     def has(self, digest):
         return os.path.isfile(self.path(digest))
+
+    def use(self, digest):
+        """Whether `digest` is cached, marking it used if so."""
+        return self.has(digest) and touch(self.path(digest))
 
     def fetch(self, digest, registry, on_bytes, quiet=True):
         """Download `digest` unless cached; returns True when it downloaded."""
         if self.has(digest):
             return False
-        for directory in (self.blob_dir, self.lock_dir):
-            try:
-                os.makedirs(directory, mode=0o700, exist_ok=True)
-            except OSError as e:
-                raise BerthError(f"cannot create cache directory {directory}: "
-                                 f"{e.strerror}") from None
-        with self._locked(digest, quiet):
+        make_dirs(self.blob_dir, self.lock_dir)
+        with locked(self.lock_path(digest), f"waiting for another import downloading {digest}",
+                    quiet):
             if self.has(digest):  # another import fetched it while we waited
                 return False
             fd, partial = tempfile.mkstemp(dir=self.blob_dir, prefix=".partial-")
@@ -60,15 +64,45 @@ class BlobCache:
                 raise
         return True
 
-    @contextlib.contextmanager
-    def _locked(self, digest, quiet):
-        lock_path = os.path.join(self.lock_dir, digest.replace(":", "-"))
-        with open(lock_path, "a") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not quiet:
-                    print(f"berth: waiting for another import downloading {digest}",
-                          file=sys.stderr)
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
+
+def make_dirs(*directories):
+    for directory in directories:
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise BerthError(f"cannot create cache directory {directory}: "
+                             f"{e.strerror}") from None
+
+
+def open_lock(lock_path):
+    """A descriptor to flock. Read-only and 0644, so that a lock file an
+    admin's `berth cache prune` made for a moment never locks the user out."""
+    return os.open(lock_path, os.O_RDONLY | os.O_CREAT, 0o644)
+
+
+@contextlib.contextmanager
+def locked(lock_path, waiting, quiet):
+    """Hold the lock `lock_path`; say `waiting` when another process has it."""
+    fd = open_lock(lock_path)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not quiet:
+                print(f"berth: {waiting}", file=sys.stderr)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def touch(path):
+    """Mark `path` used now; False when it is gone. A cache we may read but
+    not write still serves, unmarked."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    return True

@@ -102,6 +102,25 @@ def _add_setup_user(sub):
     p.add_argument("user", help="user name or uid")
 
 
+def _add_cache(sub):
+    p = sub.add_parser("cache", help="show or prune the layer and image cache",
+                       description="The layers and squashfs images in ENROOT_CACHE_PATH: "
+                       "'list' (the default) counts them; 'prune' removes the least recently "
+                       "used.")
+    cache_sub = p.add_subparsers(dest="cache_verb", metavar="list|prune")
+    cache_sub.add_parser("list", help="files and bytes of layers, images and partial files")
+    prune = cache_sub.add_parser(
+        "prune", help="remove the least recently used layers and images",
+        description="Removes layers and images unused for DAYS days, then the least recently "
+        "used until the cache holds at most SIZE. Entries an import holds or uses meanwhile "
+        "stay, and partial files (downloads and builds under way, or left by a killed import) "
+        "go only by age. At least one limit is required; --max-size 0 empties the cache.")
+    prune.add_argument("--older-than", metavar="DAYS",
+                       help="remove what was unused for DAYS days")
+    prune.add_argument("--max-size", metavar="SIZE",
+                       help="then keep at most SIZE: bytes, or with K, M, G, T (500M, 20G)")
+
+
 def _add_version(sub):
     sub.add_parser("version", help="print the version")
 
@@ -118,6 +137,7 @@ VERBS = {
     "batch": (_add_batch, "berth.container:cmd_batch"),
     "edf": (_add_edf, "berth.edf:cmd_edf"),
     "setup-user": (_add_setup_user, "berth.userdirs:cmd_setup_user"),
+    "cache": (_add_cache, "berth.imagecache:cmd_cache"),
     "version": (_add_version, "berth.cli:cmd_version"),
 }
 

@@ -1,8 +1,9 @@
 """`berth import`: a registry image to a self-describing squashfs file.
 
-manifest (index -> platform manifest) -> layers into the blob cache, in
-parallel and verified -> applied in order to a temporary root -> image config
-written into it -> mksquashfs -> renamed into place.
+manifest (index -> platform manifest) -> the squashfs cached for it, if
+any; else layers into the blob cache, in parallel and verified -> applied in
+order to a temporary root -> image config written into it -> mksquashfs into
+the image cache -> copied into place.
 """
 
 import concurrent.futures
@@ -21,6 +22,7 @@ from tqdm import tqdm
 from berth import reference, squash
 from berth.blobs import BlobCache
 from berth.errors import BerthError
+from berth.imagecache import ImageCache
 from berth.imageconfig import from_oci, write_image_config
 from berth.layers import apply_layer
 from berth.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_credentials
@@ -49,30 +51,55 @@ def _import(args, cfg):
     output = os.path.abspath(args.output or reference.default_output(args.uri))
     replace = cfg.flag("ENROOT_FORCE_OVERRIDE")
     _check_output(output, replace)
-    show_progress = not args.quiet and sys.stderr.isatty()
 
     credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
     registry = Registry(ref, cfg, credentials, credentials_path)
     registry.connect()
+    # Asked for even when the image is cached: a moved tag has a new manifest, so a new key.
     try:
-        manifest, digest = _platform_manifest(registry, ref, args.arch)
+        manifest, digest, manifest_digest = _platform_manifest(registry, ref, args.arch)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise _malformed(ref) from None
+    images = ImageCache(cfg["ENROOT_CACHE_PATH"])
+    key = images.key(manifest_digest, digest, args.uri, squash.options(cfg))
+    with images.locked(key, ref, args.quiet):
+        image = images.lookup(key, args.quiet)
+        if image is None:
+            image = images.path(key)
+            _build(args, cfg, registry, ref, manifest, digest, image)
+        elif not args.quiet:
+            print(f"berth: using the cached squashfs of {ref}: {image}", file=sys.stderr)
+        squash.require_space(os.path.dirname(output), os.path.getsize(image),
+                             "the squashfs image")
+        squash.copy_image(image, output, replace)
+    return 0
+
+
+def _malformed(ref):
+    return BerthError(f"the manifest or image config of {ref} is malformed")
+
+
+def _build(args, cfg, registry, ref, manifest, digest, image):
+    """Fetch the missing layers and the image config, then make `image` of them."""
+    show_progress = not args.quiet and sys.stderr.isatty()
+    try:
         config = json.loads(registry.blob(manifest["config"]["digest"]))
         layers = [(layer["digest"], int(layer["size"])) for layer in manifest["layers"]]
         if not isinstance(config, dict):
             raise TypeError("image config is not an object")
     except (KeyError, TypeError, ValueError, AttributeError):
-        raise BerthError(f"the manifest or image config of {ref} is malformed") from None
+        raise _malformed(ref) from None
     total = sum(size for _, size in layers)
 
     cache = BlobCache(cfg["ENROOT_CACHE_PATH"])
-    missing = [(d, size) for d, size in layers if not cache.has(d)]
+    missing = [(d, size) for d, size in layers if not cache.use(d)]
     squash.require_space(cache.blob_dir, sum(size for _, size in missing), "the layers")
     _download(cache, registry, missing, cfg, show_progress, args.quiet)
 
     # Estimates from the compressed sizes: the root is at least as large,
     # the squashfs about half of it at worst; enough to fail early.
     squash.require_space(cfg["ENROOT_TEMP_PATH"], total, "the unpacked image")
-    squash.require_space(os.path.dirname(output), total // 2, "the squashfs image")
+    squash.require_space(os.path.dirname(image), total // 2, "the squashfs image")
     try:
         workdir = tempfile.mkdtemp(prefix="berth-import-", dir=cfg["ENROOT_TEMP_PATH"])
     except OSError as e:
@@ -85,10 +112,9 @@ def _import(args, cfg):
             apply_layer(root, cache.path(layer_digest), layer_digest,
                         cfg["ENROOT_GZIP_PROGRAM"])
         write_image_config(root, from_oci(config, args.uri, digest))
-        squash.make_squashfs(root, output, cfg, replace, show_progress)
+        squash.make_squashfs(root, image, cfg, show_progress)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return 0
 
 
 def _check_output(output, replace):
@@ -102,16 +128,18 @@ def _check_output(output, replace):
 
 
 def _platform_manifest(registry, ref, arch):
-    """The image manifest for our platform, and the digest the user pulled."""
+    """The image manifest for our platform, the digest the user pulled (an
+    index's, for a multi-arch image) and the manifest's own digest."""
     manifest, media_type, digest = registry.manifest(ref.reference,
                                                      INDEX_TYPES + MANIFEST_TYPES)
+    manifest_digest = digest
     if media_type in INDEX_TYPES:
         choice = _pick_platform(manifest.get("manifests") or [], arch, ref)
-        manifest, media_type, _ = registry.manifest(choice, MANIFEST_TYPES)
+        manifest, media_type, manifest_digest = registry.manifest(choice, MANIFEST_TYPES)
     if media_type not in MANIFEST_TYPES:
         raise BerthError(f"{ref}: unsupported manifest type '{media_type}' (Docker schema 2 "
                          "or OCI image expected)")
-    return manifest, digest
+    return manifest, digest, manifest_digest
 
 
 def _pick_platform(entries, arch, ref):

@@ -1,8 +1,10 @@
-"""squashfs images made with mksquashfs, and the free-space checks around them."""
+"""squashfs images made with mksquashfs, copied into place, checked for
+truncation, and the free-space checks around them."""
 
 import os
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -25,17 +27,22 @@ def require_space(path, needed, purpose):
                          f"at least {needed} needed")
 
 
-def make_squashfs(root, output, cfg, replace, show_progress):
-    """Pack `root` into `output` through a temporary file next to it."""
+def options(cfg):
+    """ENROOT_SQUASH_OPTIONS as mksquashfs arguments."""
     try:
-        options = shlex.split(cfg["ENROOT_SQUASH_OPTIONS"])
+        return shlex.split(cfg["ENROOT_SQUASH_OPTIONS"])
     except ValueError as e:
         raise BerthError(f"ENROOT_SQUASH_OPTIONS: {e}") from None
+
+
+def make_squashfs(root, output, cfg, show_progress):
+    """Pack `root` into `output` (0644 less the umask) through a temporary
+    file next to it, replacing any `output` there."""
     partial = f"{output}.tmp-{os.getpid()}"
     # Layers are unpacked without their owners, so every file is the
     # importer's: store them as root's, so the image is the same whoever
     # imported it, and its directories stay writable to root in a container.
-    command = ["mksquashfs", root, partial, "-noappend", "-all-root", *options,
+    command = ["mksquashfs", root, partial, "-noappend", "-all-root", *options(cfg),
                "-processors", str(cfg.number("ENROOT_MAX_PROCESSORS"))]
     if not show_progress:  # (-quiet would be nicer, but squashfs-tools 4.4 lacks it)
         command.append("-no-progress")
@@ -47,9 +54,7 @@ def make_squashfs(root, output, cfg, replace, show_progress):
             raise BerthError(f"mksquashfs failed for {output}: "
                              f"{lines[-1] if lines else f'exit {result.returncode}'} "
                              f"({free_bytes(output)} bytes free in {os.path.dirname(output)})")
-        if not replace and os.path.lexists(output):
-            raise BerthError(f"{output} already exists; remove it or set "
-                             "ENROOT_FORCE_OVERRIDE=yes")
+        os.chmod(partial, 0o644 & ~_umask())
         os.rename(partial, output)
     except FileNotFoundError as e:
         if e.filename == "mksquashfs":
@@ -58,3 +63,41 @@ def make_squashfs(root, output, cfg, replace, show_progress):
     finally:
         if os.path.lexists(partial):
             os.unlink(partial)
+
+
+def copy_image(image, output, replace):
+    """Copy `image` to `output` through a temporary file next to it: a copy,
+    never a link, so writing to `output` cannot change `image`."""
+    partial = f"{output}.tmp-{os.getpid()}"
+    try:
+        shutil.copyfile(image, partial)
+        if not replace and os.path.lexists(output):
+            raise BerthError(f"{output} already exists; remove it or set "
+                             "ENROOT_FORCE_OVERRIDE=yes")
+        os.rename(partial, output)
+    finally:
+        if os.path.lexists(partial):
+            os.unlink(partial)
+
+
+# The superblock starts with the magic; bytes_used, at offset 40, is how
+# much of the file the filesystem fills (mksquashfs pads the rest).
+_SUPERBLOCK = struct.Struct("<4s36xQ")
+
+
+def looks_whole(path):
+    """Whether `path` is a squashfs no shorter than its superblock says:
+    cheap, and catches the truncated file a full disk or a crash leaves."""
+    with open(path, "rb") as f:
+        head = f.read(_SUPERBLOCK.size)
+        size = os.fstat(f.fileno()).st_size
+    if len(head) < _SUPERBLOCK.size:
+        return False
+    magic, used = _SUPERBLOCK.unpack(head)
+    return magic == b"hsqs" and 0 < used <= size
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -6,6 +6,7 @@ import hashlib
 import os
 import platform
 import pty
+import re
 import shutil
 import stat
 import struct
@@ -97,12 +98,16 @@ def listing(image):
 
 
 def assert_nothing_left(tmp_path, keep=()):
-    """No image, no temporary root, no partial blob."""
+    """No image, no temporary root, no partial blob or cached image."""
     assert sorted(p.name for p in tmp_path.glob("*.sqsh*")) == sorted(keep)
     assert list((tmp_path / "temp").iterdir()) == []
     blobs = tmp_path / "cache" / "blobs" / "sha256"
     if blobs.exists():
         assert [p.name for p in blobs.iterdir() if p.name.startswith(".")] == []
+    images = tmp_path / "cache" / "images"
+    if images.exists():
+        assert [p.name for p in images.iterdir() if not re.fullmatch(r"[0-9a-f]{64}\.sqsh",
+                                                                       p.name)] == []
 
 
 def test_import_builds_a_self_describing_image(tmp_path, env, proxy, registry):
@@ -274,7 +279,7 @@ def test_unusable_paths_are_named(tmp_path, env, proxy):
     result = berth(["import", uri], dict(env, ENROOT_CACHE_PATH=str(tmp_path / "afile")),
                    tmp_path)
     assert result.stderr == f"berth: error: cannot create cache directory " \
-                            f"{tmp_path / 'afile/blobs/sha256'}: Not a directory\n"
+                            f"{tmp_path / 'afile/images'}: Not a directory\n"
     assert_nothing_left(tmp_path)
 
 

@@ -1,0 +1,385 @@
+"""The squashfs image cache of `berth import` (a real registry, real
+mksquashfs), and `berth cache` list and prune."""
+
+import fcntl
+import os
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from registry_fixture import (  # noqa: E402
+    Proxy, Registry, berth, berth_env, gzipped, layer_tar, unsquash)
+
+from berth.imageconfig import read_image_config  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
+                                reason="needs docker-registry (Debian package docker-registry)")
+
+MKSQUASHFS = shutil.which("mksquashfs")
+BASE = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=berth\n")))
+TOP = gzipped(layer_tar(("file", "etc/added", b"added\n")))
+DAY = 86400
+GZIP, ZSTD = 1, 6  # compressor ids in the squashfs superblock
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    reg = Registry(tmp_path_factory.mktemp("registry"))
+    reg.app_digest = reg.push_image("test/app", "v1", [BASE, TOP])
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture
+def proxy(registry):
+    proxy = Proxy(registry.url)
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def env(tmp_path):
+    return berth_env(tmp_path)
+
+
+def uri_of(proxy, image="test/app:v1"):
+    return f"docker://{proxy.host}#{image}"
+
+
+def entries(tmp_path):
+    return sorted((tmp_path / "cache/images").glob("*.sqsh"))
+
+
+def with_mksquashfs(tmp_path, env, script):
+    """`env` with a mksquashfs of our own first on PATH: a sh script body."""
+    directory = tmp_path / "fakebin"
+    directory.mkdir(exist_ok=True)
+    tool = directory / "mksquashfs"
+    tool.write_text(f"#!/bin/sh\n{script}\n")
+    tool.chmod(0o755)
+    return dict(env, PATH=f"{directory}:{env['PATH']}")
+
+
+def failing_mksquashfs(tmp_path, env):
+    return with_mksquashfs(tmp_path, env, "echo 'not to be run' >&2; exit 1")
+
+
+def listing(image):
+    return subprocess.run(["unsquashfs", "-l", "-d", "", str(image)], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def compressor(image):
+    with open(image, "rb") as f:
+        return struct.unpack("<20xH", f.read(22))[0]
+
+
+def umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# -- import ------------------------------------------------------------------
+
+def test_second_import_copies_the_cached_image(tmp_path, env, proxy):
+    result = berth(["import", "-o", "first.sqsh", uri_of(proxy)], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    [entry] = entries(tmp_path)
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o644 & ~umask()
+    os.utime(entry, (time.time() - 9 * DAY,) * 2)
+    proxy.requests.clear()
+
+    # Neither layers nor mksquashfs: the cached image serves alone.
+    shutil.rmtree(tmp_path / "cache/blobs")
+    result = berth(["import", "-o", "second.sqsh", uri_of(proxy)],
+                   failing_mksquashfs(tmp_path, env), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == f"berth: using the cached squashfs of {proxy.host}/test/app:v1: " \
+                            f"{entry}\n"
+    assert proxy.blob_requests() == []
+    assert proxy.requests == ["/v2/", "/v2/test/app/manifests/v1"]  # a moved tag shows
+    assert time.time() - entry.stat().st_mtime < 60  # used: last to be pruned
+
+    first, second = tmp_path / "first.sqsh", tmp_path / "second.sqsh"
+    assert first.read_bytes() == second.read_bytes() == entry.read_bytes()
+    assert "/etc/added" in listing(second)
+    for output in (first, second):  # copies, not links: writing one spares the cache
+        assert output.stat().st_nlink == 1 and output.stat().st_ino != entry.stat().st_ino
+        assert stat.S_IMODE(output.stat().st_mode) == 0o666 & ~umask()
+    with open(second, "r+b") as f:
+        f.write(b"scribble")
+    assert entry.read_bytes() == first.read_bytes()
+
+    quiet = berth(["--quiet", "import", "-o", "third.sqsh", uri_of(proxy)], env, tmp_path)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert entries(tmp_path) == [entry]
+    assert sorted(p.name for p in tmp_path.glob("*.sqsh*")) == \
+        ["first.sqsh", "second.sqsh", "third.sqsh"]
+
+
+def test_a_moved_tag_builds_a_new_image(tmp_path, env, proxy, registry):
+    registry.push_image("test/moving", "v1", [BASE])
+    uri = uri_of(proxy, "test/moving:v1")
+    assert berth(["import", "-o", "old.sqsh", uri], env, tmp_path).returncode == 0
+    registry.push_image("test/moving", "v1", [BASE, TOP])
+    result = berth(["import", "-o", "new.sqsh", uri], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "cached" not in result.stderr
+    assert "/etc/added" not in listing(tmp_path / "old.sqsh")
+    assert "/etc/added" in listing(tmp_path / "new.sqsh")
+    assert len(entries(tmp_path)) == 2
+
+
+def test_each_uri_records_its_own_source(tmp_path, env, proxy, registry):
+    by_tag, by_digest = uri_of(proxy), uri_of(proxy, f"test/app@{registry.app_digest}")
+    for name, uri in (("tag.sqsh", by_tag), ("digest.sqsh", by_digest)):
+        result = berth(["import", "-o", name, uri], env, tmp_path)
+        assert result.returncode == 0, result.stderr
+        image = read_image_config(unsquash(tmp_path / name, tmp_path / f"{name}.root"))
+        assert image["source"] == uri
+    assert len(entries(tmp_path)) == 2
+
+
+def test_squash_options_are_part_of_the_key(tmp_path, env, proxy):
+    assert berth(["import", "-o", "gzip.sqsh", uri_of(proxy)], env, tmp_path).returncode == 0
+    blobs = list((tmp_path / "cache/blobs/sha256").iterdir())
+    for blob in blobs:
+        os.utime(blob, (time.time() - 9 * DAY,) * 2)
+    result = berth(["import", "-o", "zstd.sqsh", uri_of(proxy)],
+                   dict(env, ENROOT_SQUASH_OPTIONS="-comp zstd"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert compressor(tmp_path / "gzip.sqsh") == GZIP
+    assert compressor(tmp_path / "zstd.sqsh") == ZSTD
+    assert sorted(compressor(entry) for entry in entries(tmp_path)) == [GZIP, ZSTD]
+    # The build used the cached layers, and that counts as a use.
+    assert all(time.time() - blob.stat().st_mtime < 60 for blob in blobs)
+    # The same options written differently are the same options.
+    same = dict(failing_mksquashfs(tmp_path, env), ENROOT_SQUASH_OPTIONS=" -comp   'zstd' ")
+    result = berth(["import", "-o", "again.sqsh", uri_of(proxy)], same, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert compressor(tmp_path / "again.sqsh") == ZSTD
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not squashfs"])
+def test_a_damaged_entry_is_built_again_never_copied(tmp_path, env, proxy, damage):
+    assert berth(["import", "-o", "good.sqsh", uri_of(proxy)], env, tmp_path).returncode == 0
+    [entry] = entries(tmp_path)
+
+    def spoil():
+        if damage == "truncated":  # by one byte of what the superblock says it fills
+            with open(entry, "rb") as f:
+                used = struct.unpack("<40xQ", f.read(48))[0]
+            os.truncate(entry, used - 1)
+        else:
+            with open(entry, "r+b") as f:
+                f.write(b"junk")
+
+    spoil()
+    result = berth(["import", "-o", "failed.sqsh", uri_of(proxy)],
+                   failing_mksquashfs(tmp_path, env), tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"berth: the cached squashfs {entry} is damaged; building "
+                                    "it again\nberth: error: mksquashfs failed for ")
+    assert not (tmp_path / "failed.sqsh").exists() and entries(tmp_path) == []
+
+    assert berth(["import", "-o", "other.sqsh", uri_of(proxy)], env, tmp_path).returncode == 0
+    spoil()
+    result = berth(["import", "-o", "rebuilt.sqsh", uri_of(proxy)], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "is damaged; building it again" in result.stderr
+    assert listing(tmp_path / "rebuilt.sqsh") == listing(tmp_path / "good.sqsh")
+    assert entries(tmp_path) == [entry]
+    assert entry.read_bytes() == (tmp_path / "rebuilt.sqsh").read_bytes()
+
+
+def test_concurrent_imports_build_the_image_once(tmp_path, env, proxy):
+    log = tmp_path / "mksquashfs.log"
+    counting = with_mksquashfs(tmp_path, env, f'echo run >> {log}; sleep 2\n'
+                                              f'exec {MKSQUASHFS} "$@"')
+    results = {}
+
+    def run(name):
+        results[name] = berth(["import", "-o", name, uri_of(proxy)], counting, tmp_path)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("a.sqsh", "b.sqsh")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [r.returncode for r in results.values()] == [0, 0], \
+        [r.stderr for r in results.values()]
+    assert log.read_text() == "run\n"
+    waited = [r.stderr for r in results.values() if r.stderr]
+    assert waited == [f"berth: waiting for another import of {proxy.host}/test/app:v1\n"
+                      f"berth: using the cached squashfs of {proxy.host}/test/app:v1: "
+                      f"{entries(tmp_path)[0]}\n"]
+    assert (tmp_path / "a.sqsh").read_bytes() == (tmp_path / "b.sqsh").read_bytes()
+
+
+def test_sigterm_while_packing_leaves_no_entry(tmp_path, env, proxy):
+    started = tmp_path / "started"
+    slow = with_mksquashfs(tmp_path, env, f'printf hsqs > "$2"; touch {started}; exec sleep 60')
+    process = subprocess.Popen(
+        [sys.executable, "-m", "berth.cli", "import", "-o", "x.sqsh", uri_of(proxy)],
+        env=slow, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    while not started.exists():
+        time.sleep(0.05)
+    process.terminate()
+    assert process.wait(30) == 1
+    assert process.stderr.read() == "berth: error: import interrupted by SIGTERM\n"
+    assert list((tmp_path / "cache/images").iterdir()) == []
+    assert list(tmp_path.glob("x.sqsh*")) == []
+    result = berth(["import", "-o", "x.sqsh", uri_of(proxy)], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert len(entries(tmp_path)) == 1
+
+
+# -- berth cache --------------------------------------------------------------
+
+def table(stdout):
+    """{kind: (files, bytes)} from `berth cache` output."""
+    rows = {}
+    for line in stdout.splitlines()[2:]:
+        kind, files, _, size = line.split()
+        rows[kind] = (int(files), int(size))
+    return rows
+
+
+def test_cache_list_counts_the_files(tmp_path, env, proxy):
+    assert berth(["import", uri_of(proxy)], env, tmp_path).returncode == 0
+    (tmp_path / "cache/blobs/sha256/.partial-x").write_bytes(b"12345")
+    blobs = list((tmp_path / "cache/blobs/sha256").glob("[0-9a-f]*"))
+    [image] = entries(tmp_path)
+    for command in (["cache"], ["cache", "list"]):
+        result = berth(command, env, tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[0] == f"ENROOT_CACHE_PATH {tmp_path / 'cache'}"
+        layer_bytes = sum(blob.stat().st_size for blob in blobs)
+        assert table(result.stdout) == {
+            "layers": (2, layer_bytes), "images": (1, image.stat().st_size), "partial": (1, 5),
+            "total": (4, layer_bytes + image.stat().st_size + 5)}
+
+
+def fake_cache(tmp_path, ages):
+    """Cache files of 100 bytes, name -> age in days; names: 'layerN', 'imageN', 'partialN'."""
+    cache = tmp_path / "cache"
+    paths = {}
+    for number, (name, age) in enumerate(ages.items()):
+        hexname = f"{number:064x}"
+        path = {"layer": cache / "blobs/sha256" / hexname,
+                "image": cache / "images" / f"{hexname}.sqsh",
+                "partial": cache / "images" / f"{hexname}.sqsh.tmp-1"}[name.rstrip("0123456789")]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (time.time() - age * DAY,) * 2)
+        paths[name] = path
+    (cache / "locks").mkdir(exist_ok=True)
+    return paths
+
+
+def left(paths):
+    return sorted(name for name, path in paths.items() if path.exists())
+
+
+def test_prune_by_age(tmp_path, env):
+    paths = fake_cache(tmp_path, {"layer1": 10, "image1": 5, "partial1": 4, "layer2": 1,
+                                  "image2": 0, "partial2": 0})
+    result = berth(["cache", "prune", "--older-than", "3"], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert left(paths) == ["image2", "layer2", "partial2"]
+    removed = [line.split()[1] for line in result.stdout.splitlines()[:-1]]
+    assert removed == [str(paths[name]) for name in ("layer1", "image1", "partial1")]
+    assert result.stdout.splitlines()[-1] == \
+        "freed 300B (300 bytes: layers 1, images 1, partial 1); 0 in use kept; 300B (300 " \
+        "bytes) left"
+    assert os.listdir(tmp_path / "cache/locks") == []
+
+
+def test_prune_by_size_removes_the_least_recently_used(tmp_path, env):
+    paths = fake_cache(tmp_path, {"image1": 9, "layer1": 8, "partial1": 7, "image2": 6,
+                                  "layer2": 5, "image3": 4, "partial2": 0})
+    result = berth(["cache", "prune", "--max-size", "400"], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    # 700 bytes: the three oldest entries go; partial files only by age.
+    assert left(paths) == ["image3", "layer2", "partial1", "partial2"]
+
+
+def test_prune_skips_what_an_import_holds(tmp_path, env):
+    paths = fake_cache(tmp_path, {"layer1": 9, "image1": 8, "layer2": 1})
+    held = {}
+    for name, lock in (("layer1", f"sha256-{paths['layer1'].name}"),
+                       ("image1", f"image-{paths['image1'].name[:-5]}")):
+        held[name] = open(tmp_path / "cache/locks" / lock, "w")
+        fcntl.flock(held[name], fcntl.LOCK_EX)
+    try:
+        result = berth(["cache", "prune", "--max-size", "0"], env, tmp_path)
+    finally:
+        for lock in held.values():
+            lock.close()
+    assert result.returncode == 0, result.stderr
+    assert left(paths) == ["image1", "layer1"]
+    assert "; 2 in use kept; 200B (200 bytes) left" in result.stdout
+    assert result.stdout.count("removed ") == 1
+
+
+def test_prune_after_import_empties_the_cache(tmp_path, env, proxy):
+    assert berth(["import", "-o", "a.sqsh", uri_of(proxy)], env, tmp_path).returncode == 0
+    result = berth(["cache", "prune", "--max-size", "0"], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "bytes: layers 2, images 1, partial 0); 0 in use kept; 0B (0 bytes) left" \
+        in result.stdout
+    for directory in ("blobs/sha256", "images", "locks"):
+        assert os.listdir(tmp_path / "cache" / directory) == []
+    assert table(berth(["cache"], env, tmp_path).stdout)["total"] == (0, 0)
+    result = berth(["import", "-o", "b.sqsh", uri_of(proxy)], env, tmp_path)
+    assert result.returncode == 0 and "cached" not in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-size", "abc"], "--max-size: expected bytes or a size such as 500M or 20G, got 'abc'"),
+    (["--older-than", "1", "--max-size=-5G"],
+     "--max-size: expected bytes or a size such as 500M or 20G, got '-5G'"),
+    (["--older-than=-1"], "--older-than: expected a number of days, 0 or more, got '-1'"),
+    (["--older-than", "nan", "--max-size", "0"],
+     "--older-than: expected a number of days, 0 or more, got 'nan'"),
+    ([], "cache prune: give --older-than DAYS, --max-size SIZE or both (--max-size 0 empties "
+         "the cache)"),
+])
+def test_bad_prune_arguments_change_nothing(tmp_path, env, args, message):
+    paths = fake_cache(tmp_path, {"layer1": 9, "image1": 9})
+    result = berth(["cache", "prune", *args], env, tmp_path)
+    assert result.returncode == 1
+    assert result.stderr == f"berth: error: {message}\n"
+    assert result.stdout == ""
+    assert left(paths) == ["image1", "layer1"]
+
+
+@pytest.mark.parametrize("size, removed", [("250", 1), ("0.1K", 2), ("1k", 0), ("1KiB", 0),
+                                           ("1M", 0), ("2G", 0), ("200B", 1)])
+def test_max_size_units(tmp_path, env, size, removed):
+    paths = fake_cache(tmp_path, {"layer1": 3, "layer2": 2, "image1": 1})
+    result = berth(["cache", "prune", "--max-size", size], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert 3 - len(left(paths)) == removed
+
+
+def test_prune_names_a_file_it_cannot_handle(tmp_path, env):
+    paths = fake_cache(tmp_path, {"layer1": 9})
+    locks = tmp_path / "cache/locks"
+    locks.rmdir()
+    locks.write_text("")  # not a directory
+    result = berth(["cache", "prune", "--max-size", "0"], env, tmp_path)
+    assert result.returncode == 1
+    assert result.stderr == f"berth: error: {locks}/sha256-{paths['layer1'].name}: " \
+                            "Not a directory\n"
+    assert left(paths) == ["layer1"]
