@@ -17,9 +17,19 @@ for db in passwd group; do
         continue
     fi
     if [ "$db" = passwd ]; then id=$uid; else id=$gid; fi
-    if awk -F: -v id="$id" '$3 == id { found = 1 } END { exit !found }' "$original"; then
-        continue
-    fi
+    # Copy the file and look for the id in one pass of the shell's own
+    # read and printf: this hook runs in every start, and awk, cp and tail
+    # were most of its time. The copy also ends in a newline.
+    copy="$BERTH_RUNTIME_DIR/$db"
+    found=no
+    while IFS= read -r line || [ -n "$line" ]; do
+        case $line in
+            *:*:*) third=${line#*:} third=${third#*:} third=${third%%:*}
+                   [ "$third" != "$id" ] || found=yes ;;
+        esac
+        printf '%s\n' "$line"
+    done <"$original" >"$copy"
+    [ "$found" = no ] || continue
     entry=$(getent "$db" "$id" || true)
     if [ -z "$entry" ]; then
         if [ "$db" = passwd ]; then entry="user$id:x:$uid:$gid::/:/bin/sh"; else entry="group$id:x:$gid:"; fi
@@ -28,9 +38,6 @@ for db in passwd group; do
         shell=${entry##*:}
         [ -x "$ENROOT_ROOTFS$shell" ] || entry="${entry%:*}:/bin/sh"
     fi
-    copy="$BERTH_RUNTIME_DIR/$db"
-    cp "$original" "$copy"
-    [ -z "$(tail -c 1 "$copy")" ] || echo >> "$copy"
     echo "$entry" >> "$copy"
     echo "$copy /etc/$db none bind" >> "$ENROOT_MOUNTS"
 done

@@ -39,6 +39,16 @@ def test_shadow_adds_the_caller_without_touching_the_image(hooked, app):
     assert hooked.ok("start", "--root", "app", "cat", "/etc/passwd") == before  # root is known
 
 
+def test_shadow_matches_the_id_field_only_and_keeps_lines_whole(hooked, app):
+    uid = hooked.user.pw_uid
+    # The caller's uid only as another entry's gid, and no final newline.
+    passwd = f"root:x:0:0:root:/root:/bin/sh\nsvc:x:999:{uid}::/:/bin/sh"
+    (app / "etc/passwd").write_text(passwd)
+    out = hooked.ok("start", "app", "cat", "/etc/passwd").splitlines()
+    assert out[:2] == passwd.splitlines()
+    assert out[2].startswith(f"{hooked.user.pw_name}:x:{uid}:")
+
+
 def test_home_only_with_mount_home(hooked, app):
     home = hooked.user.pw_dir
     probe = Path(home, ".bctr-home-probe")
