@@ -28,7 +28,8 @@ from berth import squash
 from berth.blobs import BlobCache, locked, make_dirs, open_lock, touch
 from berth.errors import BerthError
 
-# Bump when what an import writes into the root changes (imageconfig.py).
+# Bump when the same inputs would make another image: the image config
+# layout (imageconfig.py), the fixed mksquashfs flags (squash.py).
 FORMAT = 1
 _LAYER_NAME = re.compile(r"[0-9a-f]{64}")
 _IMAGE_NAME = re.compile(r"[0-9a-f]{64}\.sqsh")
