@@ -905,8 +905,8 @@ static void set_override(char **env, int *n, char *storage, const char *key, enu
 	env[(*n)++] = storage;
 }
 
-/* "berth start --detach ... TARGET": wait for the pid line. */
-static int start_keeper(spank_t sp, const char *target)
+/* "berth start --detach ... TARGET": wait for the pid line; report: log a failure. */
+static int start_keeper(spank_t sp, const char *target, int report)
 {
 	char log_path[PATH_MAX], pmix_dir[PATH_MAX], pmix_mount[2 * PATH_MAX + 2];
 	char home[64], remap[64], writable[64];
@@ -1003,7 +1003,8 @@ static int start_keeper(spank_t sp, const char *target)
 		if (wait_child(step.keeper, &status) < 0)
 			status = -1;
 		step.keeper = 0;
-		report_failure("berth start", log_path, status);
+		if (report)
+			report_failure("berth start", log_path, status);
 		goto out;
 	}
 	rc = 0;
@@ -1050,6 +1051,12 @@ static int prepare_named(spank_t sp)
 		rc = 0;
 		goto out;
 	}
+	/*
+	 * Most steps find their container on disk: start it straight away, and
+	 * pay for "berth list" only when that fails (or to refuse mode create).
+	 */
+	if (flags.name_mode != NAME_CREATE && start_keeper(sp, step.container, 0) == 0)
+		goto started;
 	exists = container_exists(sp, step.container);
 	if (exists < 0)
 		goto out;
@@ -1066,8 +1073,9 @@ static int prepare_named(spank_t sp)
 	if (!exists && (resolve_image(sp, sqsh) < 0 ||
 			run(sp, "berth create", argv, NULL, 0) < 0))
 		goto out;
-	if (start_keeper(sp, step.container) < 0)
+	if (start_keeper(sp, step.container, 1) < 0) /* again if it existed: now say why */
 		goto out;
+started:
 	if (running == 0) {
 		if (write_pidfile(pidfile, step.container_pid) < 0)
 			goto out;
@@ -1103,13 +1111,13 @@ static int setup_container(spank_t sp)
 	if (resolve_image(sp, sqsh) < 0)
 		return -1;
 	if (flags.save == NULL)
-		return start_keeper(sp, sqsh);
+		return start_keeper(sp, sqsh, 1);
 	/* Saving needs a container on disk; a mounted image leaves nothing to save. */
 	snprintf(step.container, sizeof(step.container), "berth_%u.%u", step.jobid, step.stepid);
 	if (run(sp, "berth create", create_argv, NULL, 0) < 0)
 		return -1;
 	step.remove_container = 1;
-	return start_keeper(sp, step.container);
+	return start_keeper(sp, step.container, 1);
 }
 
 int slurm_spank_user_init(spank_t sp, int ac, char **av)

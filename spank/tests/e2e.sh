@@ -228,6 +228,7 @@ check "named container :exec joins the running one" "srun --container-name=live:
 check "named container :no_exec starts its own" "srun --container-name=live:no_exec ls /mnt | grep -c flag" "0"
 wait
 check "named container exec needs it running" "srun --container-name=keep:exec true" "is not running on this node"
+check "named container neither on disk nor given an image" "srun --container-name=nowhere true" "no --container-image to create it from"
 
 check "--container-save" "srun $img --container-writable --container-save=/home/alice/saved.sqsh sh -c 'echo saved > /saved' && srun --container-image=/home/alice/saved.sqsh cat /saved" "saved"
 check "unnamed container for save removed" "berth list | grep -c '^berth_[0-9]'" "0"
