@@ -44,6 +44,11 @@ def _add_start_options(p):
         "-d", "--detach", action="store_true",
         help="print the container pid once ready; stay up until SIGTERM or stdin closes",
     )
+    p.add_argument(
+        "--entrypoint", action="store_true",
+        help="run the image's entrypoint with the command as its arguments; with "
+             "--detach it must exec them (\"$@\"), and its environment is the container's",
+    )
 
 
 def _add_start(sub):

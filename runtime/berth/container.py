@@ -172,6 +172,14 @@ def _sorted_files(cfg, directory, suffix):
             for p in config.files_in(f"{cfg[key]}/{directory}", suffix)]
 
 
+def _entrypoint_timeout():
+    text = os.environ.get("BERTH_ENTRYPOINT_TIMEOUT", "60")
+    if not text.isdigit() or int(text) == 0:
+        raise BerthError(f"BERTH_ENTRYPOINT_TIMEOUT: expected a number of seconds, 1 or more, "
+                         f"got '{text}'")
+    return int(text)
+
+
 def _plan(args, cfg, container, conf):
     """Check every input, then make the runtime directory: a launch.Plan."""
     expand_env = {**os.environ, **dict(cfg.items())}
@@ -214,6 +222,7 @@ def _plan(args, cfg, container, conf):
         restrict_dev=cfg.flag("ENROOT_RESTRICT_DEV"),
         mounts=user_mounts, env_files=_sorted_files(cfg, "environ.d", ".env"), env=env,
         hooks=hooks.find(cfg), rc=rc, command=list(args.command), detach=args.detach,
+        entrypoint=args.entrypoint, entrypoint_timeout=_entrypoint_timeout(),
     )
     base = cfg["ENROOT_RUNTIME_PATH"]
     try:

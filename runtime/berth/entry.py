@@ -90,11 +90,18 @@ def new_user_namespace(uid, gid):
             os.close(fd)
 
 
-def keeper_main(root, workdir, status_fd, ids, flags):
+# What an entrypoint gets to exec: a shell of the image that reports ready on
+# fd 3 (dash redirects fds 0-9 only) and stops itself until berth kills it.
+_ENTRYPOINT_KEEPER = ("/bin/sh", "-c", 'echo ready >&3 && exec 3>&- && kill -STOP $$')
+
+
+def keeper_main(root, workdir, status_fd, ids, flags, *entrypoint):
     """The --detach keeper: enter the root, report ready, wait for a signal.
 
     Runs as root of the outer user namespace (exec'd from the setup process
-    with the final environment, which /proc/PID/environ then shows)."""
+    with the final environment, which /proc/PID/environ then shows). Given
+    the image's entrypoint, runs that instead, with the keeper shell as its
+    arguments."""
     status = int(status_fd)
     try:
         enter(root, workdir)
@@ -109,9 +116,24 @@ def keeper_main(root, workdir, status_fd, ids, flags):
     except (OSError, BerthError) as e:
         os.write(status, f"error {e}\n".encode())
         os._exit(1)
+    if entrypoint:
+        _exec_entrypoint(list(entrypoint), host_pid, status)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: os._exit(0))
     os.write(status, f"ready {host_pid}\n".encode())
     os.close(status)
     while True:
         signal.pause()
+
+
+def _exec_entrypoint(entrypoint, host_pid, status):
+    os.write(status, f"entrypoint {host_pid}\n".encode())
+    os.dup2(status, 3)
+    if status != 3:
+        os.close(status)
+    os.dup2(2, 1)  # its output: with berth's messages, not into the void
+    try:
+        os.execvp(entrypoint[0], [*entrypoint, *_ENTRYPOINT_KEEPER])
+    except OSError as e:
+        os.write(3, f"error entrypoint {entrypoint[0]}: {e.strerror}\n".encode())
+        os._exit(1)

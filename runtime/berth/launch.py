@@ -31,6 +31,11 @@ Setup messages travel to berth over a close-on-exec pipe, one line each:
   uts, pid where they differ from yours): all are owned by that user
   namespace. The root is then the container's; chdir to /proc/PID/cwd
   (opened before the setns calls).
+  With --entrypoint, the keeper is `/bin/sh` of the image, run as the
+  arguments of the image's entrypoint (which must `exec "$@"`): the
+  entrypoint's environment becomes the container's. Its output goes to
+  stderr. One that has not run its arguments after BERTH_ENTRYPOINT_TIMEOUT
+  seconds (default 60) is killed and the start fails.
 """
 
 import contextlib
@@ -65,6 +70,8 @@ class Plan:
     hooks        hook executables in order
     rc           script run instead of the image's /etc/rc, or None
     command      the command and its arguments
+    entrypoint   run the image's entrypoint with the command as its arguments
+    entrypoint_timeout  seconds a --detach entrypoint has to exec its arguments
     """
 
     def __init__(self, **fields):
@@ -106,7 +113,8 @@ def _child(plan, status):
         if not workdir or not os.path.isdir(rootpath.resolve(root, workdir, follow_last=True)):
             workdir = "/"
         if plan.detach:
-            _exec_keeper(plan, root, workdir, env, status)
+            _exec_keeper(plan, root, workdir, env, status,
+                         (image["entrypoint"] or []) if plan.entrypoint else [])
         entry.enter(root, workdir)
         flags = plan.unshare | (sc.CLONE_NEWPID if plan.pid_namespace else 0)
         child = entry.isolate(plan.ids, flags)
@@ -171,7 +179,7 @@ def _run_hooks(plan, root, env):
     environ.read_file(environ_file, env, expand=False)
 
 
-def _exec_keeper(plan, root, workdir, env, status):
+def _exec_keeper(plan, root, workdir, env, status, entrypoint):
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
@@ -182,17 +190,18 @@ def _exec_keeper(plan, root, workdir, env, status):
     ids = "-" if plan.ids is None else f"{plan.ids[0]}:{plan.ids[1]}"
     flags = plan.unshare | (sc.CLONE_NEWPID if plan.pid_namespace else 0)
     os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", _KEEPER, library, root,
-                               workdir, str(status), ids, str(flags)], env)
+                               workdir, str(status), ids, str(flags), *entrypoint], env)
 
 
 def _command(plan, image):
+    command = plan.command
+    if plan.entrypoint:  # Docker's rule: ENTRYPOINT + (the command, else CMD)
+        command = (image["entrypoint"] or []) + (command or image["cmd"] or [])
     if plan.rc is not None:
-        return ["/bin/sh", "-c", plan.rc, "rc", *plan.command]
+        return ["/bin/sh", "-c", plan.rc, "rc", *command]
     if os.path.isfile("/etc/rc"):
-        return ["/bin/sh", "/etc/rc", *plan.command]
-    if plan.command:
-        return plan.command
-    return (image["entrypoint"] or []) + (image["cmd"] or []) or ["/bin/sh"]
+        return ["/bin/sh", "/etc/rc", *command]
+    return command or (image["entrypoint"] or []) + (image["cmd"] or []) or ["/bin/sh"]
 
 
 def _forward_signals(pid):
@@ -232,7 +241,7 @@ def start(plan):
     os.close(status_w)
     rootfs.write_file(f"{plan.runtime}/state", f"{child}\n")
     _forward_signals(child)  # until --detach is ready: a stop then ends the setup
-    helpers, error, keeper = [], None, None
+    helpers, error, keeper, entrypoint = [], None, None, None
     try:
         with os.fdopen(status_r, encoding="utf-8") as messages:
             for line in messages:
@@ -241,8 +250,15 @@ def start(plan):
                     helpers.append(int(value))
                 elif kind == "error":
                     error = value
+                elif kind == "entrypoint":  # "ready" comes from its keeper shell
+                    entrypoint = int(value)
+                    _kill_after(entrypoint, plan.entrypoint_timeout)
                 elif kind == "ready":
-                    keeper = int(value)
+                    keeper = int(value) if value else entrypoint
+                    break  # (what the entrypoint left running may hold the pipe)
+        signal.alarm(0)
+        if entrypoint and not keeper:
+            error = error or 'the image\'s entrypoint exited; it must end with exec "$@"'
         if keeper:
             print(keeper, flush=True)
             _wait_for_stop(child)
@@ -257,6 +273,17 @@ def start(plan):
     if error:
         raise BerthError(error)
     return 0 if keeper else code
+
+
+def _kill_after(pid, seconds):
+    """An entrypoint that never runs its arguments must not hold the start forever."""
+    def expire(*_):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        raise BerthError(f"the image's entrypoint did not run its arguments within {seconds} s;"
+                         ' it must end with exec "$@"')
+    signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
 
 
 def exec_in(pid, command):

@@ -479,6 +479,58 @@ def test_detach_setup_failure_prints_no_pid(berth, app):
     assert result.returncode == 1 and result.stdout == "" and "/no/such" in result.stderr
 
 
+@pytest.fixture
+def entrypoint_app(berth, app):
+    """`app` whose image entrypoint is SCRIPT: `berth.entrypoint(SCRIPT)`."""
+    config = json.loads((app / "etc/berth/image.json").read_text())
+
+    def set_entrypoint(script):
+        berth.write("data/app/usr/local/bin/entry", f"#!/bin/sh\n{script}", mode=0o755)
+        config["entrypoint"] = ["/usr/local/bin/entry"]
+        berth.write("data/app/etc/berth/image.json", json.dumps(config))
+    berth.entrypoint = set_entrypoint
+    set_entrypoint('echo "entrypoint got $1"\nexport FROM_ENTRYPOINT=yes\nexec "$@"\n')
+    return app
+
+
+def test_entrypoint_only_when_asked(berth, entrypoint_app):
+    assert berth.ok("start", "app", "echo", "hi") == "hi\n"  # enroot: the command alone
+    out = berth.ok("start", "--entrypoint", "app", "sh", "-c", "echo $FROM_ENTRYPOINT")
+    assert out == "entrypoint got sh\nyes\n"
+
+
+def test_detached_entrypoint_sets_the_container_environment(berth, entrypoint_app):
+    process, pid = start_detached(berth, "--entrypoint", "app")
+    try:
+        assert b"FROM_ENTRYPOINT=yes" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert berth.ok("exec", pid, "sh", "-c", "echo $FROM_ENTRYPOINT") == "yes\n"
+    finally:
+        process.stdin.close()
+        assert process.wait(timeout=10) == 0
+    assert "entrypoint got /bin/sh" in process.stderr.read()  # its output: on stderr
+    assert not os.path.exists(f"/proc/{pid}")
+    assert berth.leftovers() == []
+
+
+@pytest.mark.parametrize("script, needle", [
+    ("exit 0\n", 'exited; it must end with exec "$@"'),
+    ("exec sleep 30\n", "did not run its arguments within 1 s"),
+])
+def test_detached_entrypoint_that_never_execs_fails_cleanly(berth, entrypoint_app, script,
+                                                            needle):
+    berth.entrypoint(script)
+    result = berth("start", "--detach", "--entrypoint", "app",
+                   env={"BERTH_ENTRYPOINT_TIMEOUT": "1"})
+    assert result.returncode == 1 and result.stdout == ""
+    assert needle in result.stderr.strip().splitlines()[-1]
+    assert berth.leftovers() == []
+
+
+def test_entrypoint_timeout_is_checked_first(berth, entrypoint_app):
+    berth.fails("start", "--detach", "--entrypoint", "app", env={"BERTH_ENTRYPOINT_TIMEOUT": "0"},
+                needle="BERTH_ENTRYPOINT_TIMEOUT: expected a number of seconds")
+
+
 def test_exec_refuses_bad_pid(berth):
     berth.fails("exec", "999999999", "true", needle="no process with pid 999999999")
 
