@@ -104,11 +104,11 @@ static struct spank_option options[] = {
 	{ "no-container-remap-root", NULL,
 	  "[berth] stay yourself inside the container", 0, OPT_NO_REMAP_ROOT, on_option },
 	{ "container-entrypoint", NULL,
-	  "[berth] run the image entrypoint (not supported yet)", 0, OPT_ENTRYPOINT, on_option },
+	  "[berth] run the image entrypoint first (it must exec \"$@\")", 0, OPT_ENTRYPOINT, on_option },
 	{ "no-container-entrypoint", NULL,
 	  "[berth] do not run the image entrypoint", 0, OPT_NO_ENTRYPOINT, on_option },
 	{ "container-entrypoint-log", NULL,
-	  "[berth] log the entrypoint's output", 0, OPT_ENTRYPOINT_LOG, on_option },
+	  "[berth] show the entrypoint's output on the step's stderr", 0, OPT_ENTRYPOINT_LOG, on_option },
 	{ "container-writable", NULL,
 	  "[berth] make the container filesystem writable", 0, OPT_WRITABLE, on_option },
 	{ "container-readonly", NULL,
@@ -464,7 +464,6 @@ static int special_step(uint32_t stepid)
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
 	char err[ERR_LEN];
-	int entrypoint;
 
 	(void)ac;
 	(void)av;
@@ -473,13 +472,6 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 			return -1;
 		if (flags_check(&flags, err, sizeof(err)) < 0) {
 			slurm_error("spank_berth: %s", err);
-			return -1;
-		}
-		entrypoint = flags.entrypoint != UNSET ? flags.entrypoint : conf.execute_entrypoint;
-		if (flags_want_container(&flags) && entrypoint) {
-			slurm_error("spank_berth: --container-entrypoint: running the image "
-				    "entrypoint is not supported yet (use --no-container-entrypoint%s)",
-				    conf.execute_entrypoint ? "; plugstack.conf sets execute_entrypoint" : "");
 			return -1;
 		}
 		return 0;
@@ -925,7 +917,7 @@ static int start_keeper(spank_t sp, const char *target, int report)
 		nenv += *p == '\n';
 	for (const char *p = flags.hook_env; p && *p; p++)
 		nhooks += *p == '\n';
-	argv = calloc(2 * nmounts + 2 * nenv + 12, sizeof(*argv));
+	argv = calloc(2 * nmounts + 2 * nenv + 13, sizeof(*argv));
 	overrides = calloc(nhooks + 3, sizeof(*overrides));
 	if (argv == NULL || overrides == NULL ||
 	    (flags.mounts && (mounts = strdup(flags.mounts)) == NULL) ||
@@ -944,6 +936,8 @@ static int start_keeper(spank_t sp, const char *target, int report)
 	argv[argc++] = conf.berth;
 	argv[argc++] = "start";
 	argv[argc++] = "--detach";
+	if (flags.entrypoint != UNSET ? flags.entrypoint == ON : conf.execute_entrypoint)
+		argv[argc++] = "--entrypoint";
 	for (const char *const *ns = (const char *const[]){ "net", "ipc", "uts", NULL }; *ns; ns++)
 		if (unshare_has(&flags, *ns))
 			argv[argc++] = strcmp(*ns, "net") == 0 ? "--net" :
@@ -1368,6 +1362,28 @@ out:
 	return rc;
 }
 
+/* --container-entrypoint-log: what the start printed, once per node, on the step's stderr. */
+static void show_start_log(spank_t sp)
+{
+	char log_path[PATH_MAX], buf[4096];
+	ssize_t n;
+	int task, fd;
+
+	if (!flags.entrypoint_log || step.keeper <= 0 ||
+	    spank_get_item(sp, S_TASK_ID, &task) != ESPANK_SUCCESS || task != 0 ||
+	    path_join(log_path, "%s/start.log", step.step_dir) < 0)
+		return;
+	fd = open(log_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0) {
+		slurm_error("spank_berth: --container-entrypoint-log: %s: %m", log_path);
+		return;
+	}
+	while ((n = read(fd, buf, sizeof(buf))) > 0)
+		if (write(STDERR_FILENO, buf, (size_t)n) != n)
+			break;
+	close(fd);
+}
+
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	(void)ac;
@@ -1378,6 +1394,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	}
 	if (!step.active || step.container_pid <= 0)
 		return 0;
+	show_start_log(sp); /* before the host's paths are out of sight */
 	if (merge_environment(sp) < 0 || enter_container() < 0)
 		return -1;
 	return 0;

@@ -1,9 +1,10 @@
 """spank_berth.so end to end under a real slurmctld/slurmd (spank/tests/e2e.sh):
 flags refused before submission; on the node the runtime contract (import,
-create, start --detach, edf show --spank) driven by spank/tests/fake-berth,
-tasks joining the container, workdir, env merge, mounts, PMIx dir, named
-containers, save, --environment (overrides, sbatch/salloc resolving once),
-teardown. About 25 s with bspk/slurm:bookworm built, 2 min the first time."""
+create, start --detach, edf show --spank), tasks joining the container,
+workdir, env merge, mounts, PMIx dir, named containers, entrypoints, save,
+--environment (overrides, sbatch/salloc resolving once), teardown. Twice:
+with spank/tests/fake-berth playing the runtime (the contract alone), and
+with the real runtime. About 40 s each with bspk/slurm:bookworm built."""
 
 import shutil
 import subprocess
@@ -24,9 +25,10 @@ def _docker_ready():
 
 @pytest.mark.skipif(not _docker_ready(),
                     reason="needs docker and berth/node:bookworm (scripts/base-image.sh)")
-def test_plugin_under_real_slurm():
-    result = subprocess.run(["bash", str(E2E), "fake"], capture_output=True, text=True,
+@pytest.mark.parametrize("runtime", ["fake", "real"])
+def test_plugin_under_real_slurm(runtime):
+    result = subprocess.run(["bash", str(E2E), runtime], capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "FAIL" not in result.stdout
-    assert "e2e: all checks passed (fake runtime)" in result.stdout
+    assert f"e2e: all checks passed ({runtime} runtime)" in result.stdout

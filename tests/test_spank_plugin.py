@@ -139,17 +139,6 @@ def test_srun_refuses_container_flags_without_an_image(slurm_conf):
 
 
 @needs_srun
-def test_srun_refuses_entrypoint_until_supported(slurm_conf, tmp_path):
-    image = tmp_path / "img.sqsh"
-    image.write_bytes(b"")
-    result = _run(slurm_conf(), "srun", f"--container-image={image}",
-                  "--container-entrypoint", "true")
-    assert result.returncode != 0
-    assert "--container-entrypoint: running the image entrypoint is not supported" \
-        in result.stderr
-
-
-@needs_srun
 def test_sbatch_catches_image_truncated_by_a_hash_comment(slurm_conf, tmp_path):
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\n#SBATCH --container-image nvcr.io#nvidia/cuda:12.9\ntrue\n")

@@ -103,6 +103,11 @@ JSON
 mkdir -p /srv/registry /srv/data
 mksquashfs $root /srv/img.sqsh -quiet -noappend -all-root >/dev/null
 cp /srv/img.sqsh /srv/registry/image.sqsh
+# the same image with an entrypoint that exports a variable and execs "$@"
+printf '#!/bin/sh\necho entrypoint says hello\nexport EP_VAR=from-entrypoint\nexec "$@"\n' >$root/usr/bin/ep
+chmod 0755 $root/usr/bin/ep
+sed -i 's|"entrypoint": null|"entrypoint": ["/usr/bin/ep"]|' $root/etc/berth/image.json
+mksquashfs $root /srv/ep.sqsh -quiet -noappend -all-root >/dev/null
 echo not-a-squashfs >/srv/bad.sqsh
 echo hello-from-host >/srv/data/hello
 chmod 0666 /dev/fuse
@@ -229,6 +234,10 @@ check "named container :no_exec starts its own" "srun --container-name=live:no_e
 wait
 check "named container exec needs it running" "srun --container-name=keep:exec true" "is not running on this node"
 check "named container neither on disk nor given an image" "srun --container-name=nowhere true" "no --container-image to create it from"
+
+check "--container-entrypoint: the entrypoint's environment" "srun --container-image=/srv/ep.sqsh --container-entrypoint sh -c 'echo ep=\$EP_VAR'" "ep=from-entrypoint"
+check "no entrypoint unless asked" "srun --container-image=/srv/ep.sqsh sh -c 'echo ep=\$EP_VAR.'" "ep=."
+check "--container-entrypoint-log: its output on stderr" "srun --container-image=/srv/ep.sqsh --container-entrypoint --container-entrypoint-log true" "entrypoint says hello"
 
 check "--container-save" "srun $img --container-writable --container-save=/home/alice/saved.sqsh sh -c 'echo saved > /saved' && srun --container-image=/home/alice/saved.sqsh cat /saved" "saved"
 check "unnamed container for save removed" "berth list | grep -c '^berth_[0-9]'" "0"
