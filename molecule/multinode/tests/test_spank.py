@@ -60,9 +60,18 @@ def test_openmpi_pmix_from_the_registry():
 
 def test_mpich_pmi2_inherits_pmi_fd():
     # PMI2 of MPICH inside the container; PMI_FD is the descriptor slurmstepd
-    # opened, which must survive into the container.
-    job = srun(f"-N2 -n2 --mpi=pmi2 --container-image={IMAGE_SQSH} {MPICH}")
-    assert_mpi_ranks(job, 2)
+    # opened, which must survive into the container. Two tasks on one node:
+    # across the two nodes the wire-up works too (every rank prints and the
+    # allreduce completes), but about one run in ten then hangs in
+    # MPI_Finalize, one rank in the PMI barrier and the other in UCX's
+    # disconnect: the ch4:ucx finalize race of Debian 12's MPICH 4.0.2 that
+    # MPICH fixed later (pmodels/mpich#6596). One node's ranks talk through
+    # MPICH's shared memory and never reach that code.
+    job = srun(f"-N1 -n2 --mpi=pmi2 --container-image={IMAGE_SQSH} {MPICH}")
+    assert job.rc == 0, job.stdout + job.stderr
+    ranks = re.findall(r"^rank (\d+) of 2 on (\S+)$", job.stdout, re.M)
+    assert sorted(int(rank) for rank, _ in ranks) == [0, 1], job.stdout
+    assert "allreduce sum 3" in job.stdout
 
 
 def test_mounts_read_only_and_read_write():
