@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
-    Proxy, Registry, berth, berth_env, gzipped, layer_tar, unsquash)
+    Registry, berth, gzipped, layer_tar, unsquash)
 
 from berth.imageconfig import read_image_config  # noqa: E402
 
@@ -36,18 +36,6 @@ def registry(tmp_path_factory):
     reg.app_digest = reg.push_image("test/app", "v1", [BASE, TOP])
     yield reg
     reg.stop()
-
-
-@pytest.fixture
-def proxy(registry):
-    proxy = Proxy(registry.url)
-    yield proxy
-    proxy.stop()
-
-
-@pytest.fixture
-def env(tmp_path):
-    return berth_env(tmp_path)
 
 
 def uri_of(proxy, image="test/app:v1"):

@@ -68,18 +68,6 @@ def registry(tmp_path_factory):
     reg.stop()
 
 
-@pytest.fixture
-def proxy(registry):
-    proxy = Proxy(registry.url)
-    yield proxy
-    proxy.stop()
-
-
-@pytest.fixture
-def env(tmp_path):
-    return berth_env(tmp_path)
-
-
 def layer_digests(registry, repo, tag="v1"):
     manifest = requests.get(f"{registry.url}/v2/{repo}/manifests/{tag}", timeout=10, headers={
         "Accept": f"{DOCKER_MANIFEST}, application/vnd.oci.image.manifest.v1+json"}).json()
