@@ -296,6 +296,21 @@ def berth(args, env, cwd, user=None):
                           capture_output=True, text=True, timeout=120, check=False)
 
 
+def imports_at_once(uri, env, cwd, *outputs):
+    """`berth import -o OUTPUT uri` for every output at the same time: {output: result}."""
+    results = {}
+
+    def run(output):
+        results[output] = berth(["import", "-o", output, uri], env, cwd)
+
+    threads = [threading.Thread(target=run, args=(output,)) for output in outputs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
 def unsquash(image, directory):
     subprocess.run(["unsquashfs", "-q", "-n", "-d", str(directory), str(image)], check=True,
                    stdout=subprocess.DEVNULL)

@@ -8,7 +8,6 @@ import stat
 import struct
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
-    Registry, berth, gzipped, layer_tar, unsquash)
+    Registry, berth, gzipped, imports_at_once, layer_tar, unsquash)
 
 from berth.imageconfig import read_image_config  # noqa: E402
 
@@ -194,16 +193,7 @@ def test_concurrent_imports_build_the_image_once(tmp_path, env, proxy):
     log = tmp_path / "mksquashfs.log"
     counting = with_mksquashfs(tmp_path, env, f'echo run >> {log}; sleep 2\n'
                                               f'exec {MKSQUASHFS} "$@"')
-    results = {}
-
-    def run(name):
-        results[name] = berth(["import", "-o", name, uri_of(proxy)], counting, tmp_path)
-
-    threads = [threading.Thread(target=run, args=(name,)) for name in ("a.sqsh", "b.sqsh")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = imports_at_once(uri_of(proxy), counting, tmp_path, "a.sqsh", "b.sqsh")
     assert [r.returncode for r in results.values()] == [0, 0], \
         [r.stderr for r in results.values()]
     assert log.read_text() == "run\n"

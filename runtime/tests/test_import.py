@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import termios
-import threading
 import time
 from pathlib import Path
 
@@ -23,8 +22,8 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
-    DOCKER_MANIFEST, Proxy, Registry, berth, berth_env, gzipped, layer_tar, unsquash,
-    zstd_compressed)
+    DOCKER_MANIFEST, Proxy, Registry, berth, berth_env, gzipped, imports_at_once, layer_tar,
+    unsquash, zstd_compressed)
 
 from berth.imageconfig import read_image_config  # noqa: E402
 
@@ -176,16 +175,7 @@ def test_concurrent_imports_download_each_layer_once(tmp_path, env, proxy, regis
     layers = layer_digests(registry, "test/app")
     proxy.blob_delay = 0.5  # both imports are inside the download at once
     uri = f"docker://{proxy.host}#test/app:v1"
-    results = {}
-
-    def run(name):
-        results[name] = berth(["import", "-o", name, uri], env, tmp_path)
-
-    threads = [threading.Thread(target=run, args=(name,)) for name in ("a.sqsh", "b.sqsh")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = imports_at_once(uri, env, tmp_path, "a.sqsh", "b.sqsh")
     assert [r.returncode for r in results.values()] == [0, 0], \
         [r.stderr for r in results.values()]
     assert sorted(p.rsplit("/", 1)[-1] for p in blob_downloads(proxy, layers)) == sorted(layers)
