@@ -76,3 +76,24 @@ def test_unknown_image_is_one_clear_line_and_leaves_nothing():
     assert len(errors) == 1 and "no/such" in errors[0], job.stderr
     assert "rc=1" in job.stdout
     assert "x.sqsh" not in job.stdout
+
+
+def test_cache_prune_timer_removes_what_was_not_used_for_30_days():
+    host = node(COMPUTE[0])
+    timer = host.service("berth-cache-prune.timer")
+    assert timer.is_enabled and timer.is_running
+    uid = host.run("id -u alice").stdout.strip()
+    blobs = f"/var/lib/berth/cache/{uid}/blobs/sha256"
+    old, recent = f"{blobs}/{'a' * 64}", f"{blobs}/{'b' * 64}"
+    host.run("/opt/berth/bin/berth setup-user alice")
+    made = host.run(f"runuser -u alice -- sh -c 'mkdir -p {blobs} && echo old > {old} && "
+                    f"echo recent > {recent} && touch -d \"40 days ago\" {old}'")
+    assert made.rc == 0, made.stderr
+    try:
+        pruned = host.run("systemctl start berth-cache-prune.service")
+        assert pruned.rc == 0, pruned.stderr
+        assert not host.file(old).exists
+        assert host.file(recent).exists
+    finally:
+        host.run(f"rm -f {old} {recent}")
+
