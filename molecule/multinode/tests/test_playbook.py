@@ -6,7 +6,7 @@ import os
 
 import yaml
 
-from conftest import CONTROLLER, NODES, inventory_copy, node, play
+from conftest import COMPUTE, CONTROLLER, NODES, inventory_copy, node, play
 
 
 def slurm_conf_digests():
@@ -42,6 +42,15 @@ def test_munge_key_of_the_wrong_size_is_refused(tmp_path):
     assert short_key not in output
     assert all(changed == 0 for changed in recap.values()), recap
     assert node(CONTROLLER).check_output("sha256sum /etc/munge/munge.key") == before
+
+
+def test_bad_cache_size_limit_is_refused_before_any_change(tmp_path):
+    before = node(COMPUTE[0]).check_output("sha256sum /usr/local/sbin/berth-cache-prune")
+    rc, output, recap = play(inventory_copy(tmp_path), "-e", "container_runtime_cache_max_size=twentyG")
+    assert rc != 0
+    assert "container_runtime_cache_max_size=twentyG: expected bytes or a size" in output
+    assert all(changed == 0 for changed in recap.values()), recap
+    assert node(COMPUTE[0]).check_output("sha256sum /usr/local/sbin/berth-cache-prune") == before
 
 
 def test_inventory_without_compute_group_is_refused(tmp_path):
