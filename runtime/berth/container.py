@@ -18,13 +18,11 @@ file is the container's rc: /bin/sh runs it inside with COMMAND as "$@"
 """
 
 import os
-import shlex
 import subprocess
+import sys
 
-from berth import config, environ, hooks, launch, mounts, rootfs, syscalls as sc
+from berth import config, environ, hooks, launch, mounts, rootfs, squash, syscalls as sc
 from berth.errors import BerthError
-
-_SQUASHFS_MAGIC = b"hsqs"
 
 
 class Conf:
@@ -53,7 +51,7 @@ def _check_image(path):
         raise BerthError(f"{path}: is a directory, not a squashfs image") from None
     except OSError as e:
         raise BerthError(f"{path}: {e.strerror}") from None
-    if magic != _SQUASHFS_MAGIC:
+    if magic != squash.MAGIC:
         raise BerthError(f"{path}: not a squashfs image")
     return os.path.abspath(path)
 
@@ -327,21 +325,7 @@ def cmd_export(args, cfg):
     output = os.path.abspath(args.output or f"{args.name}.sqsh")
     if os.path.exists(output) and not args.force:
         raise BerthError(f"{output} already exists (-f overwrites it)")
-    staging = f"{os.path.dirname(output)}/.{os.path.basename(output)}.{os.getpid()}"
-    owner = ["-all-root"] if os.getuid() else []  # an unprivileged unpack owns every file
-    try:
-        _run_tool(["mksquashfs", root, staging, "-noappend", "-no-progress", *owner,
-                   *shlex.split(cfg["ENROOT_SQUASH_OPTIONS"])], args.name)
-        os.chmod(staging, 0o644 & ~_umask())
-        os.replace(staging, output)
-    except BaseException:
-        if os.path.exists(staging):
-            os.unlink(staging)
-        raise
+    # root's create kept the image's owners; anyone else's made them theirs
+    squash.make_squashfs(root, output, cfg, not args.quiet and sys.stderr.isatty(),
+                         all_root=os.getuid() != 0)
     return 0
-
-
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -35,15 +35,16 @@ def options(cfg):
         raise BerthError(f"ENROOT_SQUASH_OPTIONS: {e}") from None
 
 
-def make_squashfs(root, output, cfg, show_progress):
+def make_squashfs(root, output, cfg, show_progress, all_root=True):
     """Pack `root` into `output` (0644 less the umask) through a temporary
-    file next to it, replacing any `output` there."""
+    file next to it, replacing any `output` there. all_root stores every
+    file as root's: a tree an unprivileged process unpacked (layers, or a
+    container made by `berth create`) is all that user's, so the image is the
+    same whoever made it, and its directories stay writable to root in a
+    container."""
     partial = f"{output}.tmp-{os.getpid()}"
-    # Layers are unpacked without their owners, so every file is the
-    # importer's: store them as root's, so the image is the same whoever
-    # imported it, and its directories stay writable to root in a container.
-    command = ["mksquashfs", root, partial, "-noappend", "-all-root", *options(cfg),
-               "-processors", str(cfg.number("ENROOT_MAX_PROCESSORS"))]
+    command = ["mksquashfs", root, partial, "-noappend", *(["-all-root"] if all_root else []),
+               *options(cfg), "-processors", str(cfg.number("ENROOT_MAX_PROCESSORS"))]
     if not show_progress:  # (-quiet would be nicer, but squashfs-tools 4.4 lacks it)
         command.append("-no-progress")
     try:
@@ -80,6 +81,7 @@ def copy_image(image, output, replace):
             os.unlink(partial)
 
 
+MAGIC = b"hsqs"  # the first four bytes of every squashfs
 # The superblock starts with the magic; bytes_used, at offset 40, is how
 # much of the file the filesystem fills (mksquashfs pads the rest).
 _SUPERBLOCK = struct.Struct("<4s36xQ")
@@ -94,7 +96,7 @@ def looks_whole(path):
     if len(head) < _SUPERBLOCK.size:
         return False
     magic, used = _SUPERBLOCK.unpack(head)
-    return magic == b"hsqs" and 0 < used <= size
+    return magic == MAGIC and 0 < used <= size
 
 
 def _umask():
