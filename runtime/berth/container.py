@@ -18,10 +18,9 @@ file is the container's rc: /bin/sh runs it inside with COMMAND as "$@"
 """
 
 import os
-import subprocess
 import sys
 
-from berth import config, environ, hooks, launch, mounts, rootfs, squash, syscalls as sc
+from berth import config, environ, hooks, launch, mounts, rootfs, syscalls as sc
 from berth.errors import BerthError
 
 
@@ -51,7 +50,7 @@ def _check_image(path):
         raise BerthError(f"{path}: is a directory, not a squashfs image") from None
     except OSError as e:
         raise BerthError(f"{path}: {e.strerror}") from None
-    if magic != squash.MAGIC:
+    if magic != rootfs.SQUASHFS_MAGIC:
         raise BerthError(f"{path}: not a squashfs image")
     return os.path.abspath(path)
 
@@ -82,6 +81,7 @@ def _fresh_dir(parent, name):
 
 
 def _run_tool(command, what):
+    import subprocess  # (like squash in export: kept off the path of start, which a step waits for)
     result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, check=False)
     if result.returncode:
@@ -321,6 +321,7 @@ def cmd_remove(args, cfg):
 
 
 def cmd_export(args, cfg):
+    from berth import squash  # (its imports would slow every start)
     root = _container_root(cfg, args.name)
     output = os.path.abspath(args.output or f"{args.name}.sqsh")
     if os.path.exists(output) and not args.force:

@@ -1,9 +1,7 @@
-"""The last steps into a container: pivot_root, the nested namespaces, and
-the `start --detach` keeper.
+"""The last steps into a container: pivot_root and the nested namespaces.
 
-The keeper is a fresh interpreter (exec'd so that /proc/PID/environ is the
-container's environment), so this module imports nothing but os, signal and
-the syscalls: every import here delays the moment the container is ready.
+These run after pivot_root, when the host's Python library is out of reach:
+they use only what is imported already.
 """
 
 import os
@@ -88,52 +86,3 @@ def new_user_namespace(uid, gid):
             os.write(fd, text.encode())
         finally:
             os.close(fd)
-
-
-# What an entrypoint gets to exec: a shell of the image that reports ready on
-# fd 3 (dash redirects fds 0-9 only) and stops itself until berth kills it.
-_ENTRYPOINT_KEEPER = ("/bin/sh", "-c", 'echo ready >&3 && exec 3>&- && kill -STOP $$')
-
-
-def keeper_main(root, workdir, status_fd, ids, flags, *entrypoint):
-    """The --detach keeper: enter the root, report ready, wait for a signal.
-
-    Runs as root of the outer user namespace (exec'd from the setup process
-    with the final environment, which /proc/PID/environ then shows). Given
-    the image's entrypoint, runs that instead, with the keeper shell as its
-    arguments."""
-    status = int(status_fd)
-    try:
-        enter(root, workdir)
-        child = isolate(None if ids == "-" else tuple(map(int, ids.split(":"))), int(flags))
-        if child:
-            os.close(status)
-            relay(child)
-        host_pid = os.readlink("/proc/self")  # the host's /proc is still mounted
-        if int(flags) & sc.CLONE_NEWPID:
-            mount_own_proc()
-        sc.drop_all_capabilities()
-    except (OSError, BerthError) as e:
-        os.write(status, f"error {e}\n".encode())
-        os._exit(1)
-    if entrypoint:
-        _exec_entrypoint(list(entrypoint), host_pid, status)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: os._exit(0))
-    os.write(status, f"ready {host_pid}\n".encode())
-    os.close(status)
-    while True:
-        signal.pause()
-
-
-def _exec_entrypoint(entrypoint, host_pid, status):
-    os.write(status, f"entrypoint {host_pid}\n".encode())
-    os.dup2(status, 3)
-    if status != 3:
-        os.close(status)
-    os.dup2(2, 1)  # its output: with berth's messages, not into the void
-    try:
-        os.execvp(entrypoint[0], [*entrypoint, *_ENTRYPOINT_KEEPER])
-    except OSError as e:
-        os.write(3, f"error entrypoint {entrypoint[0]}: {e.strerror}\n".encode())
-        os._exit(1)

@@ -13,32 +13,34 @@ One start is two processes (three with --pid):
            execs the command with all of the caller's open file descriptors
            (with --pid it forks pid 1 for that and waits for it).
 Setup messages travel to berth over a close-on-exec pipe, one line each:
-`fuse PID` (a FUSE server to stop at the end), `error MESSAGE`,
-`ready PID` (--detach only).
+`fuse PID` (a FUSE server to stop at the end), `error MESSAGE`, and for
+--detach `keeper PID`, then `ready` from the keeper itself.
 
 `berth start --detach` (the interface of the SPANK plugin):
-  Does everything a start does, then runs a keeper process inside the
-  container's namespaces instead of the command. When the root is ready
-  and every hook has run, berth prints the keeper's pid (host pid
-  namespace) on stdout as one line `PID\\n`. The keeper's
-  /proc/PID/environ is the final container environment and its cwd the
-  image's workdir (/ when it has none or it is missing). berth then waits
-  until it gets SIGTERM, SIGINT or SIGHUP, or its stdin reaches end of file,
-  or the keeper dies; then it kills the keeper, tears everything down and
-  exits 0. A setup failure prints `berth: error: ...` and exits 1 without
-  printing a pid. `berth exec PID COMMAND...` runs a command in there.
+  Does everything a start does, then runs a keeper inside the container's
+  namespaces instead of the command: the image's /bin/sh, which blocks
+  until berth ends. When the root is ready and every hook has run, berth
+  prints the keeper's pid (host pid namespace) on stdout as one line
+  `PID\\n`. The keeper's /proc/PID/environ is the final container
+  environment and its cwd the image's workdir (/ when it has none or it is
+  missing). berth then waits until it gets SIGTERM, SIGINT or SIGHUP, or
+  its stdin reaches end of file, or the keeper dies; then it kills the
+  keeper, tears everything down and exits 0. A setup failure prints
+  `berth: error: ...` and exits 1 without printing a pid. `berth exec PID
+  COMMAND...` runs a command in there.
   To join by hand: setns /proc/PID/ns/user first, then mnt (and net, ipc,
   uts, pid where they differ from yours): all are owned by that user
   namespace. The root is then the container's; chdir to /proc/PID/cwd
   (opened before the setns calls).
-  With --entrypoint, the keeper is `/bin/sh` of the image, run as the
-  arguments of the image's entrypoint (which must `exec "$@"`): the
-  entrypoint's environment becomes the container's. Its output goes to
-  stderr. One that has not run its arguments after BERTH_ENTRYPOINT_TIMEOUT
-  seconds (default 60) is killed and the start fails.
+  With --entrypoint, the keeper runs as the arguments of the image's
+  entrypoint (which must `exec "$@"`): the entrypoint's environment becomes
+  the container's. Its output goes to stderr. One that has not run its
+  arguments after BERTH_ENTRYPOINT_TIMEOUT seconds (default 60) is killed
+  and the start fails.
 """
 
 import contextlib
+import fcntl
 import os
 import select
 import signal
@@ -50,8 +52,6 @@ from berth.errors import BerthError
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _NAMESPACES = (("user", sc.CLONE_NEWUSER), ("mnt", sc.CLONE_NEWNS), ("pid", sc.CLONE_NEWPID),
                ("net", sc.CLONE_NEWNET), ("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS))
-_KEEPER = ("import sys; sys.path.insert(0, sys.argv[1]); "
-           "from berth.entry import keeper_main; keeper_main(*sys.argv[2:])")
 
 
 class Plan:
@@ -96,7 +96,7 @@ def _exec(command, env):
         os._exit(127 if isinstance(e, FileNotFoundError) else 126)
 
 
-def _child(plan, status):
+def _child(plan, status, hold):
     """Builds the root, runs the hooks, enters; never returns.
 
     It works as root of a new user namespace mapped onto the caller (files
@@ -112,17 +112,18 @@ def _child(plan, status):
         workdir = image["workdir"]
         if not workdir or not os.path.isdir(rootpath.resolve(root, workdir, follow_last=True)):
             workdir = "/"
-        if plan.detach:
-            _exec_keeper(plan, root, workdir, env, status,
-                         (image["entrypoint"] or []) if plan.entrypoint else [])
         entry.enter(root, workdir)
         flags = plan.unshare | (sc.CLONE_NEWPID if plan.pid_namespace else 0)
         child = entry.isolate(plan.ids, flags)
         if child:
             os.close(status)
             entry.relay(child)
+        host_pid = os.readlink("/proc/self")  # before a pid namespace's own /proc hides it
         if plan.pid_namespace:
             entry.mount_own_proc()
+        if plan.detach:
+            _exec_keeper(host_pid, status, hold, env,
+                         (image["entrypoint"] or []) if plan.entrypoint else [])
         _exec(_command(plan, image), env)
     except (BerthError, OSError) as e:
         _send(status, f"error {e}")
@@ -179,18 +180,32 @@ def _run_hooks(plan, root, env):
     environ.read_file(environ_file, env, expand=False)
 
 
-def _exec_keeper(plan, root, workdir, env, status, entrypoint):
+# The --detach keeper: a shell of the image (exec'd, so /proc/PID/environ is
+# the container's environment) that reports ready on fd 3 and then blocks
+# reading fd 4, a pipe only berth writes to: it ends when berth does, however
+# berth ends. (dash redirects fds 0-9 only.)
+_KEEPER = ("/bin/sh", "-c", "echo ready >&3 && exec 3>&- && read -r _ <&4")
+
+
+def _exec_keeper(host_pid, status, hold, env, entrypoint):
+    """Become the keeper; given the image's entrypoint, run that with the
+    keeper as its arguments (its environment then becomes the container's)."""
+    _send(status, f"keeper {host_pid}")
+    status, hold = fcntl.fcntl(status, fcntl.F_DUPFD, 5), fcntl.fcntl(hold, fcntl.F_DUPFD, 5)
+    os.dup2(status, 3)
+    os.dup2(hold, 4)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
-    os.dup2(null, 1)
-    os.closerange(3, status)
-    os.closerange(status + 1, os.sysconf("SC_OPEN_MAX"))
-    os.set_inheritable(status, True)
-    library = os.path.dirname(os.path.dirname(os.path.abspath(entry.__file__)))
-    ids = "-" if plan.ids is None else f"{plan.ids[0]}:{plan.ids[1]}"
-    flags = plan.unshare | (sc.CLONE_NEWPID if plan.pid_namespace else 0)
-    os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", _KEEPER, library, root,
-                               workdir, str(status), ids, str(flags), *entrypoint], env)
+    os.dup2(2 if entrypoint else null, 1)  # an entrypoint's output joins berth's messages
+    os.closerange(5, os.sysconf("SC_OPEN_MAX"))
+    command = [*entrypoint, *_KEEPER]
+    _restore_signals()
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        what = f"entrypoint {command[0]}" if entrypoint else f"{command[0]} (the keeper of --detach)"
+        os.write(3, f"error {what}: {e.strerror} in the container\n".encode())
+        os._exit(1)
 
 
 def _command(plan, image):
@@ -234,14 +249,17 @@ def start(plan):
     """Run `plan`; return the command's exit status (0 after a --detach stop)."""
     sc.prctl(sc.PR_SET_CHILD_SUBREAPER, 1)
     status_r, status_w = os.pipe()
+    hold_r, hold_w = os.pipe()  # the --detach keeper's lifeline; berth never writes to it
     child = os.fork()
     if child == 0:
         os.close(status_r)
-        _child(plan, status_w)
+        os.close(hold_w)
+        _child(plan, status_w, hold_r)
     os.close(status_w)
+    os.close(hold_r)
     rootfs.write_file(f"{plan.runtime}/state", f"{child}\n")
     _forward_signals(child)  # until --detach is ready: a stop then ends the setup
-    helpers, error, keeper, entrypoint = [], None, None, None
+    helpers, error, keeper, ready = [], None, None, False
     try:
         with os.fdopen(status_r, encoding="utf-8") as messages:
             for line in messages:
@@ -250,29 +268,36 @@ def start(plan):
                     helpers.append(int(value))
                 elif kind == "error":
                     error = value
-                elif kind == "entrypoint":  # "ready" comes from its keeper shell
-                    entrypoint = int(value)
-                    _kill_after(entrypoint, plan.entrypoint_timeout)
+                elif kind == "keeper":  # "ready" then comes from the keeper shell
+                    keeper = int(value)
+                    if plan.entrypoint:
+                        _kill_after(keeper, plan.entrypoint_timeout)
                 elif kind == "ready":
-                    keeper = int(value) if value else entrypoint
+                    ready = True
                     break  # (what the entrypoint left running may hold the pipe)
         signal.alarm(0)
-        if entrypoint and not keeper:
-            error = error or 'the image\'s entrypoint exited; it must end with exec "$@"'
-        if keeper:
+        if keeper and not ready:
+            error = error or ('the image\'s entrypoint exited; it must end with exec "$@"'
+                              if plan.entrypoint else "the container's keeper shell exited")
+        if ready:
             print(keeper, flush=True)
             _wait_for_stop(child)
             with contextlib.suppress(ProcessLookupError):  # it may be gone already
                 os.kill(keeper, signal.SIGKILL)
         code = entry.exit_code(os.waitpid(child, 0)[1])
     finally:
+        os.close(hold_w)
         for pid in helpers:
             os.kill(pid, signal.SIGTERM)
             os.waitpid(pid, 0)
         rootfs.remove_tree(plan.runtime)
     if error:
         raise BerthError(error)
-    return 0 if keeper else code
+    if ready:  # a Slurm step's end waits for this exit: skip the interpreter's teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return code
 
 
 def _kill_after(pid, seconds):

@@ -1,11 +1,12 @@
 """A container root inside the new mount namespace: build it, read it, enter it."""
 
 import os
-import subprocess
+import signal
 
 from berth import environ, imageconfig, mounts, rootpath, syscalls as sc
 from berth.errors import BerthError
 
+SQUASHFS_MAGIC = b"hsqs"  # the first four bytes of every squashfs
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 
 
@@ -58,9 +59,15 @@ def mount_fuse(target, fstype, flags, server):
     middle = os.fork()
     if middle == 0:
         try:
-            process = subprocess.Popen([*server, f"/dev/fd/{fuse}"], pass_fds=(fuse,),
-                                       stdin=subprocess.DEVNULL)
-            os.write(report_w, str(process.pid).encode())
+            low, high = sorted((fuse, report_w))  # the server holds nothing else of ours
+            os.closerange(3, low)
+            os.closerange(low + 1, high)
+            os.closerange(high + 1, os.sysconf("SC_OPEN_MAX"))
+            os.set_inheritable(fuse, True)
+            pid = os.posix_spawnp(server[0], [*server, f"/dev/fd/{fuse}"], os.environ,
+                                  file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)],
+                                  setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+            os.write(report_w, str(pid).encode())
         finally:
             os._exit(0)
     os.close(report_w)

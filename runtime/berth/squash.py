@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from berth.errors import BerthError
+from berth.rootfs import SQUASHFS_MAGIC
 
 
 def free_bytes(path):
@@ -81,7 +82,6 @@ def copy_image(image, output, replace):
             os.unlink(partial)
 
 
-MAGIC = b"hsqs"  # the first four bytes of every squashfs
 # The superblock starts with the magic; bytes_used, at offset 40, is how
 # much of the file the filesystem fills (mksquashfs pads the rest).
 _SUPERBLOCK = struct.Struct("<4s36xQ")
@@ -96,7 +96,7 @@ def looks_whole(path):
     if len(head) < _SUPERBLOCK.size:
         return False
     magic, used = _SUPERBLOCK.unpack(head)
-    return magic == MAGIC and 0 < used <= size
+    return magic == SQUASHFS_MAGIC and 0 < used <= size
 
 
 def _umask():

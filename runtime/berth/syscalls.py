@@ -35,13 +35,12 @@ MNT_DETACH = 0x2
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
-# glibc has no wrappers for these: numbers per architecture.
+# glibc has no wrapper for this: numbers per architecture.
 _SYSCALL_NUMBERS = {
-    "x86_64": {"pivot_root": 155, "capset": 126},
-    "aarch64": {"pivot_root": 41, "capset": 91},
-    "ppc64le": {"pivot_root": 203, "capset": 184},
+    "x86_64": {"pivot_root": 155},
+    "aarch64": {"pivot_root": 41},
+    "ppc64le": {"pivot_root": 203},
 }
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
 def _check(result, what):
@@ -87,18 +86,3 @@ def pivot_root(new_root, put_old):
 def prctl(option, arg2=0, arg3=0, arg4=0, arg5=0):
     args = (ctypes.c_ulong(a) for a in (arg2, arg3, arg4, arg5))
     return _check(_libc.prctl(ctypes.c_int(option), *args), "prctl")
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
-
-
-def drop_all_capabilities():
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
-    _syscall("capset", ctypes.byref(header), ctypes.byref(data))

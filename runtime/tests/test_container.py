@@ -458,6 +458,24 @@ def test_detach_stops_on_sigterm_and_remove_waits_for_it(berth, app):
     berth.ok("remove", "app")
 
 
+@pytest.mark.parametrize("namespaces", [[], ["--pid"]])
+def test_detach_keeper_ends_with_berth_even_killed(berth, app, namespaces):
+    """berth SIGKILLed tears nothing down, yet its keeper (pid 1 with --pid) must not stay."""
+    process, pid = start_detached(berth, *namespaces, "app")
+    os.kill(berth_pid(process), signal.SIGKILL)
+    process.wait(timeout=10)
+    for _ in range(100):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"keeper {pid} still running after berth was killed")
+
+
 def test_detach_stopped_during_setup_leaves_nothing(berth, app):
     marker = berth.base / "host/hook-started"
     berth.write("cfg/hooks.d/50-slow.sh", f"#!/bin/sh\ntouch {marker}\nexec sleep 5 >/dev/null 2>&1\n", mode=0o755)
