@@ -4,8 +4,8 @@
  * A thin caller of the berth runtime. Per step and node (slurmstepd):
  *   init_post_opt (root)  make runtime_path/<uid>/ for the user; the plugin
  *                         keeps its files in runtime_path/<uid>/spank/
- *   user_init (user)      berth import (registry images, cached per user and
- *                         node), berth create (named containers), then
+ *   user_init (user)      berth import (registry images, into the user's image
+ *                         cache on the node), berth create (named containers), then
  *                         "berth start --detach", which prints the container
  *                         pid and lives until its stdin closes
  *   task_init (user)      join that pid's namespaces, chdir, merge env
@@ -55,7 +55,7 @@ static struct {
 	uint32_t jobid;
 	uint32_t stepid;
 	char user_dir[PATH_MAX];   /* runtime_path/<uid>, shared with the runtime */
-	char state_dir[PATH_MAX];  /* user_dir/spank: images/, named/, steps */
+	char state_dir[PATH_MAX];  /* user_dir/spank: named/, steps, a custom importer's images/ */
 	char step_dir[PATH_MAX];   /* state_dir/<jobid>.<stepid>: logs */
 	char container[NAME_MAX];  /* container name given to berth, or "" */
 	int remove_container;      /* created for --container-save only */
@@ -737,18 +737,15 @@ static int lock_file(const char *path)
 	return fd;
 }
 
-/* Registry image -> squashfs in user_dir/images, imported once per node. */
-static int import_image(spank_t sp, char *sqsh)
+/* A custom importer's copy of a registry image in state_dir/images, made once per node. */
+static int import_with_importer(spank_t sp, const char *uri, char *sqsh)
 {
 	/* room in NAME_MAX for the ".<jobid>.<stepid>.tmp" of the download */
 	char images[PATH_MAX], name[NAME_MAX - 32], lock[PATH_MAX], tmp[PATH_MAX];
-	char uri[PATH_MAX];
-	char *argv[] = { conf.importer[0] ? conf.importer : conf.berth, "import",
-			 "-o", tmp, uri, NULL };
+	char *argv[] = { conf.importer, "import", "-o", tmp, (char *)uri, NULL };
 	int lock_fd, rc = 0;
 
-	if (image_cache_name(flags.image, name, sizeof(name)) < 0 ||
-	    image_uri(flags.image, uri, sizeof(uri)) < 0) {
+	if (image_cache_name(flags.image, name, sizeof(name)) < 0) {
 		slurm_error("spank_berth: --container-image: '%s' is too long", flags.image);
 		return -1;
 	}
@@ -764,7 +761,7 @@ static int import_image(spank_t sp, char *sqsh)
 	if (access(sqsh, R_OK) != 0) {
 		slurm_info("spank_berth: importing %s", uri);
 		unlink(tmp);
-		rc = run(sp, "berth import", argv, NULL, 0);
+		rc = run(sp, "importer", argv, NULL, 0);
 		if (rc == 0 && rename(tmp, sqsh) < 0) {
 			slurm_error("spank_berth: cannot rename %s to %s: %m", tmp, sqsh);
 			rc = -1;
@@ -774,6 +771,37 @@ static int import_image(spank_t sp, char *sqsh)
 	}
 	close(lock_fd);
 	return rc;
+}
+
+/*
+ * Registry image -> squashfs. berth keeps it in the user's image cache on
+ * this node (on disk, pruned by the admin's timer) and prints that file,
+ * which the start mounts as it is: no copy. Every step asks the registry
+ * for the manifest, so a moved tag gets its new image.
+ */
+static int import_image(spank_t sp, char *sqsh)
+{
+	char uri[PATH_MAX], out[PATH_MAX + 1];
+	char *argv[] = { conf.berth, "import", "--cache-only", uri, NULL };
+	size_t len;
+
+	if (image_uri(flags.image, uri, sizeof(uri)) < 0) {
+		slurm_error("spank_berth: --container-image: '%s' is too long", flags.image);
+		return -1;
+	}
+	if (conf.importer[0] != '\0')
+		return import_with_importer(sp, uri, sqsh);
+	if (run(sp, "berth import", argv, out, sizeof(out)) < 0)
+		return -1;
+	len = strlen(out);
+	if (len > 0 && out[len - 1] == '\n')
+		out[--len] = '\0';
+	if (out[0] != '/' || len >= PATH_MAX || strchr(out, '\n') != NULL) {
+		slurm_error("spank_berth: berth import --cache-only printed no path for %s", uri);
+		return -1;
+	}
+	memcpy(sqsh, out, len + 1);
+	return 0;
 }
 
 /* A path from the command line, relative to where srun ran. */

@@ -20,7 +20,10 @@ def cmd_version(args, cfg):
 def _add_import(sub):
     p = sub.add_parser("import", help="import a container image into a squashfs file")
     p.add_argument("-a", "--arch", help="architecture to pick from a multi-arch image")
-    p.add_argument("-o", "--output", help="output squashfs file")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-o", "--output", help="output squashfs file")
+    where.add_argument("--cache-only", action="store_true",
+                       help="print the path of the image cache's squashfs instead of copying it")
     p.add_argument("uri", help="docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]")
 
 

@@ -3,7 +3,9 @@
 manifest (index -> platform manifest) -> the squashfs cached for it, if
 any; else layers into the blob cache, in parallel and verified -> applied in
 order to a temporary root -> image config written into it -> mksquashfs into
-the image cache -> copied into place.
+the image cache -> copied into place. With --cache-only, the cached file's
+path is printed instead: what the SPANK plugin mounts, with no copy. It stays
+until `berth cache prune` removes it (open files survive that).
 """
 
 import concurrent.futures
@@ -48,9 +50,12 @@ def _terminated(signum, frame):
 
 def _import(args, cfg):
     ref = reference.parse(args.uri)
-    output = os.path.abspath(args.output or reference.default_output(args.uri))
-    replace = cfg.flag("ENROOT_FORCE_OVERRIDE")
-    _check_output(output, replace)
+    if args.cache_only:
+        output = replace = None
+    else:
+        output = os.path.abspath(args.output or reference.default_output(args.uri))
+        replace = cfg.flag("ENROOT_FORCE_OVERRIDE")
+        _check_output(output, replace)
 
     credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
     registry = Registry(ref, cfg, credentials, credentials_path)
@@ -69,6 +74,9 @@ def _import(args, cfg):
             _build(args, cfg, registry, ref, manifest, digest, image)
         elif not args.quiet:
             print(f"berth: using the cached squashfs of {ref}: {image}", file=sys.stderr)
+        if output is None:
+            print(image)
+            return 0
         squash.require_space(os.path.dirname(output), os.path.getsize(image),
                              "the squashfs image")
         squash.copy_image(image, output, replace)

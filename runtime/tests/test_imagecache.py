@@ -114,6 +114,30 @@ def test_second_import_copies_the_cached_image(tmp_path, env, proxy):
         ["first.sqsh", "second.sqsh", "third.sqsh"]
 
 
+def test_cache_only_prints_the_entry_and_copies_nothing(tmp_path, env, proxy, registry):
+    first = berth(["--quiet", "import", "--cache-only", uri_of(proxy)], env, tmp_path)
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    [entry] = entries(tmp_path)
+    assert first.stdout == f"{entry}\n"
+    assert "/etc/added" in listing(entry)
+    again = berth(["--quiet", "import", "--cache-only", uri_of(proxy)],
+                  failing_mksquashfs(tmp_path, env), tmp_path)
+    assert again.returncode == 0 and again.stdout == first.stdout
+    assert list(tmp_path.glob("*.sqsh")) == []  # no copy anywhere
+
+    registry.push_image("test/app", "v1", [BASE])  # the tag moves: a new entry
+    moved = berth(["--quiet", "import", "--cache-only", uri_of(proxy)], env, tmp_path)
+    assert moved.returncode == 0 and moved.stdout != first.stdout
+    assert "/etc/added" not in listing(moved.stdout.strip())
+    registry.push_image("test/app", "v1", [BASE, TOP])  # as the other tests expect it
+
+
+def test_cache_only_and_output_exclude_each_other(tmp_path, env, proxy):
+    result = berth(["import", "--cache-only", "-o", "x.sqsh", uri_of(proxy)], env, tmp_path)
+    assert result.returncode == 2 and "not allowed with argument" in result.stderr
+    assert entries(tmp_path) == [] and not (tmp_path / "x.sqsh").exists()
+
+
 def test_a_moved_tag_builds_a_new_image(tmp_path, env, proxy, registry):
     registry.push_image("test/moving", "v1", [BASE])
     uri = uri_of(proxy, "test/moving:v1")

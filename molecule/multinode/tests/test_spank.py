@@ -56,6 +56,17 @@ def test_tasks_see_the_image_not_the_host():
 def test_openmpi_pmix_from_the_registry():
     job = srun(f"-N2 -n2 --mpi=pmix --container-image={REGISTRY_IMAGE} {OPENMPI}")
     assert_mpi_ranks(job, 2)
+    # Mounted from the user's image cache on disk: no copy in runtime_path
+    # (tmpfs), and a second step builds nothing.
+    for name in COMPUTE:
+        host = node(name)
+        uid = host.check_output("id -u alice")
+        cached = host.check_output(f"ls -i /var/lib/berth/cache/{uid}/images")
+        assert ".sqsh" in cached
+        assert not host.file(f"/run/berth/{uid}/spank/images").exists
+        again = srun(f"-w {name} --container-image={REGISTRY_IMAGE} true")
+        assert again.rc == 0, again.stderr
+        assert host.check_output(f"ls -i /var/lib/berth/cache/{uid}/images") == cached
 
 
 def test_mpich_pmi2_inherits_pmi_fd():
