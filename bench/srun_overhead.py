@@ -13,9 +13,10 @@ images are those scripts/test-image.sh made, seen by the compute nodes under
   srun -N2 --container-image=big.sqsh true          the same, image padded to MB
   srun -N1 true, and with the warm named container   the same on one node
 and an MPI ping-pong between the two nodes, bare and in the container
-(latency of 8 bytes, bandwidth of 4 MiB). Targets: container MPI within 2% of
-bare; warm step overhead under 150 ms; unnamed step within 2x the warm one,
-small and big image alike. The one-node rows tell what a node pays: on the
+(latency of 8 bytes, bandwidth of 4 MiB). The steps run in turns, one of
+each per round, so that the machine's changing speed hits all alike.
+Targets: container MPI within 2% of bare; warm step overhead under 150 ms;
+unnamed step within 2x the warm one, small and big image alike. The one-node rows tell what a node pays: on the
 development machines both node containers share two cores, so in a two-node
 step their runtimes compete for them, which real nodes do not.
 """
@@ -60,14 +61,20 @@ def on_login(login, command):
     return result.stdout
 
 
-def timings(login, command, runs):
-    samples = []
+def timings(login, commands, runs):
+    """min / median / p90 ms of each command, run in turns: a change in the
+    machine's speed during the run (steal time) then hits every row alike."""
+    samples = [[] for _ in commands]
     for _ in range(runs):
-        started = time.perf_counter()
-        on_login(login, command)
-        samples.append((time.perf_counter() - started) * 1000)
-    samples.sort()
-    return samples[0], statistics.median(samples), samples[max(int(len(samples) * 0.9) - 1, 0)]
+        for command, times in zip(commands, samples):
+            started = time.perf_counter()
+            on_login(login, command)
+            times.append((time.perf_counter() - started) * 1000)
+    rows = []
+    for times in samples:
+        times.sort()
+        rows.append((times[0], statistics.median(times), times[max(int(len(times) * 0.9) - 1, 0)]))
+    return rows
 
 
 def pingpong(login, prefix, program, runs):
@@ -98,7 +105,8 @@ def main():
         ("srun -N1 true (bare, one node)", "srun -N1 true"),
         ("named container, warm, one node", "srun -N1 --container-name=bench true"),
     ]
-    rows = [(label, *timings(login, command, args.runs)) for label, command in steps]
+    rows = [(label, *row) for (label, _), row
+            in zip(steps, timings(login, [command for _, command in steps], args.runs))]
     on_login(login, "srun -N2 berth remove -f berth_bench")
 
     bare = pingpong(login, "", BARE_PINGPONG, max(args.runs // 3, 3))

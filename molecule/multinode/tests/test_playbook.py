@@ -63,3 +63,22 @@ def test_inventory_without_compute_group_is_refused(tmp_path):
     assert rc != 0
     assert "group 'slurm_compute' at least one (has 0)" in output
     assert all(changed == 0 for changed in recap.values()), recap
+
+
+def test_unsetting_the_cache_limits_removes_the_prune_timer(tmp_path):
+    host = node(COMPUTE[1])
+    inventory = inventory_copy(tmp_path)
+    try:
+        rc, output, recap = play(inventory, "--limit", COMPUTE[1],
+                                 "-e", "container_runtime_cache_max_age_days=0")
+        assert rc == 0, output[-3000:]
+        assert recap[COMPUTE[1]] > 0
+        for path in ("/etc/systemd/system/berth-cache-prune.timer",
+                     "/etc/systemd/system/berth-cache-prune.service",
+                     "/usr/local/sbin/berth-cache-prune"):
+            assert not host.file(path).exists, path
+        assert host.run("systemctl is-active berth-cache-prune.timer").stdout.strip() != "active"
+    finally:
+        rc, output, recap = play(inventory, "--limit", COMPUTE[1])  # the scenario's own settings
+        assert rc == 0, output[-3000:]
+    assert host.service("berth-cache-prune.timer").is_running
