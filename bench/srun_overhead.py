@@ -11,9 +11,11 @@ images are those scripts/test-image.sh made, seen by the compute nodes under
   srun -N2 --container-name=.. true                 named container, warm
   srun -N2 --container-image=small.sqsh true        unnamed, from a local squashfs
   srun -N2 --container-image=big.sqsh true          the same, image padded to MB
+  srun -N2 --container-image=REGISTRY#IMAGE true    a registry image in the image cache
+                                                    (each step asks for its manifest)
   srun -N1 true, and with the warm named container   the same on one node
-and an MPI ping-pong between the two nodes, bare and in the container
-(latency of 8 bytes, bandwidth of 4 MiB). The steps run in turns, one of
+and an MPI ping-pong between the two nodes and within one (shared memory),
+bare and in the container (latency of 8 bytes, bandwidth of 4 MiB). The steps run in turns, one of
 each per round, so that the machine's changing speed hits all alike.
 Targets: container MPI within 2% of bare; warm step overhead under 150 ms;
 unnamed step within 2x the warm one, small and big image alike. The one-node rows tell what a node pays: on the
@@ -32,6 +34,7 @@ from pathlib import Path
 IMAGES = Path(__file__).resolve().parents[1] / ".cache" / "images"
 SMALL = "/opt/berth-images/mpi-test.sqsh"
 BIG = "/opt/berth-images/mpi-test-big.sqsh"
+REGISTRY = "berth-ctl:5000#berth/mpi-test:1"  # the cluster's registry (scenario prepare)
 BARE_PINGPONG = "/opt/berth-test/mpi_pingpong"
 CONTAINER_PINGPONG = "/opt/mpi-test/pingpong-openmpi"
 
@@ -77,10 +80,10 @@ def timings(login, commands, runs):
     return rows
 
 
-def pingpong(login, prefix, program, runs):
+def pingpong(login, nodes, prefix, program, runs):
     latencies, bandwidths = [], []
     for _ in range(runs):
-        out = on_login(login, f"srun -N2 -n2 --mpi=pmix {prefix} {program}")
+        out = on_login(login, f"srun -N{nodes} -n2 --mpi=pmix {prefix} {program}")
         latencies.append(float(re.search(r"latency_us (\S+)", out).group(1)))
         bandwidths.append(float(re.search(r"bandwidth_MBps (\S+)", out).group(1)))
     return statistics.median(latencies), statistics.median(bandwidths)
@@ -97,11 +100,13 @@ def main():
     make_big_image(args.big_mb)
 
     on_login(login, f"srun -N2 --container-name=bench --container-image={SMALL} true")
+    on_login(login, f"srun -N2 --container-image={REGISTRY} true")  # into the image cache
     steps = [
         ("srun -N2 true (bare)", "srun -N2 true"),
         ("named container, warm", "srun -N2 --container-name=bench true"),
         ("unnamed, small squashfs", f"srun -N2 --container-image={SMALL} true"),
         (f"unnamed, squashfs + {args.big_mb} MB", f"srun -N2 --container-image={BIG} true"),
+        ("unnamed, registry image (cached)", f"srun -N2 --container-image={REGISTRY} true"),
         ("srun -N1 true (bare, one node)", "srun -N1 true"),
         ("named container, warm, one node", "srun -N1 --container-name=bench true"),
     ]
@@ -109,22 +114,26 @@ def main():
             in zip(steps, timings(login, [command for _, command in steps], args.runs))]
     on_login(login, "srun -N2 berth remove -f berth_bench")
 
-    bare = pingpong(login, "", BARE_PINGPONG, max(args.runs // 3, 3))
-    contained = pingpong(login, f"--container-image={SMALL}", CONTAINER_PINGPONG,
-                         max(args.runs // 3, 3))
+    mpi_runs = max(args.runs // 3, 3)
+    mpi = [(nodes, pingpong(login, nodes, "", BARE_PINGPONG, mpi_runs),
+            pingpong(login, nodes, f"--container-image={SMALL}", CONTAINER_PINGPONG, mpi_runs))
+           for nodes in (2, 1)]
 
     print(f"{'step':34} {'min ms':>8} {'median':>8} {'p90':>8} {'over bare':>10}")
     for index, (label, low, median, p90) in enumerate(rows):
-        bare_row = rows[4] if index >= 4 else rows[0]
+        bare_row = rows[5] if index >= 5 else rows[0]
         print(f"{label:34} {low:8.0f} {median:8.0f} {p90:8.0f} {median - bare_row[2]:+10.0f}")
     warm = rows[1][2] - rows[0][2]
-    print(f"\nwarm container overhead {warm:.0f} ms, {rows[5][2] - rows[4][2]:.0f} ms on one node "
+    print(f"\nwarm container overhead {warm:.0f} ms, {rows[6][2] - rows[5][2]:.0f} ms on one node "
           f"(target < 150 ms); unnamed/warm: small {rows[2][2] / rows[1][2]:.2f}x, "
           f"big {rows[3][2] / rows[1][2]:.2f}x (target <= 2x)")
-    print(f"\n{'MPI ping-pong, 2 nodes':34} {'bare':>10} {'container':>10} {'ratio':>8}")
-    print(f"{'latency, 8 B (us)':34} {bare[0]:10.2f} {contained[0]:10.2f} {contained[0] / bare[0]:8.3f}")
-    print(f"{'bandwidth, 4 MiB (MB/s)':34} {bare[1]:10.1f} {contained[1]:10.1f} "
-          f"{contained[1] / bare[1]:8.3f}")
+    print(f"\n{'MPI ping-pong':48} {'bare':>10} {'container':>10} {'ratio':>8}")
+    for nodes, bare, contained in mpi:
+        where = "2 nodes (TCP)" if nodes == 2 else "1 node (shared memory)"
+        print(f"{'latency, 8 B (us), ' + where:48} {bare[0]:10.2f} {contained[0]:10.2f} "
+              f"{contained[0] / bare[0]:8.3f}")
+        print(f"{'bandwidth, 4 MiB (MB/s), ' + where:48} {bare[1]:10.1f} {contained[1]:10.1f} "
+              f"{contained[1] / bare[1]:8.3f}")
     print("(target: ratios within 2% of 1)")
 
 

@@ -118,11 +118,12 @@ def _child(plan, status, hold):
         if child:
             os.close(status)
             entry.relay(child)
-        host_pid = os.readlink("/proc/self")  # before a pid namespace's own /proc hides it
+        if plan.detach:  # its host pid: read before a pid namespace's own /proc hides it
+            keeper = os.readlink("/proc/self")
         if plan.pid_namespace:
             entry.mount_own_proc()
         if plan.detach:
-            _exec_keeper(host_pid, status, hold, env,
+            _exec_keeper(keeper, status, hold, env,
                          (image["entrypoint"] or []) if plan.entrypoint else [])
         _exec(_command(plan, image), env)
     except (BerthError, OSError) as e:
@@ -187,10 +188,10 @@ def _run_hooks(plan, root, env):
 _KEEPER = ("/bin/sh", "-c", "echo ready >&3 && exec 3>&- && read -r _ <&4")
 
 
-def _exec_keeper(host_pid, status, hold, env, entrypoint):
-    """Become the keeper; given the image's entrypoint, run that with the
-    keeper as its arguments (its environment then becomes the container's)."""
-    _send(status, f"keeper {host_pid}")
+def _exec_keeper(pid, status, hold, env, entrypoint):
+    """Become the keeper, host pid `pid`; given the image's entrypoint, run that
+    with the keeper as its arguments (its environment then becomes the container's)."""
+    _send(status, f"keeper {pid}")
     status, hold = fcntl.fcntl(status, fcntl.F_DUPFD, 5), fcntl.fcntl(hold, fcntl.F_DUPFD, 5)
     os.dup2(status, 3)
     os.dup2(hold, 4)
