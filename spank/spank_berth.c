@@ -774,15 +774,16 @@ static int import_with_importer(spank_t sp, const char *uri, char *sqsh)
 }
 
 /*
- * Registry image -> squashfs. berth keeps it in the user's image cache on
- * this node (on disk, pruned by the admin's timer) and prints that file,
- * which the start mounts as it is: no copy. Every step asks the registry
- * for the manifest, so a moved tag gets its new image.
+ * Registry image -> squashfs, imported once per user and node: berth keeps
+ * it in the user's image cache (on disk, pruned by the admin's timer) and
+ * prints that file, which the start mounts as it is. --reuse: a step asks
+ * the registry only when the node has no image of that URI yet (the import
+ * of a moved tag is the user's call: berth import --cache-only URI).
  */
 static int import_image(spank_t sp, char *sqsh)
 {
 	char uri[PATH_MAX], out[PATH_MAX + 1];
-	char *argv[] = { conf.berth, "import", "--cache-only", uri, NULL };
+	char *argv[] = { conf.berth, "import", "--cache-only", "--reuse", uri, NULL };
 	size_t len;
 
 	if (image_uri(flags.image, uri, sizeof(uri)) < 0) {
@@ -797,7 +798,7 @@ static int import_image(spank_t sp, char *sqsh)
 	if (len > 0 && out[len - 1] == '\n')
 		out[--len] = '\0';
 	if (out[0] != '/' || len >= PATH_MAX || strchr(out, '\n') != NULL) {
-		slurm_error("spank_berth: berth import --cache-only printed no path for %s", uri);
+		slurm_error("spank_berth: berth import printed no path for %s", uri);
 		return -1;
 	}
 	memcpy(sqsh, out, len + 1);

@@ -24,6 +24,9 @@ def _add_import(sub):
     where.add_argument("-o", "--output", help="output squashfs file")
     where.add_argument("--cache-only", action="store_true",
                        help="print the path of the image cache's squashfs instead of copying it")
+    p.add_argument("--reuse", action="store_true",
+                   help="take the image last imported for this URI here without asking the "
+                        "registry (a moved tag is not seen); import when there is none")
     p.add_argument("uri", help="docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]")
 
 

@@ -15,6 +15,7 @@ written under a temporary name and renamed, so no writer corrupts another.
 """
 
 import collections
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -41,6 +42,9 @@ class ImageCache:
     def __init__(self, cache_path):
         self.image_dir = os.path.join(cache_path, "images")
         self.lock_dir = os.path.join(cache_path, "locks")
+        # uris/<hash of URI and options> -> ../images/<key>.sqsh: the entry
+        # last imported for that URI, for `import --reuse`; dropped by prune.
+        self.uri_dir = os.path.join(cache_path, "uris")
 
     @staticmethod
     def key(manifest_digest, digest, uri, squash_options):
@@ -57,6 +61,29 @@ class ImageCache:
         """One import of an image at a time: the second copies what the first built."""
         make_dirs(self.image_dir, self.lock_dir)
         return locked(self.lock_path(key), f"waiting for another import of {ref}", quiet)
+
+    def _uri_link(self, uri, squash_options):
+        name = hashlib.sha256(json.dumps([FORMAT, uri, squash_options]).encode()).hexdigest()
+        return os.path.join(self.uri_dir, name)
+
+    def remember(self, uri, squash_options, key):
+        """Record `key` as the latest image of `uri` (replaced in one rename)."""
+        make_dirs(self.uri_dir)
+        link = self._uri_link(uri, squash_options)
+        partial = f"{link}.{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+        os.symlink(f"../images/{key}.sqsh", partial)
+        os.replace(partial, link)
+
+    def remembered(self, uri, squash_options):
+        """The key last imported for `uri` here, or None."""
+        try:
+            target = os.readlink(self._uri_link(uri, squash_options))
+        except OSError:
+            return None
+        name = os.path.basename(target)
+        return name[:-5] if _IMAGE_NAME.fullmatch(name) else None
 
     def lookup(self, key, quiet):
         """The entry of `key`, marked used, or None; a damaged one is removed."""
@@ -146,10 +173,11 @@ def _scan(cache_path):
     return sorted(entries, key=lambda entry: entry.mtime)
 
 
-def _files(directory):
+def _files(directory, links=False):
     try:
         with os.scandir(directory) as items:
-            return [item for item in items if item.is_file(follow_symlinks=False)]
+            return [item for item in items
+                    if (item.is_symlink() if links else item.is_file(follow_symlinks=False))]
     except FileNotFoundError:
         return []
 
@@ -184,10 +212,20 @@ def _prune(cache_path, days, limit):
         freed["bytes"] += entry.size
         print(f"removed {entry.path} ({_human(entry.size)}, last used "
               f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(entry.mtime))})")
+    _forget_pruned(cache_path)
     counts = ", ".join(f"{kind} {freed[kind]}" for kind in _KINDS)
     print(f"freed {_human(freed['bytes'])} ({freed['bytes']} bytes: {counts}); "
           f"{kept} in use kept; {_human(total)} ({total} bytes) left")
     return 0
+
+
+def _forget_pruned(cache_path):
+    """Drop the by-URI records of images no longer there."""
+    uri_dir = ImageCache(cache_path).uri_dir
+    for item in _files(uri_dir, links=True):
+        if not os.path.exists(item.path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(item.path)
 
 
 def _remove(entry):

@@ -204,7 +204,8 @@ def _exec_keeper(pid, status, hold, env, entrypoint):
     try:
         os.execvpe(command[0], command, env)
     except OSError as e:
-        what = f"entrypoint {command[0]}" if entrypoint else f"{command[0]} (the keeper of --detach)"
+        what = (f"entrypoint {command[0]}" if entrypoint
+                else f"{command[0]} (the keeper of --detach)")
         os.write(3, f"error {what}: {e.strerror} in the container\n".encode())
         os._exit(1)
 

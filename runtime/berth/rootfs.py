@@ -64,9 +64,9 @@ def mount_fuse(target, fstype, flags, server):
             os.closerange(low + 1, high)
             os.closerange(high + 1, os.sysconf("SC_OPEN_MAX"))
             os.set_inheritable(fuse, True)
+            null = (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
             pid = os.posix_spawnp(server[0], [*server, f"/dev/fd/{fuse}"], os.environ,
-                                  file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)],
-                                  setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+                                  file_actions=[null], setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
             os.write(report_w, str(pid).encode())
         finally:
             os._exit(0)

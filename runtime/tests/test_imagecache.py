@@ -132,6 +132,33 @@ def test_cache_only_prints_the_entry_and_copies_nothing(tmp_path, env, proxy, re
     registry.push_image("test/app", "v1", [BASE, TOP])  # as the other tests expect it
 
 
+def test_reuse_asks_the_registry_only_for_an_unknown_uri(tmp_path, env, proxy, registry):
+    registry.push_image("test/reused", "v1", [BASE, TOP])
+    uri = uri_of(proxy, "test/reused:v1")
+
+    def reuse(*extra):
+        result = berth(["--quiet", "import", "--cache-only", *extra, uri], env, tmp_path)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    first = reuse("--reuse")
+    assert "/v2/test/reused/manifests/v1" in proxy.requests
+    proxy.requests.clear()
+    assert reuse("--reuse") == first and proxy.requests == []  # not even the manifest
+
+    registry.push_image("test/reused", "v1", [BASE])  # the tag moves
+    assert reuse("--reuse") == first and proxy.requests == []  # once per node: not seen
+    moved = reuse()  # without --reuse: asked, and remembered as the URI's latest
+    assert moved != first and "/etc/added" not in listing(moved)
+    proxy.requests.clear()
+    assert reuse("--reuse") == moved and proxy.requests == []
+
+    pruned = berth(["cache", "prune", "--max-size", "0"], env, tmp_path)
+    assert pruned.returncode == 0 and os.listdir(tmp_path / "cache/uris") == []
+    assert reuse("--reuse") == moved  # built again, after asking
+    assert "/v2/test/reused/manifests/v1" in proxy.requests
+
+
 def test_cache_only_and_output_exclude_each_other(tmp_path, env, proxy):
     result = berth(["import", "--cache-only", "-o", "x.sqsh", uri_of(proxy)], env, tmp_path)
     assert result.returncode == 2 and "not allowed with argument" in result.stderr
@@ -340,7 +367,7 @@ def test_prune_after_import_empties_the_cache(tmp_path, env, proxy):
     assert result.returncode == 0, result.stderr
     assert "bytes: layers 2, images 1, partial 0); 0 in use kept; 0B (0 bytes) left" \
         in result.stdout
-    for directory in ("blobs/sha256", "images", "locks"):
+    for directory in ("blobs/sha256", "images", "locks", "uris"):
         assert os.listdir(tmp_path / "cache" / directory) == []
     assert table(berth(["cache"], env, tmp_path).stdout)["total"] == (0, 0)
     result = berth(["import", "-o", "b.sqsh", uri_of(proxy)], env, tmp_path)

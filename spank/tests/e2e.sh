@@ -162,7 +162,7 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     reg="--container-image=registry.local#test/img:1"
     check "registry image imported" "srun $reg cat /etc/os-release" "ID=berth-test"
     check "registry image reused" "srun $reg cat /etc/os-release" "ID=berth-test"
-    check "each step asks the runtime's image cache" "grep -c '^import --cache-only docker://registry.local#test/img:1\$' /var/tmp/fake-berth-1000/calls" "2"
+    check "each step asks the runtime's image cache" "grep -c '^import --cache-only --reuse docker://registry.local#test/img:1\$' /var/tmp/fake-berth-1000/calls" "2"
     check "imported once" "grep -c test/img /var/tmp/fake-berth-1000/copies" "1"
     other="--container-image=registry.local#test/other:2"
     check "concurrent steps import once" "(srun $other true & srun $other true; wait) >/dev/null 2>&1; grep -c other /var/tmp/fake-berth-1000/copies" "1"
