@@ -492,6 +492,16 @@ def test_detach_stopped_during_setup_leaves_nothing(berth, app):
     assert berth.leftovers() == []
 
 
+def test_detach_needs_a_shell_in_the_image(berth, app):
+    (app / "bin/sh").unlink()  # the keeper is the image's /bin/sh, as pyxis's is
+    result = berth("start", "--detach", "app")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1] == (
+        "berth: error: /bin/sh (the keeper of --detach): No such file or directory "
+        "in the container")
+    assert berth.leftovers() == []
+
+
 def test_detach_setup_failure_prints_no_pid(berth, app):
     result = berth("start", "--detach", "-m", "/no/such:/x", "app")
     assert result.returncode == 1 and result.stdout == "" and "/no/such" in result.stderr
