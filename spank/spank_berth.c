@@ -660,9 +660,12 @@ static void report_failure(const char *what, const char *log_path, int status)
 
 /*
  * Run a runtime command to completion. out: its stdout (up to outlen - 1
- * bytes, NUL-terminated), or NULL. Logs and returns -1 on failure.
+ * bytes, NUL-terminated), or NULL. slow_notice (with out): logged when the
+ * command has printed nothing after a few seconds, so a long import shows.
+ * Logs and returns -1 on failure.
  */
-static int run(spank_t sp, const char *what, char *const argv[], char *out, size_t outlen)
+static int run(spank_t sp, const char *what, char *const argv[], char *out, size_t outlen,
+	       const char *slow_notice)
 {
 	char log_path[PATH_MAX];
 	char **env;
@@ -686,7 +689,11 @@ static int run(spank_t sp, const char *what, char *const argv[], char *out, size
 	pid = spawn(sp, argv, env, -1, pipe_fds[1], log_path);
 	free(env);
 	if (out != NULL) {
+		struct pollfd printed = { pipe_fds[0], POLLIN, 0 };
+
 		close(pipe_fds[1]);
+		if (slow_notice != NULL && pid > 0 && poll(&printed, 1, 3000) == 0)
+			slurm_spank_log("spank_berth: %s", slow_notice);
 		for (;;) {
 			char sink[256];
 			ssize_t n = used + 1 < outlen ? read(pipe_fds[0], out + used, outlen - 1 - used)
@@ -726,7 +733,7 @@ static int lock_file(const char *path)
 	}
 	if (flock(fd, LOCK_EX | LOCK_NB) == 0)
 		return fd;
-	slurm_info("spank_berth: waiting for another step holding %s", path);
+	slurm_spank_log("spank_berth: waiting for another step holding %s", path);
 	while (flock(fd, LOCK_EX) < 0) {
 		if (errno != EINTR) {
 			slurm_error("spank_berth: cannot lock %s: %m", path);
@@ -759,9 +766,9 @@ static int import_with_importer(spank_t sp, const char *uri, char *sqsh)
 	if (lock_fd < 0)
 		return -1;
 	if (access(sqsh, R_OK) != 0) {
-		slurm_info("spank_berth: importing %s", uri);
+		slurm_spank_log("spank_berth: importing %s", uri);
 		unlink(tmp);
-		rc = run(sp, "importer", argv, NULL, 0);
+		rc = run(sp, "importer", argv, NULL, 0, NULL);
 		if (rc == 0 && rename(tmp, sqsh) < 0) {
 			slurm_error("spank_berth: cannot rename %s to %s: %m", tmp, sqsh);
 			rc = -1;
@@ -782,7 +789,7 @@ static int import_with_importer(spank_t sp, const char *uri, char *sqsh)
  */
 static int import_image(spank_t sp, char *sqsh)
 {
-	char uri[PATH_MAX], out[PATH_MAX + 1];
+	char uri[PATH_MAX], out[PATH_MAX + 1], notice[PATH_MAX + 64];
 	char *argv[] = { conf.berth, "import", "--cache-only", "--reuse", uri, NULL };
 	size_t len;
 
@@ -792,7 +799,8 @@ static int import_image(spank_t sp, char *sqsh)
 	}
 	if (conf.importer[0] != '\0')
 		return import_with_importer(sp, uri, sqsh);
-	if (run(sp, "berth import", argv, out, sizeof(out)) < 0)
+	if (snprintf(notice, sizeof(notice), "importing %s into this node's image cache", uri) < 0 ||
+	    run(sp, "berth import", argv, out, sizeof(out), notice) < 0)
 		return -1;
 	len = strlen(out);
 	if (len > 0 && out[len - 1] == '\n')
@@ -833,7 +841,7 @@ static int container_exists(spank_t sp, const char *name)
 	char *argv[] = { conf.berth, "list", NULL };
 	size_t len = strlen(name);
 
-	if (run(sp, "berth list", argv, out, sizeof(out)) < 0)
+	if (run(sp, "berth list", argv, out, sizeof(out), NULL) < 0)
 		return -1;
 	for (char *line = out; *line != '\0'; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != '\0'))
 		if (strncmp(line, name, len) == 0 && (line[len] == '\n' || line[len] == '\0'))
@@ -1094,7 +1102,7 @@ static int prepare_named(spank_t sp)
 		goto out;
 	}
 	if (!exists && (resolve_image(sp, sqsh) < 0 ||
-			run(sp, "berth create", argv, NULL, 0) < 0))
+			run(sp, "berth create", argv, NULL, 0, NULL) < 0))
 		goto out;
 	if (start_keeper(sp, step.container, 1) < 0) /* again if it existed: now say why */
 		goto out;
@@ -1137,7 +1145,7 @@ static int setup_container(spank_t sp)
 		return start_keeper(sp, sqsh, 1);
 	/* Saving needs a container on disk; a mounted image leaves nothing to save. */
 	snprintf(step.container, sizeof(step.container), "berth_%u.%u", step.jobid, step.stepid);
-	if (run(sp, "berth create", create_argv, NULL, 0) < 0)
+	if (run(sp, "berth create", create_argv, NULL, 0, NULL) < 0)
 		return -1;
 	step.remove_container = 1;
 	return start_keeper(sp, step.container, 1);
@@ -1509,12 +1517,12 @@ static int finish_step(spank_t sp)
 
 		rc = user_path(sp, "--container-save", flags.save, save);
 		if (rc == 0)
-			rc = run(sp, "berth export", argv, NULL, 0);
+			rc = run(sp, "berth export", argv, NULL, 0, NULL);
 	}
 	if (step.remove_container) {
 		char *argv[] = { conf.berth, "remove", "-f", step.container, NULL };
 
-		if (run(sp, "berth remove", argv, NULL, 0) < 0)
+		if (run(sp, "berth remove", argv, NULL, 0, NULL) < 0)
 			rc = -1;
 	}
 	if (rc == 0) /* on failure the logs stay for the admin */
@@ -1557,14 +1565,14 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 		slurm_error("spank_berth: epilog: cannot read the job's uid, gid or id");
 		return -1;
 	}
-	if (run(sp, "berth list", list_argv, out, sizeof(out)) < 0)
+	if (run(sp, "berth list", list_argv, out, sizeof(out), NULL) < 0)
 		return -1;
 	snprintf(prefix, sizeof(prefix), "berth_%u_", step.jobid);
 	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		char *remove_argv[] = { conf.berth, "remove", "-f", line, NULL };
 
 		if (strncmp(line, prefix, strlen(prefix)) == 0 &&
-		    run(sp, "berth remove", remove_argv, NULL, 0) < 0)
+		    run(sp, "berth remove", remove_argv, NULL, 0, NULL) < 0)
 			rc = -1;
 	}
 	return rc;

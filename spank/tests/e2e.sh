@@ -167,6 +167,8 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     other="--container-image=registry.local#test/other:2"
     check "concurrent steps import once" "(srun $other true & srun $other true; wait) >/dev/null 2>&1; grep -c other /var/tmp/fake-berth-1000/copies" "1"
     absent "no image copy under runtime_path" "ls /run/berth/1000/spank" "images"
+    absent "a quick import is quiet" "srun --container-image=registry.local#test/quick:1 true" "importing"
+    check "a slow import says so" "FAKE_BERTH_IMPORT_SECONDS=5 srun --container-image=registry.local#test/slow:1 true" "spank_berth: importing docker://registry.local#test/slow:1 into this node's image cache"
     plugstack importer=/usr/local/bin/berth
     custom="--container-image=registry.local#test/custom:3"
     check "importer=: its own copy, once per node" "srun $custom true && srun $custom cat /etc/os-release && grep -c '^import -o .*custom' /var/tmp/fake-berth-1000/calls" "ID=berth-test"
