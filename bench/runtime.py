@@ -14,6 +14,8 @@ it, median of M runs (imports, create) or N runs (starts):
   berth import, cold (empty cache), with the layers cached but no cached
   squashfs (what every warm import did before the image cache), and with
   the image cached; berth create; berth start NAME true and IMAGE.sqsh true;
+  berth start --detach NAME (the SPANK plugin's start) until it is ready,
+  and how long it takes to go once its stdin closes;
 against skopeo copy + tar -x + a bare mksquashfs of the same root, and
 `unshare -Urm true` as the floor of a start. Targets: a cached import under
 1.2x the bare mksquashfs; `berth start NAME true` within 50 ms of the floor.
@@ -150,11 +152,31 @@ def start_times(berth, env, image, runs):
     commands = {"floor": ["unshare", "-Urm", "true"],
                 "name": [berth, "start", "bench", "true"],
                 "image": [berth, "start", str(image), "true"]}
-    samples = {name: [] for name in commands}
+    samples = {name: [] for name in (*commands, "ready", "stop")}
     for _ in range(runs):
         for name, command in commands.items():
             samples[name].append(timed(command, env))
+        ready, stop = detached(berth, env)
+        samples["ready"].append(ready)
+        samples["stop"].append(stop)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def detached(berth, env):
+    """The SPANK plugin's start: seconds until `start --detach` printed the
+    keeper's pid, and from closing its stdin until it was gone."""
+    command = [berth, "start", "--detach", "bench"]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    ready = time.perf_counter()
+    process.stdin.close()
+    code = process.wait()
+    stop = time.perf_counter() - ready
+    if code != 0 or not line.strip().isdigit():
+        raise SystemExit(f"{shlex.join(command)}: exit {code}\n{process.stderr.read()}")
+    return ready - started, stop
 
 
 def seconds(value):
@@ -199,6 +221,9 @@ def rows_of(imports, base, create, starts):
         ("berth start NAME true", starts["name"], over(starts["name"]),
          f"<= +{START_TARGET_MS} ms", "yes" if start_met else "NO"),
         ("berth start IMAGE.sqsh true", starts["image"], over(starts["image"]), "", ""),
+        ("berth start --detach NAME, until ready", starts["ready"], over(starts["ready"]),
+         "", ""),
+        ("berth start --detach NAME, stop after EOF", starts["stop"], "", "", ""),
     ]
 
 
