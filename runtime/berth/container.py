@@ -20,7 +20,7 @@ file is the container's rc: /bin/sh runs it inside with COMMAND as "$@"
 import os
 import sys
 
-from berth import config, environ, hooks, launch, mounts, rootfs, syscalls as sc
+from berth import config, environ, hooks, imageconfig, launch, mounts, rootfs, syscalls as sc
 from berth.errors import BerthError
 
 
@@ -50,7 +50,7 @@ def _check_image(path):
         raise BerthError(f"{path}: is a directory, not a squashfs image") from None
     except OSError as e:
         raise BerthError(f"{path}: {e.strerror}") from None
-    if magic != rootfs.SQUASHFS_MAGIC:
+    if magic != imageconfig.SQUASHFS_MAGIC:
         raise BerthError(f"{path}: not a squashfs image")
     return os.path.abspath(path)
 

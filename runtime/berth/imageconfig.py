@@ -14,6 +14,7 @@ from berth.errors import BerthError
 from berth.rootpath import resolve
 
 IMAGE_JSON = "etc/berth/image.json"
+SQUASHFS_MAGIC = b"hsqs"  # the first four bytes of every squashfs, so of every image
 _KEYS = {"env": list, "entrypoint": (list, type(None)), "cmd": (list, type(None)),
          "workdir": str, "user": str, "source": str, "digest": str}
 

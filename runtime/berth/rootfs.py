@@ -6,7 +6,6 @@ import signal
 from berth import environ, imageconfig, mounts, rootpath, syscalls as sc
 from berth.errors import BerthError
 
-SQUASHFS_MAGIC = b"hsqs"  # the first four bytes of every squashfs
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from berth.errors import BerthError
-from berth.rootfs import SQUASHFS_MAGIC
+from berth.imageconfig import SQUASHFS_MAGIC
 
 
 def free_bytes(path):
