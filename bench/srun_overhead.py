@@ -11,8 +11,8 @@ images are those scripts/test-image.sh made, seen by the compute nodes under
   srun -N2 --container-name=.. true                 named container, warm
   srun -N2 --container-image=small.sqsh true        unnamed, from a local squashfs
   srun -N2 --container-image=big.sqsh true          the same, image padded to MB
-  srun -N2 --container-image=REGISTRY#IMAGE true    a registry image in the image cache
-                                                    (each step asks for its manifest)
+  srun -N2 --container-image=REGISTRY#IMAGE true    a registry image the nodes have in
+                                                    their image cache (berth import --reuse)
   srun -N1 true, and with the warm named container   the same on one node
 and an MPI ping-pong between the two nodes and within one (shared memory),
 bare and in the container (latency of 8 bytes, bandwidth of 4 MiB). The steps
