@@ -50,6 +50,7 @@ void conf_defaults(struct plugin_conf *conf)
 	strcpy(conf->runtime_path, "/run/berth");
 	strcpy(conf->berth, "/usr/local/bin/berth");
 	conf->sbatch_support = 1;
+	conf->cleanup_timeout = CLEANUP_TIMEOUT_DEFAULT;
 }
 
 int parse_bool(const char *value)
@@ -90,6 +91,23 @@ static int conf_bool(int *dst, const char *key, const char *value,
 	return 0;
 }
 
+/* whole seconds, 1..CLEANUP_TIMEOUT_MAX, digits only */
+static int conf_seconds(int *dst, const char *key, const char *value,
+			char *err, size_t errlen)
+{
+	long seconds = 0;
+
+	if (value[0] == '\0' || strspn(value, "0123456789") != strlen(value) ||
+	    strlen(value) > 6)
+		return fail(err, errlen, "%s: '%s' is not a number of seconds", key, value);
+	seconds = strtol(value, NULL, 10);
+	if (seconds < 1 || seconds > CLEANUP_TIMEOUT_MAX)
+		return fail(err, errlen, "%s: %ld is not between 1 and %d seconds",
+			    key, seconds, CLEANUP_TIMEOUT_MAX);
+	*dst = (int)seconds;
+	return 0;
+}
+
 int conf_parse(struct plugin_conf *conf, int argc, char **argv,
 	       char *err, size_t errlen)
 {
@@ -125,6 +143,8 @@ int conf_parse(struct plugin_conf *conf, int argc, char **argv,
 			rc = conf_bool(&conf->use_enroot_load, key, value, err, errlen);
 		else if (strcmp(key, "use_squashfuse") == 0)
 			rc = conf_bool(&conf->use_squashfuse, key, value, err, errlen);
+		else if (strcmp(key, "cleanup_timeout") == 0)
+			rc = conf_seconds(&conf->cleanup_timeout, key, value, err, errlen);
 		else if (strcmp(key, "container_scope") == 0) {
 			if (strcmp(value, "job") == 0)
 				conf->container_scope_job = 1;

@@ -24,7 +24,11 @@ struct plugin_conf {
 	int sbatch_support;
 	int use_enroot_load;     /* accepted for compatibility, see README */
 	int use_squashfuse;      /* accepted for compatibility, see README */
+	int cleanup_timeout;     /* seconds a root-run runtime command may take */
 };
+
+#define CLEANUP_TIMEOUT_DEFAULT 600
+#define CLEANUP_TIMEOUT_MAX 86400
 
 void conf_defaults(struct plugin_conf *conf);
 int conf_parse(struct plugin_conf *conf, int argc, char **argv,

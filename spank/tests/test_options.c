@@ -47,6 +47,7 @@ static void test_conf(void)
 	CHECK(conf.sbatch_support == 1 && conf.execute_entrypoint == 0);
 	CHECK(conf.container_scope_job == 0 && conf.use_enroot_load == 0);
 	CHECK(conf.use_squashfuse == 0);
+	CHECK(conf.cleanup_timeout == 600);
 
 	ACCEPTED(parse(&conf, "runtime_path=/var/run/b", "container_scope=job"));
 	CHECK(strcmp(conf.runtime_path, "/var/run/b") == 0);
@@ -67,6 +68,18 @@ static void test_conf(void)
 		"container_scope: 'node' is neither job nor global");
 	REFUSED(parse(&conf, "runtime_path=run/berth", NULL),
 		"runtime_path: 'run/berth' is not an absolute path");
+	ACCEPTED(parse(&conf, "cleanup_timeout=15", NULL));
+	CHECK(conf.cleanup_timeout == 15);
+	ACCEPTED(parse(&conf, "cleanup_timeout=86400", NULL));
+	CHECK(conf.cleanup_timeout == 86400);
+	REFUSED(parse(&conf, "cleanup_timeout=0", NULL),
+		"cleanup_timeout: 0 is not between 1 and 86400 seconds");
+	REFUSED(parse(&conf, "cleanup_timeout=86401", NULL), "not between 1 and 86400");
+	REFUSED(parse(&conf, "cleanup_timeout=10s", NULL),
+		"cleanup_timeout: '10s' is not a number of seconds");
+	REFUSED(parse(&conf, "cleanup_timeout=-5", NULL), "not a number of seconds");
+	REFUSED(parse(&conf, "cleanup_timeout=", NULL), "not a number of seconds");
+	REFUSED(parse(&conf, "cleanup_timeout=9999999999", NULL), "not a number of seconds");
 	REFUSED(parse(&conf, "berth", NULL), "'berth' is not key=value");
 	REFUSED(parse(&conf, "=yes", NULL), "bad key");
 }
