@@ -5,14 +5,21 @@ written to a temporary file in the same directory, then renamed), so a
 reader never sees a partial layer. One lock per digest keeps concurrent
 imports on a node from downloading the same layer twice. A blob's mtime is
 its last use: `berth cache prune` removes the least recently used first.
+
+Downloads run in threads; cancel() (a failure elsewhere, SIGTERM) removes
+the temporary files of those under way at once and refuses new ones, so an
+interrupted import leaves no partial blob even while a thread still waits
+on a registry that does not answer.
 """
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
 import sys
 import tempfile
+import threading
 
 from berth.errors import BerthError
 
@@ -23,6 +30,18 @@ class BlobCache:
     def __init__(self, cache_path):
         self.blob_dir = os.path.join(cache_path, "blobs", "sha256")
         self.lock_dir = os.path.join(cache_path, "locks")
+        self._guard = threading.Lock()
+        self._partials = set()  # temporary files of the downloads under way
+        self._cancelled = False
+
+    def cancel(self):
+        """Stop: remove the temporary files of the downloads under way, start no more."""
+        with self._guard:
+            self._cancelled = True
+            for partial in self._partials:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial)
+            self._partials.clear()
 
     def path(self, digest):
         # The digest comes from a manifest: never let it name another path.
@@ -40,8 +59,9 @@ class BlobCache:
         """Whether `digest` is cached, marking it used if so."""
         return self.has(digest) and touch(self.path(digest))
 
-    def fetch(self, digest, registry, on_bytes, quiet=True):
-        """Download `digest` unless cached; returns True when it downloaded."""
+    def fetch(self, digest, size, registry, on_bytes, quiet=True):
+        """Download `digest` (`size` bytes, as its manifest declares) unless
+        cached; returns True when it downloaded."""
         if self.has(digest):
             return False
         make_dirs(self.blob_dir, self.lock_dir)
@@ -49,19 +69,29 @@ class BlobCache:
                     quiet):
             if self.has(digest):  # another import fetched it while we waited
                 return False
-            fd, partial = tempfile.mkstemp(dir=self.blob_dir, prefix=".partial-")
+            with self._guard:
+                if self._cancelled:
+                    raise BerthError("download cancelled")
+                fd, partial = tempfile.mkstemp(dir=self.blob_dir, prefix=".partial-")
+                self._partials.add(partial)
             try:
                 with os.fdopen(fd, "wb") as out:
-                    got = registry.download(digest, out, on_bytes)
+                    got = registry.download(digest, size, out, on_bytes)
                     out.flush()
                     os.fsync(out.fileno())
                 if got != digest:
                     raise BerthError(f"layer digest mismatch: expected {digest}, got {got}")
-                os.rename(partial, self.path(digest))
+                with self._guard:
+                    if self._cancelled:
+                        raise BerthError("download cancelled")
+                    os.rename(partial, self.path(digest))
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(partial)
                 raise
+            finally:
+                with self._guard:
+                    self._partials.discard(partial)
         return True
 
 
@@ -82,8 +112,17 @@ def open_lock(lock_path):
 
 @contextlib.contextmanager
 def locked(lock_path, waiting, quiet):
-    """Hold the lock `lock_path`; say `waiting` when another process has it."""
-    fd = open_lock(lock_path)
+    """Hold the lock `lock_path`; say `waiting` when another process has it.
+    In a cache this user may not write (a read-only mount, an admin's) there
+    is no lock to take: the import only reads from it, and a missing entry
+    then fails where it would be written, naming the path."""
+    try:
+        fd = open_lock(lock_path)
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        yield
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

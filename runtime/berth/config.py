@@ -50,7 +50,7 @@ def _defaults(env):
         "ENROOT_MAX_PROCESSORS": str(os.cpu_count() or 1),
         "ENROOT_MAX_CONNECTIONS": "10",
         "ENROOT_CONNECT_TIMEOUT": "30",
-        "ENROOT_TRANSFER_TIMEOUT": "0",
+        "ENROOT_TRANSFER_TIMEOUT": "60",  # a stall timeout (enroot: 0, the whole transfer)
         "ENROOT_TRANSFER_RETRIES": "0",
         "ENROOT_LOGIN_SHELL": "yes",
         "ENROOT_ALLOW_SUPERUSER": "no",

@@ -115,6 +115,9 @@ def cmd_cache(args, cfg):
     if days is None and limit is None:
         raise BerthError("cache prune: give --older-than DAYS, --max-size SIZE or both "
                          "(--max-size 0 empties the cache)")
+    from berth.layers import remove_stale_unpack_dirs
+    for path in remove_stale_unpack_dirs(cfg["ENROOT_TEMP_PATH"]):
+        print(f"removed {path} (left by a killed import)")
     try:
         return _prune(cache_path, days, limit)
     except OSError as e:  # another user's cache, say: name the file

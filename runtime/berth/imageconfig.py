@@ -20,17 +20,51 @@ _KEYS = {"env": list, "entrypoint": (list, type(None)), "cmd": (list, type(None)
 
 
 def from_oci(config, source, digest):
-    """Our contract from an OCI/Docker image config blob (parsed JSON)."""
+    """Our contract from an OCI/Docker image config blob (parsed JSON);
+    a field of the wrong type is refused, naming it."""
+    where = f"the image config of {source}"
+    if not isinstance(config, dict):
+        raise BerthError(f"{where} is not a JSON object")
     settings = config.get("config") or {}
+    if not isinstance(settings, dict):
+        raise BerthError(f"{where}: 'config' is {_kind(settings)}, not an object")
+
+    def field(key, kind):
+        value = settings.get(key)
+        if value is None:
+            return None
+        if kind is str:
+            if not isinstance(value, str):
+                raise BerthError(f"{where}: config.{key} is {_kind(value)}, not a string")
+        elif not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise BerthError(f"{where}: config.{key} is {_kind(value)}, not a list of "
+                             "strings")
+        # No process takes a NUL in its arguments or environment, and
+        # /etc/environment holds one variable a line.
+        if any("\0" in v or (key == "Env" and "\n" in v)
+               for v in ([value] if kind is str else value)):
+            raise BerthError(f"{where}: config.{key} holds a NUL"
+                             f"{' or newline' if key == 'Env' else ''} character")
+        return value
+
     return {
-        "env": list(settings.get("Env") or []),
-        "entrypoint": settings.get("Entrypoint") or None,
-        "cmd": settings.get("Cmd") or None,
-        "workdir": settings.get("WorkingDir") or "",
-        "user": settings.get("User") or "",
+        "env": list(field("Env", list) or []),
+        "entrypoint": field("Entrypoint", list) or None,
+        "cmd": field("Cmd", list) or None,
+        "workdir": field("WorkingDir", str) or "",
+        "user": field("User", str) or "",
         "source": source,
         "digest": digest,
     }
+
+
+def _kind(value):
+    """What a JSON value is, for a message."""
+    if isinstance(value, list):
+        return "a list" + ("" if all(isinstance(v, str) for v in value) else
+                           " holding a non-string")
+    return {dict: "an object", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def rc_script(image):
@@ -76,10 +110,20 @@ def read_image_config(root_path):
                          "berth import") from None
     except (ValueError, OSError) as e:
         raise BerthError(f"{root_path}/{IMAGE_JSON}: {e}") from None
+    except RecursionError:
+        raise BerthError(f"{root_path}/{IMAGE_JSON}: nested too deeply") from None
     if not isinstance(image, dict):
         raise BerthError(f"{root_path}/{IMAGE_JSON}: expected a JSON object")
     for key, kind in _KEYS.items():
         if not isinstance(image.get(key), kind):
             raise BerthError(f"{root_path}/{IMAGE_JSON}: key '{key}' missing or of the "
                              "wrong type")
+    for key in ("env", "entrypoint", "cmd", "workdir", "user"):
+        value = image[key]
+        items = [value] if isinstance(value, str) else value or []
+        if not all(isinstance(item, str) for item in items):
+            raise BerthError(f"{root_path}/{IMAGE_JSON}: key '{key}' holds an entry that "
+                             "is not a string")
+        if any("\0" in item for item in items):
+            raise BerthError(f"{root_path}/{IMAGE_JSON}: key '{key}' holds a NUL character")
     return image

@@ -10,16 +10,28 @@ path is resolved inside the root as if the root were `/` (a symlink to
 nodes are skipped, setuid/setgid bits dropped, ownership ignored (an
 unprivileged user cannot chown). Owners keep read access to files and full
 access to directories, so the user can pack and later unpack the tree.
+No path may lie more than MAX_DEPTH directories below the root (Python's
+own tree walks recurse, and nothing real comes close), and whatever a
+layer holds, a failure is a BerthError naming the layer.
+
+Layers are unpacked in a temporary tree `berth-import-<pid>-XXXXXXXX`,
+locked (flock) by the import for its whole life: a tree left by an import
+killed with SIGKILL is removed by a later import or `berth cache prune` of
+the same user, once its owner pid is gone and its lock free.
 """
 
+import contextlib
 import errno
+import fcntl
 import os
 import posixpath
 import shutil
 import signal
 import stat
 import subprocess
+import re
 import tarfile
+import tempfile
 
 from berth.errors import BerthError
 from berth.rootpath import resolve
@@ -31,6 +43,9 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # tarfile reads a stream in pieces of this size (default 10 KiB); larger
 # pieces unpack a real image about a quarter faster, much larger ones slower.
 _BUFFER = 1 << 16
+MAX_DEPTH = 512
+_UNPACK_PREFIX = "berth-import-"
+_UNPACK_NAME = re.compile(r"berth-import-([1-9][0-9]{0,9})-[a-z0-9_]{8}")
 
 
 def _decompressor(path, gzip_program):
@@ -84,8 +99,11 @@ def _apply_tar(root, stream, digest):
         with tarfile.open(fileobj=stream, mode="r|", bufsize=_BUFFER) as archive:
             for member in archive:
                 _apply_member(root, archive, member, created, dir_times, digest)
-    except tarfile.TarError as e:
+    except (tarfile.TarError, EOFError, ValueError, OverflowError) as e:
+        # (a malformed header can surface as any of these from tarfile)
         raise BerthError(f"layer {digest} is not a valid tar archive: {e}") from None
+    except RecursionError:
+        raise BerthError(f"layer {digest}: paths nested too deeply") from None
     except OSError as e:
         if e.errno == errno.ENOSPC:
             free = shutil.disk_usage(root).free
@@ -94,7 +112,15 @@ def _apply_tar(root, stream, digest):
         raise BerthError(f"layer {digest}: {e.strerror}: "
                          f"{e.filename.removeprefix(root) if e.filename else ''}") from None
     for path, mtime in dir_times.items():
+        _set_mtime(path, mtime)
+
+
+def _set_mtime(path, mtime):
+    """Set `path`'s times to a layer's mtime, unless no file system can hold it."""
+    try:
         os.utime(path, (mtime, mtime), follow_symlinks=False)
+    except (OverflowError, ValueError):
+        pass  # (NaN, or past what time_t holds): the time of the unpack stays
 
 
 def _entry_name(name, digest, what="entry"):
@@ -135,6 +161,9 @@ def _apply_member(root, archive, member, created, dir_times, digest):
     if member.ischr() or member.isblk():
         return  # devices come from the host at start, never from an image
     target = resolve(root, name) if base not in ("", ".") else root
+    if target[len(root):].count("/") > MAX_DEPTH:
+        raise BerthError(f"layer {digest}: '{_shorten(name)}' lies more than {MAX_DEPTH} "
+                         "directories deep; refusing the layer")
     if target == root:
         if member.isdir():
             os.chmod(root, _dir_mode(member.mode))
@@ -168,7 +197,11 @@ def _apply_member(root, archive, member, created, dir_times, digest):
         os.mkfifo(target, _file_mode(member.mode))
     else:
         return
-    os.utime(target, (member.mtime, member.mtime), follow_symlinks=False)
+    _set_mtime(target, member.mtime)
+
+
+def _shorten(name, keep=60):
+    return name if len(name) <= 2 * keep else f"{name[:keep]}...{name[-keep:]}"
 
 
 def _file_mode(mode):
@@ -177,3 +210,66 @@ def _file_mode(mode):
 
 def _dir_mode(mode):
     return (mode & 0o1777) | 0o700
+
+
+# -- the temporary trees layers are unpacked in --------------------------------
+
+@contextlib.contextmanager
+def unpack_dir(temp_path):
+    """A new directory in `temp_path`, named after and locked by this
+    process while in use, removed after."""
+    try:
+        path = tempfile.mkdtemp(prefix=f"{_UNPACK_PREFIX}{os.getpid()}-", dir=temp_path)
+    except OSError as e:
+        raise BerthError(f"ENROOT_TEMP_PATH {temp_path}: {e.strerror}") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield path
+        finally:
+            os.close(fd)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_stale_unpack_dirs(temp_path):
+    """Remove the unpack trees in `temp_path` that imports of this user left
+    when killed: their owner pid is gone and their lock free (a live import
+    in another pid namespace holds its lock). Returns the paths removed."""
+    try:
+        names = os.listdir(temp_path)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = _UNPACK_NAME.fullmatch(name)
+        if not match or _alive(int(match.group(1))):
+            continue
+        path = os.path.join(temp_path, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue  # gone, a symlink, not ours to read
+        try:
+            if os.fstat(fd).st_uid != os.geteuid():
+                continue  # another user's: never ours to judge
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its import is alive
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # (EPERM: another user's process)
+    return True

@@ -5,15 +5,13 @@ and mksquashfs into the image cache. Imported only when the registry is
 asked: requests and the rest cost a step that reuses an image 100 ms.
 """
 
-import concurrent.futures
 import contextlib
 import json
 import os
 import platform
 import queue
-import shutil
+import re
 import sys
-import tempfile
 import threading
 
 from tqdm import tqdm
@@ -22,12 +20,13 @@ from berth import squash
 from berth.blobs import BlobCache
 from berth.errors import BerthError
 from berth.imageconfig import from_oci, write_image_config
-from berth.layers import apply_layer
+from berth.layers import apply_layer, remove_stale_unpack_dirs, unpack_dir
 from berth.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_credentials
 
 # uname -m names to the GOARCH names registries use.
 _ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386",
            "i386": "386"}
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @contextlib.contextmanager
@@ -50,7 +49,13 @@ def cached_image(args, cfg, ref, images, options):
             _build(args, cfg, registry, ref, manifest, digest, image)
         elif not args.quiet:
             print(f"berth: using the cached squashfs of {ref}: {image}", file=sys.stderr)
-        images.remember(args.uri, options, key)
+        try:
+            images.remember(args.uri, options, key)
+        except (OSError, BerthError):
+            # A cache this user may not write still serves what it holds;
+            # only `--reuse` misses the record.
+            if os.access(cfg["ENROOT_CACHE_PATH"], os.W_OK):
+                raise
         yield image
 
 
@@ -62,12 +67,15 @@ def _build(args, cfg, registry, ref, manifest, digest, image):
     """Fetch the missing layers and the image config, then make `image` of them."""
     show_progress = not args.quiet and sys.stderr.isatty()
     try:
-        config = json.loads(registry.blob(manifest["config"]["digest"]))
-        layers = [(layer["digest"], int(layer["size"])) for layer in manifest["layers"]]
-        if not isinstance(config, dict):
-            raise TypeError("image config is not an object")
+        config_digest, config_size = _descriptor(manifest["config"])
+        layers = [_descriptor(layer) for layer in manifest["layers"]]
     except (KeyError, TypeError, ValueError, AttributeError):
         raise _malformed(ref) from None
+    try:
+        config = json.loads(registry.blob(config_digest, config_size))
+    except (ValueError, RecursionError):
+        raise BerthError(f"the image config {config_digest} of {ref} is not JSON") from None
+    image_config = from_oci(config, args.uri, digest)
     total = sum(size for _, size in layers)
 
     cache = BlobCache(cfg["ENROOT_CACHE_PATH"])
@@ -77,23 +85,29 @@ def _build(args, cfg, registry, ref, manifest, digest, image):
 
     # Estimates from the compressed sizes: the root is at least as large,
     # the squashfs about half of it at worst; enough to fail early.
-    squash.require_space(cfg["ENROOT_TEMP_PATH"], total, "the unpacked image")
+    temp = cfg["ENROOT_TEMP_PATH"]
+    remove_stale_unpack_dirs(temp)  # of imports killed before they could
+    squash.require_space(temp, total, "the unpacked image")
     squash.require_space(os.path.dirname(image), total // 2, "the squashfs image")
-    try:
-        workdir = tempfile.mkdtemp(prefix="berth-import-", dir=cfg["ENROOT_TEMP_PATH"])
-    except OSError as e:
-        raise BerthError(f"ENROOT_TEMP_PATH {cfg['ENROOT_TEMP_PATH']}: {e.strerror}") from None
-    try:
+    with unpack_dir(temp) as workdir:
         root = os.path.join(workdir, "rootfs")
         os.mkdir(root, 0o755)
         for layer_digest, _ in tqdm(layers, desc="unpacking", unit="layer",
                                     disable=not show_progress):
             apply_layer(root, cache.path(layer_digest), layer_digest,
                         cfg["ENROOT_GZIP_PROGRAM"])
-        write_image_config(root, from_oci(config, args.uri, digest))
+        write_image_config(root, image_config)
         squash.make_squashfs(root, image, cfg, show_progress)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _descriptor(entry):
+    """(digest, size) of a manifest's config or layer entry, both checked."""
+    digest, size = entry["digest"], entry["size"]
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise ValueError(f"digest {digest!r}")
+    if type(size) is not int or size < 0:
+        raise ValueError(f"size {size!r}")
+    return digest, size
 
 
 def _platform_manifest(registry, ref, arch):
@@ -123,27 +137,30 @@ def _pick_platform(entries, arch, ref):
         available.append("/".join(filter(None, (plat.get("architecture"),
                                                 plat.get("variant")))))
         if plat.get("architecture") == name and variant in ("", plat.get("variant")):
-            return entry["digest"]
+            return _descriptor(dict(entry, size=0))[0]
     raise BerthError(f"{ref} has no image for architecture {wanted}; available: "
                      f"{', '.join(sorted(available)) or 'none'} (choose one with --arch)")
 
 
 def _download(cache, registry, layers, cfg, show_progress, quiet):
-    """Fetch the layers in parallel; the first failure stops the others."""
+    """Fetch the layers in parallel; the first failure (or SIGTERM in the
+    main thread) stops the others. The threads are daemons the main thread
+    never waits for: one may sit in a read from a registry that stopped
+    answering, and cache.cancel() has removed its temporary file."""
     if not layers:
         return
     failed = threading.Event()
     overall = tqdm(total=sum(size for _, size in layers), desc="downloading", unit="B",
                    unit_scale=True, disable=not show_progress)
     workers = max(1, min(cfg.number("ENROOT_MAX_CONNECTIONS"), len(layers)))
-    free_rows = queue.SimpleQueue()  # one progress row per worker, under the overall bar
-    for row in range(1, workers + 1):
-        free_rows.put(row)
+    todo = queue.SimpleQueue()
+    for layer in layers:
+        todo.put(layer)
+    done = queue.SimpleQueue()  # None per layer fetched, or the error that stopped one
 
-    def fetch(digest, size):
-        row = free_rows.get()
-        bar = tqdm(total=size, desc=digest[7:19], unit="B", unit_scale=True, leave=False,
-                   position=row, disable=not show_progress)
+    def fetch(row):
+        bar = tqdm(desc="", unit="B", unit_scale=True, leave=False, position=row,
+                   disable=not show_progress)
 
         def on_bytes(count):
             if failed.is_set():
@@ -152,20 +169,31 @@ def _download(cache, registry, layers, cfg, show_progress, quiet):
             overall.update(count)
 
         try:
-            cache.fetch(digest, registry, on_bytes, quiet)
+            while not failed.is_set():
+                try:
+                    digest, size = todo.get_nowait()
+                except queue.Empty:
+                    return
+                bar.reset(total=size)
+                bar.set_description(digest[7:19])
+                cache.fetch(digest, size, registry, on_bytes, quiet)
+                done.put(None)
+        except BaseException as e:  # noqa: B036 (handed to the main thread)
+            done.put(e)
         finally:
             bar.close()
-            free_rows.put(row)
 
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(fetch, digest, size) for digest, size in layers]
-        try:
-            for future in concurrent.futures.as_completed(futures):
-                future.result()
-        except BaseException:
-            failed.set()
-            for future in futures:
-                future.cancel()
-            raise
-        finally:
-            overall.close()
+    for row in range(1, workers + 1):  # one progress row each, under the overall bar
+        threading.Thread(target=fetch, args=(row,), daemon=True,
+                         name=f"berth-download-{row}").start()
+    try:
+        for _ in layers:
+            error = done.get()
+            if error is not None:
+                raise error
+    except BaseException:
+        failed.set()
+        cache.cancel()
+        raise
+    finally:
+        overall.close()

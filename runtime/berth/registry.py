@@ -3,6 +3,12 @@
 Authentication follows the registry's WWW-Authenticate challenge: a Bearer
 token from the realm it names (anonymous, or with the user's credentials) or
 Basic with the credentials. Credentials come from a netrc file, as in enroot.
+
+A registry is not trusted to be sane: every body read into memory has a
+cap (manifests, indexes and token answers MAX_MANIFEST, image configs
+MAX_CONFIG), a blob is cut at the size its manifest declares and refused
+past it, and ENROOT_TRANSFER_TIMEOUT is a stall timeout: a connection on
+which no byte arrives for that many seconds (answer or body) fails.
 """
 
 import getpass
@@ -13,7 +19,6 @@ import os
 import re
 import stat
 import sys
-import time
 from urllib.parse import urlsplit
 
 import requests
@@ -30,6 +35,8 @@ MANIFEST_TYPES = (
 )
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _CHUNK = 1 << 20
+MAX_MANIFEST = 4 << 20  # manifests, indexes, token answers: a few KiB in practice
+MAX_CONFIG = 8 << 20  # image configs: tens of KiB in practice
 
 
 def sha256_digest(data):
@@ -60,10 +67,12 @@ class Registry:
         self.credentials = credentials
         self.credentials_path = credentials_path
         self.allow_http = cfg.flag("ENROOT_ALLOW_HTTP")
-        connect = cfg.number("ENROOT_CONNECT_TIMEOUT") or None
-        self.transfer_timeout = cfg.number("ENROOT_TRANSFER_TIMEOUT") or None
+        # 0 means no limit, as in enroot; the transfer timeout is a stall
+        # timeout here (no byte for that long), never a limit on a whole blob.
+        connect = _not_negative(cfg, "ENROOT_CONNECT_TIMEOUT") or None
+        self.transfer_timeout = _not_negative(cfg, "ENROOT_TRANSFER_TIMEOUT") or None
         self.timeout = (connect, self.transfer_timeout)
-        self.retries = cfg.number("ENROOT_TRANSFER_RETRIES")
+        self.retries = _not_negative(cfg, "ENROOT_TRANSFER_RETRIES")
         self.session = requests.Session()
         self.session.headers["User-Agent"] = "berth"
         # Connection pool as large as the parallel downloads, so none waits.
@@ -91,9 +100,11 @@ class Registry:
                     "HTTP registry, set ENROOT_ALLOW_HTTP=yes in enroot.conf") from None
             response = self._get(f"http://{host}/v2/")
             self.base = f"http://{host}"
+        response.close()  # only its status and headers count: its body is never read
         if response.status_code == 401:
             self._authenticate(response.headers.get("WWW-Authenticate", ""))
             response = self._get(f"{self.base}/v2/")
+            response.close()
             if response.status_code == 401:
                 raise self._denied()
         if response.status_code != 200:
@@ -139,17 +150,22 @@ class Registry:
         realm_host = urlsplit(realm).hostname or ""
         login = self._login(host, host.split(":")[0], realm_host)
         try:
-            response = self.session.get(realm, params=query, auth=login, timeout=self.timeout)
+            response = self.session.get(realm, params=query, auth=login, timeout=self.timeout,
+                                        stream=True)
         except requests.RequestException as e:
             raise BerthError(f"token service {realm}: {_reason(e)}") from None
-        if response.status_code in (401, 403):
-            raise self._denied()
         if response.status_code != 200:
+            response.close()
+            if response.status_code in (401, 403):
+                raise self._denied()
             raise BerthError(f"token service {realm} answered {response.status_code}")
+        body = self._read(response, MAX_MANIFEST, f"the answer of token service {realm}")
         try:
-            body = response.json()
+            body = json.loads(body)
             token = body.get("token") or body["access_token"]
-        except (ValueError, KeyError, AttributeError):
+            if not isinstance(token, str) or not token.isprintable():
+                raise TypeError("not a token")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise BerthError(f"token service {realm} sent no token") from None
         self.session.headers["Authorization"] = f"Bearer {token}"
         self.authenticated = True
@@ -180,7 +196,8 @@ class Registry:
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
-                response = self.session.get(url, timeout=self.timeout, **kwargs)
+                # Streamed always: no body is read whole before its size is checked.
+                response = self.session.get(url, timeout=self.timeout, stream=True, **kwargs)
             except requests.exceptions.SSLError as e:
                 if not self.base:
                     raise  # connect() is finding out whether the registry speaks TLS
@@ -200,6 +217,8 @@ class Registry:
         """(parsed manifest, media type, digest) for a tag or digest."""
         url = f"{self.base}/v2/{self.ref.repository}/manifests/{reference}"
         response = self._get(url, headers={"Accept": ", ".join(accept)})
+        if response.status_code != 200:
+            response.close()
         if response.status_code == 404:
             raise BerthError(f"image not found: {self.ref.registry}/{self.ref.repository}"
                              f"{'@' if reference.startswith('sha256:') else ':'}{reference}"
@@ -209,7 +228,7 @@ class Registry:
         if response.status_code != 200:
             raise BerthError(f"registry {self.ref.registry}: manifest {reference} answered "
                              f"{response.status_code}")
-        body = response.content
+        body = self._read(response, MAX_MANIFEST, f"manifest {reference} of {self.ref}")
         digest = sha256_digest(body)
         expected = reference if reference.startswith("sha256:") else \
             response.headers.get("Docker-Content-Digest", digest)
@@ -218,41 +237,51 @@ class Registry:
                              f"got {digest}")
         try:
             parsed = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise BerthError(f"manifest {expected} of {self.ref} is not JSON") from None
+        if not isinstance(parsed, dict):
+            raise BerthError(f"manifest {expected} of {self.ref} is not a JSON object")
         # mediaType is optional in OCI manifests; the header then says it.
         media_type = (parsed.get("mediaType")
                       or response.headers.get("Content-Type", "").split(";")[0])
         return parsed, media_type, digest
 
-    def blob(self, digest):
-        """The whole blob in memory, verified (for small blobs: image configs)."""
+    def blob(self, digest, size, what="image config"):
+        """The whole blob in memory, verified (for small blobs: image configs):
+        at most `size` bytes (what the manifest declares) and MAX_CONFIG."""
+        if size > MAX_CONFIG:
+            raise BerthError(f"{what} {digest} of {self.ref} is {size} bytes, more than the "
+                             f"{MAX_CONFIG >> 20} MiB berth reads; refusing it")
         response = self._blob_response(digest)
-        body = response.content
+        body = self._read(response, size, f"{what} {digest} of {self.ref}",
+                          limit_is="the size its manifest declares")
         if sha256_digest(body) != digest:
             raise BerthError(f"blob digest mismatch: expected {digest}, got "
                              f"{sha256_digest(body)}")
         return body
 
-    def download(self, digest, out, on_bytes):
-        """Stream a blob into the open file `out`, retrying a broken transfer
-        from the start; returns the sha256 digest of what was written."""
+    def download(self, digest, size, out, on_bytes):
+        """Stream a blob of `size` bytes (as its manifest declares) into the
+        open file `out`, retrying a broken transfer from the start; returns
+        the sha256 digest of what was written. A blob larger than declared
+        is cut there and refused, never retried."""
         for attempt in range(self.retries + 1):
             out.seek(0)
             out.truncate()
             hasher = hashlib.sha256()
             written = 0
             try:
-                response = self._blob_response(digest, stream=True)
-                started = time.monotonic()
-                for chunk in response.iter_content(_CHUNK):
-                    out.write(chunk)
-                    hasher.update(chunk)
-                    written += len(chunk)
-                    on_bytes(len(chunk))
-                    if self.transfer_timeout and \
-                            time.monotonic() - started > self.transfer_timeout:
-                        raise requests.Timeout(f"transfer took over {self.transfer_timeout} s")
+                response = self._blob_response(digest)
+                with response:
+                    if _content_length(response) > size:
+                        raise self._oversized(digest, size)
+                    for chunk in response.iter_content(_CHUNK):
+                        if written + len(chunk) > size:
+                            raise self._oversized(digest, size)
+                        out.write(chunk)
+                        hasher.update(chunk)
+                        written += len(chunk)
+                        on_bytes(len(chunk))
                 return "sha256:" + hasher.hexdigest()
             except (requests.ConnectionError, requests.Timeout,
                     requests.exceptions.ChunkedEncodingError) as e:
@@ -262,13 +291,52 @@ class Registry:
                                      f"failed: {_reason(e)}") from None
         raise AssertionError("unreachable")
 
-    def _blob_response(self, digest, stream=False):
+    def _oversized(self, digest, size):
+        return BerthError(f"registry {self.ref.registry} sends blob {digest} of "
+                          f"{self.ref.repository} larger than the {size} bytes its manifest "
+                          "declares; refusing it")
+
+    def _read(self, response, limit, what, limit_is=None):
+        """The body of `response`, refused past `limit` bytes before it is all read."""
+        limit_is = limit_is or f"the {limit >> 20} MiB berth reads"
+        try:
+            with response:
+                if _content_length(response) > limit:
+                    raise BerthError(f"{what} is larger than {limit_is} ({limit} bytes); "
+                                     "refusing it")
+                body = bytearray()
+                for chunk in response.iter_content(1 << 16):
+                    body += chunk
+                    if len(body) > limit:
+                        raise BerthError(f"{what} is larger than {limit_is} ({limit} bytes); "
+                                         "refusing it")
+                return bytes(body)
+        except (requests.ConnectionError, requests.Timeout,
+                requests.exceptions.ChunkedEncodingError) as e:
+            raise BerthError(f"registry {self.ref.registry}: reading {what} failed: "
+                             f"{_reason(e)}") from None
+
+    def _blob_response(self, digest):
         url = f"{self.base}/v2/{self.ref.repository}/blobs/{digest}"
-        response = self._get(url, stream=stream)
+        response = self._get(url)
         if response.status_code != 200:
+            response.close()
             raise BerthError(f"registry {self.ref.registry}: blob {digest} of "
                              f"{self.ref.repository} answered {response.status_code}")
         return response
+
+
+def _not_negative(cfg, key):
+    value = cfg.number(key)
+    if value < 0:
+        raise BerthError(f"{key}: expected 0 or more, got '{cfg[key]}'")
+    return value
+
+
+def _content_length(response):
+    """The Content-Length the server announces, or 0 when none or not a number."""
+    value = response.headers.get("Content-Length", "")
+    return int(value) if value.isdigit() else 0
 
 
 def _reason(error):
@@ -276,5 +344,5 @@ def _reason(error):
     text = str(error.args[0] if error.args else error)
     match = re.search(r"(\[SSL[^\]]*\][^()']*|Connection refused|Read timed out|"
                       r"timed out|Name or service not known|Connection reset by peer|"
-                      r"Connection broken[^()']*|transfer took over [0-9]+ s)", text)
+                      r"Connection broken[^()']*)", text)
     return match.group(1).strip() if match else text

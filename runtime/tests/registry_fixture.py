@@ -315,3 +315,160 @@ def unsquash(image, directory):
     subprocess.run(["unsquashfs", "-q", "-n", "-d", str(directory), str(image)], check=True,
                    stdout=subprocess.DEVNULL)
     return Path(directory)
+
+
+# -- a registry that lies, floods and stalls ----------------------------------
+
+class HostileRegistry:
+    """A registry API v2 in this process, on 127.0.0.1, serving what a test
+    sets up, true or not: `image()` stores an image with the sizes its
+    manifest declares (`declared`: digest -> size, to lie), and `behave`
+    (digest or manifest tag -> function(handler, body)) answers a request
+    instead: flood(), stall(), drip() below. `sent` counts the body bytes
+    written per path; `release` ends every stalled answer (set by stop)."""
+
+    def __init__(self):
+        self.blobs, self.manifests, self.behave = {}, {}, {}
+        self.sent = {}
+        self.requests = []
+        self.release = threading.Event()
+        self.port = free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        hostile = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                try:
+                    hostile._handle(self)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def blob(self, data):
+        digest = sha256(data)
+        self.blobs[digest] = data
+        return digest
+
+    def image(self, repo, tag, layers, config=None, declared=None, raw_config=None):
+        """Store an image (layers: bytes; config: a dict, or raw_config bytes);
+        returns {"config": digest, "layers": [digests], "manifest": digest}."""
+        declared = declared or {}
+        config_blob = raw_config if raw_config is not None else json.dumps(
+            config if config is not None else {"architecture": "amd64", "os": "linux",
+                                               "config": {}}).encode()
+        config_digest = self.blob(config_blob)
+        layer_digests = [self.blob(layer) for layer in layers]
+        manifest = {
+            "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                       "digest": config_digest,
+                       "size": declared.get(config_digest, len(config_blob))},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                        "digest": digest, "size": declared.get(digest, len(layer))}
+                       for digest, layer in zip(layer_digests, layers)],
+        }
+        body = json.dumps(manifest).encode()
+        self.manifests[(repo, tag)] = body
+        return {"config": config_digest, "layers": layer_digests, "manifest": sha256(body)}
+
+    def _handle(self, handler):
+        path = handler.path
+        self.requests.append(path)
+        parts = path.split("/")
+        if path == "/v2/":
+            return self.send(handler, 200, b"{}")
+        if len(parts) >= 5 and parts[1] == "v2" and parts[-2] in ("manifests", "blobs"):
+            repo, kind, name = "/".join(parts[2:-2]), parts[-2], parts[-1]
+            body = (self.manifests.get((repo, name)) if kind == "manifests"
+                    else self.blobs.get(name))
+            if body is None:
+                return self.send(handler, 404, b"{}")
+            if name in self.behave:
+                return self.behave[name](self, handler, body)
+            headers = {"Content-Type": OCI_MANIFEST} if kind == "manifests" else {}
+            return self.send(handler, 200, body, headers)
+        return self.send(handler, 404, b"{}")
+
+    def send(self, handler, status, body, headers=None, length=True):
+        handler.send_response(status)
+        for key, value in (headers or {}).items():
+            handler.send_header(key, value)
+        if length is True:
+            handler.send_header("Content-Length", str(len(body)))
+        elif length is not None:
+            handler.send_header("Content-Length", str(length))
+        else:
+            handler.close_connection = True  # the body ends when the connection does
+        handler.end_headers()
+        self.write(handler, body)
+
+    def write(self, handler, data):
+        handler.wfile.write(data)
+        handler.wfile.flush()
+        self.sent[handler.path] = self.sent.get(handler.path, 0) + len(data)
+
+
+def flood(total, announce=True):
+    """Answer with the true body, then junk up to `total` bytes, announcing
+    the whole length in Content-Length or not (a body ended by closing)."""
+    def answer(hostile, handler, body):
+        hostile.send(handler, 200, b"", {"Content-Type": OCI_MANIFEST},
+                     length=total if announce else None)
+        hostile.write(handler, body)
+        left = total - len(body)
+        chunk = b"\0" * (1 << 16)
+        while left > 0 and not hostile.release.is_set():
+            hostile.write(handler, chunk[:left])
+            left -= len(chunk)
+    return answer
+
+
+def stall(first=0):
+    """Answer with headers and the first `first` bytes, then nothing until released;
+    first=None: not even the headers."""
+    def answer(hostile, handler, body):
+        if first is not None:
+            hostile.send(handler, 200, b"", length=len(body))
+            hostile.write(handler, body[:first])
+        hostile.release.wait()
+        handler.close_connection = True
+    return answer
+
+
+def drip(pieces, pause):
+    """The true body in `pieces` parts, `pause` seconds apart: slow, never stalled."""
+    def answer(hostile, handler, body):
+        hostile.send(handler, 200, b"", length=len(body))
+        step = -(-len(body) // pieces)
+        for start in range(0, len(body), step):
+            time.sleep(pause)
+            hostile.write(handler, body[start:start + step])
+    return answer
+
+
+class SilentServer:
+    """Accepts connections (the kernel does, from its listen queue) and never answers."""
+
+    def __init__(self):
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(64)
+        self.port = self.socket.getsockname()[1]
+        self.host = f"127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.socket.close()

@@ -1,0 +1,336 @@
+"""`berth import` against a registry that lies, floods and stalls, and
+images built to break the importer (issue #11): each is bounded and ends
+in one line naming the input, never a traceback.
+
+The registry here is HostileRegistry (registry_fixture.py), in this
+process: no docker-registry needed.
+"""
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from registry_fixture import (  # noqa: E402
+    HostileRegistry, SilentServer, berth, drip, flood, gzipped, layer_tar, sha256, stall)
+
+from berth import config  # noqa: E402
+from berth.reference import parse  # noqa: E402
+from berth.registry import MAX_CONFIG, MAX_MANIFEST, Registry  # noqa: E402
+
+LAYER = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=hostile\n")))
+BIG = 64 << 20  # what a flood sends at most: far past every limit, bounded for the old code
+
+
+@pytest.fixture
+def hostile():
+    registry = HostileRegistry()
+    yield registry
+    registry.stop()
+
+
+def one_line_error(result, *needles):
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("berth: error: "), result.stderr[-3000:]
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, \
+        result.stderr[-3000:]
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+
+
+def assert_no_partial(tmp_path):
+    """No temporary blob, unpack tree, image or output left behind."""
+    blobs = tmp_path / "cache/blobs/sha256"
+    assert not blobs.exists() or [p.name for p in blobs.iterdir() if p.name[0] == "."] == []
+    assert list((tmp_path / "temp").iterdir()) == []
+    assert list(tmp_path.glob("*.sqsh*")) == []
+
+
+def run_import(hostile, tmp_path, env, name="test/app:v1", **settings):
+    return berth(["import", f"docker://{hostile.host}#{name}"], dict(env, **settings), tmp_path)
+
+
+# -- sizes ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("announce", [True, False], ids=["content-length", "until-close"])
+def test_blob_larger_than_declared_is_cut_and_refused(tmp_path, env, hostile, announce):
+    layer = sha256(LAYER)
+    hostile.image("test/app", "v1", [LAYER], declared={layer: 100})
+    hostile.behave[layer] = flood(BIG, announce)
+    result = run_import(hostile, tmp_path, env)
+    one_line_error(result, f"blob {layer} of test/app larger than the 100 bytes its "
+                           "manifest declares")
+    assert not (tmp_path / "cache/blobs/sha256" / layer[7:]).exists()
+    assert_no_partial(tmp_path)
+    # Cut at once: what was sent is what the sockets held, not the flood.
+    assert hostile.sent[f"/v2/test/app/blobs/{layer}"] < BIG // 2
+
+
+def test_config_declared_huge_is_refused_unread(tmp_path, env, hostile):
+    image = hostile.image("test/app", "v1", [LAYER])
+    hostile.image("test/app", "v1", [LAYER], declared={image["config"]: BIG})  # the same blobs
+    hostile.behave[image["config"]] = flood(BIG)
+    result = run_import(hostile, tmp_path, env)
+    one_line_error(result, f"image config {image['config']}", f"{BIG} bytes",
+                   f"more than the {MAX_CONFIG >> 20} MiB")
+    assert f"/v2/test/app/blobs/{image['config']}" not in hostile.requests
+    assert_no_partial(tmp_path)
+
+
+@pytest.mark.parametrize("announce", [True, False], ids=["content-length", "until-close"])
+def test_config_larger_than_declared_is_cut(tmp_path, env, hostile, announce):
+    image = hostile.image("test/app", "v1", [LAYER])
+    hostile.behave[image["config"]] = flood(BIG, announce)
+    result = run_import(hostile, tmp_path, env)
+    one_line_error(result, f"image config {image['config']}",
+                   "is larger than the size its manifest declares")
+    assert hostile.sent[f"/v2/test/app/blobs/{image['config']}"] < BIG // 2
+    assert_no_partial(tmp_path)
+
+
+@pytest.mark.parametrize("announce", [True, False], ids=["content-length", "until-close"])
+def test_huge_manifest_is_refused(tmp_path, env, hostile, announce):
+    hostile.image("test/app", "v1", [LAYER])
+    hostile.behave["v1"] = flood(BIG, announce)
+    result = run_import(hostile, tmp_path, env)
+    one_line_error(result, "manifest v1 of", f"larger than the {MAX_MANIFEST >> 20} MiB")
+    assert hostile.sent["/v2/test/app/manifests/v1"] < BIG // 2
+
+
+# -- timeouts and signals -------------------------------------------------------------
+
+def registry_settings(**settings):
+    cfg = config.load({"HOME": "/nonexistent", "ENROOT_SYSCONF_PATH": "/nonexistent",
+                       **settings})
+    return Registry(parse("docker://127.0.0.1:1#test/app"), cfg).timeout
+
+
+def test_transfer_timeout_is_a_stall_timeout_by_default():
+    assert registry_settings() == (30, 60)
+    assert registry_settings(ENROOT_TRANSFER_TIMEOUT="0") == (30, None)  # none, as in enroot
+    assert registry_settings(ENROOT_TRANSFER_TIMEOUT="5", ENROOT_CONNECT_TIMEOUT="0") == \
+        (None, 5)
+
+
+@pytest.mark.parametrize("what", ["manifest", "layer"])
+def test_a_stalled_answer_times_out(tmp_path, env, hostile, what):
+    image = hostile.image("test/app", "v1", [LAYER])
+    hostile.behave["v1" if what == "manifest" else image["layers"][0]] = \
+        stall(None if what == "manifest" else 10)
+    started = time.monotonic()
+    result = run_import(hostile, tmp_path, env, ENROOT_TRANSFER_TIMEOUT="1")
+    one_line_error(result, "timed out")
+    assert time.monotonic() - started < 15
+    assert_no_partial(tmp_path)
+
+
+def test_a_server_that_accepts_and_never_answers(tmp_path, env):
+    silent = SilentServer()
+    try:
+        started = time.monotonic()
+        result = berth(["import", f"docker://{silent.host}#test/app:v1"],
+                       dict(env, ENROOT_CONNECT_TIMEOUT="1", ENROOT_TRANSFER_TIMEOUT="1"),
+                       tmp_path)
+        one_line_error(result, f"registry {silent.host}", "timed out")
+        assert time.monotonic() - started < 15
+    finally:
+        silent.stop()
+
+
+def test_a_slow_transfer_that_never_stalls_completes(tmp_path, env, hostile):
+    image = hostile.image("test/app", "v1", [LAYER])
+    hostile.behave[image["layers"][0]] = drip(pieces=6, pause=0.4)  # 2.4 s, no 1 s gap
+    result = run_import(hostile, tmp_path, env, ENROOT_TRANSFER_TIMEOUT="1")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "test+app+v1.sqsh").is_file()
+
+
+def test_sigterm_ends_a_stalled_download_at_once(tmp_path, env, hostile):
+    image = hostile.image("test/app", "v1", [LAYER, gzipped(layer_tar(("file", "b", b"b")))])
+    for layer in image["layers"]:
+        hostile.behave[layer] = stall(10)  # and the default stall timeout (60 s) applies
+    process = subprocess.Popen(
+        [sys.executable, "-m", "berth.cli", "import", f"docker://{hostile.host}#test/app:v1"],
+        env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    blobs = tmp_path / "cache/blobs/sha256"
+    try:
+        deadline = time.monotonic() + 30
+        while sum(hostile.sent.get(f"/v2/test/app/blobs/{d}", 0)
+                  for d in image["layers"]) < 20:  # both downloads under way, stalled
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+        assert len(list(blobs.glob(".partial-*"))) == 2
+        time.sleep(0.2)
+        signalled = time.monotonic()
+        process.terminate()
+        status = process.wait(5)
+        took = time.monotonic() - signalled
+    finally:
+        process.kill()
+        process.wait()
+    assert status == 1
+    assert process.stderr.read() == "berth: error: import interrupted by SIGTERM\n"
+    assert took < 1.0
+    assert list(blobs.iterdir()) == []
+    assert_no_partial(tmp_path)
+
+
+# -- settings that make no sense -----------------------------------------------------------
+
+@pytest.mark.parametrize("key", ["ENROOT_CONNECT_TIMEOUT", "ENROOT_TRANSFER_TIMEOUT",
+                                 "ENROOT_TRANSFER_RETRIES"])
+def test_negative_settings_are_named(tmp_path, env, hostile, key):
+    hostile.image("test/app", "v1", [LAYER])
+    result = run_import(hostile, tmp_path, env, **{key: "-1"})
+    one_line_error(result, f"{key}: expected 0 or more, got '-1'")
+
+
+# -- images built to break the importer ---------------------------------------------------
+
+def test_layer_paths_1500_directories_deep(tmp_path, env, hostile):
+    deep = "/".join(["d"] * 1500)
+    hostile.image("test/app", "v1", [gzipped(layer_tar(("file", f"{deep}/f", b"x")))])
+    result = run_import(hostile, tmp_path, env)
+    one_line_error(result, "lies more than 512 directories deep; refusing the layer")
+    assert_no_partial(tmp_path)
+
+
+@pytest.mark.parametrize("settings, needle", [
+    ({"Entrypoint": "/bin/app --serve"}, "config.Entrypoint is a string, not a list of strings"),
+    ({"Cmd": ["ok", 1]}, "config.Cmd is a list holding a non-string, not a list of strings"),
+    ({"WorkingDir": 7}, "config.WorkingDir is a number, not a string"),
+    ({"User": ["root"]}, "config.User is a list, not a string"),
+    ({"Env": ["A=1", {"B": "2"}]}, "config.Env is a list holding a non-string"),
+    ({"Env": "A=1"}, "config.Env is a string, not a list of strings"),
+    ({"Env": ["A=1\nB=2"]}, "config.Env holds a NUL or newline character"),
+    (["not", "an", "object"], "'config' is a list, not an object"),
+])
+def test_image_config_of_the_wrong_shape(tmp_path, env, hostile, settings, needle):
+    hostile.image("test/app", "v1", [LAYER], {"architecture": "amd64", "os": "linux",
+                                              "config": settings})
+    result = run_import(hostile, tmp_path, env)
+    one_line_error(result, f"the image config of docker://{hostile.host}#test/app:v1: {needle}")
+    assert_no_partial(tmp_path)
+
+
+@pytest.mark.parametrize("raw", [b"[" * 100_000 + b"]" * 100_000, b"\xff\xfe", b"[1, 2]"])
+def test_image_config_not_a_json_object(tmp_path, env, hostile, raw):
+    hostile.image("test/app", "v1", [LAYER], raw_config=raw)
+    result = run_import(hostile, tmp_path, env)
+    one_line_error(result, "image config")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("size", -1), ("size", "100"), ("size", 1.5), ("digest", "sha256:../../v2"),
+    ("digest", 5)])
+def test_manifest_descriptor_of_the_wrong_shape(tmp_path, env, hostile, field, value):
+    hostile.image("test/app", "v1", [LAYER])
+    manifest = json.loads(hostile.manifests[("test/app", "v1")])
+    manifest["layers"][0][field] = value
+    hostile.manifests[("test/app", "v1")] = json.dumps(manifest).encode()
+    result = run_import(hostile, tmp_path, env)
+    one_line_error(result, "the manifest or image config of", "is malformed")
+
+
+# -- what an import leaves, and what it needs --------------------------------------------
+
+def dead_pid():
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def unpack_tree(temp, pid, suffix):
+    tree = temp / f"berth-import-{pid}-{suffix}"
+    (tree / "rootfs/etc").mkdir(parents=True)
+    (tree / "rootfs/etc/file").write_text("x")
+    return tree
+
+
+def test_trees_of_killed_imports_are_removed_by_the_next_import_and_prune(
+        tmp_path, env, hostile):
+    hostile.image("test/app", "v1", [LAYER])
+    temp = tmp_path / "temp"
+    # An import killed (SIGKILL) while it unpacks: its gzip program waits.
+    slow = tmp_path / "slow-gzip"
+    slow.write_text(f"#!/bin/sh\necho $$ > {tmp_path}/gzip.pid\nsleep 60\n")
+    slow.chmod(0o755)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "berth.cli", "import", f"docker://{hostile.host}#test/app:v1"],
+        env=dict(env, ENROOT_GZIP_PROGRAM=str(slow)), cwd=tmp_path,
+        stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "gzip.pid").exists():
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+    finally:
+        process.kill()
+        process.wait()
+    os.kill(int((tmp_path / "gzip.pid").read_text()), signal.SIGKILL)
+    killed = [p.name for p in temp.iterdir()]
+    assert len(killed) == 1 and killed[0].startswith(f"berth-import-{process.pid}-")
+
+    # Trees never to touch: a live owner (this process), a dead pid whose
+    # lock is held (an import in another pid namespace), another user's.
+    mine_alive = unpack_tree(temp, os.getpid(), "aaaaaaaa")
+    locked = unpack_tree(temp, dead_pid(), "bbbbbbbb")
+    lock = os.open(locked, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    others = None
+    if os.getuid() == 0:
+        others = unpack_tree(temp, dead_pid(), "cccccccc")
+        for path in (others, others / "rootfs", others / "rootfs/etc"):
+            shutil.chown(path, "nobody")
+    unrelated = temp / "berth-import-notapid"
+    unrelated.mkdir()
+    try:
+        result = run_import(hostile, tmp_path, env)
+        assert result.returncode == 0, result.stderr
+        kept = sorted(p.name for p in temp.iterdir())
+        assert killed[0] not in kept
+        assert kept == sorted(p.name for p in (mine_alive, locked, others, unrelated) if p)
+
+        # And `berth cache prune` does the same.
+        stale = unpack_tree(temp, dead_pid(), "dddddddd")
+        prune = berth(["cache", "prune", "--older-than", "30"], env, tmp_path)
+        assert prune.returncode == 0, prune.stderr
+        assert f"removed {stale} (left by a killed import)" in prune.stdout
+        assert not stale.exists() and locked.exists() and mine_alive.exists()
+    finally:
+        os.close(lock)
+
+
+def test_a_read_only_cache_holding_the_image_serves_a_plain_import(tmp_path, env, hostile):
+    hostile.image("test/app", "v1", [LAYER])
+    first = run_import(hostile, tmp_path, env)
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "test+app+v1.sqsh").unlink()
+    cache = tmp_path / "cache"
+    if os.getuid() == 0:  # root writes through modes: a read-only bind mount instead
+        mounted = subprocess.run(["mount", "--bind", str(cache), str(cache)], check=False)
+        if mounted.returncode != 0:
+            pytest.skip("cannot bind-mount the cache read-only")
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(cache)], check=True)
+    else:
+        subprocess.run(["chmod", "-R", "a-w", str(cache)], check=True)
+    try:
+        for args in ([], ["--reuse"]):
+            result = berth(["import", *args, f"docker://{hostile.host}#test/app:v1"], env,
+                           tmp_path)
+            assert result.returncode == 0, result.stderr
+            assert (tmp_path / "test+app+v1.sqsh").is_file()
+            (tmp_path / "test+app+v1.sqsh").unlink()
+    finally:
+        if os.getuid() == 0:
+            subprocess.run(["umount", str(cache)], check=True)
+        else:
+            subprocess.run(["chmod", "-R", "u+w", str(cache)], check=True)
