@@ -2,14 +2,16 @@
 # NVIDIA GPUs inside a container, as an enroot-protocol hook.
 #
 # Reads NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES, NVIDIA_REQUIRE_*
-# and NVIDIA_DISABLE_REQUIRE; appends to $ENROOT_MOUNTS the GPU device nodes,
+# and NVIDIA_DISABLE_REQUIRE from the container's environment (the lines of
+# $ENROOT_ENVIRON: data, never this hook's own environment); appends to $ENROOT_MOUNTS the GPU device nodes,
 # the driver's libraries and programs, and to $ENROOT_ENVIRON LD_LIBRARY_PATH
 # (and CUDA_VISIBLE_DEVICES when the GPUs came from Slurm's binding).
 #
 # NVIDIA_VISIBLE_DEVICES: all | none | void | "" | comma list of indices
 # (nvidia-smi order, i.e. PCI bus order), GPU-<uuid>, MIG-<uuid>. When it is
 # unset, the GPUs are those Slurm bound to the step (SLURM_STEP_GPUS, else
-# SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES); "all" is narrowed to that binding
+# SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES, from the environment of berth
+# start, which is the step's); "all" is narrowed to that binding
 # too, so a CUDA image (which sets "all") gets only its job's GPUs, and on a
 # node without GPUs it gets nothing and starts as a CPU container.
 #
@@ -22,7 +24,8 @@
 # An Environment Definition File switches the hook off with the annotation
 # com.hooks.nvidia.enable = false (BERTH_HOOK_NVIDIA_ENABLE=0).
 #
-# Knobs, from the environment (e.g. an environ.d/*.env file):
+# Knobs, from the environment of berth start (the caller's; an image's or
+# environ.d's variables are the container's and do not reach them):
 #   BERTH_NVIDIA_BACKEND    ldcache (default: bind mounts from the ld.so cache)
 #                           | nvidia-container-cli (libnvidia-container does it)
 #   BERTH_NVIDIA_LIBRARIES  capability list (default: nvidia-libraries.conf beside this hook)
@@ -38,6 +41,7 @@ if [ -L "${BASH_SOURCE[0]}" ]; then here=$(dirname "$(readlink -f "${BASH_SOURCE
 hook_name=nvidia
 # shellcheck source=hooks/common.bash
 . "$here/common.bash"
+container_env NVIDIA_VISIBLE_DEVICES NVIDIA_DRIVER_CAPABILITIES NVIDIA_DISABLE_REQUIRE 'NVIDIA_REQUIRE_*'
 
 proc=${BERTH_PROC_ROOT:-/proc}
 dev=${BERTH_DEV_ROOT:-/dev}

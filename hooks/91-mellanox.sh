@@ -2,7 +2,8 @@
 # Mellanox/NVIDIA InfiniBand and RoCE HCAs inside a container, as an
 # enroot-protocol hook.
 #
-# MELLANOX_VISIBLE_DEVICES: all | none | void | "" | unset (nothing) | comma
+# MELLANOX_VISIBLE_DEVICES (the container's, read from the lines of
+# $ENROOT_ENVIRON): all | none | void | "" | unset (nothing) | comma
 # list of indices (HCAs in name order, mlx5_2 before mlx5_10) or names
 # (mlx5_0). Appends to $ENROOT_MOUNTS the selected HCAs' /dev/infiniband
 # nodes (uverbsN, and umadN/issmN where present), rdma_cm, the host's verbs
@@ -19,7 +20,8 @@
 # An Environment Definition File switches the hook off with the annotation
 # com.hooks.mellanox.enable = false (BERTH_HOOK_MELLANOX_ENABLE=0).
 #
-# Knobs, from the environment: BERTH_LDCONFIG (command printing the ld.so
+# Knobs, from the environment of berth start (the caller's, never the
+# container's): BERTH_LDCONFIG (command printing the ld.so
 # cache, default: ldconfig -p), BERTH_SYS_ROOT (default /sys), BERTH_DEV_ROOT
 # (default /dev), BERTH_ETC_ROOT (default /etc).
 set -eu -o pipefail
@@ -31,6 +33,7 @@ here=${BASH_SOURCE[0]%/*}
 if [ -L "${BASH_SOURCE[0]}" ]; then here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")"); fi
 # shellcheck source=hooks/common.bash
 . "$here/common.bash"
+container_env MELLANOX_VISIBLE_DEVICES
 
 sys=${BERTH_SYS_ROOT:-/sys}
 dev=${BERTH_DEV_ROOT:-/dev}

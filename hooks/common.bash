@@ -14,6 +14,41 @@ die() {
     exit 1
 }
 
+# container_env NAME... : the container's values of NAME (a name ending in
+# '*' stands for every name with that prefix), read as data from the
+# KEY=VALUE lines of $ENROOT_ENVIRON (the container's environment, then the
+# lines earlier hooks appended; the last one wins) into shell variables of
+# this hook, not exported. The hook's own environment is the caller's: the
+# image's variables never reach it, and a variable of the caller with such a
+# name is dropped first, so the container's view alone counts.
+container_env() {
+    local name line key matched
+    local -A wanted=()
+    local -a prefixes=()
+    for name; do
+        if [[ $name == *'*' ]]; then
+            prefixes+=("${name%'*'}")
+            for key in $(compgen -v "${name%'*'}" || true); do unset "$key"; done
+        else
+            wanted[$name]=1
+            unset "$name"
+        fi
+    done
+    [ -f "${ENROOT_ENVIRON:?}" ] || return 0
+    while IFS= read -r line || [ -n "$line" ]; do
+        key=${line%%=*}
+        [[ $line == *=* && $key =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || continue
+        if [ -z "${wanted[$key]:-}" ]; then
+            matched=''
+            for name in ${prefixes[@]+"${prefixes[@]}"}; do
+                if [[ $key == "$name"* ]]; then matched=1; break; fi
+            done
+            [ -n "$matched" ] || continue
+        fi
+        printf -v "$key" '%s' "${line#*=}"
+    done <"$ENROOT_ENVIRON"
+}
+
 mounts=()
 declare -A bound=()
 bind() { # SRC DST OPTIONS; each destination once
@@ -61,10 +96,11 @@ ld_cache_entries() {
 }
 
 # library_path_line DIRS: the LD_LIBRARY_PATH line that puts DIRS in front
-# of the loader path the image and earlier hooks (their $ENROOT_ENVIRON
-# lines) left, or nothing when DIRS' first directory is on it already.
+# of the loader path the container's environment and earlier hooks (their
+# $ENROOT_ENVIRON lines) left, or nothing when DIRS' first directory is on
+# it already. (The caller's own LD_LIBRARY_PATH is the host's: not used.)
 library_path_line() {
-    local line current=${LD_LIBRARY_PATH:-}
+    local line current=
     if [ -f "${ENROOT_ENVIRON:?}" ]; then
         while IFS= read -r line; do
             if [[ $line == LD_LIBRARY_PATH=* ]]; then current=${line#*=}; fi

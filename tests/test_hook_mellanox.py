@@ -68,13 +68,25 @@ def host(tmp_path_factory):
     return {"libdir": libdir, "cache": cache, "etc": etc, "dev": make_dev(root / "dev")}
 
 
-def run_hook(host, tmp_path, env=None, tree="dgx-h100", earlier_environ=None):
-    """Run the hook as the runtime does; return (process, mounts, environ) it appended."""
+def container_lines(env):
+    """Split `env` as the runtime does: the container's variables are lines of
+    $ENROOT_ENVIRON, data; the rest is the caller's, the hook's environment."""
+    inside = {k: env.pop(k) for k in list(env) if k.startswith("MELLANOX_") or k == "LD_LIBRARY_PATH"}
+    return [f"{k}={v}" for k, v in inside.items()]
+
+
+def run_hook(host, tmp_path, env=None, tree="dgx-h100", earlier_environ=None, caller=None):
+    """Run the hook as the runtime does; return (process, mounts, environ) it appended.
+    `env` holds the container's variables and the caller's knobs; `caller`
+    only the caller's environment."""
     mounts = tmp_path / "mounts"
     environ = tmp_path / "environ"
+    env = dict(env or {})
+    view = container_lines(env)
     # Earlier hooks' lines: the hook must append after them, never rewrite.
     mounts.write_text("/earlier /earlier none bind\n")
-    environ.write_text("EARLIER=1\n" + (f"{earlier_environ}\n" if earlier_environ else ""))
+    environ.write_text("".join(f"{line}\n" for line in view) + "EARLIER=1\n"
+                       + (f"{earlier_environ}\n" if earlier_environ else ""))
     full_env = {
         "PATH": "/usr/bin:/bin",
         "ENROOT_PID": "4242",
@@ -86,10 +98,11 @@ def run_hook(host, tmp_path, env=None, tree="dgx-h100", earlier_environ=None):
         "BERTH_ETC_ROOT": str(host["etc"]),
         "BERTH_LDCONFIG": f"cat {host['cache']}",
     }
-    full_env.update(env or {})
+    full_env.update(env)
+    full_env.update(caller or {})
     proc = subprocess.run([HOOK], env=full_env, capture_output=True, text=True, timeout=30)
     appended = mounts.read_text().splitlines()
-    added_env = environ.read_text().splitlines()
+    added_env = environ.read_text().splitlines()[len(view):]
     assert appended[0] == "/earlier /earlier none bind" and added_env[0] == "EARLIER=1"
     return proc, appended[1:], added_env[1:]
 
@@ -196,3 +209,30 @@ def test_failing_ldconfig_is_refused(host, tmp_path):
     proc, mounts, environ = run_hook(host, tmp_path, env)
     assert proc.returncode != 0 and "BERTH_LDCONFIG" in proc.stderr
     assert mounts == [] and environ == []
+
+
+def test_reads_the_container_view_not_its_own_environment(host, tmp_path):
+    """The runtime runs hooks in the caller's environment: a MELLANOX_VISIBLE_DEVICES
+    or LD_LIBRARY_PATH there is the host's, not the container's, and is not used."""
+    caller = {"MELLANOX_VISIBLE_DEVICES": "all", "LD_LIBRARY_PATH": "/host/lib"}
+    proc, mounts, environ = run_hook(host, tmp_path, caller=caller)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert mounts == [] and environ == []
+    proc, mounts, environ = run_hook(host, tmp_path, {"MELLANOX_VISIBLE_DEVICES": "mlx5_0"},
+                                     caller=caller)
+    assert proc.returncode == 0, proc.stderr
+    assert devices(mounts) == ["/dev/infiniband/issm0", "/dev/infiniband/rdma_cm",
+                               "/dev/infiniband/umad0", "/dev/infiniband/uverbs0"]
+    assert environ == ["LD_LIBRARY_PATH=/usr/local/rdma/lib64"]
+
+
+def test_the_last_container_value_wins_and_odd_lines_are_data(host, tmp_path):
+    """An earlier hook's line overrides the image's; lines that are not
+    KEY=VALUE, or that look like shell, are never run."""
+    marker = tmp_path / "ran"
+    earlier = "\n".join([f"$(touch {marker})", f"MELLANOX_VISIBLE_DEVICES_X=$(touch {marker})",
+                         "MELLANOX_VISIBLE_DEVICES=none"])
+    proc, mounts, _ = run_hook(host, tmp_path, {"MELLANOX_VISIBLE_DEVICES": "all"},
+                               earlier_environ=earlier)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert mounts == [] and not marker.exists()

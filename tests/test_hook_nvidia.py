@@ -79,12 +79,18 @@ def make_dev(dev, without=()):
 
 
 def run_hook(driver, tmp_path, env=None, tree="dgx-h100", extra_path=()):
-    """Run the hook as the runtime does; return (process, mounts, environ)."""
+    """Run the hook as the runtime does; return (process, mounts, environ).
+    The container's variables in `env` (NVIDIA_*, LD_LIBRARY_PATH) become
+    lines of $ENROOT_ENVIRON, as the runtime passes them; the rest is the
+    caller's environment, the hook's own."""
     mounts = tmp_path / "mounts"
     environ = tmp_path / "environ"
+    env = dict(env or {})
+    view = [f"{k}={env.pop(k)}" for k in list(env)
+            if k.startswith("NVIDIA_") or k == "LD_LIBRARY_PATH"]
     # Earlier hooks' lines: the hook must append after them, never rewrite.
     mounts.write_text("/earlier /earlier none bind\n")
-    environ.write_text("EARLIER=1\n")
+    environ.write_text("".join(f"{line}\n" for line in view) + "EARLIER=1\n")
     rootfs = tmp_path / "rootfs"
     rootfs.mkdir(exist_ok=True)
     tree_dir = FIXTURES / tree if tree else tmp_path / "no-gpu"
@@ -99,11 +105,11 @@ def run_hook(driver, tmp_path, env=None, tree="dgx-h100", extra_path=()):
         "BERTH_DEV_ROOT": str(driver["dev"]),
         "BERTH_LDCONFIG": f"ldconfig -C {driver['cache']} -p",
     }
-    full_env.update(env or {})
+    full_env.update(env)
     proc = subprocess.run([HOOK], env=full_env, capture_output=True, text=True, timeout=30)
     appended = mounts.read_text().splitlines()
     assert appended[0] == "/earlier /earlier none bind"
-    added_env = environ.read_text().splitlines()
+    added_env = environ.read_text().splitlines()[len(view):]
     assert added_env[0] == "EARLIER=1"
     return proc, appended[1:], added_env[1:]
 
@@ -304,7 +310,8 @@ def test_runs_as_an_ordinary_user_without_sbin_on_path(shared_dir):
     for name in ("mounts", "environ"):
         (root / name).touch(mode=0o666)
         (root / name).chmod(0o666)
-    env = {"PATH": "/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES": "all", "ENROOT_PID": "1",
+    (root / "environ").write_text("NVIDIA_VISIBLE_DEVICES=all\n")  # the container's
+    env = {"PATH": "/usr/bin:/bin", "ENROOT_PID": "1",
            "ENROOT_ROOTFS": "/", "ENROOT_MOUNTS": str(root / "mounts"), "ENROOT_ENVIRON": str(root / "environ"),
            "BERTH_PROC_ROOT": str(root / "proc"), "BERTH_DEV_ROOT": str(dev)}
     proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", hooks / "90-nvidia.sh"],
@@ -312,7 +319,8 @@ def test_runs_as_an_ordinary_user_without_sbin_on_path(shared_dir):
     assert proc.returncode == 0, proc.stderr
     assert (root / "mounts").read_text().splitlines()[:2] == [
         f"{dev}/nvidia1 /dev/nvidia1 {DEVICE_OPTIONS}", f"{dev}/nvidia0 /dev/nvidia0 {DEVICE_OPTIONS}"]
-    assert (root / "environ").read_text() == "LD_LIBRARY_PATH=/usr/local/nvidia/lib64\n"
+    assert (root / "environ").read_text() == ("NVIDIA_VISIBLE_DEVICES=all\n"
+                                              "LD_LIBRARY_PATH=/usr/local/nvidia/lib64\n")
 
 
 def test_failing_ldconfig_is_refused(driver, tmp_path):

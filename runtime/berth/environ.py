@@ -37,20 +37,34 @@ def parse_line(line, origin):
     return key, value
 
 
-def read_file(path, env, expand=True):
-    """Add the KEY=VALUE lines of `path` to `env` (in place)."""
+def read_file(path, env, expand=True, skip=0):
+    """Add the KEY=VALUE lines of `path` (from byte `skip` on) to `env` (in place)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines()
+        with open(path, "rb") as f:
+            f.seek(skip)
+            lines = f.read().splitlines()
     except OSError as e:
         raise BerthError(f"{path}: cannot read: {e.strerror}") from None
-    for number, line in enumerate(lines, 1):
+    for number, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            where = f"{path}:{number}" if not skip else f"{path} (a line a hook added)"
+            raise BerthError(f"{where}: not UTF-8 text") from None
         pair = parse_line(line, f"{path}:{number}")
         if pair:
             key, value = pair
             if expand:
                 value = _VAR.sub(lambda m: env.get(m.group(1) or m.group(2), ""), value)
             env[key] = value
+
+
+def to_lines(env):
+    """`env` as the KEY=VALUE lines of $ENROOT_ENVIRON, which hooks read as
+    data. A variable whose name or value has a newline cannot be one line:
+    hooks do not see it (the container still gets it)."""
+    return "".join(f"{key}={value}\n" for key, value in env.items()
+                   if "\n" not in key and "\n" not in value and "\r" not in value)
 
 
 def parse_option(spec, caller):

@@ -5,15 +5,25 @@ Order: `$ENROOT_SYSCONF_PATH/hooks.d/*.sh` sorted, then
 is skipped (`chmod -x` disables a hook). Each hook runs as root of a new
 user namespace mapped onto the caller (so it may mount into the root, and
 write where the caller may) and in the new mount namespace, but still sees
-the host's filesystem, with the caller's environment, the container
-environment, every ENROOT_* setting and:
+the host's filesystem. Its environment is the caller's (that of `berth
+start`, where the SPANK plugin puts an EDF's BERTH_HOOK_* annotations) with
+every ENROOT_* setting and:
   ENROOT_PID        pid of the process that becomes the container
   ENROOT_ROOTFS     host path of the container root
   ENROOT_MOUNTS     a file the hook may append fstab lines to
-  ENROOT_ENVIRON    a file the hook may append KEY=VALUE lines to
+  ENROOT_ENVIRON    the container's environment so far (environ.d, the
+                    image's, -e and batch values), one KEY=VALUE line each,
+                    then what earlier hooks appended (the last line of a
+                    KEY wins); the hook may append KEY=VALUE lines to it.
+                    A variable whose value has a newline is left out.
   BERTH_RUNTIME_DIR a private scratch directory removed when the container ends
   BERTH_UID, BERTH_GID  the ids the container's processes will have inside
 A hook that exits non-zero aborts the start. Its output goes to stderr.
+
+The container's variables never become the hook's own: an image's Env
+(BASH_ENV, LD_PRELOAD, PATH...) or `-e` is data in $ENROOT_ENVIRON, read as
+such (hooks/common.bash: container_env), never acted on by a shell or the
+loader on the host side.
 """
 
 import os

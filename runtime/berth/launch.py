@@ -163,22 +163,29 @@ def _build(plan, status):
 
 
 def _run_hooks(plan, root, env):
+    """Run the hooks in the caller's environment: the container's variables
+    (the image's Env, environ.d, -e) reach them as data only, KEY=VALUE
+    lines in $ENROOT_ENVIRON, never as variables a shell or the loader acts
+    on (BASH_ENV, LD_PRELOAD, PATH...). What they append there joins the
+    container's environment."""
     mounts_file, environ_file = f"{plan.runtime}/mounts", f"{plan.runtime}/environ"
     scratch = f"{plan.runtime}/hooks"
     os.mkdir(scratch)
     rootfs.write_file(mounts_file, "")
-    rootfs.write_file(environ_file, "")
+    view = environ.to_lines({**env, **plan.env})
+    rootfs.write_file(environ_file, view)
     uid, gid = plan.ids or (0, 0)
-    # Hooks see the container's variables, but search the host's PATH.
-    hook_env = {**os.environ, **env, "PATH": os.environ.get("PATH", environ.DEFAULT_PATH),
-                **dict(plan.cfg.items()),
+    protocol = {**dict(plan.cfg.items()),
                 "ENROOT_PID": os.readlink("/proc/self"), "ENROOT_ROOTFS": root,
                 "ENROOT_MOUNTS": mounts_file, "ENROOT_ENVIRON": environ_file,
                 "BERTH_RUNTIME_DIR": scratch, "BERTH_UID": str(uid), "BERTH_GID": str(gid)}
-    hooks.run(plan.hooks, hook_env)
-    for mount in mounts.read_fstab(mounts_file, hook_env):
+    hooks.run(plan.hooks, {**os.environ, "PATH": os.environ.get("PATH", environ.DEFAULT_PATH),
+                           **protocol})
+    # $VAR in the fstab lines they append expands from the container's
+    # environment (mounts.py), the protocol's variables over it.
+    for mount in mounts.read_fstab(mounts_file, {**os.environ, **env, **protocol}):
         mounts.apply(root, mount)
-    environ.read_file(environ_file, env, expand=False)
+    environ.read_file(environ_file, env, expand=False, skip=len(view.encode()))
 
 
 # The --detach keeper: a shell of the image (exec'd, so /proc/PID/environ is

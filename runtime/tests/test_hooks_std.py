@@ -104,3 +104,32 @@ def test_aptfix_only_for_a_remapped_root_with_apt(hooked, app):
     assert hooked.ok("start", "--root", "app", "cat", conf) == 'APT::Sandbox::User "root";\n'
     # Unmapped, the placeholder x-create left in the container stays empty.
     assert hooked.ok("start", "app", "cat", conf) == ""
+
+
+def test_shipped_hooks_never_act_on_the_images_variables(berth):
+    """Every shipped hook (bash ones included) under an image whose Env holds a
+    BASH_ENV payload and loader variables: the start works, nothing of it runs
+    on the host side, and the container keeps its variables."""
+    from test_container import _make_readable, _world_readable_dir, build_root, squash
+    target = berth.base / "sys/hooks.d"
+    target.mkdir(parents=True)
+    for hook in [*HOOKS.glob("*.sh"), HOOKS / "common.bash", HOOKS / "nvidia-libraries.conf"]:
+        shutil.copy(hook, target / hook.name)
+    berth.chown(target)
+    marker = berth.base / "host/payload-ran"
+    env = [f"BASH_ENV=$(touch {marker})", f"ENV=$(touch {marker})", "LD_PRELOAD=/no/evil.so",
+           "LD_LIBRARY_PATH=/evil/lib", "PATH=/evil/bin:/bin", "NVIDIA_VISIBLE_DEVICES=all"]
+    top = _world_readable_dir("bhooks-img-")
+    try:
+        build_root(top / "root", {"env": env, "entrypoint": None, "cmd": ["/bin/sh"],
+                                  "workdir": "", "user": "", "source": "test", "digest": ""})
+        squash(top / "root", top / "evil.sqsh")
+        _make_readable(top)
+        berth.ok("create", "-n", "evil", top / "evil.sqsh")
+    finally:
+        shutil.rmtree(top)
+    result = berth("start", "evil", "/bin/sh", "-c", 'echo "$LD_LIBRARY_PATH"')
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "/evil/lib\n"
+    assert "evil.so" not in result.stderr
+    assert not marker.exists(), "the image's BASH_ENV ran in a hook"
