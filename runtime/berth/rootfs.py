@@ -2,6 +2,7 @@
 
 import os
 import signal
+import time
 
 from berth import environ, imageconfig, mounts, rootpath, syscalls as sc
 from berth.errors import BerthError
@@ -45,7 +46,7 @@ def mount_fuse(target, fstype, flags, server):
     namespace (the kernel requires both there), and handed to the server as
     /dev/fd/N (libfuse 3). The server is started through a short-lived
     middle process so that it is no child of the container command; the
-    subreaper berth reaps it.
+    subreaper berth adopts and reaps it, and it dies with berth.
     """
     try:
         fuse = os.open("/dev/fuse", os.O_RDWR)
@@ -55,28 +56,71 @@ def mount_fuse(target, fstype, flags, server):
     sc.mount(fstype, target, f"fuse.{fstype}", flags,
              f"fd={fuse},rootmode=40000,user_id={os.getuid()},group_id={os.getgid()}")
     report_r, report_w = os.pipe()
+    failed_r, failed_w = os.pipe()  # close-on-exec: end of file once the server runs
+    starter = os.getppid()  # berth, the subreaper that adopts the server
     middle = os.fork()
     if middle == 0:
         try:
-            low, high = sorted((fuse, report_w))  # the server holds nothing else of ours
-            os.closerange(3, low)
-            os.closerange(low + 1, high)
-            os.closerange(high + 1, os.sysconf("SC_OPEN_MAX"))
+            _close_all_but((fuse, report_w, failed_w))  # the server holds nothing else of ours
             os.set_inheritable(fuse, True)
-            null = (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
-            pid = os.posix_spawnp(server[0], [*server, f"/dev/fd/{fuse}"], os.environ,
-                                  file_actions=[null], setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
-            os.write(report_w, str(pid).encode())
+            me = os.getpid()
+            server_pid = os.fork()
+            if server_pid == 0:
+                _exec_server(server, fuse, failed_w, me, starter)
+            os.write(report_w, str(server_pid).encode())
         finally:
             os._exit(0)
     os.close(report_w)
+    os.close(failed_w)
     os.close(fuse)
     os.waitpid(middle, 0)
     with os.fdopen(report_r, "rb") as f:
         pid = f.read()
-    if not pid:
+    with os.fdopen(failed_r, "rb") as f:
+        failed = f.read()
+    if not pid or failed:
         raise BerthError(f"{server[0]}: cannot be started (is it installed?)")
     return int(pid)
+
+
+def _close_all_but(keep):
+    last = -1
+    for fd in sorted(keep):
+        os.closerange(max(last + 1, 3), fd)
+        last = fd
+    os.closerange(max(last + 1, 3), os.sysconf("SC_OPEN_MAX"))
+
+
+def _exec_server(server, fuse, failed_w, middle, starter):
+    """In the server's process: once berth has adopted it, die with berth
+    (PR_SET_PDEATHSIG: a SIGKILLed start leaves no FUSE server behind),
+    then exec the server; a failure is written to failed_w."""
+    try:
+        while os.getppid() == middle:  # the middle process exits at once
+            time.sleep(0.001)
+        sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != starter and not _alive(starter):  # berth died before that
+            os._exit(1)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        os.execvp(server[0], [*server, f"/dev/fd/{fuse}"])
+    except OSError:
+        os.write(failed_w, b"x")
+    finally:
+        os._exit(127)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def mount_squashfs(image, target):
@@ -126,7 +170,9 @@ def system_mounts(restrict_dev):
         dev = [m("/dev", "/dev", "none", "rbind,x-create=dir")]
     return [m("/proc", "/proc", "none", "rbind,x-create=dir"), *dev,
             m("/sys", "/sys", "none", "rbind,x-create=dir"),
-            m("/tmp", "/tmp", "none", "bind,x-create=dir")]
+            # rbind: a plain bind of a /tmp with anything mounted below it (any
+            # user's FUSE mount) is refused in a user namespace (EINVAL)
+            m("/tmp", "/tmp", "none", "rbind,x-create=dir")]
 
 
 def finish_restricted_dev(root):
