@@ -85,6 +85,9 @@ def _add_export(sub):
     p = sub.add_parser("export", help="export a container root as a squashfs image")
     p.add_argument("-o", "--output")
     p.add_argument("-f", "--force", action="store_true", help="overwrite the output")
+    p.add_argument("--keep-setuid", action="store_true",
+                   help="keep setuid/setgid bits made in the container (by default they are "
+                        "stripped: the image's files are all root's)")
     p.add_argument("name")
 
 

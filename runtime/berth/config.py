@@ -78,16 +78,24 @@ def _expand(value, scope):
 
 def parse_file(path, scope):
     """Yield (key, value) from one enroot.conf file; scope expands $VARs."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            key, _, value = line.partition(" ")
-            if key not in KEYS:
-                raise BerthError(f"{path}:{lineno}: unknown configuration key '{key}'")
-            value = value.strip().strip("\"'")
-            yield key, _expand(value, scope)
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise BerthError(f"{path}: cannot read: {e.strerror}") from None
+    for lineno, raw in enumerate(lines, 1):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BerthError(f"{path}:{lineno}: not UTF-8 text") from None
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, _, value = line.partition(" ")
+        if key not in KEYS:
+            raise BerthError(f"{path}:{lineno}: unknown configuration key '{key}'")
+        value = value.strip().strip("\"'")
+        yield key, _expand(value, scope)
 
 
 class Config:

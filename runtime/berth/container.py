@@ -20,7 +20,8 @@ file is the container's rc: /bin/sh runs it inside with COMMAND as "$@"
 import os
 import sys
 
-from berth import config, environ, hooks, imageconfig, launch, mounts, rootfs, syscalls as sc
+from berth import (config, environ, hooks, imageconfig, launch, mounts, rootfs, safedir,
+                   syscalls as sc)
 from berth.errors import BerthError
 
 
@@ -35,10 +36,21 @@ class Conf:
         self.rc = None
 
 
-def _check_name(name):
-    if not name or "/" in name or name.startswith(".") or name.endswith(".sqsh"):
-        raise BerthError(f"invalid container name '{name}': it must be non-empty, "
-                         "without '/', not start with '.' nor end with '.sqsh'")
+# A name is a directory name, with room for the staging names made from it
+# (".NAME.old.PID") within NAME_MAX (255 bytes).
+NAME_MAX = 200
+
+
+def _check_name(name, what="container name"):
+    """`name` if it can name a container; else one line naming `what` (the flag)."""
+    bad = (not name or "/" in name or name.startswith(".") or name.endswith(".sqsh")
+           or any(ord(c) < 32 or ord(c) == 127 for c in name)
+           or len(name.encode(errors="surrogateescape")) > NAME_MAX)
+    if bad:
+        shown = name if len(name) <= 40 else name[:40] + "..."
+        raise BerthError(f"{what}: invalid container name {shown!r}: it must be non-empty, "
+                         f"at most {NAME_MAX} bytes, without '/' or control characters, "
+                         "not start with '.' nor end with '.sqsh'")
     return name
 
 
@@ -55,9 +67,17 @@ def _check_image(path):
     return os.path.abspath(path)
 
 
-def _container_root(cfg, name):
+def _data_path(cfg):
+    """ENROOT_DATA_PATH, checked when it exists (None when it does not)."""
     data = cfg["ENROOT_DATA_PATH"]
-    root = f"{data}/{_check_name(name)}"
+    safedir.check_if_present(data, "ENROOT_DATA_PATH")
+    return data
+
+
+def _container_root(cfg, name, what="NAME"):
+    _check_name(name, what)
+    data = _data_path(cfg)
+    root = f"{data}/{name}"
     if not os.path.isdir(root):
         raise BerthError(f"no container named '{name}' in {data} (see berth list)")
     return root
@@ -92,12 +112,12 @@ def _run_tool(command, what):
 def cmd_create(args, cfg):
     image = _check_image(args.image)
     name = _check_name(args.name if args.name is not None
-                       else os.path.basename(image).removesuffix(".sqsh"))
-    data = cfg["ENROOT_DATA_PATH"]
+                       else os.path.basename(image).removesuffix(".sqsh"),
+                       "-n/--name" if args.name is not None else f"{args.image} (as a name)")
+    data = safedir.ensure(cfg["ENROOT_DATA_PATH"], "ENROOT_DATA_PATH")
     target = f"{data}/{name}"
     if os.path.exists(target) and not args.force:
         raise BerthError(f"container '{name}' already exists in {data} (-f replaces it)")
-    os.makedirs(data, mode=0o700, exist_ok=True)
     staging = _fresh_dir(data, f".{name}")
     try:
         # Unprivileged, unsquashfs cannot make device nodes: a non-fatal error.
@@ -124,6 +144,8 @@ def read_conf(path, expand_env):
         text = _read_text(path)
     except OSError as e:
         raise BerthError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise BerthError(f"{path}: not UTF-8 text") from None
     for number, line in enumerate(text.splitlines(), 1):
         origin = f"{path}:{number}"
         directive, _, rest = line.strip().partition(" ")
@@ -181,6 +203,8 @@ def _entrypoint_timeout():
 def _plan(args, cfg, container, conf):
     """Check every input, then make the runtime directory: a launch.Plan."""
     expand_env = {**os.environ, **dict(cfg.items())}
+    # hooks.d, environ.d and mounts.d in there run as the caller or reach the container
+    safedir.check_if_present(cfg["ENROOT_CONFIG_PATH"], "ENROOT_CONFIG_PATH")
     is_image = container.endswith(".sqsh") or "/" in container
     image = _check_image(container) if is_image else None
     root = None if is_image else _container_root(cfg, container)
@@ -202,6 +226,8 @@ def _plan(args, cfg, container, conf):
             rc = _read_text(args.rc)
         except OSError as e:
             raise BerthError(f"--rc {args.rc}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise BerthError(f"--rc {args.rc}: not UTF-8 text") from None
     if os.getuid() == 0 and cfg.flag("ENROOT_ALLOW_SUPERUSER"):
         ids = None  # no user namespace at all
     elif args.root or cfg.flag("ENROOT_REMAP_ROOT"):
@@ -222,10 +248,12 @@ def _plan(args, cfg, container, conf):
         hooks=hooks.find(cfg), rc=rc, command=list(args.command), detach=args.detach,
         entrypoint=args.entrypoint, entrypoint_timeout=_entrypoint_timeout(),
     )
-    base = cfg["ENROOT_RUNTIME_PATH"]
+    base = safedir.ensure(cfg["ENROOT_RUNTIME_PATH"], "ENROOT_RUNTIME_PATH")
+    # an image's file name, made a safe directory name (the start's, for berth list)
+    label = "".join(c if c.isprintable() and c != "/" else "_"
+                    for c in os.path.basename(container))[:NAME_MAX]
     try:
-        os.makedirs(base, mode=0o700, exist_ok=True)
-        plan.runtime = _fresh_dir(base, os.path.basename(container))
+        plan.runtime = _fresh_dir(base, label)
     except OSError as e:
         raise BerthError(f"ENROOT_RUNTIME_PATH {base}: {e.strerror}") from None
     for sub in ("root", "lower") if image else ():
@@ -253,6 +281,7 @@ def running(cfg):
     """{container name: [pid, ...]} of the starts alive under ENROOT_RUNTIME_PATH."""
     found = {}
     base = cfg["ENROOT_RUNTIME_PATH"]
+    safedir.check_if_present(base, "ENROOT_RUNTIME_PATH")
     for start in _entries(base):
         try:
             pid = int(_read_text(f"{base}/{start}/state"))
@@ -283,7 +312,7 @@ def _size(tree):
 
 
 def cmd_list(args, cfg):
-    data = cfg["ENROOT_DATA_PATH"]
+    data = _data_path(cfg)
     names = sorted(n for n in _entries(data)
                    if not n.startswith(".") and os.path.isdir(f"{data}/{n}"))
     if not args.fancy:
@@ -300,11 +329,11 @@ def cmd_list(args, cfg):
 
 
 def cmd_remove(args, cfg):
-    data = cfg["ENROOT_DATA_PATH"]
+    data = _data_path(cfg)
     busy = running(cfg)
     doomed = []
     for name in args.names:
-        root = f"{data}/{_check_name(name)}"
+        root = f"{data}/{_check_name(name, 'NAME')}"
         if not os.path.isdir(root):
             if args.force:
                 continue
@@ -326,7 +355,9 @@ def cmd_export(args, cfg):
     output = os.path.abspath(args.output or f"{args.name}.sqsh")
     if os.path.exists(output) and not args.force:
         raise BerthError(f"{output} already exists (-f overwrites it)")
-    # root's create kept the image's owners; anyone else's made them theirs
+    # root's create kept the image's owners; anyone else's made them theirs.
+    # Setuid/setgid bits set inside the container would become root's in an
+    # image owned by root: they go unless --keep-setuid.
     squash.make_squashfs(root, output, cfg, not args.quiet and sys.stderr.isatty(),
-                         all_root=os.getuid() != 0)
+                         all_root=os.getuid() != 0, strip_setuid=not getattr(args, "keep_setuid", False))
     return 0

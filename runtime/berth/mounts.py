@@ -66,12 +66,20 @@ def parse_fstab_line(line, origin, environ):
 
 def read_fstab(path, environ):
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.readlines()
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
     except OSError as e:
         raise BerthError(f"{path}: cannot read: {e.strerror}") from None
-    mounts = (parse_fstab_line(line, f"{path}:{n}", environ) for n, line in enumerate(lines, 1))
-    return [m for m in mounts if m]
+    found = []
+    for number, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BerthError(f"{path}:{number}: not UTF-8 text") from None
+        mount = parse_fstab_line(line, f"{path}:{number}", environ)
+        if mount:
+            found.append(mount)
+    return found
 
 
 def parse_spec(spec):

@@ -36,16 +36,23 @@ def options(cfg):
         raise BerthError(f"ENROOT_SQUASH_OPTIONS: {e}") from None
 
 
-def make_squashfs(root, output, cfg, show_progress, all_root=True):
+# mksquashfs's action: no setuid or setgid bit on anything but a directory
+# (where setgid only passes the group on)
+_STRIP_SETUID = "chmod(ug-s)@!type(d) && perm(/u+s,g+s)"
+
+
+def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=False):
     """Pack `root` into `output` (0644 less the umask) through a temporary
     file next to it, replacing any `output` there. all_root stores every
     file as root's: a tree an unprivileged process unpacked (layers, or a
     container made by `berth create`) is all that user's, so the image is the
     same whoever made it, and its directories stay writable to root in a
-    container."""
+    container. strip_setuid drops the setuid and setgid bits of files: in
+    an image all root's, they would be root's."""
     partial = f"{output}.tmp-{os.getpid()}"
     command = ["mksquashfs", root, partial, "-noappend", *(["-all-root"] if all_root else []),
-               *options(cfg), "-processors", str(cfg.number("ENROOT_MAX_PROCESSORS"))]
+               *options(cfg), "-processors", str(cfg.number("ENROOT_MAX_PROCESSORS")),
+               *(["-action", _STRIP_SETUID] if strip_setuid else [])]
     if not show_progress:  # (-quiet would be nicer, but squashfs-tools 4.4 lacks it)
         command.append("-no-progress")
     try:

@@ -1,0 +1,104 @@
+"""The caller's own directories (runtime, data, cache, config) are checked
+before berth trusts what is in them.
+
+A directory berth keeps the caller's files in must be owned by the caller
+and writable by nobody else (the XDG rule), and its parent must not let
+anyone else rename or replace it (owned by the caller or root, and not
+writable by others unless sticky, like /tmp). What berth creates it creates
+0700 with mkdir, which never follows or reuses a symlink, then lstat checks
+what is there: a directory another user made first, or a planted symlink,
+is refused in one line naming it, never used. A symlink is followed only
+when the caller or root owns it (then it is theirs, not a plant).
+
+Each check is one lstat of the directory and one stat of its parent:
+`berth start` pays for two or three directories.
+"""
+
+import os
+import stat
+
+from berth.errors import BerthError
+
+
+def _refuse(path, what, why):
+    raise BerthError(f"{what} {path}: {why}; refusing to use it "
+                     "(it must be owned by you and writable by nobody else)")
+
+
+def check(path, what, st=None):
+    """Refuse `path` unless it is a directory safe for the caller's files."""
+    uid = os.getuid()
+    try:
+        st = st or os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (uid, 0):
+                _refuse(path, what, f"is a symlink owned by uid {st.st_uid}")
+            st = os.stat(path)
+    except FileNotFoundError:
+        _refuse(path, what, "is a dangling symlink")
+    except OSError as e:
+        raise BerthError(f"{what} {path}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        _refuse(path, what, "is not a directory")
+    if st.st_uid != uid:
+        _refuse(path, what, f"is owned by uid {st.st_uid}, not by you (uid {uid})")
+    if st.st_mode & 0o022:
+        _refuse(path, what, f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
+    _check_parent(path, what)
+    return path
+
+
+def _check_parent(path, what):
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        st = os.lstat(parent)
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (os.getuid(), 0):
+                raise BerthError(f"{what} {path}: its parent {parent} is a symlink owned by "
+                                 f"uid {st.st_uid}; refusing to use it")
+            st = os.stat(parent)
+    except OSError as e:
+        raise BerthError(f"{what} {path}: {parent}: {e.strerror}") from None
+    if st.st_uid not in (os.getuid(), 0) or (st.st_mode & 0o022
+                                             and not st.st_mode & stat.S_ISVTX):
+        raise BerthError(f"{what} {path}: its parent {parent} lets others replace it "
+                         f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}); "
+                         "refusing to use it")
+
+
+def ensure(path, what):
+    """`path` checked, made 0700 first (with missing parents) when missing."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        if parent != path and not os.path.lexists(parent):
+            ensure(parent, what)
+        _check_parent(path, what)  # before anything is made in there
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass  # made meanwhile, by a concurrent start or by someone else: checked below
+        except OSError as e:
+            raise BerthError(f"{what} {path}: cannot create: {e.strerror}") from None
+        st = None
+    except PermissionError:
+        _check_parent(path, what)  # names the culprit where it is another user's
+        raise BerthError(f"{what} {path}: permission denied") from None
+    except OSError as e:
+        raise BerthError(f"{what} {path}: {e.strerror}") from None
+    return check(path, what, st)
+
+
+def check_if_present(path, what):
+    """Like check, for a directory berth only reads: a missing one is fine."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        _check_parent(path, what)
+        raise BerthError(f"{what} {path}: permission denied") from None
+    except OSError as e:
+        raise BerthError(f"{what} {path}: {e.strerror}") from None
+    return check(path, what, st)
