@@ -86,8 +86,8 @@ def _add_export(sub):
     p.add_argument("-o", "--output")
     p.add_argument("-f", "--force", action="store_true", help="overwrite the output")
     p.add_argument("--keep-setuid", action="store_true",
-                   help="keep setuid/setgid bits made in the container (by default they are "
-                        "stripped: the image's files are all root's)")
+                   help="keep the setuid/setgid bits of files (stripped by default: in an "
+                        "image a user exports, every file is root's)")
     p.add_argument("name")
 
 
