@@ -311,17 +311,26 @@ def _size(tree):
     return f"{total:.1f}T"
 
 
+def _shown(name):
+    """One line per container, even for a name an older berth let in with a
+    newline or other control character (shown escaped, as \\n)."""
+    if name.isprintable():
+        return name
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in name)
+
+
 def cmd_list(args, cfg):
     data = _data_path(cfg)
     names = sorted(n for n in _entries(data)
                    if not n.startswith(".") and os.path.isdir(f"{data}/{n}"))
     if not args.fancy:
         for name in names:
-            print(name)
+            print(_shown(name))
         return 0
     pids = running(cfg)
     rows = [("NAME", "SIZE", "PIDS")]
-    rows += [(n, _size(f"{data}/{n}"), ",".join(map(str, pids.get(n, []))) or "-") for n in names]
+    rows += [(_shown(n), _size(f"{data}/{n}"), ",".join(map(str, pids.get(n, []))) or "-")
+             for n in names]
     width = max(len(r[0]) for r in rows)
     for name, size, procs in rows:
         print(f"{name:<{width}}  {size:>6}  {procs}")

@@ -290,3 +290,12 @@ def test_non_utf8_environ_file_is_named(berth, app):
     env.unlink()
     fstab.write_bytes(b"# \xff\n")
     one_error_line(berth("start", "app", "true"), f"{fstab}:1", "UTF-8")
+
+
+def test_list_shows_one_line_per_container_even_for_old_bad_names(berth, app):
+    """A name an older berth accepted (a newline in it) is shown escaped."""
+    (berth.base / "data" / "evil\nname").mkdir()
+    berth.chown(berth.base / "data")
+    assert berth.ok("list").splitlines() == ["app", "evil\\nname"]
+    assert [row.split()[0] for row in berth.ok("list", "-f").splitlines()] == [
+        "NAME", "app", "evil\\nname"]
