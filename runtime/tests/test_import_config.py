@@ -70,3 +70,49 @@ def test_missing_or_broken_image_json(tmp_path):
     path.write_text(json.dumps(dict(image(), cmd="echo")))
     with pytest.raises(BerthError, match="key 'cmd' missing or of the wrong type"):
         read_image_config(tmp_path)
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("env", ["A=1", 5], "key 'env' holds an entry that is not a string"),
+    ("env", ["A=1", None], "key 'env' holds an entry that is not a string"),
+    ("entrypoint", [["nested"]], "key 'entrypoint' holds an entry that is not a string"),
+    ("cmd", ["echo\0hidden"], "key 'cmd' holds a NUL character"),
+    ("workdir", "/tmp\0x", "key 'workdir' holds a NUL character"),
+])
+def test_image_json_entries_of_the_wrong_type_are_one_error(tmp_path, key, value, needle):
+    """image.json is read at every start (rootfs.image_config): a squashfs made
+    elsewhere may hold anything there."""
+    from berth.rootfs import image_config
+    write_image_config(tmp_path, image())
+    path = tmp_path / "etc/berth/image.json"
+    path.write_text(json.dumps(dict(image(), **{key: value})))
+    with pytest.raises(BerthError, match=f"image.json: {needle}"):
+        read_image_config(tmp_path)
+    with pytest.raises(BerthError, match=f"image.json: {needle}"):
+        image_config(str(tmp_path))
+
+
+def test_image_json_nested_too_deeply(tmp_path):
+    (tmp_path / "etc/berth").mkdir(parents=True)
+    (tmp_path / "etc/berth/image.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(BerthError, match="image.json: nested too deeply"):
+        read_image_config(tmp_path)
+
+
+@pytest.mark.parametrize("settings, needle", [
+    ({"Entrypoint": "/bin/sh -c app"}, "config.Entrypoint is a string, not a list of strings"),
+    ({"WorkingDir": 7}, "config.WorkingDir is a number, not a string"),
+    ({"Env": ["A=1", 2]}, "config.Env is a list holding a non-string, not a list of strings"),
+    ({"Cmd": {"a": 1}}, "config.Cmd is an object, not a list of strings"),
+    ({"User": True}, "config.User is a boolean, not a string"),
+])
+def test_image_config_fields_of_the_wrong_type(settings, needle):
+    with pytest.raises(BerthError, match=f"^the image config of docker://x: {needle}$"):
+        image(**settings)
+
+
+def test_image_config_that_is_no_object():
+    with pytest.raises(BerthError, match="'config' is a list, not an object"):
+        from_oci({"config": ["Env"]}, "docker://x", DIGEST)
+    with pytest.raises(BerthError, match="the image config of docker://x is not a JSON object"):
+        from_oci([1, 2], "docker://x", DIGEST)
