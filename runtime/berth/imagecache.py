@@ -16,17 +16,21 @@ written under a temporary name and renamed, so no writer corrupts another.
 
 import collections
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import math
 import os
+import pwd
 import re
+import stat
 import sys
 import time
+import traceback
 
 from berth import squash
-from berth.blobs import BlobCache, locked, make_dirs, open_lock, touch
+from berth.blobs import BlobCache, locked, make_dirs, touch
 from berth.errors import BerthError
 
 # Bump when the same inputs would make another image: the image config
@@ -104,7 +108,18 @@ class ImageCache:
 
 # -- berth cache [list] | prune ---------------------------------------------
 
-Entry = collections.namedtuple("Entry", "kind path lock size mtime")
+# One file of the cache: `path` to show, `name` in the directory open as
+# `dir_fd`, `lock` the name of its lock file in locks/ (None: a partial file).
+Entry = collections.namedtuple("Entry", "kind path dir_fd name lock size mtime")
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# Where each kind lives below the cache, and the name of an entry's lock.
+_PLACES = {
+    "layers": (("blobs", "sha256"), _LAYER_NAME,
+               lambda name: os.path.basename(BlobCache("").lock_path(f"sha256:{name}"))),
+    "images": (("images",), _IMAGE_NAME,
+               lambda name: os.path.basename(ImageCache("").lock_path(name[:-5]))),
+}
 
 
 def cmd_cache(args, cfg):
@@ -115,13 +130,10 @@ def cmd_cache(args, cfg):
     if days is None and limit is None:
         raise BerthError("cache prune: give --older-than DAYS, --max-size SIZE or both "
                          "(--max-size 0 empties the cache)")
-    from berth.layers import remove_stale_unpack_dirs
-    for path in remove_stale_unpack_dirs(cfg["ENROOT_TEMP_PATH"]):
-        print(f"removed {path} (left by a killed import)")
-    try:
-        return _prune(cache_path, days, limit)
-    except OSError as e:  # another user's cache, say: name the file
-        raise BerthError(f"{e.filename}: {e.strerror}") from None
+    if os.geteuid() == 0:
+        return _prune_as_owner(cache_path, days, limit)
+    with _Cache(cache_path, _open_followed(cache_path), strict=True) as cache:
+        return _prune(cache, days, limit)
 
 
 def _days(text):
@@ -156,37 +168,153 @@ def _human(size):
     return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
 
 
-def _scan(cache_path):
+# -- the cache's directories, as descriptors ---------------------------------
+
+def _open_followed(cache_path):
+    """The cache directory as its user names it (a symbolic link there is
+    theirs to make); None when there is none yet."""
+    try:
+        return os.open(cache_path, _DIR)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise BerthError(f"{cache_path}: {e.strerror}") from None
+
+
+def _open_no_links(cache_path):
+    """As root: the cache directory reached from / without following any
+    symbolic link, so a user's link cannot lead root into another tree; None
+    when it does not exist."""
+    if not os.path.isabs(cache_path):
+        raise BerthError(f"ENROOT_CACHE_PATH={cache_path}: not an absolute path")
+    fd, current = os.open("/", _DIR), "/"
+    try:
+        for name in os.path.normpath(cache_path).split("/"):
+            if not name:
+                continue
+            current = os.path.join(current, name)
+            try:
+                new = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                return None
+            except OSError as e:
+                if _is_link(name, fd):
+                    raise BerthError(
+                        f"ENROOT_CACHE_PATH={cache_path}: {current} is a symbolic link; as root, "
+                        "berth cache prune follows none (give the resolved path)") from None
+                raise BerthError(f"{current}: {e.strerror}") from None
+            os.close(fd)
+            fd = new
+        fd, opened = None, fd
+        return opened
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _is_link(name, dir_fd):
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+class _Cache:
+    """The cache's directories, each opened once (None: not there).
+
+    strict (prune): a directory below the cache that is a symbolic link, not
+    a directory or not the caller's is refused in one line naming it, before
+    anything is removed; nothing later follows a link out of the cache.
+    """
+
+    def __init__(self, cache_path, cache_fd, strict):
+        self.path, self.fds = cache_path, {}
+        try:
+            for kind, parts in (("layers", ("blobs", "sha256")), ("images", ("images",)),
+                                ("locks", ("locks",)), ("uris", ("uris",))):
+                self.fds[kind] = self._open(cache_fd, parts, strict)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if cache_fd is not None:
+                os.close(cache_fd)
+
+    def _open(self, fd, parts, strict):
+        path, own = self.path, False
+        try:
+            for name in parts:
+                if fd is None:
+                    return None
+                path = os.path.join(path, name)
+                try:
+                    new = os.open(name, _DIR | (os.O_NOFOLLOW if strict else 0), dir_fd=fd)
+                except FileNotFoundError:
+                    new = None
+                except OSError as e:
+                    if strict and _is_link(name, fd):
+                        raise BerthError(f"{path}: a symbolic link; berth cache prune follows "
+                                         "none in the cache") from None
+                    raise BerthError(f"{path}: {e.strerror}") from None
+                if own:
+                    os.close(fd)
+                fd, own = new, True
+                if fd is not None and strict and os.fstat(fd).st_uid != os.geteuid():
+                    raise BerthError(f"{path}: owned by uid {os.fstat(fd).st_uid}, not uid "
+                                     f"{os.geteuid()}; berth cache prune leaves it alone")
+            own = False
+            return fd
+        finally:
+            if own and fd is not None:
+                os.close(fd)
+
+    def dir_path(self, kind):
+        return os.path.join(self.path, *{"layers": ("blobs", "sha256")}.get(kind, (kind,)))
+
+    def close(self):
+        for fd in self.fds.values():
+            if fd is not None:
+                os.close(fd)
+        self.fds = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _scan(cache):
     """Every file of the layer and image caches, least recently used first."""
-    blobs, images = BlobCache(cache_path), ImageCache(cache_path)
-    places = ((blobs.blob_dir, _LAYER_NAME, "layers", lambda n: blobs.lock_path(f"sha256:{n}")),
-              (images.image_dir, _IMAGE_NAME, "images", lambda n: images.lock_path(n[:-5])))
     entries = []
-    for directory, pattern, kind, lock_path in places:
-        for item in _files(directory):
+    for kind, (_, pattern, lock_name) in _PLACES.items():
+        fd, directory = cache.fds[kind], cache.dir_path(kind)
+        for item in _files(fd):
             try:
                 info = item.stat(follow_symlinks=False)
             except FileNotFoundError:  # a partial file just renamed
                 continue
+            path = os.path.join(directory, item.name)
             if not pattern.fullmatch(item.name):  # downloads and builds not done (yet)
-                entries.append(Entry("partial", item.path, None, info.st_size, info.st_mtime))
-            else:
-                entries.append(Entry(kind, item.path, lock_path(item.name), info.st_size,
+                entries.append(Entry("partial", path, fd, item.name, None, info.st_size,
                                      info.st_mtime))
+            else:
+                entries.append(Entry(kind, path, fd, item.name, lock_name(item.name),
+                                     info.st_size, info.st_mtime))
     return sorted(entries, key=lambda entry: entry.mtime)
 
 
-def _files(directory, links=False):
-    try:
-        with os.scandir(directory) as items:
-            return [item for item in items
-                    if (item.is_symlink() if links else item.is_file(follow_symlinks=False))]
-    except FileNotFoundError:
+def _files(dir_fd, links=False):
+    if dir_fd is None:
         return []
+    with os.scandir(dir_fd) as items:
+        return [item for item in items
+                if (item.is_symlink() if links else item.is_file(follow_symlinks=False))]
 
 
 def _show(cache_path):
-    entries = _scan(cache_path)
+    with _Cache(cache_path, _open_followed(cache_path), strict=False) as cache:
+        entries = _scan(cache)
     print(f"ENROOT_CACHE_PATH {cache_path}")
     print(f"{'':<8} {'files':>6} {'size':>8} {'bytes':>14}")
     for kind in (*_KINDS, "total"):
@@ -196,8 +324,55 @@ def _show(cache_path):
     return 0
 
 
-def _prune(cache_path, days, limit):
-    entries = _scan(cache_path)
+# -- prune --------------------------------------------------------------------
+
+def _prune_as_owner(cache_path, days, limit):
+    """As root: prune a user's cache as that user, in a child that became them
+    (groups, gid, uid); root's own cache as root."""
+    cache_fd = _open_no_links(cache_path)
+    owner = os.fstat(cache_fd) if cache_fd is not None else None
+    if owner is None or owner.st_uid == 0:
+        with _Cache(cache_path, cache_fd, strict=True) as cache:
+            return _prune(cache, days, limit)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            _become(owner.st_uid, owner.st_gid)
+            with _Cache(cache_path, cache_fd, strict=True) as cache:
+                status = _prune(cache, days, limit)
+        except BerthError as e:
+            print(f"berth: error: {e}", file=sys.stderr)
+        except BaseException:  # noqa: B036 - the child must reach os._exit
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(BaseException):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(status)
+    os.close(cache_fd)
+    _, wait_status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(wait_status)
+    return code if code >= 0 else 1
+
+
+def _become(uid, gid):
+    """Drop root for good: the owner's groups, then gid, then uid (all three ids)."""
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError:  # a user gone from passwd: their uid, the directory's group, no others
+        os.setgroups([])
+    else:
+        os.initgroups(user.pw_name, user.pw_gid)
+        gid = user.pw_gid
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+
+def _prune(cache, days, limit):
+    entries = _scan(cache)
     total = sum(entry.size for entry in entries)
     cutoff = time.time() - days * 86400 if days is not None else None
     freed, kept = collections.Counter(), 0
@@ -207,7 +382,7 @@ def _prune(cache_path, days, limit):
         over = limit is not None and total > limit and entry.kind != "partial"
         if not (old or over):
             continue
-        if not _remove(entry):
+        if not _remove(entry, cache):
             kept += 1
             continue
         total -= entry.size
@@ -215,48 +390,64 @@ def _prune(cache_path, days, limit):
         freed["bytes"] += entry.size
         print(f"removed {entry.path} ({_human(entry.size)}, last used "
               f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(entry.mtime))})")
-    _forget_pruned(cache_path)
+    _forget_pruned(cache.fds["uris"])
     counts = ", ".join(f"{kind} {freed[kind]}" for kind in _KINDS)
     print(f"freed {_human(freed['bytes'])} ({freed['bytes']} bytes: {counts}); "
           f"{kept} in use kept; {_human(total)} ({total} bytes) left")
     return 0
 
 
-def _forget_pruned(cache_path):
+def _forget_pruned(uri_fd):
     """Drop the by-URI records of images no longer there."""
-    uri_dir = ImageCache(cache_path).uri_dir
-    for item in _files(uri_dir, links=True):
-        if not os.path.exists(item.path):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(item.path)
+    for item in _files(uri_fd, links=True):
+        try:
+            os.stat(item.name, dir_fd=uri_fd)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                os.unlink(item.name, dir_fd=uri_fd)
+        except OSError:  # a loop, say: the user's own making, left alone
+            continue
 
 
-def _remove(entry):
+def _remove(entry, cache):
     """Remove `entry` unless an import holds its lock or used it since the scan."""
-    if entry.lock is None:
+    lock_fd = cache.fds["locks"]
+    if entry.lock is None or lock_fd is None:  # no locks/: no import ever locked anything
         return _unlink_unchanged(entry)
     try:
-        fd = open_lock(entry.lock)
-    except FileNotFoundError:  # no lock directory: no import ever locked anything here
-        return _unlink_unchanged(entry)
+        # The lock file, in locks/ itself: never through a symbolic link, and
+        # not a FIFO that would block.
+        fd = os.open(entry.lock, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o644, dir_fd=lock_fd)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise BerthError(f"{cache.dir_path('locks')}/{entry.lock}: {e.strerror}") from None
+        return False  # not a lock file: the entry stays
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    try:
-        return _unlink_unchanged(entry)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            return _unlink_unchanged(entry)
+        finally:
+            # Imports make it again when they need it; one of root's must not stay.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.lock, dir_fd=lock_fd)
     finally:
-        # Imports make it again when they need it; one of root's must not stay.
-        os.unlink(entry.lock)
         os.close(fd)
 
 
 def _unlink_unchanged(entry):
     try:
-        if os.stat(entry.path, follow_symlinks=False).st_mtime != entry.mtime:
+        if os.stat(entry.name, dir_fd=entry.dir_fd, follow_symlinks=False).st_mtime \
+                != entry.mtime:
             return False  # used since the scan
-        os.unlink(entry.path)
+        os.unlink(entry.name, dir_fd=entry.dir_fd)
     except FileNotFoundError:
         return False
+    except OSError as e:
+        raise BerthError(f"{entry.path}: {e.strerror}") from None
     return True

@@ -3,11 +3,13 @@ mksquashfs), and `berth cache` list and prune."""
 
 import fcntl
 import os
+import pwd
 import shutil
 import stat
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
-    Registry, berth, gzipped, imports_at_once, layer_tar, unsquash)
+    Registry, berth, berth_env, gzipped, imports_at_once, layer_tar, unsquash)
 
 from berth.imageconfig import read_image_config  # noqa: E402
 
@@ -409,6 +411,156 @@ def test_prune_names_a_file_it_cannot_handle(tmp_path, env):
     locks.write_text("")  # not a directory
     result = berth(["cache", "prune", "--max-size", "0"], env, tmp_path)
     assert result.returncode == 1
-    assert result.stderr == f"berth: error: {locks}/sha256-{paths['layer1'].name}: " \
-                            "Not a directory\n"
+    assert result.stderr == f"berth: error: {locks}: Not a directory\n"
     assert left(paths) == ["layer1"]
+
+
+# -- prune run by root (the daily berth-cache-prune; issue #11) ---------------
+
+PRUNER = "bdep-prune"
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="prunes as root")
+
+
+@pytest.fixture(scope="module")
+def cache_user():
+    """A throw-away user owning the caches that root prunes."""
+    subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
+                    "/usr/sbin/nologin", PRUNER], check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(PRUNER)
+    finally:
+        subprocess.run(["userdel", PRUNER], check=False, capture_output=True)
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A root-owned 0755 cache root every user can traverse (tmp_path is 0700),
+    and a root-only directory standing for /etc, /var/lib and the like."""
+    top = Path(tempfile.mkdtemp(prefix="bdep-prune-", dir="/tmp"))
+    top.chmod(0o755)
+    (top / "cache").mkdir(mode=0o755)
+    (top / "secret").mkdir(mode=0o700)
+    yield top
+    shutil.rmtree(top)
+
+
+def user_cache(node, user, ages):
+    """fake_cache's files in node/<uid>/cache, all of them the user's."""
+    base = node / str(user.pw_uid)
+    base.mkdir(mode=0o755)
+    paths = fake_cache(base, ages)
+    cache = base / "cache"
+    for path in [cache, *cache.rglob("*")]:
+        os.lchown(path, user.pw_uid, user.pw_gid)
+    return cache, paths
+
+
+def old_files(directory, names):
+    """Files a day-counting prune would take: 10 days unused, root's, 0600."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        path = directory / name
+        path.write_text("precious\n")
+        path.chmod(0o600)
+        os.utime(path, (time.time() - 10 * DAY,) * 2)
+    return sorted(os.listdir(directory))
+
+
+def prune_as_root(tmp_path, cache, *args):
+    env = berth_env(tmp_path, ENROOT_CACHE_PATH=str(cache))
+    return berth(["cache", "prune", *(args or ("--older-than", "1"))], env, tmp_path)
+
+
+@needs_root
+@pytest.mark.parametrize("place", ["images", "blobs/sha256", "blobs", "locks", "uris"])
+def test_root_prune_follows_no_link_of_the_user(tmp_path, node, cache_user, place):
+    cache, paths = user_cache(node, cache_user, {"layer1": 10, "image1": 10})
+    secret = node / "secret"
+    # Names of layers, of images and of neither (pruned as partial files).
+    names = old_files(secret, ["passwd", "shadow.sqsh", f"{7:064x}", f"{8:064x}.sqsh"])
+    link = cache / place
+    if link.exists():
+        shutil.rmtree(link)
+    link.symlink_to(secret if place != "blobs" else node)
+    (node / "sha256").symlink_to(secret)  # blobs -> node: node/sha256 -> secret
+    os.lchown(link, cache_user.pw_uid, cache_user.pw_gid)
+    result = prune_as_root(tmp_path, cache, "--max-size", "0")
+    assert sorted(os.listdir(secret)) == names
+    assert all(os.stat(secret / name).st_uid == 0 for name in names)
+    assert result.returncode == 1
+    assert result.stderr == f"berth: error: {link}: a symbolic link; berth cache prune " \
+                            "follows none in the cache\n"
+    assert result.stdout == ""
+    assert len(left(paths)) == 2 - (place in ("images", "blobs/sha256", "blobs"))
+
+
+@needs_root
+def test_root_prune_makes_no_file_through_a_lock_link(tmp_path, node, cache_user):
+    cache, paths = user_cache(node, cache_user, {"layer1": 10, "image1": 10, "layer2": 0})
+    target = node / "secret" / "nologin"
+    for name in ("layer1", "image1"):
+        lock = (f"sha256-{paths[name].name}" if name.startswith("layer")
+                else f"image-{paths[name].name[:-5]}")
+        (cache / "locks" / lock).symlink_to(target)
+        os.lchown(cache / "locks" / lock, cache_user.pw_uid, cache_user.pw_gid)
+    result = prune_as_root(tmp_path, cache)
+    assert not os.path.lexists(target)
+    assert result.returncode == 0, result.stderr
+    # An entry whose lock is not a lock file stays: the user's own doing.
+    assert left(paths) == ["image1", "layer1", "layer2"]
+    assert "; 2 in use kept;" in result.stdout
+
+
+@needs_root
+def test_root_prunes_a_users_cache_as_the_user(tmp_path, node, cache_user):
+    cache, paths = user_cache(node, cache_user, {"layer1": 10, "image1": 5, "partial1": 4,
+                                                 "layer2": 4, "image2": 0})
+    # Held by an import of the user: prune locks it and leaves it, as the user.
+    lock = cache / "locks" / f"sha256-{paths['layer2'].name}"
+    lock.write_text("")
+    os.lchown(lock, cache_user.pw_uid, cache_user.pw_gid)
+    with open(lock) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = prune_as_root(tmp_path, cache, "--older-than", "3")
+    assert result.returncode == 0, result.stderr
+    assert left(paths) == ["image2", "layer2"]
+    assert "; 1 in use kept;" in result.stdout
+    owners = {path.stat(follow_symlinks=False).st_uid for path in [cache, *cache.rglob("*")]}
+    assert owners == {cache_user.pw_uid}
+
+
+@needs_root
+def test_root_prune_runs_as_the_owner_with_the_owners_groups(tmp_path, node, cache_user):
+    """The prune child holds the owner's uid, gid and groups only: a root-only
+    directory inside the cache stays out of its reach."""
+    cache, paths = user_cache(node, cache_user, {"layer1": 10, "layer2": 10})
+    os.chown(cache / "blobs" / "sha256", 0, 0)
+    result = prune_as_root(tmp_path, cache)
+    assert result.returncode == 1
+    assert result.stderr == f"berth: error: {cache}/blobs/sha256: owned by uid 0, not uid " \
+                            f"{cache_user.pw_uid}; berth cache prune leaves it alone\n"
+    assert left(paths) == ["layer1", "layer2"]
+
+
+@needs_root
+def test_root_prune_refuses_a_cache_path_through_a_link(tmp_path, node, cache_user):
+    secret = node / "secret"
+    names = old_files(secret / "images", ["passwd", f"{8:064x}.sqsh"])
+    (node / "cache" / "linked").symlink_to(secret)
+    result = prune_as_root(tmp_path, node / "cache" / "linked")
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"berth: error: ENROOT_CACHE_PATH={node}/cache/linked: "
+                                    f"{node}/cache/linked is a symbolic link; as root")
+    assert sorted(os.listdir(secret / "images")) == names
+
+
+def test_prune_by_the_user_refuses_a_linked_directory(tmp_path, env):
+    paths = fake_cache(tmp_path, {"layer1": 9, "image1": 9})
+    elsewhere = tmp_path / "elsewhere"
+    (tmp_path / "cache/images").rename(elsewhere)
+    (tmp_path / "cache/images").symlink_to(elsewhere)
+    result = berth(["cache", "prune", "--max-size", "0"], env, tmp_path)
+    assert result.returncode == 1
+    assert result.stderr == f"berth: error: {tmp_path}/cache/images: a symbolic link; berth " \
+                            "cache prune follows none in the cache\n"
+    assert left(paths) == ["image1", "layer1"]
