@@ -130,6 +130,9 @@ def cmd_cache(args, cfg):
     if days is None and limit is None:
         raise BerthError("cache prune: give --older-than DAYS, --max-size SIZE or both "
                          "(--max-size 0 empties the cache)")
+    from berth.layers import remove_stale_unpack_dirs
+    for path in remove_stale_unpack_dirs(cfg["ENROOT_TEMP_PATH"]):
+        print(f"removed {path} (left by a killed import)", flush=True)  # (before a fork)
     if os.geteuid() == 0:
         return _prune_as_owner(cache_path, days, limit)
     with _Cache(cache_path, _open_followed(cache_path), strict=True) as cache:

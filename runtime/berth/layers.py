@@ -225,7 +225,11 @@ def unpack_dir(temp_path):
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(OSError):
+                # A file system without locks: the pid in the name still
+                # keeps this process's tree from its own namespace's sweeps,
+                # and a sweep that cannot lock either leaves the tree alone.
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             yield path
         finally:
             os.close(fd)

@@ -178,7 +178,7 @@ def test_sigterm_ends_a_stalled_download_at_once(tmp_path, env, hostile):
         process.wait()
     assert status == 1
     assert process.stderr.read() == "berth: error: import interrupted by SIGTERM\n"
-    assert took < 1.0
+    assert took < 1.0, took
     assert list(blobs.iterdir()) == []
     assert_no_partial(tmp_path)
 
@@ -303,7 +303,7 @@ def test_trees_of_killed_imports_are_removed_by_the_next_import_and_prune(
         stale = unpack_tree(temp, dead_pid(), "dddddddd")
         prune = berth(["cache", "prune", "--older-than", "30"], env, tmp_path)
         assert prune.returncode == 0, prune.stderr
-        assert f"removed {stale} (left by a killed import)" in prune.stdout
+        assert prune.stdout.count(f"removed {stale} (left by a killed import)\n") == 1
         assert not stale.exists() and locked.exists() and mine_alive.exists()
     finally:
         os.close(lock)
