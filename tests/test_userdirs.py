@@ -1,9 +1,11 @@
 """`berth setup-user`: per-user runtime directories made by root for one user."""
 
+import grp
 import os
 import pwd
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -106,3 +108,215 @@ def test_refuses_to_run_unprivileged(monkeypatch, capsys, shared_root):
     assert cli.main(["setup-user", "nobody"]) == 1
     assert capsys.readouterr().err == "berth: error: setup-user must run as root\n"
     assert not (shared_root / "cache" / str(NOBODY.pw_uid)).exists()
+
+
+# -- a user's own tree is theirs, not root's (issue #11) ----------------------
+
+ATTACKER, VICTIM, GROUP = "bdep-ud-a", "bdep-ud-v", "bdep-ud-g"
+
+
+def _drop_account(name):
+    subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+@pytest.fixture
+def people(shared_root):
+    """Two throw-away users with homes in shared_root: (attacker, victim)."""
+    users = []
+    for name in (ATTACKER, VICTIM):
+        _drop_account(name)
+        home = shared_root / name
+        subprocess.run(["useradd", "--no-create-home", "--home-dir", str(home), "--shell",
+                        "/usr/sbin/nologin", name], check=True, capture_output=True)
+        user = pwd.getpwnam(name)
+        home.mkdir(mode=0o755)
+        os.chown(home, user.pw_uid, user.pw_gid)
+        users.append(user)
+    yield users
+    for name in (ATTACKER, VICTIM):
+        _drop_account(name)
+
+
+def as_owner(user, *paths):
+    for path in paths:
+        os.lchown(path, user.pw_uid, user.pw_gid)
+
+
+def tree(path):
+    """Every path below `path` with its owner, links not followed."""
+    return sorted((str(p), p.lstat().st_uid) for p in Path(path).rglob("*"))
+
+
+def setup_user(name, capsys):
+    status = cli.main(["setup-user", name])
+    return status, capsys.readouterr().err
+
+
+@needs_root
+@pytest.mark.parametrize("victim_has_enroot", [False, True])
+def test_a_config_link_into_another_users_home_is_not_followed(
+        monkeypatch, capsys, shared_root, people, victim_has_enroot):
+    attacker, victim = people
+    configure(monkeypatch, shared_root, **node_layout(shared_root))
+    victim_config = Path(victim.pw_dir) / ".config"
+    victim_config.mkdir(mode=0o755)
+    if victim_has_enroot:
+        (victim_config / "enroot").mkdir(mode=0o700)
+        (victim_config / "enroot" / "environ").write_text("SECRET=1\n")
+        as_owner(victim, victim_config / "enroot", victim_config / "enroot" / "environ")
+    as_owner(victim, victim_config)
+    before = tree(victim.pw_dir)
+    link = Path(attacker.pw_dir) / ".config"
+    link.symlink_to(victim_config)
+    as_owner(attacker, link)
+    status, err = setup_user(ATTACKER, capsys)
+    assert status == 0, err
+    assert tree(victim.pw_dir) == before
+    [line] = err.splitlines()
+    assert line.startswith(f"berth: warning: setup-user {ATTACKER}: ENROOT_CONFIG_PATH="
+                           f"{attacker.pw_dir}/.config/enroot: ")
+    # The shared-root paths were made all the same.
+    assert owner_and_mode(shared_root / "cache" / str(attacker.pw_uid)) == \
+        (attacker.pw_uid, attacker.pw_gid, 0o700)
+
+
+@needs_root
+@pytest.mark.parametrize("kind, message", [
+    ("dangling", "a dangling symbolic link"),
+    ("file", "exists and is not a directory"),
+    ("others", "owned by uid {victim}, not " + ATTACKER),
+    ("link-to-others", "a symbolic link to {target}, not a directory of " + ATTACKER),
+    ("config-is-a-file", "Not a directory"),
+])
+def test_a_broken_config_dir_of_the_user_is_a_warning_not_a_drained_node(
+        monkeypatch, capsys, shared_root, people, kind, message):
+    attacker, victim = people
+    configure(monkeypatch, shared_root, **node_layout(shared_root))
+    config_dir = Path(attacker.pw_dir) / ".config"
+    config_dir.mkdir()
+    as_owner(attacker, config_dir)
+    path = config_dir / "enroot"
+    target = shared_root / VICTIM / "enroot"
+    if kind == "dangling":
+        path.symlink_to(shared_root / "nowhere")
+    elif kind == "file":
+        path.write_text("")
+    elif kind == "others":
+        path.mkdir()
+        as_owner(victim, path)
+    elif kind == "link-to-others":
+        target.mkdir()
+        as_owner(victim, target)
+        path.symlink_to(target)
+    else:
+        shutil.rmtree(config_dir)
+        config_dir.write_text("")
+        path = config_dir
+    if kind != "others":
+        as_owner(attacker, path)
+    before = tree(shared_root / VICTIM)
+    status, err = setup_user(ATTACKER, capsys)
+    assert status == 0, err
+    expected = message.format(victim=victim.pw_uid, target=target)
+    assert err == f"berth: warning: setup-user {ATTACKER}: ENROOT_CONFIG_PATH=" \
+                  f"{attacker.pw_dir}/.config/enroot: {expected}\n"
+    assert tree(shared_root / VICTIM) == before
+    assert os.lstat(path).st_uid == (victim if kind == "others" else attacker).pw_uid
+
+
+@needs_root
+def test_a_users_link_never_leads_root_to_make_a_directory(monkeypatch, capsys, shared_root,
+                                                           people):
+    """A path in the user's tree whose parent is a root-owned directory the
+    user links to (/etc, say): root makes nothing there."""
+    attacker, _ = people
+    etc = shared_root / "etc"
+    etc.mkdir(mode=0o755)
+    configure(monkeypatch, shared_root, **node_layout(shared_root),
+              ENROOT_CONFIG_PATH=f"{attacker.pw_dir}/etc/enroot")
+    link = Path(attacker.pw_dir) / "etc"
+    link.symlink_to(etc)
+    as_owner(attacker, link)
+    status, err = setup_user(ATTACKER, capsys)
+    assert status == 0, err
+    assert os.listdir(etc) == []
+    assert err.startswith(f"berth: warning: setup-user {ATTACKER}: ENROOT_CONFIG_PATH="
+                          f"{attacker.pw_dir}/etc/enroot: not made: ")
+
+
+@needs_root
+def test_a_link_swapped_in_after_mkdir_is_never_chowned(monkeypatch, capsys, shared_root, people):
+    """The race between root's mkdir and its chown: whatever replaced the new
+    directory (a link to a root file here) is not followed."""
+    attacker, _ = people
+    configure(monkeypatch, shared_root, **node_layout(shared_root))
+    precious = shared_root / "precious"
+    precious.write_text("root's\n")
+    made = shared_root / "cache" / str(attacker.pw_uid)
+    real_mkdir = os.mkdir
+
+    def racing_mkdir(path, mode=0o777, *, dir_fd=None):
+        real_mkdir(path, mode, dir_fd=dir_fd)
+        if made.is_dir() and not made.is_symlink():
+            made.rmdir()
+            made.symlink_to(precious)
+
+    monkeypatch.setattr(os, "mkdir", racing_mkdir)
+    status, err = setup_user(ATTACKER, capsys)
+    monkeypatch.setattr(os, "mkdir", real_mkdir)
+    assert status == 0, err
+    assert os.stat(precious).st_uid == 0 and os.lstat(made).st_uid == 0
+    assert f"ENROOT_CACHE_PATH={made}: " in err and "left as it is" in err
+    # The other shared paths were made as usual.
+    assert os.stat(shared_root / "data" / ATTACKER).st_uid == attacker.pw_uid
+
+
+@needs_root
+def test_the_user_side_runs_without_roots_groups(monkeypatch, capsys, shared_root, people):
+    """Work in the user's tree runs with the user's groups only: a directory
+    of root's supplementary group stays closed even when a link leads there
+    halfway (a component swapped for a link while the path is being made)."""
+    attacker, _ = people
+    subprocess.run(["groupdel", GROUP], check=False, capture_output=True)
+    subprocess.run(["groupadd", GROUP], check=True, capture_output=True)
+    group = grp.getgrnam(GROUP).gr_gid
+    closed = shared_root / "closed"
+    closed.mkdir()
+    os.chown(closed, 0, group)
+    closed.chmod(0o770)
+    configure(monkeypatch, shared_root, **node_layout(shared_root),
+              ENROOT_CONFIG_PATH=f"{attacker.pw_dir}/.config/enroot")
+    step = Path(attacker.pw_dir) / ".config"
+    real_mkdir = os.mkdir
+
+    def racing_mkdir(path, mode=0o777, *, dir_fd=None):
+        real_mkdir(path, mode, dir_fd=dir_fd)
+        if str(path) == str(step):
+            os.rmdir(step)
+            os.symlink(closed, step)
+
+    groups = os.getgroups()
+    monkeypatch.setattr(os, "mkdir", racing_mkdir)
+    os.setgroups([group])
+    try:
+        status, err = setup_user(ATTACKER, capsys)
+    finally:
+        os.setgroups(groups)
+        monkeypatch.setattr(os, "mkdir", real_mkdir)
+        subprocess.run(["groupdel", GROUP], check=False, capture_output=True)
+    assert status == 0, err
+    assert os.listdir(closed) == []
+    assert f"ENROOT_CONFIG_PATH={step}/enroot: Permission denied; not made" in err
+
+
+@needs_root
+def test_a_link_to_the_users_own_directory_is_fine(monkeypatch, capsys, shared_root, people):
+    attacker, _ = people
+    configure(monkeypatch, shared_root, **node_layout(shared_root))
+    own = Path(attacker.pw_dir) / "elsewhere"
+    own.mkdir(mode=0o700)
+    (Path(attacker.pw_dir) / ".config").mkdir()
+    link = Path(attacker.pw_dir) / ".config" / "enroot"
+    link.symlink_to(own)
+    as_owner(attacker, own, link.parent, link)
+    assert setup_user(ATTACKER, capsys) == (0, "")
