@@ -23,13 +23,20 @@ def cmd_import(args, cfg):
     signal.signal(signal.SIGTERM, _terminated)
     try:
         return _import(args, cfg)
+    except _Terminated:
+        raise BerthError("import interrupted by SIGTERM") from None
     except OSError as e:  # a path we could not use: say which, in one line
         where = f"{e.filename}: " if e.filename else ""
         raise BerthError(f"{where}{e.strerror or e}") from None
 
 
+class _Terminated(Exception):
+    """SIGTERM, unwinding the import: no BerthError, so that no handler of
+    bad input (a broken layer, say) takes it for one and waits on."""
+
+
 def _terminated(signum, frame):
-    raise BerthError("import interrupted by SIGTERM")
+    raise _Terminated()
 
 
 def _import(args, cfg):

@@ -79,6 +79,9 @@ def apply_layer(root, path, digest, gzip_program):
                 pass
         except BerthError as e:
             tar_error = e  # a broken stream shows as a bad tar: the program says why
+        except BaseException:
+            proc.kill()  # (SIGTERM, say): no waiting for the program to finish
+            raise
         finally:
             proc.stdout.close()
             stderr = proc.stderr.read().decode(errors="replace").strip()

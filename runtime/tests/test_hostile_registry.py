@@ -6,6 +6,7 @@ The registry here is HostileRegistry (registry_fixture.py), in this
 process: no docker-registry needed.
 """
 
+import contextlib
 import fcntl
 import json
 import os
@@ -183,6 +184,41 @@ def test_sigterm_ends_a_stalled_download_at_once(tmp_path, env, hostile):
     assert_no_partial(tmp_path)
 
 
+def slow_gzip(tmp_path):
+    """An ENROOT_GZIP_PROGRAM that says its pid in gzip.pid and then hangs."""
+    slow = tmp_path / "slow-gzip"
+    slow.write_text(f"#!/bin/sh\necho $$ > {tmp_path}/gzip.pid\nexec sleep 60\n")
+    slow.chmod(0o755)
+    return slow
+
+
+def test_sigterm_ends_a_stalled_unpack_at_once(tmp_path, env, hostile):
+    hostile.image("test/app", "v1", [LAYER])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "berth.cli", "import", f"docker://{hostile.host}#test/app:v1"],
+        env=dict(env, ENROOT_GZIP_PROGRAM=str(slow_gzip(tmp_path))), cwd=tmp_path,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "gzip.pid").exists():
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.2)
+        signalled = time.monotonic()
+        process.terminate()
+        status = process.wait(5)
+        took = time.monotonic() - signalled
+    finally:
+        process.kill()
+        process.wait()
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int((tmp_path / "gzip.pid").read_text()), signal.SIGKILL)
+    assert status == 1
+    assert process.stderr.read() == "berth: error: import interrupted by SIGTERM\n"
+    assert took < 1.0, took
+    assert_no_partial(tmp_path)  # the unpack tree included
+
+
 # -- settings that make no sense -----------------------------------------------------------
 
 @pytest.mark.parametrize("key", ["ENROOT_CONNECT_TIMEOUT", "ENROOT_TRANSFER_TIMEOUT",
@@ -260,9 +296,7 @@ def test_trees_of_killed_imports_are_removed_by_the_next_import_and_prune(
     hostile.image("test/app", "v1", [LAYER])
     temp = tmp_path / "temp"
     # An import killed (SIGKILL) while it unpacks: its gzip program waits.
-    slow = tmp_path / "slow-gzip"
-    slow.write_text(f"#!/bin/sh\necho $$ > {tmp_path}/gzip.pid\nsleep 60\n")
-    slow.chmod(0o755)
+    slow = slow_gzip(tmp_path)
     process = subprocess.Popen(
         [sys.executable, "-m", "berth.cli", "import", f"docker://{hostile.host}#test/app:v1"],
         env=dict(env, ENROOT_GZIP_PROGRAM=str(slow)), cwd=tmp_path,
