@@ -184,6 +184,30 @@ def test_sigterm_ends_a_stalled_download_at_once(tmp_path, env, hostile):
     assert_no_partial(tmp_path)
 
 
+def test_sigterm_ends_a_wait_for_a_stalled_manifest_at_once(tmp_path, env, hostile):
+    hostile.image("test/app", "v1", [LAYER])
+    hostile.behave["v1"] = stall(None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "berth.cli", "import", f"docker://{hostile.host}#test/app:v1"],
+        env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while "/v2/test/app/manifests/v1" not in hostile.requests:
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.2)
+        signalled = time.monotonic()
+        process.terminate()
+        status = process.wait(5)
+        took = time.monotonic() - signalled
+    finally:
+        process.kill()
+        process.wait()
+    assert status == 1
+    assert process.stderr.read() == "berth: error: import interrupted by SIGTERM\n"
+    assert took < 1.0, took
+
+
 def slow_gzip(tmp_path):
     """An ENROOT_GZIP_PROGRAM that says its pid in gzip.pid and then hangs."""
     slow = tmp_path / "slow-gzip"
