@@ -76,16 +76,6 @@ def cmd_setup_user(args, cfg):
     return 0
 
 
-def user_paths(user):
-    """The four per-user paths as the runtime computes them when `user` runs it.
-
-    Computed in a child that has become the user, so ${UID}, ${USER} and the
-    XDG defaults resolve exactly as in the user's own `berth` process.
-    """
-    env = _user_env(user)
-    return _as_user(user, lambda: {key: config.load(env)[key] for key in USER_KEYS})
-
-
 def _user_env(user):
     env = {
         "HOME": user.pw_dir,
