@@ -86,6 +86,7 @@ def test_paths_inside_the_users_own_tree_are_made_as_the_user(monkeypatch, share
      "ENROOT_RUNTIME_PATH={root}/missing/65534: parent {root}/missing does not exist"),
     ("ENROOT_DATA_PATH", "{root}/sysconf/enroot.conf",
      "ENROOT_DATA_PATH={root}/sysconf/enroot.conf: exists and is not a directory"),
+    ("ENROOT_CACHE_PATH", "cache/${{UID}}", "ENROOT_CACHE_PATH=cache/65534: not an absolute path"),
 ])
 def test_a_bad_path_fails_naming_it_and_makes_nothing(monkeypatch, capsys, shared_root, key, value, message):
     settings = node_layout(shared_root)

@@ -564,3 +564,18 @@ def test_prune_by_the_user_refuses_a_linked_directory(tmp_path, env):
     assert result.stderr == f"berth: error: {tmp_path}/cache/images: a symbolic link; berth " \
                             "cache prune follows none in the cache\n"
     assert left(paths) == ["image1", "layer1"]
+
+
+@needs_root
+def test_root_prunes_the_cache_of_a_uid_gone_from_passwd(tmp_path, node):
+    gone = 54321
+    assert not any(entry.pw_uid == gone for entry in pwd.getpwall())
+    base = node / "gone"
+    base.mkdir(mode=0o755)
+    paths = fake_cache(base, {"layer1": 10, "image1": 0})
+    for path in [base / "cache", *(base / "cache").rglob("*")]:
+        os.lchown(path, gone, gone)
+    result = prune_as_root(tmp_path, base / "cache")
+    assert result.returncode == 0, result.stderr
+    assert left(paths) == ["image1"]
+    assert {path.lstat().st_uid for path in (base / "cache").rglob("*")} == {gone}
