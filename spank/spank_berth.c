@@ -47,6 +47,20 @@ SPANK_PLUGIN(spank_berth, 1);
 static struct plugin_conf conf;
 static struct container_flags flags;
 
+/*
+ * A process the plugin forked, held by a pidfd opened before it could exit
+ * (fork_user): signals and waits go through the pidfd, never through a pid
+ * that the process may have left to another one.
+ */
+struct child {
+	pid_t pid;
+	int pidfd; /* -1: none */
+};
+
+#ifndef P_PIDFD
+#define P_PIDFD 3 /* waitid on a pidfd, Linux 5.4 */
+#endif
+
 /* One step on one node (remote context). */
 static struct {
 	int active;
@@ -60,12 +74,12 @@ static struct {
 	char container[NAME_MAX];  /* container name given to berth, or "" */
 	int remove_container;      /* created for --container-save only */
 	char pidfile[PATH_MAX];    /* named container's pid file we wrote, or "" */
-	pid_t keeper;              /* our "berth start --detach", or 0 */
+	struct child keeper;       /* our "berth start --detach", or pidfd -1 */
 	int keeper_stdin;          /* closing it stops the keeper */
 	pid_t container_pid;       /* the pid whose namespaces tasks join */
 	uint32_t tasks_left;       /* local tasks still running */
 	int setup_failed;          /* user_init could not make the container */
-} step = { .keeper_stdin = -1 };
+} step = { .keeper = { 0, -1 }, .keeper_stdin = -1 };
 
 enum opt_id {
 	OPT_IMAGE, OPT_MOUNTS, OPT_WORKDIR, OPT_NAME, OPT_SAVE,
@@ -562,48 +576,251 @@ static char **child_env(spank_t sp, char **overrides, int noverrides)
 #define EXIT_NO_USER 126
 #define EXIT_NO_LOG 125
 
-/*
- * Fork argv as the job user. stdin/stdout of the child: the given fds (-1:
- * /dev/null); stderr: log_path, opened as the user. Only async-signal-safe
- * calls after fork: slurmstepd has threads.
- */
-static pid_t spawn(spank_t sp, char *const argv[], char **env, int in_fd, int out_fd,
-		   const char *log_path)
+/* How long root waits for a child that only reads a log for it. */
+#define READ_TIMEOUT_MS 10000
+
+/* ---- children of the plugin ------------------------------------------------ */
+
+static long long now_ms(void)
 {
-	gid_t *groups = NULL;
-	int ngroups = 0;
-	int null_fd, log_fd;
-	int as_root = geteuid() == 0;
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Milliseconds until deadline (now_ms() time; -1: none) as a poll timeout. */
+static int ms_left(long long deadline)
+{
+	long long left;
+
+	if (deadline < 0)
+		return -1;
+	left = deadline - now_ms();
+	return left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left;
+}
+
+/* Has the child exited within timeout_ms (-1: no limit)? 1: yes, 0: not yet. */
+static int child_exited(const struct child *c, int timeout_ms)
+{
+	struct pollfd exited = { c->pidfd, POLLIN, 0 };
+	long long deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+	int r;
+
+	while ((r = poll(&exited, 1, ms_left(deadline))) < 0 && errno == EINTR)
+		;
+	if (r < 0) {
+		slurm_error("spank_berth: poll on process %ld: %m", (long)c->pid);
+		return 1;
+	}
+	return r > 0;
+}
+
+/*
+ * Still ours: running, or exited and reaped by nobody? Then neither its pid
+ * nor its process group id can have been given to another process.
+ * (slurmstepd's wait loop reaps any of its children that exits.)
+ */
+static int child_held(const struct child *c)
+{
+	siginfo_t info;
+
+	memset(&info, 0, sizeof(info));
+	return waitid((idtype_t)P_PIDFD, (id_t)c->pidfd, &info,
+		      WEXITED | WNOHANG | WNOWAIT) == 0;
+}
+
+/* Signal the child through its pidfd: a process gone is no error, nor is a reused pid a target. */
+static void child_signal(const struct child *c, int sig)
+{
+	if (syscall(SYS_pidfd_send_signal, c->pidfd, sig, NULL, 0) < 0 && errno != ESRCH)
+		slurm_error("spank_berth: cannot send signal %d to process %ld: %m",
+			    sig, (long)c->pid);
+}
+
+/* Reap the child if it has exited and is still ours; forget it. */
+static void child_release(struct child *c)
+{
+	siginfo_t info;
+
+	if (c->pidfd < 0)
+		return;
+	memset(&info, 0, sizeof(info));
+	while (waitid((idtype_t)P_PIDFD, (id_t)c->pidfd, &info, WEXITED | WNOHANG) < 0 &&
+	       errno == EINTR)
+		;
+	close(c->pidfd);
+	c->pidfd = -1;
+	c->pid = 0;
+}
+
+/*
+ * Wait for the child until deadline (now_ms() time, -1: none). Past it, its
+ * whole process group is killed (spawn gave it one) and the one line that
+ * says so names what and timeout_s. 0 and its wait status, or -1.
+ */
+static int child_wait(struct child *c, long long deadline, const char *what, int timeout_s,
+		      int *status)
+{
+	siginfo_t info;
+	int rc = 0;
+
+	if (!child_exited(c, ms_left(deadline))) {
+		slurm_error("spank_berth: %s timed out after %d s; its processes were killed",
+			    what, timeout_s);
+		if (child_held(c) && kill(-c->pid, SIGKILL) < 0 && errno != ESRCH)
+			slurm_error("spank_berth: cannot kill process group %ld: %m", (long)c->pid);
+		child_signal(c, SIGKILL);
+		child_exited(c, 5000);
+		child_release(c);
+		return -1;
+	}
+	memset(&info, 0, sizeof(info));
+	while ((rc = waitid((idtype_t)P_PIDFD, (id_t)c->pidfd, &info, WEXITED)) < 0 &&
+	       errno == EINTR)
+		;
+	if (rc < 0)
+		slurm_error("spank_berth: %s: cannot get its exit status: %m", what);
+	else if (info.si_code == CLD_EXITED)
+		*status = (info.si_status & 0xff) << 8;
+	else
+		*status = info.si_status & 0x7f;
+	close(c->pidfd);
+	c->pidfd = -1;
+	c->pid = 0;
+	return rc < 0 ? -1 : 0;
+}
+
+/* The job's groups; in the epilog Slurm has no group list: the primary group will do. */
+static void job_groups(spank_t sp, gid_t **groups, int *ngroups)
+{
+	if (sp == NULL ||
+	    spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, groups, ngroups) != ESPANK_SUCCESS ||
+	    *groups == NULL || *ngroups < 0) {
+		*groups = &step.gid;
+		*ngroups = 1;
+	}
+}
+
+/*
+ * In a forked child: leave slurmstepd's identity for the job user's, for
+ * good. In user_init slurmstepd has switched only its effective uid (real
+ * and saved uid 0): root comes back first, so that the group list is set
+ * and nothing is left to switch back to. oom_score_adj is slurmstepd's
+ * (SLURMSTEPD_OOM_ADJ) until reset here to 0, as Slurm does for tasks,
+ * while /proc/self is still ours to write. Async-signal-safe calls only.
+ */
+static int become_user(const gid_t *groups, int ngroups, int *oom_failed)
+{
+	static const char zero[] = "0\n";
+	int fd;
+
+	if (getuid() == 0 && geteuid() != 0 && seteuid(0) < 0)
+		return -1;
+	fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	*oom_failed = fd < 0 || write(fd, zero, sizeof(zero) - 1) != (ssize_t)sizeof(zero) - 1;
+	if (fd >= 0)
+		close(fd);
+	if (geteuid() == 0 && setgroups((size_t)ngroups, groups) < 0)
+		return -1;
+	if (setresgid(step.gid, step.gid, step.gid) < 0 ||
+	    setresuid(step.uid, step.uid, step.uid) < 0)
+		return -1;
+	if (step.uid != 0 && (geteuid() == 0 || setresuid((uid_t)-1, 0, (uid_t)-1) == 0))
+		return -1;
+	return 0;
+}
+
+/*
+ * Fork a child that is the job user (setgroups, setresgid, setresuid), in a
+ * process group of its own, with default signals. The parent holds it by a
+ * pidfd opened before the child may exit: the child waits for that on a
+ * pipe, and while it waits it is root's, out of the user's reach. Returns
+ * 0 in the child, 1 in the parent (c filled in), -1 (logged) on failure.
+ */
+static int fork_user(struct child *c, const gid_t *groups, int ngroups, int *oom_failed)
+{
+	int go[2] = { -1, -1 };
+	char ok = 1;
 	pid_t pid;
 
-	/* in the epilog Slurm has no group list: the primary group will do */
-	if (as_root && spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &groups, &ngroups) != ESPANK_SUCCESS) {
-		groups = &step.gid;
-		ngroups = 1;
-	}
-	null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
-	if (null_fd < 0) {
-		slurm_error("spank_berth: cannot open /dev/null: %m");
+	c->pid = 0;
+	c->pidfd = -1;
+	if (pipe2(go, O_CLOEXEC) < 0) {
+		slurm_error("spank_berth: pipe: %m");
 		return -1;
 	}
 	pid = fork();
 	if (pid == 0) {
 		sigset_t none;
+		ssize_t n;
 
 		/* slurmstepd's blocked and ignored signals must not reach the runtime */
 		for (int sig = 1; sig < NSIG; sig++)
 			signal(sig, SIG_DFL);
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
-		if (as_root && setgroups((size_t)ngroups, groups) < 0)
+		close(go[1]);
+		if (setpgid(0, 0) < 0)
 			_exit(EXIT_NO_USER);
-		if (setresgid(step.gid, step.gid, step.gid) < 0 ||
-		    setresuid(step.uid, step.uid, step.uid) < 0)
+		while ((n = read(go[0], &ok, 1)) < 0 && errno == EINTR)
+			;
+		close(go[0]);
+		if (n != 1 || become_user(groups, ngroups, oom_failed) < 0)
 			_exit(EXIT_NO_USER);
+		return 0;
+	}
+	close(go[0]);
+	if (pid < 0) {
+		slurm_error("spank_berth: fork: %m");
+		close(go[1]);
+		return -1;
+	}
+	c->pid = pid;
+	c->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (c->pidfd < 0 || write(go[1], &ok, 1) != 1) {
+		slurm_error("spank_berth: cannot hold process %ld by a pidfd: %m", (long)pid);
+		close(go[1]);
+		/* blocked on the pipe, unreaped: this pid is still our child's */
+		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+			;
+		if (c->pidfd >= 0)
+			close(c->pidfd);
+		c->pidfd = -1;
+		c->pid = 0;
+		return -1;
+	}
+	close(go[1]);
+	return 1;
+}
+
+/*
+ * Start argv as the job user (fork_user). stdin/stdout of the child: the
+ * given fds (-1: /dev/null); stderr: log_path, opened as the user. Only
+ * async-signal-safe calls after fork: slurmstepd has threads. 0 or -1.
+ */
+static int spawn(spank_t sp, char *const argv[], char **env, int in_fd, int out_fd,
+		 const char *log_path, struct child *c)
+{
+	static const char oom_msg[] = "spank_berth: cannot reset oom_score_adj to 0\n";
+	gid_t *groups = NULL;
+	int ngroups = 0, oom_failed = 0;
+	int null_fd, log_fd, forked;
+
+	job_groups(sp, &groups, &ngroups);
+	null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null_fd < 0) {
+		slurm_error("spank_berth: cannot open /dev/null: %m");
+		return -1;
+	}
+	forked = fork_user(c, groups, ngroups, &oom_failed);
+	if (forked == 0) {
 		log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
 		if (log_fd < 0 || dup2(log_fd, 2) < 0 ||
 		    dup2(in_fd >= 0 ? in_fd : null_fd, 0) < 0 ||
 		    dup2(out_fd >= 0 ? out_fd : null_fd, 1) < 0)
+			_exit(EXIT_NO_LOG);
+		if (oom_failed && write(2, oom_msg, sizeof(oom_msg) - 1) < 0)
 			_exit(EXIT_NO_LOG);
 		/* slurmstepd's own fds are none of the runtime's business */
 		if (close_range(3, ~0U, 0) < 0)
@@ -614,10 +831,74 @@ static pid_t spawn(spank_t sp, char *const argv[], char **env, int in_fd, int ou
 		execve(argv[0], argv, env);
 		_exit(127);
 	}
-	if (pid < 0)
-		slurm_error("spank_berth: fork: %m");
 	close(null_fd);
-	return pid;
+	return forked < 0 ? -1 : 0;
+}
+
+/*
+ * The last (up to len - 1) bytes of a regular file below the user's tree,
+ * NUL-terminated; "" when there is none. Root reads it through a child that
+ * is the user: any directory on the way may be a link the user put there.
+ */
+static void read_user_tail(const char *path, char *buf, size_t len)
+{
+	int pipe_fds[2] = { -1, -1 };
+	struct child reader;
+	size_t used = 0;
+	int oom_failed, status;
+	long long deadline;
+
+	buf[0] = '\0';
+	if (pipe2(pipe_fds, O_CLOEXEC) < 0) {
+		slurm_error("spank_berth: pipe: %m");
+		return;
+	}
+	switch (fork_user(&reader, &step.gid, 1, &oom_failed)) {
+	case 0: {
+		char chunk[4096];
+		struct stat st;
+		ssize_t n;
+		int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+
+		if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+			_exit(1);
+		if (st.st_size > (off_t)len - 1 &&
+		    lseek(fd, st.st_size - (off_t)len + 1, SEEK_SET) < 0)
+			_exit(1);
+		while ((n = read(fd, chunk, sizeof(chunk))) > 0)
+			if (write(pipe_fds[1], chunk, (size_t)n) != n)
+				_exit(1);
+		_exit(n < 0);
+	}
+	case -1:
+		close(pipe_fds[0]);
+		close(pipe_fds[1]);
+		return;
+	}
+	close(pipe_fds[1]);
+	deadline = now_ms() + READ_TIMEOUT_MS;
+	for (;;) {
+		struct pollfd readable = { pipe_fds[0], POLLIN, 0 };
+		ssize_t n;
+		int r = poll(&readable, 1, ms_left(deadline));
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		n = read(pipe_fds[0], buf + used, len - 1 - used);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		used += (size_t)n;
+		if (used == len - 1)
+			break;
+	}
+	buf[used] = '\0';
+	close(pipe_fds[0]);
+	child_wait(&reader, deadline, "reading a log as the user",
+		   READ_TIMEOUT_MS / 1000, &status);
 }
 
 /* Report why a runtime command failed: its last stderr line. */
@@ -625,22 +906,13 @@ static void report_failure(const char *what, const char *log_path, int status)
 {
 	char buf[4096];
 	char *line;
-	ssize_t n = -1;
-	int fd = open(log_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	off_t size;
+	size_t n;
 
-	if (fd >= 0) {
-		size = lseek(fd, 0, SEEK_END);
-		if (size > (off_t)sizeof(buf) - 1)
-			lseek(fd, size - (off_t)sizeof(buf) + 1, SEEK_SET);
-		else
-			lseek(fd, 0, SEEK_SET);
-		n = read(fd, buf, sizeof(buf) - 1);
-		close(fd);
-	}
-	if (n < 0)
-		n = 0;
-	buf[n] = '\0';
+	if (strcmp(log_path, "/dev/null") == 0)
+		buf[0] = '\0';
+	else
+		read_user_tail(log_path, buf, sizeof(buf));
+	n = strlen(buf);
 	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
 		buf[--n] = '\0';
 	line = strrchr(buf, '\n');
@@ -662,17 +934,21 @@ static void report_failure(const char *what, const char *log_path, int status)
  * Run a runtime command to completion. out: its stdout (up to outlen - 1
  * bytes, NUL-terminated), or NULL. slow_notice (with out): logged when the
  * command has printed nothing after a few seconds, so a long import shows.
+ * As root (task_exit, exit, job_epilog) the wait is bounded by
+ * cleanup_timeout: the command runs as the user, who can stall it.
  * Logs and returns -1 on failure.
  */
 static int run(spank_t sp, const char *what, char *const argv[], char *out, size_t outlen,
 	       const char *slow_notice)
 {
+	int timeout_s = geteuid() == 0 ? conf.cleanup_timeout : 0;
+	long long deadline = timeout_s > 0 ? now_ms() + 1000LL * timeout_s : -1;
 	char log_path[PATH_MAX];
 	char **env;
 	int pipe_fds[2] = { -1, -1 };
+	struct child cmd;
 	size_t used = 0;
-	int status = 0;
-	pid_t pid;
+	int status = 0, rc;
 
 	if (step.step_dir[0] == '\0')
 		strcpy(log_path, "/dev/null");
@@ -686,19 +962,25 @@ static int run(spank_t sp, const char *what, char *const argv[], char *out, size
 		free(env);
 		return -1;
 	}
-	pid = spawn(sp, argv, env, -1, pipe_fds[1], log_path);
+	rc = spawn(sp, argv, env, -1, pipe_fds[1], log_path, &cmd);
 	free(env);
 	if (out != NULL) {
 		struct pollfd printed = { pipe_fds[0], POLLIN, 0 };
 
 		close(pipe_fds[1]);
-		if (slow_notice != NULL && pid > 0 && poll(&printed, 1, 3000) == 0)
+		if (slow_notice != NULL && rc == 0 && poll(&printed, 1, 3000) == 0)
 			slurm_spank_log("spank_berth: %s", slow_notice);
-		for (;;) {
+		while (rc == 0) {
 			char sink[256];
-			ssize_t n = used + 1 < outlen ? read(pipe_fds[0], out + used, outlen - 1 - used)
-						      : read(pipe_fds[0], sink, sizeof(sink));
+			ssize_t n;
+			int r = poll(&printed, 1, ms_left(deadline));
 
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0) /* past the deadline: child_wait says so */
+				break;
+			n = used + 1 < outlen ? read(pipe_fds[0], out + used, outlen - 1 - used)
+					      : read(pipe_fds[0], sink, sizeof(sink));
 			if (n < 0 && errno == EINTR)
 				continue;
 			if (n <= 0)
@@ -709,12 +991,10 @@ static int run(spank_t sp, const char *what, char *const argv[], char *out, size
 		out[used] = '\0';
 		close(pipe_fds[0]);
 	}
-	if (pid < 0)
+	if (rc < 0)
 		return -1;
-	if (wait_child(pid, &status) < 0) {
-		slurm_error("spank_berth: %s: waitpid: %m", what);
+	if (child_wait(&cmd, deadline, what, timeout_s, &status) < 0)
 		return -1;
-	}
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
 		report_failure(what, log_path, status);
 		return -1;
@@ -1006,14 +1286,12 @@ static int start_keeper(spank_t sp, const char *target, int report)
 		slurm_error("spank_berth: pipe: %m");
 		goto out;
 	}
-	step.keeper = spawn(sp, argv, env, in_pipe[0], out_pipe[1], log_path);
+	status = spawn(sp, argv, env, in_pipe[0], out_pipe[1], log_path, &step.keeper);
 	close(in_pipe[0]);
 	close(out_pipe[1]);
 	in_pipe[0] = out_pipe[1] = -1;
-	if (step.keeper < 0) {
-		step.keeper = 0;
+	if (status < 0)
 		goto out;
-	}
 	step.keeper_stdin = in_pipe[1];
 	in_pipe[1] = -1;
 	while (used < sizeof(line) - 1) {
@@ -1031,9 +1309,8 @@ static int start_keeper(spank_t sp, const char *target, int report)
 		step.container_pid = 0;
 		close(step.keeper_stdin);
 		step.keeper_stdin = -1;
-		if (wait_child(step.keeper, &status) < 0)
+		if (child_wait(&step.keeper, -1, "berth start", 0, &status) < 0)
 			status = -1;
-		step.keeper = 0;
 		if (report)
 			report_failure("berth start", log_path, status);
 		goto out;
@@ -1406,10 +1683,15 @@ static void show_start_log(spank_t sp)
 	ssize_t n;
 	int task, fd;
 
-	if (!flags.entrypoint_log || step.keeper <= 0 ||
+	if (!flags.entrypoint_log || step.keeper.pidfd < 0 ||
 	    spank_get_item(sp, S_TASK_ID, &task) != ESPANK_SUCCESS || task != 0 ||
 	    path_join(log_path, "%s/start.log", step.step_dir) < 0)
 		return;
+	/* task_init runs in the task, as the user; never read the user's tree as root */
+	if (getuid() == 0 || geteuid() == 0) {
+		slurm_error("spank_berth: --container-entrypoint-log: not shown (running as root)");
+		return;
+	}
 	fd = open(log_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 	if (fd < 0) {
 		slurm_error("spank_berth: --container-entrypoint-log: %s: %m", log_path);
@@ -1439,68 +1721,85 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 
 /* ---- step end --------------------------------------------------------------- */
 
-/*
- * Wait up to timeout_ms for the child pid; 1: gone, 0: still there. A pidfd
- * wakes us the moment it exits (Linux 5.3+); without one, poll in ticks.
- */
-static int reaped_within(pid_t pid, int timeout_ms)
-{
-	struct timespec tick = { 0, 10 * 1000 * 1000 };
-	int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-
-	if (pidfd >= 0) {
-		struct pollfd exited = { pidfd, POLLIN, 0 };
-		int r;
-
-		while ((r = poll(&exited, 1, timeout_ms)) < 0 && errno == EINTR)
-			;
-		close(pidfd);
-		if (r == 0)
-			return 0;
-	}
-	for (int waited = 0; waited <= timeout_ms; waited += 10) {
-		pid_t r = waitpid(pid, NULL, WNOHANG);
-
-		if (r == pid || (r < 0 && errno == ECHILD))
-			return 1;
-		nanosleep(&tick, NULL);
-	}
-	return 0;
-}
-
-/* EOF on its stdin tells the keeper to tear down; signals if it does not. */
+/* EOF on its stdin tells the keeper to tear down; signals (by pidfd) if it does not. */
 static void stop_keeper(void)
 {
 	if (step.keeper_stdin >= 0)
 		close(step.keeper_stdin);
 	step.keeper_stdin = -1;
-	if (step.keeper <= 0)
+	if (step.keeper.pidfd < 0)
 		return;
-	if (!reaped_within(step.keeper, 10000)) {
+	if (!child_exited(&step.keeper, 10000)) {
 		slurm_info("spank_berth: container keeper %ld ignored EOF, sending SIGTERM",
-			   (long)step.keeper);
-		kill(step.keeper, SIGTERM);
-		if (!reaped_within(step.keeper, 5000)) {
-			kill(step.keeper, SIGKILL);
-			reaped_within(step.keeper, 5000);
+			   (long)step.keeper.pid);
+		child_signal(&step.keeper, SIGTERM);
+		if (!child_exited(&step.keeper, 5000)) {
+			child_signal(&step.keeper, SIGKILL);
+			child_exited(&step.keeper, 5000);
 		}
 	}
-	step.keeper = 0;
+	child_release(&step.keeper);
 }
 
-static void remove_step_dir(void)
+/*
+ * In a child that is the user (the tree is the user's, and any part of it
+ * may be a link the user put there): unlink the named container's pid file
+ * we wrote, and with_dir, the step dir's files and the dir. Exits 0, or
+ * with the errno of what failed.
+ */
+static void remove_user_files_child(int with_dir)
 {
-	DIR *dir = opendir(step.step_dir);
-	struct dirent *entry;
+	char entries[4096] __attribute__((aligned(8)));
+	int failed = 0, fd;
+	ssize_t n;
 
-	if (dir == NULL)
+	if (step.pidfile[0] != '\0' && unlink(step.pidfile) < 0 && errno != ENOENT)
+		failed = errno;
+	if (!with_dir)
+		_exit(failed);
+	fd = open(step.step_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 && (errno == ELOOP || errno == ENOTDIR))
+		_exit(unlink(step.step_dir) == 0 ? 0 : errno); /* the link, not what it names */
+	if (fd < 0)
+		_exit(errno == ENOENT ? 0 : errno);
+	while ((n = getdents64(fd, entries, sizeof(entries))) > 0) {
+		for (ssize_t off = 0; off < n;) {
+			struct dirent64 *entry = (struct dirent64 *)(entries + off);
+
+			if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0)
+				unlinkat(fd, entry->d_name, 0);
+			off += entry->d_reclen;
+		}
+	}
+	close(fd);
+	_exit(rmdir(step.step_dir) == 0 ? failed : errno);
+}
+
+/* The pid file and (with_dir) the step dir, removed by a child that is the user. */
+static void remove_user_files(int with_dir)
+{
+	struct child remover;
+	int oom_failed, status = 0;
+
+	if (step.pidfile[0] == '\0' && !with_dir)
 		return;
-	while ((entry = readdir(dir)) != NULL)
-		if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0)
-			unlinkat(dirfd(dir), entry->d_name, 0);
-	closedir(dir);
-	if (rmdir(step.step_dir) < 0)
-		slurm_info("spank_berth: cannot remove %s: %m", step.step_dir);
+	switch (fork_user(&remover, &step.gid, 1, &oom_failed)) {
+	case 0:
+		remove_user_files_child(with_dir);
+		_exit(1);
+	case -1:
+		return;
+	}
+	if (child_wait(&remover, now_ms() + 1000LL * conf.cleanup_timeout,
+		       "removing the step's files as the user", conf.cleanup_timeout, &status) < 0)
+		return;
+	if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_NO_USER)
+		slurm_error("spank_berth: cannot become uid %u to remove %s",
+			    (unsigned)step.uid, step.step_dir);
+	else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		slurm_info("spank_berth: cannot remove %s%s%s: %s", step.pidfile,
+			   step.pidfile[0] && with_dir ? " or " : "", with_dir ? step.step_dir : "",
+			   WIFEXITED(status) ? strerror(WEXITSTATUS(status)) : "killed");
 }
 
 /* Stop the container, save and remove what the step asked for, drop the logs. */
@@ -1509,8 +1808,6 @@ static int finish_step(spank_t sp)
 	int rc = 0;
 
 	stop_keeper();
-	if (step.pidfile[0] != '\0')
-		unlink(step.pidfile);
 	if (flags.save != NULL && step.container[0] != '\0') {
 		char save[PATH_MAX];
 		char *argv[] = { conf.berth, "export", "-f", "-o", save, step.container, NULL };
@@ -1525,8 +1822,7 @@ static int finish_step(spank_t sp)
 		if (run(sp, "berth remove", argv, NULL, 0, NULL) < 0)
 			rc = -1;
 	}
-	if (rc == 0) /* on failure the logs stay for the admin */
-		remove_step_dir();
+	remove_user_files(rc == 0); /* on failure the logs stay for the admin */
 	step.active = 0;
 	return rc;
 }
