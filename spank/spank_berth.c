@@ -1045,7 +1045,7 @@ static int import_with_importer(spank_t sp, const char *uri, char *sqsh)
 	lock_fd = lock_file(lock);
 	if (lock_fd < 0)
 		return -1;
-	if (access(sqsh, R_OK) != 0) {
+	if (faccessat(AT_FDCWD, sqsh, R_OK, AT_EACCESS) != 0) { /* as the user: real uid is root */
 		slurm_spank_log("spank_berth: importing %s", uri);
 		unlink(tmp);
 		rc = run(sp, "importer", argv, NULL, 0, NULL);
