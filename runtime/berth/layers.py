@@ -115,7 +115,9 @@ def _apply_tar(root, stream, digest):
         raise BerthError(f"layer {digest}: {e.strerror}: "
                          f"{e.filename.removeprefix(root) if e.filename else ''}") from None
     for path, mtime in dir_times.items():
-        _set_mtime(path, mtime)
+        # A later entry may have made a parent a symlink: set no time through it.
+        if resolve(root, path[len(root):]) == path:
+            _set_mtime(path, mtime)
 
 
 def _set_mtime(path, mtime):
@@ -124,6 +126,8 @@ def _set_mtime(path, mtime):
         os.utime(path, (mtime, mtime), follow_symlinks=False)
     except (OverflowError, ValueError):
         pass  # (NaN, or past what time_t holds): the time of the unpack stays
+    except FileNotFoundError:
+        pass  # a later entry of the layer removed it
 
 
 def _entry_name(name, digest, what="entry"):

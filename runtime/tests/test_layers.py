@@ -148,3 +148,16 @@ def test_refused_entry_in_compressed_layer_is_reported_as_such(root):
 def test_not_a_tar_names_the_layer(root):
     with pytest.raises(BerthError, match=r"layer sha256:0{64} is not a valid tar"):
         apply(root, b"this is no tar archive at all" * 40)
+
+
+def test_a_directory_removed_later_in_its_layer_keeps_no_time_to_set(root):
+    apply(root, layer_tar(("dir", "d"), ("file", ".wh.d", b"")))
+    assert tree(root) == []
+
+
+def test_a_parent_made_a_symlink_later_in_the_layer_sets_no_time_outside(root, outside):
+    (outside / "b").mkdir()
+    before = os.stat(outside / "b").st_mtime
+    apply(root, layer_tar(("dir", "a"), ("dir", "a/b"), ("file", ".wh.a", b""),
+                          ("symlink", "a", str(outside))))
+    assert os.stat(outside / "b").st_mtime == before
