@@ -29,7 +29,7 @@ import sys
 import time
 import traceback
 
-from berth import squash
+from berth import safedir, squash
 from berth.blobs import BlobCache, locked, make_dirs, touch
 from berth.errors import BerthError
 
@@ -124,6 +124,8 @@ _PLACES = {
 
 def cmd_cache(args, cfg):
     cache_path = cfg["ENROOT_CACHE_PATH"]
+    if os.geteuid() != 0:  # (root checks each step itself, then becomes the owner)
+        safedir.check_if_present(cache_path, "ENROOT_CACHE_PATH")
     if args.cache_verb != "prune":
         return _show(cache_path)
     days, limit = _days(args.older_than), _size(args.max_size)

@@ -13,7 +13,7 @@ import contextlib
 import os
 import signal
 
-from berth import reference, squash
+from berth import reference, safedir, squash
 from berth.errors import BerthError
 from berth.imagecache import ImageCache
 
@@ -41,6 +41,7 @@ def _terminated(signum, frame):
 
 def _import(args, cfg):
     ref = reference.parse(args.uri)
+    safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
     if args.cache_only:
         output = replace = None
     else:

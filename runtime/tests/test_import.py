@@ -256,8 +256,9 @@ def test_unusable_paths_are_named(tmp_path, env, proxy):
     (tmp_path / "afile").write_text("")
     result = berth(["import", uri], dict(env, ENROOT_CACHE_PATH=str(tmp_path / "afile")),
                    tmp_path)
-    assert result.stderr == f"berth: error: cannot create cache directory " \
-                            f"{tmp_path / 'afile/images'}: Not a directory\n"
+    assert result.stderr.startswith(f"berth: error: ENROOT_CACHE_PATH {tmp_path / 'afile'}: "
+                                    "is not a directory")
+    assert result.stderr.count("\n") == 1
     assert_nothing_left(tmp_path)
 
 

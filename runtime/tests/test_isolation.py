@@ -115,6 +115,21 @@ def test_dirs_writable_by_others_are_refused(berth, app, key, verb):
     assert berth("start", "app", "true").returncode == 0
 
 
+@pytest.mark.parametrize("verb", [["cache"], ["cache", "prune", "--max-size", "0"],
+                                  ["import", "--cache-only", "docker://127.0.0.1:9#x"]])
+def test_a_cache_dir_writable_by_others_is_refused(berth, verb):
+    cache = berth.base / "cache"
+    cache.mkdir(mode=0o700)
+    (cache / "images").mkdir()
+    berth.chown(cache)
+    cache.chmod(0o777)  # anyone could plant an image the next start mounts
+    env = {"ENROOT_CACHE_PATH": str(cache)}
+    one_error_line(berth(*verb, env=env), "ENROOT_CACHE_PATH", str(cache), "writable by others")
+    assert sorted(p.name for p in cache.iterdir()) == ["images"]
+    cache.chmod(0o700)
+    assert berth("cache", env=env).returncode == 0
+
+
 # 2. the image cannot reach the host side ----------------------------------------------
 
 PAYLOAD_KEYS = ("BASH_ENV", "ENV", "LD_PRELOAD", "LD_LIBRARY_PATH", "PATH", "IFS", "PYTHONPATH")
