@@ -4,12 +4,14 @@ the written berth.conf read back by a real srun loading the plugin."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -102,7 +104,30 @@ BAD_OPTIONS = {
               "spank_plugin_options.berth: '/opt/my berth' is not an absolute path"),
     "scope": ({"container_scope": "node"},
               "spank_plugin_options.container_scope: 'node' is neither job nor global"),
+    "timeout0": ({"cleanup_timeout": 0},
+                 "spank_plugin_options.cleanup_timeout: '0' is not a number of seconds"),
+    "timeout_word": ({"cleanup_timeout": "10m"},
+                     "spank_plugin_options.cleanup_timeout: '10m' is not a number of seconds"),
+    "timeout_big": ({"cleanup_timeout": 86401},
+                    "spank_plugin_options.cleanup_timeout: '86401' is not a number of seconds"),
 }
+
+
+def test_the_role_knows_exactly_the_plugins_plugstack_keys():
+    """The plugin's parser (options.c) and the role's checks name the same keys."""
+    c_keys = set(re.findall(r'strcmp\(key, "(\w+)"\) == 0', (REPO / "spank/options.c").read_text()))
+    role = yaml.safe_load((REPO / "roles/spank_plugin/vars/main.yml").read_text())
+    role_keys = {*role["spank_plugin_path_keys"], *role["spank_plugin_bool_keys"],
+                 *role["spank_plugin_seconds_keys"], "container_scope"}
+    assert c_keys == role_keys
+    for kind in ("path", "bool", "seconds"):
+        assert f"spank_plugin_{kind}_keys" in role["spank_plugin_known_keys"]
+
+
+def test_cleanup_timeout_reaches_berth_conf(tmp_path):
+    report = run_role(tmp_path, {"case": {"cleanup_timeout": 120}})
+    assert report["stats"]["case"]["failures"] == 0, report
+    assert " cleanup_timeout=120" in berth_conf(tmp_path)
 
 
 def test_bad_options_fail_naming_the_key_and_change_nothing(tmp_path):
