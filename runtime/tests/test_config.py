@@ -57,11 +57,3 @@ def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
     (tmp_path / "enroot.conf.d/50-site.conf").write_bytes(b"# ok\nENROOT_DATA_PATH /\xe9t\xe9\n")
     with pytest.raises(BerthError, match=r"50-site.conf:2: not UTF-8 text"):
         config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path)})
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_an_unreadable_file_is_named(tmp_path):
-    write(tmp_path / "enroot.conf", "ENROOT_DATA_PATH /d\n")
-    (tmp_path / "enroot.conf").chmod(0)
-    with pytest.raises(BerthError, match=r"enroot.conf: cannot read: Permission denied"):
-        config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path)})
