@@ -132,9 +132,15 @@ class Berth:
         self.chown(base)
 
     def chown(self, *paths):
+        """lchown each path and, for a real directory, what is below it; a
+        symlink (one a test put in a container root may lead to /) is never followed."""
         for path in paths:
-            for p in [Path(path), *Path(path).rglob("*")] if Path(path).is_dir() else [Path(path)]:
-                os.lchown(p, self.user.pw_uid, self.user.pw_gid)
+            os.lchown(path, self.user.pw_uid, self.user.pw_gid)
+            if os.path.islink(path) or not os.path.isdir(path):
+                continue
+            for top, dirs, files in os.walk(path):  # followlinks=False
+                for name in dirs + files:
+                    os.lchown(os.path.join(top, name), self.user.pw_uid, self.user.pw_gid)
 
     def command(self, *args):
         prefix = ["runuser", "-u", self.user.pw_name, "--"] if AS_ROOT else []
