@@ -151,7 +151,9 @@ def _build(plan, status):
         environ.read_file(path, env)
     env.update(image["env"])
     for mount in rootfs.system_mounts(plan.restrict_dev) + plan.mounts:
-        mounts.apply(root, mount)
+        server = mounts.apply(root, mount)  # a sqsh mount's squashfuse
+        if server:
+            _send(status, f"fuse {server}")
     if plan.restrict_dev:
         rootfs.finish_restricted_dev(root)
     if plan.hooks:

@@ -1,38 +1,83 @@
-"""Mounts into a container root: fstab lines, `-m SRC:DST[:FLAGS]` specs.
+"""Mounts into a container root: fstab lines and `-m` specs.
 
 An fstab line is `SRC DST TYPE OPTIONS`; DST is a path inside the container.
-Options understood here (the rest go to the filesystem as mount data):
-bind, rbind, ro, rw, nosuid, nodev, noexec, noatime, nodiratime, relatime,
-defaults, the propagation modes (private, rprivate, slave, rslave, shared,
-rshared), nofail (skip the mount when it fails) and x-create=dir|file|auto
-(create a missing destination; auto follows the source's type).
-`$VAR`/`${VAR}` in a line expand from the container's environment.
+The options are enroot's fstab vocabulary (FLAGS below); with TYPE other
+than a bind, what is not in it goes to the filesystem as mount data
+(size=, mode=, ...); on a bind an unknown option is refused, naming it.
+
+`-m` (and the SPANK plugin's --container-mounts, pyxis's forms):
+  SRC:DST[:FLAGS]     recursive bind of SRC at DST (a relative SRC is taken
+                      from the current directory)
+  SRC                 the same, at the same path inside
+  tmpfs:DST[:OPTS]    a fresh tmpfs, OPTS also tmpfs's (size=, mode=, huge=...)
+  umount:DST          remove what an earlier mount (built-in, mounts.d) put at DST
+  SRC.sqsh:DST:sqsh   mount the squashfs image SRC read-only at DST (squashfuse)
+FLAGS and OPTS are joined by '+' (or ',').
+
+FLAGS: ro, rw, bind, rbind, the enroot/mount(8) flags (nosuid/suid,
+nodev/dev, noexec/exec, noatime/atime, nodiratime/diratime,
+relatime/norelatime, strictatime/nostrictatime, lazytime/nolazytime,
+iversion/noiversion, mand/nomand, sync/async, dirsync, silent/loud,
+nosymfollow, defaults), the propagation modes (private, rprivate, slave,
+rslave, shared, rshared, unbindable, runbindable), nofail (skip the mount
+when it fails), x-create=dir|file|auto (create a missing destination; auto
+follows the source's type), x-detach (unmount DST instead: the fstab form
+of umount:) and sqsh.
+
+A destination is resolved inside the root with symlinks read with the root
+as `/`; one that still climbs above it (a `..` past `/`) is refused when it
+is mounted, naming it. `$VAR`/`${VAR}` in an fstab line expand from the
+container's environment.
 """
 
 import collections
 import os
 import re
 
-from berth import rootpath, syscalls as sc
+from berth import syscalls as sc
 from berth.errors import BerthError
 
+_MS_SYNCHRONOUS, _MS_MANDLOCK, _MS_DIRSYNC, _MS_NOSYMFOLLOW = 0x10, 0x40, 0x80, 0x100
+_MS_SILENT, _MS_UNBINDABLE = 0x8000, 0x20000
+_MS_I_VERSION, _MS_STRICTATIME, _MS_LAZYTIME = 0x800000, 0x1000000, 0x2000000
+
+# flag -> (bits it sets, bits it clears)
 _FLAGS = {
-    "bind": sc.MS_BIND, "rbind": sc.MS_BIND | sc.MS_REC, "ro": sc.MS_RDONLY, "rw": 0,
-    "nosuid": sc.MS_NOSUID, "nodev": sc.MS_NODEV, "noexec": sc.MS_NOEXEC,
-    "noatime": sc.MS_NOATIME, "nodiratime": sc.MS_NODIRATIME, "relatime": sc.MS_RELATIME,
-    "defaults": 0,
+    "bind": (sc.MS_BIND, 0), "rbind": (sc.MS_BIND | sc.MS_REC, 0),
+    "ro": (sc.MS_RDONLY, 0), "rw": (0, sc.MS_RDONLY), "defaults": (0, 0),
+    "nosuid": (sc.MS_NOSUID, 0), "suid": (0, sc.MS_NOSUID),
+    "nodev": (sc.MS_NODEV, 0), "dev": (0, sc.MS_NODEV),
+    "noexec": (sc.MS_NOEXEC, 0), "exec": (0, sc.MS_NOEXEC),
+    "noatime": (sc.MS_NOATIME, 0), "atime": (0, sc.MS_NOATIME),
+    "nodiratime": (sc.MS_NODIRATIME, 0), "diratime": (0, sc.MS_NODIRATIME),
+    "relatime": (sc.MS_RELATIME, 0), "norelatime": (0, sc.MS_RELATIME),
+    "strictatime": (_MS_STRICTATIME, 0), "nostrictatime": (0, _MS_STRICTATIME),
+    "lazytime": (_MS_LAZYTIME, 0), "nolazytime": (0, _MS_LAZYTIME),
+    "iversion": (_MS_I_VERSION, 0), "noiversion": (0, _MS_I_VERSION),
+    "mand": (_MS_MANDLOCK, 0), "nomand": (0, _MS_MANDLOCK),
+    "sync": (_MS_SYNCHRONOUS, 0), "async": (0, _MS_SYNCHRONOUS),
+    "dirsync": (_MS_DIRSYNC, 0), "nosymfollow": (_MS_NOSYMFOLLOW, 0),
+    "silent": (_MS_SILENT, 0), "loud": (0, _MS_SILENT),
 }
 _PROPAGATION = {
     "private": sc.MS_PRIVATE, "rprivate": sc.MS_PRIVATE | sc.MS_REC,
     "slave": sc.MS_SLAVE, "rslave": sc.MS_SLAVE | sc.MS_REC,
     "shared": sc.MS_SHARED, "rshared": sc.MS_SHARED | sc.MS_REC,
+    "unbindable": _MS_UNBINDABLE, "runbindable": _MS_UNBINDABLE | sc.MS_REC,
 }
 _CREATE = {"x-create=dir", "x-create=file", "x-create=auto"}
+_OURS = _CREATE | {"nofail", "x-detach", "sqsh"}
+FLAGS = frozenset(_FLAGS) | frozenset(_PROPAGATION) | _OURS
+# tmpfs's own options (mount data), as `tmpfs:DST:OPTS` accepts them
+_TMPFS_KEYS = {"size", "nr_blocks", "nr_inodes", "mode", "uid", "gid", "huge", "mpol",
+               "noswap", "inode32", "inode64", "quota", "usrquota", "grpquota"}
 # statvfs bits a remount of a bind mount must keep (the kernel locks them).
 _LOCKED = ((os.ST_NOSUID, sc.MS_NOSUID), (os.ST_NODEV, sc.MS_NODEV),
            (os.ST_NOEXEC, sc.MS_NOEXEC), (os.ST_NOATIME, sc.MS_NOATIME),
            (os.ST_NODIRATIME, sc.MS_NODIRATIME), (os.ST_RELATIME, sc.MS_RELATIME))
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+_MAX_SYMLINKS = 40
+_SQUASHFS_MAGIC = b"hsqs"
 
 
 class Mount(collections.namedtuple("Mount", "source target fstype options origin")):
@@ -44,10 +89,25 @@ class Mount(collections.namedtuple("Mount", "source target fstype options origin
     def is_bind(self):
         return "bind" in self.options or "rbind" in self.options
 
+    @property
+    def is_umount(self):
+        return "x-detach" in self.options
+
+    @property
+    def is_squashfs(self):
+        return "sqsh" in self.options
+
 
 def _check_target(target, origin):
     if not target.startswith("/"):
         raise BerthError(f"{origin}: mount destination '{target}' is not an absolute path")
+
+
+def _check_flags(options, origin, allowed_data=()):
+    for option in options:
+        if option in FLAGS or option.split("=", 1)[0] in allowed_data:
+            continue
+        raise BerthError(f"{origin}: unknown mount flag '{option}'")
 
 
 def parse_fstab_line(line, origin, environ):
@@ -59,9 +119,12 @@ def parse_fstab_line(line, origin, environ):
     if len(fields) < 3:
         raise BerthError(f"{origin}: expected 'SRC DST TYPE [OPTIONS]', got '{line}'")
     source, target, fstype = fields[:3]
-    options = tuple(fields[3].split(",")) if len(fields) > 3 else ()
+    options = tuple(o for o in fields[3].split(",") if o) if len(fields) > 3 else ()
     _check_target(target, origin)
-    return Mount(source, target, fstype, options, origin)
+    mount = Mount(source, target, fstype, options, origin)
+    if mount.is_bind or mount.is_squashfs:
+        _check_flags(options, origin)
+    return mount
 
 
 def read_fstab(path, environ):
@@ -82,19 +145,37 @@ def read_fstab(path, environ):
     return found
 
 
-def parse_spec(spec):
-    """`-m SRC:DST[:FLAGS]` (FLAGS joined by '+' or ',') as a recursive bind Mount."""
+def parse_spec(spec, cwd=None):
+    """One `-m` spec (see the module's doc) as a Mount; a relative SRC is
+    taken from `cwd` (default: the current directory)."""
     origin = f"-m {spec}"
     parts = spec.split(":")
-    if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
-        raise BerthError(f"{origin}: expected SRC:DST[:FLAGS]")
-    source, target = os.path.abspath(parts[0]), parts[1]
+    if len(parts) == 1:
+        parts = [spec, os.path.abspath(os.path.join(cwd or os.getcwd(), spec))]
+    if len(parts) > 3 or not parts[0] or not parts[1]:
+        raise BerthError(f"{origin}: expected SRC[:DST[:FLAGS]], tmpfs:DST[:OPTIONS] "
+                         "or umount:DST")
+    source, target = parts[0], parts[1]
     _check_target(target, origin)
     flags = tuple(f for f in re.split(r"[+,]", parts[2]) if f) if len(parts) == 3 else ()
-    for flag in flags:
-        if flag not in _FLAGS and flag not in _PROPAGATION and flag not in _CREATE | {"nofail"}:
-            raise BerthError(f"{origin}: unknown mount flag '{flag}'")
-    return Mount(source, target, "none", ("rbind", "x-create=auto") + flags, origin)
+    if source == "tmpfs":
+        _check_flags(flags, origin, _TMPFS_KEYS)
+        for flag in flags:
+            if flag in ("bind", "rbind", "sqsh", "x-detach"):
+                raise BerthError(f"{origin}: '{flag}' does not apply to a tmpfs")
+        return Mount("tmpfs", target, "tmpfs", ("x-create=dir", *flags), origin)
+    if source == "umount":
+        _check_flags(flags, origin)
+        extra = [f for f in flags if f != "nofail"]
+        if extra:
+            raise BerthError(f"{origin}: umount:DST takes no flag but nofail, got '{extra[0]}'")
+        return Mount("none", target, "none", ("x-detach", *flags), origin)
+    _check_flags(flags, origin)
+    source = os.path.abspath(os.path.join(cwd or os.getcwd(), source))
+    if "sqsh" in flags:
+        return Mount(source, target, "squashfs", ("x-create=dir", "ro", *flags), origin)
+    recursion = () if "bind" in flags else ("rbind",)
+    return Mount(source, target, "none", (*recursion, "x-create=auto", *flags), origin)
 
 
 def locked_flags(path):
@@ -117,38 +198,115 @@ def _create(target, kind, source):
             pass
 
 
+def resolve_target(root, name):
+    """Host path of the destination `name` in `root`: symlinks are read with
+    `root` as `/`; a `..` that climbs above `/` is refused."""
+    pending = collections.deque(p for p in name.split("/") if p not in ("", "."))
+    parts = []
+    followed = 0
+    while pending:
+        part = pending.popleft()
+        if part == "..":
+            if not parts:
+                raise BerthError(f"mount destination {name} escapes the container root")
+            parts.pop()
+            continue
+        path = os.path.join(root, *parts, part)
+        if not os.path.islink(path):
+            parts.append(part)
+            continue
+        followed += 1
+        if followed > _MAX_SYMLINKS:
+            raise BerthError(f"mount destination {name}: too many levels of symbolic links")
+        link = os.readlink(path)
+        if link.startswith("/"):
+            parts = []
+        pending.extendleft(reversed([p for p in link.split("/") if p not in ("", ".")]))
+    return os.path.join(root, *parts)
+
+
+def _open_inside(root, path, name):
+    """An O_PATH descriptor of `path`, checked to be `root` or below it now that
+    it exists (so a directory swapped for a symlink meanwhile cannot lead out)."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    real = os.readlink(f"/proc/self/fd/{fd}")
+    top = os.path.realpath(root)
+    if real != top and not real.startswith(top.rstrip("/") + "/"):
+        os.close(fd)
+        raise BerthError(f"mount destination {name} escapes the container root")
+    return fd
+
+
+def _is_squashfs(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == _SQUASHFS_MAGIC
+    except OSError:
+        return False
+
+
 def apply(root, mount):
-    """Mount `mount` into the container root `root` (inside our mount namespace)."""
+    """Mount `mount` into the container root `root` (inside our mount
+    namespace); return the pid of the FUSE server it started (sqsh), or None."""
     flags = 0
     propagation = 0
     data = []
     create = None
     for option in mount.options:
         if option in _FLAGS:
-            flags |= _FLAGS[option]
+            flags = (flags | _FLAGS[option][0]) & ~_FLAGS[option][1]
         elif option in _PROPAGATION:
             propagation |= _PROPAGATION[option]
         elif option.startswith("x-create="):
             create = option.split("=", 1)[1]
-        elif option != "nofail":
+        elif option not in _OURS:
             data.append(option)
     try:
-        if mount.is_bind and not os.path.exists(mount.source):
+        if (mount.is_bind or mount.is_squashfs) and not os.path.exists(mount.source):
             raise BerthError(f"mount source {mount.source} does not exist")
-        target = rootpath.resolve(root, mount.target, follow_last=True)
-        if not os.path.exists(target):
+        if mount.is_squashfs and not _is_squashfs(mount.source):
+            raise BerthError(f"mount source {mount.source} is not a squashfs image")
+        target = resolve_target(root, mount.target)
+        if mount.is_umount:
+            fd = _open_inside(root, target, mount.target)
+            try:
+                sc.umount2(f"/proc/self/fd/{fd}", sc.MNT_DETACH)
+            except OSError as e:
+                raise BerthError(f"nothing is mounted at {mount.target} to unmount"
+                                 if e.errno == 22 else f"umount {mount.target}: {e.strerror}")
+            finally:
+                os.close(fd)
+            return None
+        if not os.path.lexists(target):
             if create not in ("dir", "file", "auto"):
                 raise BerthError(f"mount destination {mount.target} does not exist in the "
                                  "container (x-create=dir|file creates it)")
             _create(target, create, mount.source if mount.is_bind else None)
-        fstype = None if mount.is_bind else mount.fstype
-        first = flags & ~sc.MS_RDONLY if mount.is_bind else flags
-        sc.mount(mount.source, target, fstype, first, ",".join(data) or None)
-        if mount.is_bind and flags & sc.MS_RDONLY:
-            remount_readonly(target)
+        fd = _open_inside(root, target, mount.target)
+        try:
+            if mount.is_squashfs:
+                from berth import rootfs  # (it imports this module)
+                server = rootfs.mount_squashfs(mount.source, f"/proc/self/fd/{fd}")
+                # Wait until it serves: until then it may still be loading its
+                # libraries, from a root pivot_root would soon swap for the container's.
+                os.listdir(target)
+                return server
+            fstype = None if mount.is_bind else mount.fstype
+            first = flags & ~sc.MS_RDONLY if mount.is_bind else flags
+            sc.mount(mount.source, f"/proc/self/fd/{fd}", fstype, first, ",".join(data) or None)
+        finally:
+            os.close(fd)
+        per_mount = flags & ~(sc.MS_BIND | sc.MS_REC)
+        if mount.is_bind and per_mount:  # a bind takes its flags from a remount
+            sc.mount(None, target, None,
+                     sc.MS_REMOUNT | sc.MS_BIND | per_mount | locked_flags(target))
         if propagation:
             sc.mount(None, target, None, propagation)
     except (OSError, BerthError) as e:
         if "nofail" not in mount.options:
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            if isinstance(e, OSError):
+                reason = f"{mount.target}: {os.strerror(e.errno) if e.errno else e.strerror}"
+            else:
+                reason = str(e)
             raise BerthError(f"{mount.origin}: {reason}") from None
+    return None

@@ -322,8 +322,8 @@ def test_mounts_from_options_and_fstab(berth, app):
 
 @pytest.mark.parametrize("spec, needle", [
     ("{host}:relative", "-m {host}:relative: mount destination 'relative' is not an absolute"),
-    ("{host}", "-m {host}: expected SRC:DST[:FLAGS]"),
-    (":/x", "-m :/x: expected SRC:DST[:FLAGS]"),
+    ("{host}:/x:ro:extra", "-m {host}:/x:ro:extra: expected SRC[:DST[:FLAGS]]"),
+    (":/x", "-m :/x: expected SRC[:DST[:FLAGS]]"),
     ("{host}:/x:ro+bogus", "unknown mount flag 'bogus'"),
     ("/no/such/dir:/x", "-m /no/such/dir:/x: mount source /no/such/dir does not exist"),
 ])
