@@ -11,6 +11,11 @@ A NAME is looked up as NAME or NAME.toml in each directory of $EDF_PATH
 is a path; in `base_environment` a relative path is taken relative to the
 directory of the file that names it.
 
+base_environment nests at most 10 levels deep (a file, its parent, ...
+and the 10th ancestor). A mount is SRC:DST[:FLAGS] with the flags of
+`berth start -m`, including `sqsh` (SRC is a squashfs image, mounted
+read-only at DST).
+
 Merge rules, parents first in the order listed, then the child:
 scalars (image, workdir, entrypoint, writable) are replaced; mounts are
 appended, a mount whose destination is already mounted replaces that entry in
@@ -36,8 +41,11 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from berth import mounts as mounts_module
 from berth.errors import BerthError
 
+# base_environment nests at most this deep (the CSCS engine's limit)
+MAX_DEPTH = 10
 SCALARS = ("image", "workdir", "entrypoint", "writable")
 KEYS = ("base_environment", *SCALARS, "mounts", "env", "annotations")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -254,6 +262,10 @@ def _read_mounts(edf, environ, layer):
         if not parts[1].startswith("/"):
             edf.fail(f"mount '{mount}': destination '{parts[1]}' is not an absolute path",
                      "mounts")
+        try:  # the flags (ro, sqsh, ...) are those of berth start -m
+            mounts_module.parse_spec(mount, cwd="/")
+        except BerthError as e:
+            edf.fail(f"mount '{mount}': {str(e).split(': ', 1)[-1]}", "mounts")
         layer.add_mount(mount, os.path.normpath(parts[1]), str(edf.path))
 
 
@@ -294,6 +306,9 @@ def _resolve(path, label, environ, chain):
         cycle = " -> ".join([*(name for name, _ in chain[start:]), label])
         raise BerthError(f"base_environment cycle: {cycle}")
     chain = [*chain, (label, real)]
+    if len(chain) > MAX_DEPTH + 1:
+        names = " -> ".join(name for name, _ in chain)
+        raise BerthError(f"base_environment nests deeper than {MAX_DEPTH} levels: {names}")
     edf = _File(Path(path))
     merged = _Layer()
     for parent in _parents(edf):

@@ -219,6 +219,7 @@ def test_bad_hook_annotations(site, annotations, expected):
     ('mounts = ["/data:rel"]\n', "1: mount '/data:rel': destination 'rel' is not an absolute path"),
     ('mounts = [":/dst"]\n', "1: mount ':/dst' is not SRC:DST[:FLAGS]"),
     ('mounts = ["/a:/b:ro:x"]\n', "1: mount '/a:/b:ro:x' is not SRC:DST[:FLAGS]"),
+    ('mounts = ["/a:/b:ro+bogus"]\n', "1: mount '/a:/b:ro+bogus': unknown mount flag 'bogus'"),
     ('env = "X=1"\n', "1: 'env' must be a table, not a string"),
     ('[env]\nOK = "1"\nN = 3\n', "3: 'env.N' must be a string, not an integer"),
     ('env.N = true\n', "1: 'env.N' must be a string, not a boolean"),
@@ -381,3 +382,23 @@ def test_show_takes_one_output_form(site, run, capsys):
     with pytest.raises(SystemExit):
         run("edf", "show", "--json", "--spank", "bare")
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_sqsh_and_enroot_mount_flags_are_accepted(site):
+    write(site / "edf", "data.toml", 'mounts = ["${SCRATCH}/data.sqsh:/data:sqsh", '
+          '"/a:/b:ro+rprivate+unbindable+nosuid", "tmpfs:/t:size=1g"]\n')
+    assert resolve(site, "data", SCRATCH="/scratch")["mounts"] == [
+        "/scratch/data.sqsh:/data:sqsh", "/a:/b:ro+rprivate+unbindable+nosuid", "tmpfs:/t:size=1g"]
+
+
+def test_base_environment_nests_at_most_ten_levels(site):
+    d = site / "edf"
+    for level in range(11):  # l0 (the top) ... l10: ten levels of parents
+        parent = f'base_environment = "l{level + 1}"\n' if level < 10 else ""
+        write(d, f"l{level}.toml", f'{parent}env.L{level} = "{level}"\n')
+    assert len(resolve(site, "l0")["env"]) == 11
+    write(d, "l10.toml", 'base_environment = "l11"\n')
+    write(d, "l11.toml", "")
+    message = failure(site, "l0")
+    assert message.startswith("base_environment nests deeper than 10 levels: l0 -> l1 -> ")
+    assert message.endswith("l10 -> l11")

@@ -193,3 +193,16 @@ def test_sqsh_server_dies_with_berth(berth, app, data_image):
         time.sleep(0.05)
     else:
         pytest.fail("squashfuse still running after berth was killed")
+
+
+def test_edf_sqsh_mount_reaches_start(berth, app, data_image):
+    """An EDF's `sqsh` mount, as the SPANK plugin carries it (edf show --spank
+    mount= lines, each passed to start -m), mounts the image read-only."""
+    berth.write("edf/data.toml", 'mounts = ["${DATA}:/data:sqsh"]\n')
+    env = {"EDF_PATH": str(berth.base / "edf"), "DATA": str(data_image)}
+    lines = berth.ok("edf", "show", "--spank", "data", env=env).splitlines()
+    specs = [line.split("=", 1)[1] for line in lines if line.startswith("mount=")]
+    assert specs == [f"{data_image}:/data:sqsh"]
+    out = berth.ok("start", *(a for spec in specs for a in ("-m", spec)), "app", "sh", "-c",
+                   "cat /data/sub/file.txt; grep -c ' /data fuse.squashfuse ro,' /proc/mounts")
+    assert out == "in the squashfs\n1\n"
