@@ -107,3 +107,49 @@ def test_setns_joins_another_process_namespaces():
         os.waitpid(holder, 0)
         os.close(ready_r)
         os.close(ready_w)
+
+
+def test_seccomp_filter_fakes_ownership_and_id_calls(tmp_path):
+    """In a user namespace where only our uid exists, chown and setuid to
+    another id fail (EINVAL); under the filter they return 0 and change
+    nothing, setfsuid(-1) still answers, and the process shows Seccomp: 2."""
+    from berth import seccomp
+    probe = tmp_path / "probe"
+    probe.write_text("")
+    os.chmod(tmp_path, 0o777)
+
+    def body():
+        enter_user_and_mount_namespace()
+        with pytest.raises(OSError) as refused:
+            os.chown(probe, 4242, 4242)
+        assert refused.value.errno == errno.EINVAL
+        assert seccomp.install()
+        os.chown(probe, 4242, 4242)
+        os.lchown(probe, 4242, 4242)
+        os.chown(probe, 4242, 4242, follow_symlinks=False)  # fchownat
+        with open(probe) as f:
+            os.fchown(f.fileno(), 4242, 4242)
+        os.setgroups([4242])
+        os.setgid(4242)
+        os.setuid(4242)
+        os.setresuid(4242, 4242, 4242)
+        os.setreuid(4242, 4242)
+        libc = __import__("ctypes").CDLL(None)
+        faked = libc.setfsuid(4242)
+        current = libc.setfsuid(-1)  # a query: the kernel's answer, the real fsuid
+        status = dict(line.split(":\t", 1) for line in open("/proc/self/status"))
+        st = os.stat(probe)
+        return (f"{st.st_uid} {os.getuid()} {os.getgid()} {faked} {current} "
+                f"{status['Seccomp'].strip()} {status['NoNewPrivs'].strip()}")
+    uid, gid = os.getuid(), os.getgid()
+    assert in_child(body) == f"{uid} {uid} {gid} 0 {uid} 2 1"
+
+
+def test_seccomp_program_is_known_for_two_architectures_only():
+    from berth import seccomp
+    for machine in ("x86_64", "aarch64"):
+        code = seccomp.program(machine)
+        assert code[-1] == (0x06, 0, 0, 0x7FFF0000) and len(code) < 40
+        assert all(jt + i < len(code) and jf + i < len(code) for i, (_, jt, jf, _) in
+                   enumerate(code))
+    assert seccomp.program("ppc64le") is None
