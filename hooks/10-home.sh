@@ -1,6 +1,7 @@
 #!/bin/sh
 # Berth standard hook: with ENROOT_MOUNT_HOME=yes, mount the caller's home
-# directory at the same path inside the container and point HOME at it.
+# directory inside the container and point HOME at it: at the same path, or
+# at /root for a remapped root.
 set -eu
 
 case ${ENROOT_MOUNT_HOME:-no} in  # yes/no in any case, without forking tr
@@ -15,5 +16,11 @@ if [ -z "$home" ] || [ ! -d "$home" ]; then
     echo "10-home.sh: no home directory for uid $host_uid (ENROOT_MOUNT_HOME=yes)" >&2
     exit 1
 fi
-echo "$home $home none rbind,x-create=dir" >> "$ENROOT_MOUNTS"
-echo "HOME=$home" >> "$ENROOT_ENVIRON"
+# A remapped root (--root, pyxis's --container-remap-root) finds it at /root,
+# as with enroot; anyone else at its own path.
+target=$home
+if [ "${BERTH_UID:-}" = 0 ] && [ "$host_uid" != 0 ]; then
+    target=/root
+fi
+echo "$home $target none rbind,x-create=dir" >> "$ENROOT_MOUNTS"
+echo "HOME=$target" >> "$ENROOT_ENVIRON"

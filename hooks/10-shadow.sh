@@ -6,7 +6,7 @@
 # over the originals; the image itself is never changed.
 set -eu
 
-# Hooks run as root of the setup namespace: the container's ids come from Berth.
+# The container's ids come from Berth (a hook runs as the container's uid, 0 with --root).
 uid=${BERTH_UID:?}
 gid=${BERTH_GID:?}
 

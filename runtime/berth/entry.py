@@ -1,4 +1,4 @@
-"""The last steps into a container: pivot_root and the nested namespaces.
+"""The last steps into a container: pivot_root and the namespaces after it.
 
 These run after pivot_root, when the host's Python library is out of reach:
 they use only what is imported already.
@@ -7,7 +7,7 @@ they use only what is imported already.
 import os
 import signal
 
-from berth import syscalls as sc
+from berth import mounts, syscalls as sc
 from berth.errors import BerthError
 
 
@@ -22,29 +22,50 @@ def enter(root, workdir):
         raise BerthError(f"workdir {workdir} does not exist in the container") from None
 
 
-def isolate(ids, flags):
-    """After pivot_root: the namespaces the container's processes live in.
+def isolate(flags):
+    """After pivot_root: the net, ipc, uts and pid namespaces `flags` asks for.
 
-    The root was built as root of an outer user namespace (so that files
-    the image owns as root can get mount points); here a nested user
-    namespace maps the container's (uid, gid) `ids` onto that root, or none
-    is made when `ids` is None (ENROOT_ALLOW_SUPERUSER). The mount, net,
-    ipc, uts and pid namespaces are made here too, owned by the inner user
-    namespace, so joining it first lets `berth exec` or the SPANK plugin
-    join all of them. With CLONE_NEWPID this forks: the parent gets the
+    They are made by the container's one user namespace (the one the root
+    was built in), so joining it first lets `berth exec` or the SPANK
+    plugin join all of them. A new net namespace gets its own sysfs, or,
+    where the kernel refuses one (inside Docker, a /sys with masked paths),
+    the host's /sys bound read-only; a new ipc namespace its own /dev/shm
+    and /dev/mqueue. With CLONE_NEWPID this forks: the parent gets the
     child's pid and should only wait for it; the child (pid 1) gets 0.
     """
-    if ids is not None:
-        new_user_namespace(*ids)
-    sc.unshare(sc.CLONE_NEWNS | flags)
+    if not flags:
+        return 0
+    sc.unshare(flags)
     if flags & sc.CLONE_NEWNET:
-        sc.mount("sysfs", "/sys", "sysfs", sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)
+        _own_sysfs()
+    if flags & sc.CLONE_NEWIPC:
+        _own_ipc_mounts()
     if flags & sc.CLONE_NEWPID:
         child = os.fork()
         if child:
             return child
         sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
     return 0
+
+
+_RO_SYSFS = sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC
+
+
+def _own_sysfs():
+    try:
+        sc.mount("sysfs", "/sys", "sysfs", _RO_SYSFS)
+    except OSError:  # the host's /sys is already bound there: make it read-only
+        mounts.remount_readonly("/sys")
+
+
+def _own_ipc_mounts():
+    sc.mount("tmpfs", "/dev/shm", "tmpfs", sc.MS_NOSUID | sc.MS_NODEV, "mode=1777")
+    if not os.path.isdir("/dev/mqueue"):
+        try:
+            os.mkdir("/dev/mqueue")
+        except OSError:  # a /dev without it, not ours to change: no mqueue then
+            return
+    sc.mount("mqueue", "/dev/mqueue", "mqueue", sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)
 
 
 def mount_own_proc():
@@ -76,7 +97,10 @@ def exit_code(wait_status):
 
 
 def new_user_namespace(uid, gid):
-    """Unshare a user namespace where (uid, gid) inside are our own ids outside."""
+    """Unshare a user namespace where (uid, gid) inside are our own ids outside:
+    the one mapping of a container, `UID UID 1`, or `0 UID 1` for a remapped
+    root, as enroot's. This process keeps every capability in it until it
+    execs (as a uid other than 0, without ambient capabilities)."""
     outer_uid, outer_gid = os.getuid(), os.getgid()
     sc.unshare(sc.CLONE_NEWUSER)
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {outer_uid} 1"),

@@ -2,10 +2,11 @@
 
 Order: `$ENROOT_SYSCONF_PATH/hooks.d/*.sh` sorted, then
 `$ENROOT_CONFIG_PATH/hooks.d/*.sh` sorted. A file without the execute bit
-is skipped (`chmod -x` disables a hook). Each hook runs as root of a new
-user namespace mapped onto the caller (so it may mount into the root, and
-write where the caller may) and in the new mount namespace, but still sees
-the host's filesystem. Its environment is the caller's (that of `berth
+is skipped (`chmod -x` disables a hook). Each hook runs in the container's
+user namespace, as the container's uid (BERTH_UID: 0 with --root, else the
+caller's), with every capability in that namespace (ambient ones for a uid
+other than 0: so it may mount into the root, and write where the caller
+may), and in the new mount namespace, but still sees the host's filesystem. Its environment is the caller's (that of `berth
 start`, where the SPANK plugin puts an EDF's BERTH_HOOK_* annotations) with
 every ENROOT_* setting and:
   ENROOT_PID        pid of the process that becomes the container

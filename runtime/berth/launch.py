@@ -5,13 +5,15 @@ One start is two processes (three with --pid):
            SIGUSR1 and SIGUSR2 to the container (SIGINT/SIGQUIT reach it from
            the terminal), reports setup errors, and at the end stops the
            FUSE servers and removes the per-start runtime directory.
-  child    in a new user namespace where the caller is root and a new mount
+  child    in the container's user namespace, mapped as enroot maps it
+           (`UID UID 1`, or `0 UID 1` with --root; the same for gids), with
+           every capability there until its exec, and a new mount
            namespace: mounts the root (squashfuse + overlay for an image),
            the system, fstab and -m mounts, runs the hooks, pivot_roots,
-           then nests the container's user namespace (the caller's uid/gid,
-           or 0 with --root) with its mount/net/ipc/uts/pid namespaces and
-           execs the command with all of the caller's open file descriptors
-           (with --pid it forks pid 1 for that and waits for it).
+           makes the net/ipc/uts/pid namespaces asked for, installs the
+           seccomp filter (seccomp.py) and execs the command with all of
+           the caller's open file descriptors (with --pid it forks pid 1
+           for that and waits for it).
 Setup messages travel to berth over a close-on-exec pipe, one line each:
 `fuse PID` (a FUSE server to stop at the end), `error MESSAGE`, and for
 --detach `keeper PID`, then `ready` from the keeper itself.
@@ -31,7 +33,8 @@ Setup messages travel to berth over a close-on-exec pipe, one line each:
   To join by hand: setns /proc/PID/ns/user first, then mnt (and net, ipc,
   uts, pid where they differ from yours): all are owned by that user
   namespace. The root is then the container's; chdir to /proc/PID/cwd
-  (opened before the setns calls).
+  (opened before the setns calls). Install the seccomp filter of
+  seccomp.py before the exec, as the container's own processes have it.
   With --entrypoint, the keeper runs as the arguments of the image's
   entrypoint (which must `exec "$@"`): the entrypoint's environment becomes
   the container's. Its output goes to stderr. One that has not run its
@@ -46,7 +49,7 @@ import select
 import signal
 import sys
 
-from berth import entry, environ, hooks, mounts, rootfs, rootpath, syscalls as sc
+from berth import entry, environ, hooks, mounts, rootfs, rootpath, seccomp, syscalls as sc
 from berth.errors import BerthError
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -99,12 +102,14 @@ def _exec(command, env):
 def _child(plan, status, hold):
     """Builds the root, runs the hooks, enters; never returns.
 
-    It works as root of a new user namespace mapped onto the caller (files
-    the caller or the image owns are then writable for mount points), in a
-    new mount namespace; entry.isolate then nests the container's own."""
+    It works in the container's one user namespace (the caller's uid and
+    gid mapped onto themselves, or onto 0 with --root, as enroot maps them),
+    with every capability there until it execs, and in a new mount
+    namespace; entry.isolate then adds the net/ipc/uts/pid ones, owned by
+    that user namespace. The command gets the seccomp filter (seccomp.py)."""
     try:
         if plan.ids is not None:
-            entry.new_user_namespace(0, 0)
+            entry.new_user_namespace(*plan.ids)
         sc.unshare(sc.CLONE_NEWNS)
         sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
         sc.mount(None, "/", None, sc.MS_REC | sc.MS_PRIVATE)
@@ -114,7 +119,7 @@ def _child(plan, status, hold):
             workdir = "/"
         entry.enter(root, workdir)
         flags = plan.unshare | (sc.CLONE_NEWPID if plan.pid_namespace else 0)
-        child = entry.isolate(plan.ids, flags)
+        child = entry.isolate(flags)
         if child:
             os.close(status)
             entry.relay(child)
@@ -122,6 +127,8 @@ def _child(plan, status, hold):
             keeper = os.readlink("/proc/self")
         if plan.pid_namespace:
             entry.mount_own_proc()
+        if plan.ids is not None:
+            seccomp.install()
         if plan.detach:
             _exec_keeper(keeper, status, hold, env,
                          (image["entrypoint"] or []) if plan.entrypoint else [])
@@ -181,8 +188,17 @@ def _run_hooks(plan, root, env):
                 "ENROOT_PID": os.readlink("/proc/self"), "ENROOT_ROOTFS": root,
                 "ENROOT_MOUNTS": mounts_file, "ENROOT_ENVIRON": environ_file,
                 "BERTH_RUNTIME_DIR": scratch, "BERTH_UID": str(uid), "BERTH_GID": str(gid)}
-    hooks.run(plan.hooks, {**os.environ, "PATH": os.environ.get("PATH", environ.DEFAULT_PATH),
-                           **protocol})
+    # They run as the container's uid: a uid other than 0 keeps this
+    # process's capabilities in the user namespace only as ambient ones.
+    ambient = uid != 0 and plan.ids is not None
+    if ambient:
+        sc.keep_capabilities_across_exec()
+    try:
+        hooks.run(plan.hooks, {**os.environ, "PATH": os.environ.get("PATH", environ.DEFAULT_PATH),
+                               **protocol})
+    finally:
+        if ambient:
+            sc.drop_ambient_capabilities()
     # $VAR in the fstab lines they append expands from the container's
     # environment (mounts.py), the protocol's variables over it.
     for mount in mounts.read_fstab(mounts_file, {**os.environ, **env, **protocol}):
@@ -349,6 +365,8 @@ def exec_in(pid, command):
     except OSError as e:
         raise BerthError(f"pid {pid}: cannot join its container: {e.strerror}") from None
     os.close(cwd)
+    if any(flag == sc.CLONE_NEWUSER for _, flag in joins):
+        seccomp.install()  # the container's processes have it; a joiner is none of their children
     if any(flag == sc.CLONE_NEWPID for _, flag in joins):
         child = os.fork()  # a pid namespace applies to children only
         if child:

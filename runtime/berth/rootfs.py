@@ -124,9 +124,16 @@ def _alive(pid):
 
 
 def mount_squashfs(image, target):
-    """Serve `image` read-only at `target` with squashfuse; return its pid."""
+    """Serve `image` read-only at `target` with squashfuse; return its pid.
+
+    In a user namespace that maps one uid (a container's), every file is
+    shown as that uid and gid, as an unpacked image's files are the
+    caller's: the image's owners (root, mostly) do not exist there."""
+    with open("/proc/self/uid_map", "rb") as f:
+        single = f.read().split()[2:3] == [b"1"]
+    owner = ["-o", f"uid={os.getuid()},gid={os.getgid()}"] if single else []
     return mount_fuse(target, "squashfuse", sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV,
-                      ["squashfuse", "-f", image])
+                      ["squashfuse", "-f", image, *owner])
 
 
 def mount_overlay(lower, target, scratch):

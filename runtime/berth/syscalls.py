@@ -34,6 +34,10 @@ MNT_DETACH = 0x2
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_RAISE = 2
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAPABILITY_VERSION_3 = 0x20080522
 
 # glibc has no wrapper for this: numbers per architecture.
 _SYSCALL_NUMBERS = {
@@ -86,3 +90,37 @@ def pivot_root(new_root, put_old):
 def prctl(option, arg2=0, arg3=0, arg4=0, arg5=0):
     args = (ctypes.c_ulong(a) for a in (arg2, arg3, arg4, arg5))
     return _check(_libc.prctl(ctypes.c_int(option), *args), "prctl")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _set_inheritable(keep):
+    """Make the inheritable capabilities the permitted ones (`keep`) or none."""
+    header, data = _CapHeader(_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    _check(_libc.capget(ctypes.byref(header), data), "capget")
+    for half in data:
+        half.inheritable = half.permitted if keep else 0
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+def keep_capabilities_across_exec():
+    """Raise every permitted capability into the ambient set: programs this
+    process runs keep them even as a uid other than 0 (in a user namespace,
+    capabilities there only). Undone by drop_ambient_capabilities."""
+    _set_inheritable(True)
+    with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap)
+
+
+def drop_ambient_capabilities():
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    _set_inheritable(False)

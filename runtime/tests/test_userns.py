@@ -1,0 +1,158 @@
+"""The user namespace of a container and what a fake root needs, as enroot
+and pyxis give them (COMPAT.md 3b), run like test_container.py: one user
+namespace mapped `UID UID 1` (`0 UID 1` with --root), the seccomp filter
+that makes chown/setuid-style calls succeed without effect, the home at
+/root for a remapped root, and the namespaces of --uts, --ipc and --net.
+"""
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from test_container import (  # noqa: F401 (fixtures)
+    AS_ROOT, app, berth, images, library, start_detached, usable_fuse, user)
+from test_hooks_std import hooked  # noqa: F401 (fixture)
+
+
+def test_one_user_namespace_mapped_as_enroot_maps_it(berth, app, images):
+    uid, gid = berth.user.pw_uid, berth.user.pw_gid
+    show = "cat /proc/self/uid_map /proc/self/gid_map; readlink /proc/self/ns/user"
+    for target in ("app", images / "app.sqsh"):
+        plain = berth.ok("start", target, "sh", "-c", show).split()
+        assert plain[:6] == [str(uid), str(uid), "1", str(gid), str(gid), "1"]
+        remapped = berth.ok("start", "--root", target, "sh", "-c", show).split()
+        assert remapped[:6] == ["0", str(uid), "1", "0", str(gid), "1"]
+
+
+@pytest.mark.parametrize("root", [[], ["--root"]])
+def test_detached_container_and_exec_share_its_one_user_namespace(berth, app, root):
+    uid = berth.user.pw_uid
+    process, pid = start_detached(berth, *root, "--pid", "app")
+    try:
+        # seen from the host: the keeper's namespace maps onto the caller directly
+        assert Path(f"/proc/{pid}/uid_map").read_text().split() == [
+            "0" if root else str(uid), str(uid), "1"]
+        out = berth.ok("exec", pid, "sh", "-c", "cat /proc/self/uid_map; id -u; "
+                       "grep Seccomp: /proc/self/status; chgrp 0 /tmp/../proc/self/../../work "
+                       "2>&1 || echo chgrp-failed").split()
+        assert out == ["0" if root else str(uid), str(uid), "1", "0" if root else str(uid),
+                       "Seccomp:", "2"]
+        assert Path(f"/proc/{pid}/status").read_text().count("Seccomp:\t2") == 1
+    finally:
+        process.stdin.close()
+        assert process.wait(timeout=10) == 0
+
+
+# A dpkg-like maintainer script: a fake root changes owners and groups and
+# drops privileges; every call must succeed (changing nothing).
+POSTINST = """set -e
+touch /work/shadow-like
+chown root /work/shadow-like
+chgrp 42 /work/shadow-like
+chown -R 0:0 /work
+chown -h 100:100 /work/shadow-like
+su_like() { chroot --userspec=100:100 / true 2>/dev/null || true; }
+su_like
+grep Seccomp: /proc/self/status
+stat -c '%u' /work/shadow-like
+"""
+
+
+@pytest.mark.parametrize("root", [[], ["--root"]])
+def test_fake_root_calls_succeed_under_the_seccomp_filter(berth, app, images, root):
+    uid = berth.user.pw_uid
+    for target in ("app", images / "app.sqsh"):
+        out = berth.ok("start", "--rw", *root, target, "sh", "-c", POSTINST)
+        assert out.split() == ["Seccomp:", "2", "0" if root else str(uid)]
+    # busybox's chgrp/chown themselves, and setuid-style calls of a tool
+    out = berth.ok("start", *root, "app", "sh", "-c",
+                   "chgrp 0 /tmp && chown 0:0 /tmp && echo ok")
+    assert out == "ok\n"
+
+
+def test_remapped_root_gets_the_home_at_root(hooked, app):
+    home = hooked.user.pw_dir
+    probe = Path(home, ".bctr-root-home-probe")
+    probe.write_text("mine\n")
+    try:
+        out = hooked.ok("start", "--root", "app", "sh", "-c",
+                        "echo $HOME; cat /root/.bctr-root-home-probe",
+                        env={"ENROOT_MOUNT_HOME": "yes"})
+        assert out == "/root\nmine\n"
+        out = hooked.ok("start", "app", "sh", "-c", "echo $HOME",
+                        env={"ENROOT_MOUNT_HOME": "yes"})
+        assert out == f"{home}\n"  # not remapped: at its own path
+    finally:
+        probe.unlink()
+
+
+def test_remapped_root_sets_its_own_hostname(berth, app):
+    out = berth.ok("start", "--root", "--uts", "app", "sh", "-c", "hostname foo && hostname")
+    assert out == "foo\n"
+    assert os.uname().nodename != "foo"
+    process, pid = start_detached(berth, "--root", "--uts", "app")
+    try:
+        assert berth.ok("exec", pid, "sh", "-c", "hostname bar && hostname") == "bar\n"
+    finally:
+        process.stdin.close()
+        assert process.wait(timeout=10) == 0
+
+
+@pytest.mark.parametrize("restrict_dev", ["no", "yes"])
+def test_ipc_gives_a_private_dev_shm_and_mqueue(berth, app, restrict_dev):
+    name = f"bctr-shm-probe-{os.getpid()}"
+    env = {"ENROOT_RESTRICT_DEV": restrict_dev}
+    out = berth.ok("start", "--ipc", "app", "sh", "-c",
+                   f"touch /dev/shm/{name} && ls /dev/shm; "
+                   "grep -E ' /dev/(shm|mqueue) ' /proc/self/mounts | cut -d' ' -f2,3 | tail -n 2",
+                   env=env)
+    lines = out.splitlines()
+    assert lines[0] == name  # the only file there: not the host's /dev/shm
+    assert not os.path.exists(f"/dev/shm/{name}")
+    # the last mounts there: its own (the host's /dev may have no /dev/mqueue
+    # to mount on: then a restricted /dev only)
+    if restrict_dev == "yes" or os.path.isdir("/dev/mqueue"):
+        assert lines[1:] == ["/dev/shm tmpfs", "/dev/mqueue mqueue"]
+    else:
+        assert lines[-1] == "/dev/shm tmpfs"
+    # without --ipc, the host's
+    berth.ok("start", "app", "touch", f"/dev/shm/{name}")
+    assert os.path.exists(f"/dev/shm/{name}")
+    os.unlink(f"/dev/shm/{name}")
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="masks part of /sys in a mount namespace of its own")
+def test_net_falls_back_to_the_hosts_sys_read_only(berth, app):
+    """As inside Docker: a path under /sys hidden by a mount makes the kernel
+    refuse a fresh sysfs in a user namespace; the start still works."""
+    start = shlex.join(map(str, berth.command("start", "--net", "app", "sh", "-c",
+                                             "ls /sys/class/net >/dev/null && "
+                                             "touch /sys/x 2>/dev/null || echo read-only; "
+                                             "cat /proc/net/dev | tail -n +3 | cut -d: -f1")))
+    masked = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         f"mount -t tmpfs -o ro,size=4k none /sys/firmware && cd {berth.base} && exec {start}"],
+        env=berth.env, capture_output=True, text=True, timeout=60, check=False)
+    assert masked.returncode == 0, masked.stderr
+    assert masked.stdout.split() == ["read-only", "lo"]
+
+
+@pytest.mark.parametrize("root", [[], ["--root"]])
+def test_hooks_keep_the_capabilities_to_mount_into_the_root(berth, app, root):
+    """Hooks run as the container's uid in its user namespace; one that is
+    not 0 still may mount (nvidia-container-cli does), the command may not."""
+    berth.write("cfg/hooks.d/50-mount.sh", """#!/bin/sh
+set -e
+mount -t tmpfs -o size=1m hooked "$ENROOT_ROOTFS/work"
+echo "uid $(id -u) $BERTH_UID" > "$ENROOT_ROOTFS/work/by-hook"
+""", mode=0o755)
+    uid = "0" if root else str(berth.user.pw_uid)
+    out = berth.ok("start", *root, "app", "sh", "-c",
+                   "cat /work/by-hook; grep CapEff: /proc/self/status")
+    lines = out.splitlines()
+    assert lines[0] == f"uid {uid} {uid}"
+    cap_eff = int(lines[1].split()[1], 16)
+    assert (cap_eff != 0) == bool(root)  # a remapped root has them, a user none
