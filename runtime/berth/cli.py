@@ -72,12 +72,14 @@ def _add_exec(sub):
 
 def _add_list(sub):
     p = sub.add_parser("list", help="list containers")
-    p.add_argument("-f", "--fancy", action="store_true", help="show sizes and processes")
+    p.add_argument("-f", "--fancy", action="store_true",
+                   help="a table: NAME, PID, COMM, STATE, STARTED, TIME, MNTNS, USERNS, COMMAND")
 
 
 def _add_remove(sub):
     p = sub.add_parser("remove", help="remove containers")
-    p.add_argument("-f", "--force", action="store_true", help="do not ask, ignore missing")
+    p.add_argument("-f", "--force", action="store_true",
+                   help="remove a running container too (a missing NAME is an error either way)")
     p.add_argument("names", nargs="+")
 
 

@@ -299,24 +299,48 @@ def _entries(directory):
         return []
 
 
-def _size(tree):
-    total = 0
-    for top, dirs, files in os.walk(tree):
-        for entry in dirs + files:
-            total += os.lstat(os.path.join(top, entry)).st_blocks * 512
-    for unit in ("B", "K", "M", "G"):
-        if total < 1024:
-            return f"{total:.0f}{unit}"
-        total /= 1024
-    return f"{total:.1f}T"
-
-
 def _shown(name):
     """One line per container, even for a name an older berth let in with a
     newline or other control character (shown escaped, as \\n)."""
     if name.isprintable():
         return name
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in name)
+
+
+# `list --fancy`: enroot's columns, in its order
+_FANCY = ("NAME", "PID", "COMM", "STATE", "STARTED", "TIME", "MNTNS", "USERNS", "COMMAND")
+
+
+def _process_row(pid):
+    """The PID...COMMAND cells of process `pid`, or None once it is gone."""
+    proc = f"/proc/{pid}"
+    try:
+        with open(f"{proc}/stat", encoding="utf-8", errors="replace") as f:
+            stat = f.read()
+        with open(f"{proc}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        namespaces = [os.readlink(f"{proc}/ns/{ns}") for ns in ("mnt", "user")]
+    except OSError:
+        return None
+    comm = stat[stat.index("(") + 1:stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2:].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) // ticks  # utime + stime
+    days, rest = divmod(cpu, 86400)
+    used = (f"{days}-" if days else "") + "{:02}:{:02}:{:02}".format(
+        rest // 3600, rest // 60 % 60, rest % 60)
+    import time  # (list only)
+    started = _boot_time() + int(fields[19]) / ticks
+    same_day = time.localtime(started)[:3] == time.localtime()[:3]
+    when = time.strftime("%H:%M" if same_day else "%b%d", time.localtime(started))
+    mntns, userns = (n.split("[", 1)[-1].rstrip("]") for n in namespaces)
+    return [str(pid), _shown(comm), fields[0], when, used, mntns, userns,
+            _shown(" ".join(argv)) or f"[{_shown(comm)}]"]
+
+
+def _boot_time():
+    with open("/proc/stat", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("btime "))
 
 
 def cmd_list(args, cfg):
@@ -328,24 +352,24 @@ def cmd_list(args, cfg):
             print(_shown(name))
         return 0
     pids = running(cfg)
-    rows = [("NAME", "SIZE", "PIDS")]
-    rows += [(_shown(n), _size(f"{data}/{n}"), ",".join(map(str, pids.get(n, []))) or "-")
-             for n in names]
-    width = max(len(r[0]) for r in rows)
-    for name, size, procs in rows:
-        print(f"{name:<{width}}  {size:>6}  {procs}")
+    rows = [list(_FANCY)]
+    for name in names:  # one row each; a stopped container shows only its name
+        found = (_process_row(pid) for pid in sorted(pids.get(name, [])))
+        rows.append([_shown(name), *next((row for row in found if row), [])])
+    widths = [max(len(row[i]) for row in rows if len(row) > i) for i in range(len(_FANCY))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
     return 0
 
 
 def cmd_remove(args, cfg):
+    """Every NAME must exist (with -f too, as enroot); -f also removes a running one."""
     data = _data_path(cfg)
     busy = running(cfg)
     doomed = []
     for name in args.names:
         root = f"{data}/{_check_name(name, 'NAME')}"
         if not os.path.isdir(root):
-            if args.force:
-                continue
             raise BerthError(f"no container named '{name}' in {data}")
         if name in busy and not args.force:
             raise BerthError(f"container '{name}' is running (pid {busy[name][0]}); "

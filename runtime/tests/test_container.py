@@ -204,8 +204,9 @@ def test_create_list_remove(berth, images):
     berth.ok("create", "-n", "second", images / "plain.sqsh")
     assert berth.ok("list").split() == ["app", "second"]
     fancy = berth.ok("list", "--fancy").splitlines()
-    assert fancy[0].split() == ["NAME", "SIZE", "PIDS"]
-    assert fancy[1].split()[0] == "app" and fancy[1].split()[2] == "-"
+    assert fancy[0].split() == ["NAME", "PID", "COMM", "STATE", "STARTED", "TIME", "MNTNS",
+                                "USERNS", "COMMAND"]
+    assert fancy[1:] == ["app", "second"]  # stopped: the name alone
     berth.fails("create", images / "plain.sqsh", "-n", "app", needle="'app' already exists")
     assert (berth.base / "data/app/etc/rc").exists()  # not replaced
     berth.ok("create", "-f", "-n", "app", images / "plain.sqsh")
@@ -213,7 +214,7 @@ def test_create_list_remove(berth, images):
     berth.ok("remove", "app", "second")
     assert berth.ok("list") == ""
     berth.fails("remove", "app", needle="no container named 'app'")
-    berth.ok("remove", "-f", "app")
+    berth.fails("remove", "-f", "app", needle="no container named 'app'")  # as enroot
     assert berth.leftovers() == []
 
 
@@ -446,7 +447,7 @@ def test_detach_then_exec(berth, app, images, container):
         berth.ok("exec", pid, "touch", "/tmp/../work/../tmp/bctr-exec-probe")
         os.unlink("/tmp/bctr-exec-probe")
         if container == "app":
-            assert berth.ok("list", "-f").splitlines()[1].split()[2] == str(pid)
+            assert berth.ok("list", "-f").splitlines()[1].split()[1] == str(pid)
     finally:
         process.stdin.close()  # end of stdin stops the container
         assert process.wait(timeout=10) == 0
@@ -664,3 +665,23 @@ def test_fuse_overlayfs_stands_in_when_the_kernel_refuses(tmp_path, usable_fuse)
             os.kill(server, signal.SIGTERM)
     assert in_child(body) == "fuse.fuse-overlayfs lower"
     assert sorted(os.listdir(tmp_path / "lower")) == ["old"]  # writes went to the upper dir
+
+
+def test_list_fancy_shows_a_running_container_as_enroot_does(berth, app, images):
+    berth.ok("create", "-n", "idle", images / "plain.sqsh")
+    process, pid = start_detached(berth, "app")
+    try:
+        rows = [line.split() for line in berth.ok("list", "--fancy").splitlines()]
+        assert rows[0] == ["NAME", "PID", "COMM", "STATE", "STARTED", "TIME", "MNTNS",
+                           "USERNS", "COMMAND"]
+        name, shown_pid, comm, state, started, used, mntns, userns, *command = rows[1]
+        assert (name, shown_pid, comm) == ("app", str(pid), "sh")
+        assert state in ("S", "R") and ":" in started and used == "00:00:00"
+        assert mntns == os.readlink(f"/proc/{pid}/ns/mnt")[5:-1]
+        assert userns == os.readlink(f"/proc/{pid}/ns/user")[6:-1]
+        assert command[0] == "/bin/sh"
+        assert rows[2] == ["idle"]
+        assert berth.ok("list").splitlines() == ["app", "idle"]  # what the plugin reads
+    finally:
+        process.stdin.close()
+        assert process.wait(timeout=10) == 0
