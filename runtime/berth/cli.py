@@ -6,6 +6,7 @@ not pay for the HTTP stack that `berth import` needs.
 
 import argparse
 import importlib
+import os
 import sys
 
 from berth import __version__, config
@@ -158,9 +159,15 @@ VERBS = {
 }
 
 
+def prog():
+    """The name messages use: `enroot` when run through a link of that name
+    (the role installs one where no real enroot is), else `berth`."""
+    return "enroot" if os.path.basename(sys.argv[0] or "") == "enroot" else "berth"
+
+
 def parser(verb=None):
     """The argument parser; given a verb, with that verb's sub-parser alone."""
-    p = argparse.ArgumentParser(prog="berth", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=prog(), description=__doc__.splitlines()[0])
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     p.add_argument("-v", "--version", action="version", version=__version__)
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -186,7 +193,7 @@ def main(argv=None):
         func = getattr(importlib.import_module(module_name), func_name)
         return func(args, cfg)
     except BerthError as e:
-        print(f"berth: error: {e}", file=sys.stderr)
+        print(f"{prog()}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
