@@ -120,11 +120,7 @@ def cmd_create(args, cfg):
         raise BerthError(f"container '{name}' already exists in {data} (-f replaces it)")
     staging = _fresh_dir(data, f".{name}")
     try:
-        # Unprivileged, unsquashfs cannot make device nodes: a non-fatal error.
-        tolerate = ["-no-exit-code"] if os.getuid() else []
-        _run_tool(["unsquashfs", "-no-progress", "-no-xattrs", *tolerate, "-f",
-                   "-d", staging, image], image)
-        _make_removable(staging)
+        _unsquash(image, staging)
         if os.path.exists(target):
             old = _fresh_dir(data, f".{name}.old")
             os.rename(target, f"{old}/root")
@@ -208,7 +204,9 @@ def _plan(args, cfg, container, conf):
     is_image = container.endswith(".sqsh") or "/" in container
     image = _check_image(container) if is_image else None
     root = None if is_image else _container_root(cfg, container)
-    if image and not os.access("/dev/fuse", os.R_OK | os.W_OK):
+    writable = args.rw or cfg.flag("ENROOT_ROOTFS_WRITABLE")
+    unpack = bool(image) and writable and _writable_image() == "unpack"
+    if image and not unpack and not os.access("/dev/fuse", os.R_OK | os.W_OK):
         raise BerthError(f"/dev/fuse is not usable by uid {os.getuid()}: starting {container} "
                          "without unpacking needs it with mode 0666 (or use berth create)")
     fstabs = []
@@ -240,8 +238,7 @@ def _plan(args, cfg, container, conf):
             unshare |= flag
     plan = launch.Plan(
         cfg=cfg, runtime="", image=image, rootfs=root,
-        writable=args.rw or cfg.flag("ENROOT_ROOTFS_WRITABLE"),
-        ids=ids, unshare=unshare,
+        writable=writable, scratch=None, ids=ids, unshare=unshare,
         pid_namespace=args.pid or cfg.flag("ENROOT_UNSHARE_PID"),
         restrict_dev=cfg.flag("ENROOT_RESTRICT_DEV"),
         mounts=user_mounts, env_files=_sorted_files(cfg, "environ.d", ".env"), env=env,
@@ -256,9 +253,53 @@ def _plan(args, cfg, container, conf):
         plan.runtime = _fresh_dir(base, label)
     except OSError as e:
         raise BerthError(f"ENROOT_RUNTIME_PATH {base}: {e.strerror}") from None
-    for sub in ("root", "lower") if image else ():
+    if unpack:
+        try:
+            plan.scratch = plan.rootfs = _unpack_for_start(cfg, image, label)
+        except BaseException:
+            rootfs.remove_tree(plan.runtime)
+            raise
+        plan.image = None
+    for sub in ("root", "lower") if plan.image else ():
         os.mkdir(f"{plan.runtime}/{sub}")
     return plan
+
+
+def _writable_image():
+    """BERTH_WRITABLE_IMAGE: how a writable start of IMAGE.sqsh gets its root.
+
+    unpack (default)  unpacked into a hidden directory of ENROOT_DATA_PATH,
+                      removed at the end, as enroot does for every start: a
+                      directory of the image can be renamed (dpkg, apt).
+    overlay           the squashfs mounted under an overlay, as read-only
+                      starts: no unpacking, but renaming a directory that
+                      came from the image fails with EXDEV ("Invalid
+                      cross-device link"): in a user namespace neither the
+                      kernel's overlay (no redirect_dir there) nor
+                      fuse-overlayfs can rename one."""
+    mode = os.environ.get("BERTH_WRITABLE_IMAGE", "unpack")
+    if mode not in ("unpack", "overlay"):
+        raise BerthError(f"BERTH_WRITABLE_IMAGE: expected unpack or overlay, got '{mode}'")
+    return mode
+
+
+def _unsquash(image, target):
+    # Unprivileged, unsquashfs cannot make device nodes: a non-fatal error.
+    tolerate = ["-no-exit-code"] if os.getuid() else []
+    _run_tool(["unsquashfs", "-no-progress", "-no-xattrs", *tolerate, "-f",
+               "-d", target, image], image)
+    _make_removable(target)
+
+
+def _unpack_for_start(cfg, image, label):
+    data = safedir.ensure(cfg["ENROOT_DATA_PATH"], "ENROOT_DATA_PATH")
+    staging = _fresh_dir(data, f".{label}.rw")
+    try:
+        _unsquash(image, staging)
+    except BaseException:
+        rootfs.remove_tree(staging)
+        raise
+    return staging
 
 
 def cmd_start(args, cfg):

@@ -64,6 +64,8 @@ class Plan:
     runtime      per-start directory under ENROOT_RUNTIME_PATH
     image        a squashfs started without unpacking, or
     rootfs       an unpacked container root
+    scratch      the root unpacked for this start only (a writable start of
+                 an image), removed at the end; or None
     writable, pid_namespace, restrict_dev, detach   booleans
     ids          (uid, gid) of the container's processes inside (0, 0 with
                  --root), or None: no user namespace (ENROOT_ALLOW_SUPERUSER)
@@ -318,6 +320,8 @@ def start(plan):
             os.kill(pid, signal.SIGTERM)
             os.waitpid(pid, 0)
         rootfs.remove_tree(plan.runtime)
+        if plan.scratch:
+            rootfs.remove_tree(plan.scratch)
     if error:
         raise BerthError(error)
     if ready:  # a Slurm step's end waits for this exit: skip the interpreter's teardown

@@ -156,3 +156,53 @@ echo "uid $(id -u) $BERTH_UID" > "$ENROOT_ROOTFS/work/by-hook"
     assert lines[0] == f"uid {uid} {uid}"
     cap_eff = int(lines[1].split()[1], 16)
     assert (cap_eff != 0) == bool(root)  # a remapped root has them, a user none
+
+
+RENAME = """
+import os, sys
+from berth import syscalls as sc
+pid = sys.argv[1]
+fds = [(os.open(f"/proc/{pid}/ns/{n}", os.O_RDONLY), f)
+       for n, f in (("user", sc.CLONE_NEWUSER), ("mnt", sc.CLONE_NEWNS))]
+for fd, flag in fds:
+    sc.setns(fd, flag)
+try:
+    os.rename("/usr/local", "/usr/moved")  # rename(2) itself: mv would copy on EXDEV
+    print("renamed", *os.listdir("/usr/moved/bin"))
+except OSError as e:
+    print(e.strerror)
+"""
+
+
+@pytest.mark.parametrize("mode", ["unpack", "overlay"])
+def test_writable_image_start_renames_a_directory_of_the_image(berth, images, mode):
+    """dpkg renames what the image shipped; an overlay in a user namespace
+    cannot rename a lower directory (EXDEV), so a writable start unpacks."""
+    process = subprocess.Popen(berth.command("start", "--detach", "--rw", images / "app.sqsh"),
+                               env={**berth.env, "BERTH_WRITABLE_IMAGE": mode}, cwd=berth.base,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    assert line.strip().isdigit(), process.stderr.read()
+    pid = int(line)
+    try:
+        prefix = ["runuser", "-u", berth.user.pw_name, "--"] if AS_ROOT else []
+        result = subprocess.run([*prefix, "/usr/bin/python3", "-c", RENAME, str(pid)],
+                                env=berth.env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        expected = "renamed only-in-image" if mode == "unpack" else "Invalid cross-device link"
+        assert result.stdout.strip() == expected
+        if mode == "unpack":  # the container sees it moved
+            assert berth.ok("exec", pid, "ls", "/usr/moved/bin") == "only-in-image\n"
+    finally:
+        process.stdin.close()
+        assert process.wait(timeout=20) == 0
+    assert berth.leftovers() == []  # the unpacked root went with the container
+
+
+def test_writable_image_mode_is_checked(berth, images):
+    berth.fails("start", "--rw", images / "app.sqsh", "true", env={"BERTH_WRITABLE_IMAGE": "copy"},
+                needle="BERTH_WRITABLE_IMAGE: expected unpack or overlay, got 'copy'")
+    # a read-only start never unpacks: the image stays mounted
+    out = berth.ok("start", images / "app.sqsh", "sh", "-c", "grep -c squashfuse /proc/mounts")
+    assert int(out) >= 1
