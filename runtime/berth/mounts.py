@@ -171,6 +171,8 @@ def parse_spec(spec, cwd=None):
             raise BerthError(f"{origin}: umount:DST takes no flag but nofail, got '{extra[0]}'")
         return Mount("none", target, "none", ("x-detach", *flags), origin)
     _check_flags(flags, origin)
+    if "x-detach" in flags:
+        raise BerthError(f"{origin}: x-detach is for fstab lines; -m takes umount:DST")
     source = os.path.abspath(os.path.join(cwd or os.getcwd(), source))
     if "sqsh" in flags:
         return Mount(source, target, "squashfs", ("x-create=dir", "ro", *flags), origin)

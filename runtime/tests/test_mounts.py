@@ -81,7 +81,7 @@ ENROOT_FLAGS = [
     "nosuid", "suid", "nodev", "dev", "noexec", "exec", "noatime", "atime", "nodiratime",
     "diratime", "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime",
     "nolazytime", "iversion", "noiversion", "sync", "async", "dirsync", "silent", "loud",
-    "mand", "nomand", "nosymfollow",
+    "mand", "nomand", "nosymfollow", "sqsh",
 ]
 
 
@@ -93,6 +93,8 @@ def test_every_enroot_flag_is_known():
         mounts.parse_spec("/src:/dst:ro+bogus")
     with pytest.raises(mounts.BerthError, match="unknown mount flag 'color=red'"):
         mounts.parse_spec("tmpfs:/dst:size=1m+color=red")
+    with pytest.raises(mounts.BerthError, match="-m takes umount:DST"):
+        mounts.parse_spec("/src:/dst:x-detach")
     with pytest.raises(mounts.BerthError, match="unknown mount flag 'size=1m'"):
         mounts.parse_spec("/src:/dst:size=1m")  # tmpfs's options are no bind flags
 
