@@ -107,3 +107,12 @@ def install():
     sc.prctl(PR_SET_NO_NEW_PRIVS, 1)
     sc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog))
     return True
+
+
+if __name__ == "__main__":  # `python3 -m berth.seccomp [MACHINE]`: the program as C initializers
+    import sys
+    listing = program(sys.argv[1] if len(sys.argv) > 1 else os.uname().machine)
+    if listing is None:
+        sys.exit("berth.seccomp: no filter for this architecture")
+    for code, jt, jf, k in listing:
+        print(f"{{ 0x{code:02x}, {jt}, {jf}, 0x{k:08x} }},")

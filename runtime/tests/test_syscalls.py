@@ -153,3 +153,15 @@ def test_seccomp_program_is_known_for_two_architectures_only():
         assert all(jt + i < len(code) and jf + i < len(code) for i, (_, jt, jf, _) in
                    enumerate(code))
     assert seccomp.program("ppc64le") is None
+
+
+def test_seccomp_program_prints_as_c_initializers():
+    """What the SPANK plugin's C array must equal (a contract test there can run this)."""
+    import subprocess
+    import sys
+    from berth import seccomp
+    out = subprocess.run([sys.executable, "-m", "berth.seccomp", "aarch64"], capture_output=True,
+                         text=True, check=True, cwd=os.path.dirname(os.path.dirname(sc.__file__)))
+    rows = [tuple(int(v, 0) for v in line.strip("{}, ").split(", "))
+            for line in out.stdout.splitlines()]
+    assert rows == seccomp.program("aarch64")
