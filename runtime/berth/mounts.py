@@ -22,7 +22,8 @@ nosymfollow, defaults), the propagation modes (private, rprivate, slave,
 rslave, shared, rshared, unbindable, runbindable), nofail (skip the mount
 when it fails), x-create=dir|file|auto (create a missing destination; auto
 follows the source's type), x-detach (unmount DST instead: the fstab form
-of umount:) and sqsh.
+of umount:), x-move (move the mount at SRC, a path in the container, to
+DST) and sqsh.
 
 A destination is resolved inside the root with symlinks read with the root
 as `/`; one that still climbs above it (a `..` past `/`) is refused when it
@@ -38,7 +39,7 @@ from berth import syscalls as sc
 from berth.errors import BerthError
 
 _MS_SYNCHRONOUS, _MS_MANDLOCK, _MS_DIRSYNC, _MS_NOSYMFOLLOW = 0x10, 0x40, 0x80, 0x100
-_MS_SILENT, _MS_UNBINDABLE = 0x8000, 0x20000
+_MS_SILENT, _MS_UNBINDABLE, _MS_MOVE = 0x8000, 0x20000, 0x2000
 _MS_I_VERSION, _MS_STRICTATIME, _MS_LAZYTIME = 0x800000, 0x1000000, 0x2000000
 
 # flag -> (bits it sets, bits it clears)
@@ -66,7 +67,7 @@ _PROPAGATION = {
     "unbindable": _MS_UNBINDABLE, "runbindable": _MS_UNBINDABLE | sc.MS_REC,
 }
 _CREATE = {"x-create=dir", "x-create=file", "x-create=auto"}
-_OURS = _CREATE | {"nofail", "x-detach", "sqsh"}
+_OURS = _CREATE | {"nofail", "x-detach", "x-move", "sqsh"}
 FLAGS = frozenset(_FLAGS) | frozenset(_PROPAGATION) | _OURS
 # tmpfs's own options (mount data), as `tmpfs:DST:OPTS` accepts them
 _TMPFS_KEYS = {"size", "nr_blocks", "nr_inodes", "mode", "uid", "gid", "huge", "mpol",
@@ -92,6 +93,10 @@ class Mount(collections.namedtuple("Mount", "source target fstype options origin
     @property
     def is_umount(self):
         return "x-detach" in self.options
+
+    @property
+    def is_move(self):
+        return "x-move" in self.options
 
     @property
     def is_squashfs(self):
@@ -122,7 +127,7 @@ def parse_fstab_line(line, origin, environ):
     options = tuple(o for o in fields[3].split(",") if o) if len(fields) > 3 else ()
     _check_target(target, origin)
     mount = Mount(source, target, fstype, options, origin)
-    if mount.is_bind or mount.is_squashfs:
+    if mount.is_bind or mount.is_squashfs or mount.is_move or mount.is_umount:
         _check_flags(options, origin)
     return mount
 
@@ -171,8 +176,9 @@ def parse_spec(spec, cwd=None):
             raise BerthError(f"{origin}: umount:DST takes no flag but nofail, got '{extra[0]}'")
         return Mount("none", target, "none", ("x-detach", *flags), origin)
     _check_flags(flags, origin)
-    if "x-detach" in flags:
-        raise BerthError(f"{origin}: x-detach is for fstab lines; -m takes umount:DST")
+    for flag in ("x-detach", "x-move"):
+        if flag in flags:
+            raise BerthError(f"{origin}: {flag} is for fstab lines (-m takes umount:DST)")
     source = os.path.abspath(os.path.join(cwd or os.getcwd(), source))
     if "sqsh" in flags:
         return Mount(source, target, "squashfs", ("x-create=dir", "ro", *flags), origin)
@@ -239,6 +245,21 @@ def _open_inside(root, path, name):
     return fd
 
 
+def _move(root, source, target_fd):
+    """Move the mount at `source` (a path in the container) onto the target."""
+    path = resolve_target(root, source)
+    if not os.path.lexists(path):
+        raise BerthError(f"x-move source {source} does not exist in the container")
+    fd = _open_inside(root, path, source)
+    try:
+        sc.mount(f"/proc/self/fd/{fd}", f"/proc/self/fd/{target_fd}", None, _MS_MOVE)
+    except OSError as e:
+        raise BerthError(f"cannot move the mount at {source}: {os.strerror(e.errno)}"
+                         if e.errno == 22 else f"x-move {source}: {os.strerror(e.errno)}")
+    finally:
+        os.close(fd)
+
+
 def _is_squashfs(path):
     try:
         with open(path, "rb") as f:
@@ -286,6 +307,9 @@ def apply(root, mount):
             _create(target, create, mount.source if mount.is_bind else None)
         fd = _open_inside(root, target, mount.target)
         try:
+            if mount.is_move:
+                _move(root, mount.source, fd)
+                return None
             if mount.is_squashfs:
                 from berth import rootfs  # (it imports this module)
                 server = rootfs.mount_squashfs(mount.source, f"/proc/self/fd/{fd}")

@@ -75,6 +75,17 @@ def test_umount_removes_a_default_or_mounts_d_mount(berth, app, host):
                 needle="umount:DST takes no flag but nofail, got 'ro'")
 
 
+def test_x_move_moves_a_mount_in_the_container(berth, app):
+    berth.write("cfg/mounts.d/10-move.fstab", "tmpfs /a tmpfs x-create=dir,size=1m\n"
+                "/a /b none x-move,x-create=dir\n")
+    out = berth.ok("start", "app", "cat", "/proc/self/mountinfo")
+    targets = {line.split()[4]: line for line in out.splitlines()}
+    assert "/a" not in targets and " - tmpfs " in targets["/b"], out
+    berth.write("cfg/mounts.d/10-move.fstab", "/work /b none x-move,x-create=dir\n")
+    berth.fails("start", "app", "true", needle="cannot move the mount at /work")
+    berth.fails("start", "-m", "/a:/b:x-move", "app", "true", needle="x-move is for fstab lines")
+
+
 ENROOT_FLAGS = [
     "ro", "rw", "bind", "rbind", "nofail", "x-create=dir", "x-create=auto", "defaults",
     "unbindable", "runbindable", "private", "rprivate", "slave", "rslave", "shared", "rshared",
