@@ -1,6 +1,8 @@
 """Mounts into a container root: fstab lines and `-m` specs.
 
 An fstab line is `SRC DST TYPE OPTIONS`; DST is a path inside the container.
+As in enroot, TYPE may be left out before OPTIONS (`/proc /proc rbind`), and
+both where SRC names the type (`tmpfs /tmp`).
 The options are enroot's fstab vocabulary (FLAGS below); with TYPE other
 than a bind, what is not in it goes to the filesystem as mount data
 (size=, mode=, ...); on a bind an unknown option is refused, naming it.
@@ -115,12 +117,21 @@ def _check_flags(options, origin, allowed_data=()):
         raise BerthError(f"{origin}: unknown mount flag '{option}'")
 
 
+def _are_options(field):
+    """Whether an fstab field is an OPTIONS list rather than a TYPE."""
+    return all(part in FLAGS for part in field.split(","))
+
+
 def parse_fstab_line(line, origin, environ):
     """One fstab line as a Mount, or None for a blank or comment line."""
     line = line.split("#", 1)[0].strip()
     if not line:
         return None
     fields = _VAR.sub(lambda m: environ.get(m.group(1) or m.group(2), ""), line).split()
+    if len(fields) == 3 and _are_options(fields[2]):  # `SRC DST OPTIONS`, as enroot allows
+        fields = [fields[0], fields[1], "none", fields[2]]
+    if len(fields) == 2 and "/" not in fields[0]:  # `tmpfs /tmp`: the type is SRC
+        fields.append(fields[0])
     if len(fields) < 3:
         raise BerthError(f"{origin}: expected 'SRC DST TYPE [OPTIONS]', got '{line}'")
     source, target, fstype = fields[:3]

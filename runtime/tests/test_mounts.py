@@ -75,6 +75,19 @@ def test_umount_removes_a_default_or_mounts_d_mount(berth, app, host):
                 needle="umount:DST takes no flag but nofail, got 'ro'")
 
 
+def test_fstab_lines_may_leave_out_the_type(berth, app, host):
+    berth.write("cfg/mounts.d/10-short.fstab", f"tmpfs /tmp\n{host} /work rbind,ro\n")
+    out = berth.ok("start", "app", "sh", "-c", "cat /work/in; grep -E ' /(tmp|work) ' "
+                   "/proc/self/mountinfo")
+    lines = out.splitlines()
+    assert lines[0] == "from host"
+    last = {line.split()[4]: line for line in lines[1:]}  # the top mount at each
+    assert " - tmpfs tmpfs " in last["/tmp"], out
+    assert last["/work"].split()[5].startswith("ro,"), out
+    berth.write("cfg/mounts.d/10-short.fstab", f"{host} /work\n")
+    berth.fails("start", "app", "true", needle="10-short.fstab:1: expected 'SRC DST TYPE")
+
+
 def test_x_move_moves_a_mount_in_the_container(berth, app):
     berth.write("cfg/mounts.d/10-move.fstab", "tmpfs /a tmpfs x-create=dir,size=1m\n"
                 "/a /b none x-move,x-create=dir\n")
