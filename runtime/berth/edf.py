@@ -21,7 +21,9 @@ scalars (image, workdir, entrypoint, writable) are replaced; mounts are
 appended, a mount whose destination is already mounted replaces that entry in
 place (so nested mounts keep their order); env and annotations tables merge
 key by key. `${VAR}` in image, workdir, mounts and env values expands from
-the submitting environment when the file is read.
+the submitting environment when the file is read (an unset VAR is an
+error); `${VAR:-WORD}` gives WORD where VAR is unset or empty, and `$$` is a
+literal `$`.
 
 The JSON form is for tools; its keys are fixed:
 image, workdir, entrypoint, writable (null when no file sets them), mounts,
@@ -48,7 +50,8 @@ from berth.errors import BerthError
 MAX_DEPTH = 10
 SCALARS = ("image", "workdir", "entrypoint", "writable")
 KEYS = ("base_environment", *SCALARS, "mounts", "env", "annotations")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# ${VAR}, ${VAR:-WORD} (WORD when VAR is unset or empty) and $$ (a literal $)
+_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOML_LINE = re.compile(r"at line (\d+)")
 _HOOK_PREFIX = "com.hooks."
 
@@ -178,7 +181,11 @@ def _type_name(value):
 
 def _expand(value, environ, edf, key, table=None):
     def lookup(match):
-        name = match.group(1)
+        name, default = match.group(1), match.group(2)
+        if name is None:
+            return "$"
+        if default is not None:
+            return environ.get(name) or default
         if name not in environ:
             label = f"{table}.{key}" if table else key
             edf.fail(f"${{{name}}} in '{label}' is not set in the environment", key, table)

@@ -167,6 +167,20 @@ note = "${NOT_EXPANDED}"
     assert got["annotations"] == {"note": "${NOT_EXPANDED}"}
 
 
+def test_default_words_and_escaped_dollars(site):
+    write(site / "edf", "d.toml", """
+workdir = "${WD:-/fallback}"
+mounts = ["/data${SUFFIX:-}:/data", "${EMPTY:-/e}:/e"]
+[env]
+PRICE = "$$5 and $${HOME}"
+SET = "${REG:-unused}"
+""")
+    got = resolve(site, "d", REG="reg.example", EMPTY="")
+    assert got["workdir"] == "/fallback"
+    assert got["mounts"] == ["/data:/data", "/e:/e"]
+    assert got["env"] == {"PRICE": "$5 and ${HOME}", "SET": "reg.example"}
+
+
 def test_unset_variable_names_var_and_file(site):
     path = write(site / "edf", "v.toml", '\nmounts = ["${SCRATCH}/data:/data"]\n')
     assert failure(site, "v") == f"{path}:2: ${{SCRATCH}} in 'mounts' is not set in the environment"
