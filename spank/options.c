@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,6 +188,59 @@ void flags_free(struct container_flags *flags)
 	flags_init(flags);
 }
 
+static const char *const switch_names[] = {
+	[SW_MOUNT_HOME] = "--container-mount-home",
+	[SW_NO_MOUNT_HOME] = "--no-container-mount-home",
+	[SW_REMAP_ROOT] = "--container-remap-root",
+	[SW_NO_REMAP_ROOT] = "--no-container-remap-root",
+	[SW_ENTRYPOINT] = "--container-entrypoint",
+	[SW_NO_ENTRYPOINT] = "--no-container-entrypoint",
+	[SW_WRITABLE] = "--container-writable",
+	[SW_READONLY] = "--container-readonly",
+	[SW_ENTRYPOINT_LOG] = "--container-entrypoint-log",
+};
+
+/* The other flag of sw's pair, or -1. Pairs are adjacent: (even, odd). */
+static int opposite(enum switch_id sw)
+{
+	if (sw == SW_ENTRYPOINT_LOG)
+		return -1;
+	return (int)sw ^ 1;
+}
+
+int set_switch(struct container_flags *flags, enum switch_id sw, char *err, size_t errlen)
+{
+	int other = opposite(sw);
+	enum tristate value = sw % 2 == 0 ? ON : OFF;
+
+	if (other >= 0 && (flags->given & (1u << other)))
+		return fail(err, errlen, "%s and %s were both specified; give one of them",
+			    switch_names[other], switch_names[sw]);
+	flags->given |= 1u << sw;
+	switch (sw) {
+	case SW_MOUNT_HOME:
+	case SW_NO_MOUNT_HOME:
+		flags->mount_home = value;
+		break;
+	case SW_REMAP_ROOT:
+	case SW_NO_REMAP_ROOT:
+		flags->remap_root = value;
+		break;
+	case SW_ENTRYPOINT:
+	case SW_NO_ENTRYPOINT:
+		flags->entrypoint = value;
+		break;
+	case SW_WRITABLE:
+	case SW_READONLY:
+		flags->writable = value;
+		break;
+	case SW_ENTRYPOINT_LOG:
+		flags->entrypoint_log = 1;
+		break;
+	}
+	return 0;
+}
+
 int flags_want_container(const struct container_flags *flags)
 {
 	return flags->image != NULL || flags->name != NULL;
@@ -271,11 +325,12 @@ int set_image(struct container_flags *flags, const char *value,
 
 static int known_mount_flag(const char *flag, size_t len)
 {
-	/* the flags berth start -m takes */
+	/* enroot's fstab flags that berth start -m takes */
 	static const char *const known[] = {
 		"ro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec",
 		"noatime", "nodiratime", "relatime", "defaults",
 		"private", "rprivate", "shared", "rshared", "slave", "rslave",
+		"unbindable", "runbindable",
 		"nofail", "x-create=dir", "x-create=file", "x-create=auto",
 	};
 
@@ -285,24 +340,78 @@ static int known_mount_flag(const char *flag, size_t len)
 	return 0;
 }
 
-/* One SRC:DST[:FLAGS] entry of len bytes at spec. */
+/* spec (len bytes) starts with word and a ':' */
+static int has_prefix(const char *spec, size_t len, const char *word)
+{
+	size_t n = strlen(word);
+
+	return len > n && strncmp(spec, word, n) == 0 && spec[n] == ':';
+}
+
+int mount_is_special(const char *spec, size_t len)
+{
+	return has_prefix(spec, len, "tmpfs") || has_prefix(spec, len, "umount");
+}
+
+/* FLAGS of an entry: '+'-joined, each known (or, for tmpfs, an option word). */
+static int check_mount_flags(const char *flags, const char *end, int tmpfs,
+			     const char *spec, size_t len, char *err, size_t errlen)
+{
+	if (flags == end)
+		return fail(err, errlen, "--container-mounts: empty flags in '%.*s'",
+			    (int)len, spec);
+	while (flags < end) {
+		const char *plus = memchr(flags, '+', (size_t)(end - flags));
+		size_t flen = (size_t)((plus ? plus : end) - flags);
+		int ok = flen > 0 && known_mount_flag(flags, flen);
+
+		if (tmpfs && flen > 0 && !ok) { /* size=1M, mode=1777, huge=always, ... */
+			ok = isalpha((unsigned char)flags[0]);
+			for (size_t i = 0; ok && i < flen; i++)
+				ok = isalnum((unsigned char)flags[i]) || strchr("_=.%-", flags[i]);
+		}
+		if (flen == 0)
+			return fail(err, errlen, "--container-mounts: empty flag in '%.*s'",
+				    (int)len, spec);
+		if (!ok)
+			return fail(err, errlen, "--container-mounts: unknown %s '%.*s' in '%.*s'",
+				    tmpfs ? "tmpfs option" : "flag", (int)flen, flags,
+				    (int)len, spec);
+		flags += flen + (plus ? 1 : 0);
+		if (plus && flags == end)
+			return fail(err, errlen, "--container-mounts: empty flag in '%.*s'",
+				    (int)len, spec);
+	}
+	return 0;
+}
+
+/*
+ * One entry of len bytes at spec: SRC:DST[:FLAGS], SRC, tmpfs:DST[:OPTIONS]
+ * or umount:DST. Only what can never work is refused here: where SRC is
+ * and what it is, the node says.
+ */
 static int check_mount(const char *spec, size_t len, char *err, size_t errlen)
 {
 	const char *end = spec + len;
 	const char *colon = memchr(spec, ':', len);
-	const char *dst, *dst_end, *flags;
+	const char *dst, *dst_end;
+	int tmpfs = has_prefix(spec, len, "tmpfs");
+	int umount = has_prefix(spec, len, "umount");
 
 	if (len == 0)
 		return fail(err, errlen, "--container-mounts: empty entry");
-	if (colon == NULL || colon + 1 == end)
-		return fail(err, errlen, "--container-mounts: missing destination in '%.*s'",
-			    (int)len, spec);
 	if (colon == spec)
 		return fail(err, errlen, "--container-mounts: missing source in '%.*s'",
 			    (int)len, spec);
-	if (spec[0] != '/')
-		return fail(err, errlen,
-			    "--container-mounts: relative source in '%.*s' (use an absolute path)",
+	if (colon == NULL) { /* SRC alone: the same path inside */
+		if (spec[0] != '/')
+			return fail(err, errlen,
+				    "--container-mounts: '%.*s' alone is also the destination: "
+				    "it must be an absolute path (or give SRC:DST)", (int)len, spec);
+		return 0;
+	}
+	if (colon + 1 == end)
+		return fail(err, errlen, "--container-mounts: missing destination in '%.*s'",
 			    (int)len, spec);
 	dst = colon + 1;
 	dst_end = memchr(dst, ':', (size_t)(end - dst));
@@ -313,23 +422,10 @@ static int check_mount(const char *spec, size_t len, char *err, size_t errlen)
 			    (int)len, spec);
 	if (dst_end == end)
 		return 0;
-	flags = dst_end + 1;
-	if (flags == end)
-		return fail(err, errlen, "--container-mounts: empty flags in '%.*s'",
+	if (umount)
+		return fail(err, errlen, "--container-mounts: umount takes no flags, in '%.*s'",
 			    (int)len, spec);
-	while (flags < end) {
-		const char *plus = memchr(flags, '+', (size_t)(end - flags));
-		size_t flen = (size_t)((plus ? plus : end) - flags);
-
-		if (!known_mount_flag(flags, flen))
-			return fail(err, errlen, "--container-mounts: unknown flag '%.*s' in '%.*s'",
-				    (int)flen, flags, (int)len, spec);
-		flags += flen + (plus ? 1 : 0);
-		if (plus && flags == end)
-			return fail(err, errlen, "--container-mounts: empty flag in '%.*s'",
-				    (int)len, spec);
-	}
-	return 0;
+	return check_mount_flags(dst_end + 1, end, tmpfs, spec, len, err, errlen);
 }
 
 int set_mounts(struct container_flags *flags, const char *value,
@@ -351,11 +447,12 @@ int set_mounts(struct container_flags *flags, const char *value,
 	return store(&flags->mounts, value, err, errlen);
 }
 
+/* A relative workdir is resolved inside the container, from its '/'. */
 int set_workdir(struct container_flags *flags, const char *value,
 		char *err, size_t errlen)
 {
-	if (value[0] != '/')
-		return fail(err, errlen, "--container-workdir: '%s' is not an absolute path", value);
+	if (value[0] == '\0')
+		return fail(err, errlen, "--container-workdir: empty path");
 	return store(&flags->workdir, value, err, errlen);
 }
 
@@ -641,20 +738,6 @@ int image_cache_name(const char *image, char *out, size_t outlen)
 	return 0;
 }
 
-/* Search paths whose image value must beat the host's: host paths are useless inside. */
-static int path_like(const char *key, size_t keylen)
-{
-	static const char *const keys[] = {
-		"PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH",
-		"CPLUS_INCLUDE_PATH", "MANPATH", "PKG_CONFIG_PATH", "PYTHONPATH",
-	};
-
-	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
-		if (strlen(keys[i]) == keylen && strncmp(key, keys[i], keylen) == 0)
-			return 1;
-	return 0;
-}
-
 /* Variables that describe this job and node: only the task's values are true. */
 static int from_slurm(const char *key, size_t keylen)
 {
@@ -674,7 +757,108 @@ int container_value_wins(const char *key, size_t keylen, int task_has,
 {
 	if (from_slurm(key, keylen))
 		return 0;
-	if (!task_has)
-		return 1;
-	return path_like(key, keylen) && !name_in_list(env_names, key, keylen);
+	return !(task_has && name_in_list(env_names, key, keylen));
+}
+
+int task_value_dropped(const char *key, size_t keylen, const char *env_names)
+{
+	static const char *const locale[] = { "LANG", "LANGUAGE", "LC_ALL" };
+
+	for (size_t i = 0; i < sizeof(locale) / sizeof(locale[0]); i++)
+		if (strlen(locale[i]) == keylen && strncmp(key, locale[i], keylen) == 0)
+			return !name_in_list(env_names, key, keylen);
+	return 0;
+}
+
+/* "VAR: rest" from a setter's "--flag: rest" message (inner). */
+static int fail_var(char *err, size_t errlen, const char *var, const char *flag,
+		    const char *inner)
+{
+	size_t n = strlen(flag);
+
+	if (strncmp(inner, flag, n) == 0 && strncmp(inner + n, ": ", 2) == 0)
+		inner += n + 2;
+	return fail(err, errlen, "%s (as %s): %s", var, flag, inner);
+}
+
+int apply_pyxis_env(struct container_flags *flags, env_lookup get, void *ctx,
+		    int check_files, char *err, size_t errlen)
+{
+	static const struct {
+		const char *var;
+		const char *flag;
+		int (*set)(struct container_flags *, const char *, char *, size_t);
+		size_t field; /* offset of the char * the flag fills */
+	} strings[] = {
+		{ "PYXIS_CONTAINER_MOUNTS", "--container-mounts", set_mounts,
+		  offsetof(struct container_flags, mounts) },
+		{ "PYXIS_CONTAINER_WORKDIR", "--container-workdir", set_workdir,
+		  offsetof(struct container_flags, workdir) },
+		{ "PYXIS_CONTAINER_NAME", "--container-name", set_name,
+		  offsetof(struct container_flags, name) },
+		{ "PYXIS_CONTAINER_SAVE", "--container-save", set_save,
+		  offsetof(struct container_flags, save) },
+		{ "PYXIS_CONTAINER_ENV", "--container-env", set_env_names,
+		  offsetof(struct container_flags, env_names) },
+		{ "PYXIS_CONTAINER_UNSHARE", "--container-unshare", set_unshare,
+		  offsetof(struct container_flags, unshare) },
+	};
+	static const struct {
+		const char *var;
+		enum switch_id on, off; /* off == on: false means nothing */
+	} switches[] = {
+		{ "PYXIS_CONTAINER_MOUNT_HOME", SW_MOUNT_HOME, SW_NO_MOUNT_HOME },
+		{ "PYXIS_CONTAINER_REMAP_ROOT", SW_REMAP_ROOT, SW_NO_REMAP_ROOT },
+		{ "PYXIS_CONTAINER_ENTRYPOINT", SW_ENTRYPOINT, SW_NO_ENTRYPOINT },
+		{ "PYXIS_CONTAINER_ENTRYPOINT_LOG", SW_ENTRYPOINT_LOG, SW_ENTRYPOINT_LOG },
+		{ "PYXIS_CONTAINER_WRITABLE", SW_WRITABLE, SW_WRITABLE },
+		{ "PYXIS_CONTAINER_READONLY", SW_READONLY, SW_READONLY },
+	};
+	/* the switches of the command line, before any variable sets more */
+	unsigned given = flags->given;
+	const char *from_env[SW_ENTRYPOINT_LOG + 1] = { NULL };
+	char inner[ERR_LEN];
+	const char *value;
+
+	value = get("PYXIS_CONTAINER_IMAGE", ctx);
+	if (flags->image == NULL && value != NULL && value[0] != '\0' &&
+	    set_image(flags, value, check_files, inner, sizeof(inner)) < 0)
+		return fail_var(err, errlen, "PYXIS_CONTAINER_IMAGE", "--container-image", inner);
+	for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++) {
+		char **field = (char **)((char *)flags + strings[i].field);
+
+		value = get(strings[i].var, ctx);
+		if (*field != NULL || value == NULL || value[0] == '\0')
+			continue;
+		if (strings[i].set(flags, value, inner, sizeof(inner)) < 0)
+			return fail_var(err, errlen, strings[i].var, strings[i].flag, inner);
+	}
+	for (size_t i = 0; i < sizeof(switches) / sizeof(switches[0]); i++) {
+		enum switch_id on = switches[i].on, off = switches[i].off, sw;
+		int other = opposite(on);
+		int b;
+
+		value = get(switches[i].var, ctx);
+		if (value == NULL || value[0] == '\0')
+			continue;
+		b = parse_bool(value);
+		if (b < 0)
+			return fail(err, errlen,
+				    "%s: '%s' is not a boolean (1/true/yes/y or 0/false/no/n)",
+				    switches[i].var, value);
+		sw = b ? on : off;
+		if (!b && off == on)
+			continue;
+		/* the flag wins: its pair given on the command line */
+		if ((given & (1u << on)) || (given & (1u << off)) ||
+		    (other >= 0 && (given & (1u << other))))
+			continue;
+		if (other >= 0 && from_env[other] != NULL)
+			return fail(err, errlen, "%s and %s were both specified; give one of them",
+				    from_env[other], switches[i].var);
+		if (set_switch(flags, sw, inner, sizeof(inner)) < 0)
+			return fail(err, errlen, "%s: %s", switches[i].var, inner);
+		from_env[sw] = switches[i].var;
+	}
+	return 0;
 }

@@ -54,10 +54,21 @@ struct container_flags {
 	enum tristate entrypoint;
 	int entrypoint_log;
 	enum tristate writable;
+	unsigned given;         /* bit (1 << enum switch_id) per switch given */
 	char *environment;      /* --environment NAME|PATH.toml as given */
 	char *env_set;          /* KEY=VALUE lines of the EDF's env: the container's */
 	char *hook_env;         /* KEY=VALUE lines from its annotations: the hooks' */
 };
+
+/*
+ * The argument-less flags. Each pair (a flag and its opposite) is refused
+ * when both are given: set_switch names the two.
+ */
+enum switch_id {
+	SW_MOUNT_HOME, SW_NO_MOUNT_HOME, SW_REMAP_ROOT, SW_NO_REMAP_ROOT,
+	SW_ENTRYPOINT, SW_NO_ENTRYPOINT, SW_WRITABLE, SW_READONLY, SW_ENTRYPOINT_LOG,
+};
+int set_switch(struct container_flags *flags, enum switch_id sw, char *err, size_t errlen);
 
 void flags_init(struct container_flags *flags);
 void flags_free(struct container_flags *flags);
@@ -88,6 +99,26 @@ int set_environment(struct container_flags *flags, const char *value,
 		    char *err, size_t errlen);
 
 /*
+ * PYXIS_CONTAINER_* variables: each acts as its flag when the flag was not
+ * given (call after the flags, before the EDF). get(name, ctx) returns the
+ * variable's value or NULL; an empty value counts as unset. Booleans take
+ * parse_bool's words: MOUNT_HOME, REMAP_ROOT, ENTRYPOINT true/false are the
+ * flag / its no- form; WRITABLE, READONLY, ENTRYPOINT_LOG true are the flag,
+ * false nothing. A bad value is refused naming the variable.
+ */
+typedef const char *(*env_lookup)(const char *name, void *ctx);
+int apply_pyxis_env(struct container_flags *flags, env_lookup get, void *ctx,
+		    int check_files, char *err, size_t errlen);
+
+/*
+ * --container-mounts entries (also EDF mounts): SRC:DST[:FLAGS], SRC alone
+ * (SRC:SRC, absolute), a relative SRC (from the step's working directory,
+ * resolved on the node), tmpfs:DST[:OPTIONS], umount:DST. Is the entry of
+ * len bytes at spec a tmpfs: or umount: one (no source path to resolve)?
+ */
+int mount_is_special(const char *spec, size_t len);
+
+/*
  * EDF values travel from the submission side to the nodes as one text:
  * "environment=NAME\n" then the lines of "berth edf show --spank NAME"
  * (image=, workdir=, entrypoint=, writable=, mount=, env=, hook_env=).
@@ -111,10 +142,15 @@ int unshare_has(const struct container_flags *flags, const char *ns);
 int name_in_list(const char *list, const char *key, size_t keylen);
 
 /*
- * Environment merge (task env vs the container's): does the container's
- * value replace the task's? task_has: the task env has the key already.
+ * Environment merge (task env vs the container's), pyxis's rule: the
+ * container's value is copied over the task's, except for the variables
+ * --container-env names (when the task has them: task_has) and SLURM_*,
+ * PMIX_*, PMI_*, which only the task knows. Before that, the task loses
+ * LANG, LANGUAGE and LC_ALL unless --container-env names them:
+ * task_value_dropped says which.
  */
 int container_value_wins(const char *key, size_t keylen, int task_has,
 			 const char *env_names);
+int task_value_dropped(const char *key, size_t keylen, const char *env_names);
 
 #endif

@@ -168,23 +168,31 @@ static int on_option(int val, const char *optarg, int remote)
 		rc = set_environment(&flags, optarg, err, sizeof(err));
 		break;
 	case OPT_MOUNT_HOME:
+		rc = set_switch(&flags, SW_MOUNT_HOME, err, sizeof(err));
+		break;
 	case OPT_NO_MOUNT_HOME:
-		flags.mount_home = val == OPT_MOUNT_HOME ? ON : OFF;
+		rc = set_switch(&flags, SW_NO_MOUNT_HOME, err, sizeof(err));
 		break;
 	case OPT_REMAP_ROOT:
+		rc = set_switch(&flags, SW_REMAP_ROOT, err, sizeof(err));
+		break;
 	case OPT_NO_REMAP_ROOT:
-		flags.remap_root = val == OPT_REMAP_ROOT ? ON : OFF;
+		rc = set_switch(&flags, SW_NO_REMAP_ROOT, err, sizeof(err));
 		break;
 	case OPT_ENTRYPOINT:
+		rc = set_switch(&flags, SW_ENTRYPOINT, err, sizeof(err));
+		break;
 	case OPT_NO_ENTRYPOINT:
-		flags.entrypoint = val == OPT_ENTRYPOINT ? ON : OFF;
+		rc = set_switch(&flags, SW_NO_ENTRYPOINT, err, sizeof(err));
 		break;
 	case OPT_ENTRYPOINT_LOG:
-		flags.entrypoint_log = 1;
+		rc = set_switch(&flags, SW_ENTRYPOINT_LOG, err, sizeof(err));
 		break;
 	case OPT_WRITABLE:
+		rc = set_switch(&flags, SW_WRITABLE, err, sizeof(err));
+		break;
 	case OPT_READONLY:
-		flags.writable = val == OPT_WRITABLE ? ON : OFF;
+		rc = set_switch(&flags, SW_READONLY, err, sizeof(err));
 		break;
 	default:
 		snprintf(err, sizeof(err), "unknown option id %d", val);
@@ -475,13 +483,36 @@ static int special_step(uint32_t stepid)
 	       stepid == SLURM_INTERACTIVE_STEP;
 }
 
+/* PYXIS_CONTAINER_* lookups: the submitting process's environment, or the job's. */
+static const char *local_env(const char *name, void *ctx)
+{
+	(void)ctx;
+	return getenv(name);
+}
+
+static const char *job_env(const char *name, void *ctx)
+{
+	static char value[PATH_MAX * 4];
+
+	if (spank_getenv((spank_t)ctx, name, value, sizeof(value)) != ESPANK_SUCCESS)
+		return NULL;
+	return value;
+}
+
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
 	char err[ERR_LEN];
+	int remote = spank_context() == S_CTX_REMOTE;
 
 	(void)ac;
 	(void)av;
-	if (spank_context() != S_CTX_REMOTE) {
+	/* the flags win over the variables, and both over the EDF */
+	if (apply_pyxis_env(&flags, remote ? job_env : local_env, sp, !remote,
+			    err, sizeof(err)) < 0) {
+		slurm_error("spank_berth: %s", err);
+		return -1;
+	}
+	if (!remote) {
 		if (flags.environment != NULL && submit_environment() < 0)
 			return -1;
 		if (flags_check(&flags, err, sizeof(err)) < 0) {

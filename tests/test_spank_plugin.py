@@ -111,14 +111,17 @@ def test_srun_help_lists_the_flags(slurm_conf):
 
 @needs_srun
 @pytest.mark.parametrize("flag, message", [
-    ("--container-mounts=/data",
-     "spank_berth: --container-mounts: missing destination in '/data'"),
+    ("--container-mounts=/data:",
+     "spank_berth: --container-mounts: missing destination in '/data:'"),
     ("--container-mounts=/a:rel", "relative destination in '/a:rel'"),
     ("--container-mounts=/a:/b:ro+bogus", "unknown flag 'bogus'"),
     ("--container-image=", "--container-image: empty image"),
     ("--container-image=/nonexistent/x.sqsh", "no such file '/nonexistent/x.sqsh'"),
     ("--container-image=nvcr.io", "'nvcr.io' is a registry host without an image"),
-    ("--container-workdir=rel", "--container-workdir: 'rel' is not an absolute path"),
+    ("--container-workdir=", "--container-workdir: empty path"),
+    ("--container-mounts=data", "'data' alone is also the destination"),
+    ("--container-mounts=umount:/a:ro", "umount takes no flags"),
+    ("--container-mounts=tmpfs:/t:size=1M+$(x)", "unknown tmpfs option '$(x)'"),
     ("--container-name=n:sometimes", "--container-name: unknown mode 'sometimes'"),
     ("--container-unshare=pid", "--container-unshare: unknown namespace 'pid'"),
     ("--container-env=1BAD", "--container-env: '1BAD' is not a variable name"),
@@ -129,6 +132,74 @@ def test_srun_refuses_bad_flags_before_submission(slurm_conf, flag, message):
     assert message in result.stderr
     # refused by the plugin, not by a failed attempt to reach slurmctld
     assert "slurmctld" not in result.stderr and "Unable to" not in result.stderr
+
+
+def _refused_by_plugin(result):
+    return result.returncode != 0 and "spank_berth" in result.stderr
+
+
+def _reached_the_controller(result):
+    """Accepted by the plugin: srun went on to ask the (absent) slurmctld."""
+    return "spank_berth" not in result.stderr and "slurm controller" in result.stderr
+
+
+@needs_srun
+@pytest.mark.parametrize("pair", [
+    ("--container-writable", "--container-readonly"),
+    ("--container-readonly", "--container-writable"),
+    ("--container-mount-home", "--no-container-mount-home"),
+    ("--no-container-remap-root", "--container-remap-root"),
+    ("--container-entrypoint", "--no-container-entrypoint"),
+])
+def test_srun_refuses_contradictory_flags(slurm_conf, pair):
+    result = _run(slurm_conf(), "srun", "--container-image=ubuntu", *pair, "true")
+    assert _refused_by_plugin(result)
+    assert f"spank_berth: {pair[0]} and {pair[1]} were both specified" in result.stderr
+
+
+@needs_srun
+def test_srun_accepts_what_pyxis_accepts(slurm_conf):
+    # relative workdir (resolved inside), every --container-mounts form
+    result = _run(slurm_conf(), "srun", "--container-image=ubuntu", "--container-workdir=../w",
+                  "--container-mounts=/data,./d:/d,.:/work:ro+runbindable,tmpfs:/t:size=1M,"
+                  "umount:/dev/shm", "true")
+    assert _reached_the_controller(result), result.stderr
+
+
+@needs_srun
+@pytest.mark.parametrize("variables, message", [
+    ({"PYXIS_CONTAINER_MOUNTS": "/a:/b"},
+     "spank_berth: --container-mounts needs --container-image or --container-name"),
+    ({"PYXIS_CONTAINER_MOUNTS": "/a:rel"},
+     "spank_berth: PYXIS_CONTAINER_MOUNTS (as --container-mounts): relative destination"),
+    ({"PYXIS_CONTAINER_IMAGE": "/nonexistent/x.sqsh"},
+     "PYXIS_CONTAINER_IMAGE (as --container-image): no such file '/nonexistent/x.sqsh'"),
+    ({"PYXIS_CONTAINER_NAME": "a:sometimes"},
+     "PYXIS_CONTAINER_NAME (as --container-name): unknown mode 'sometimes'"),
+    ({"PYXIS_CONTAINER_IMAGE": "ubuntu", "PYXIS_CONTAINER_REMAP_ROOT": "perhaps"},
+     "spank_berth: PYXIS_CONTAINER_REMAP_ROOT: 'perhaps' is not a boolean"),
+    ({"PYXIS_CONTAINER_IMAGE": "ubuntu", "PYXIS_CONTAINER_WRITABLE": "1",
+      "PYXIS_CONTAINER_READONLY": "yes"},
+     "PYXIS_CONTAINER_WRITABLE and PYXIS_CONTAINER_READONLY were both specified"),
+    ({"PYXIS_CONTAINER_UNSHARE": "pid", "PYXIS_CONTAINER_IMAGE": "ubuntu"},
+     "PYXIS_CONTAINER_UNSHARE (as --container-unshare): unknown namespace 'pid'"),
+])
+@pytest.mark.parametrize("command", ["srun", "sbatch", "salloc"])
+def test_pyxis_variables_act_as_their_flags(slurm_conf, command, variables, message):
+    argv = {"srun": ["true"], "sbatch": ["--wrap=true"], "salloc": ["true"]}[command]
+    result = _run({**slurm_conf(), **variables}, command, *argv)
+    assert _refused_by_plugin(result)
+    assert message in result.stderr
+
+
+@needs_srun
+def test_a_flag_wins_over_its_pyxis_variable(slurm_conf):
+    bad = {"PYXIS_CONTAINER_IMAGE": "/nonexistent/x.sqsh", "PYXIS_CONTAINER_MOUNTS": "/a:rel",
+           "PYXIS_CONTAINER_READONLY": "1", "PYXIS_CONTAINER_MOUNT_HOME": "1"}
+    result = _run({**slurm_conf(), **bad}, "srun", "--container-image=ubuntu",
+                  "--container-mounts=/a:/b", "--container-writable",
+                  "--no-container-mount-home", "true")
+    assert _reached_the_controller(result), result.stderr
 
 
 @needs_srun

@@ -157,21 +157,142 @@ static void test_mounts(struct container_flags *f)
 {
 	ACCEPTED(set_mounts(f, "/data:/data", err, sizeof(err)));
 	ACCEPTED(set_mounts(f, "/a:/b:noatime+x-create=auto+nofail", err, sizeof(err)));
+	ACCEPTED(set_mounts(f, "/a:/b:ro+unbindable,/c:/d:runbindable+rprivate", err, sizeof(err)));
+	/* SRC alone, relative sources, tmpfs (with options) and umount */
+	ACCEPTED(set_mounts(f, "/data", err, sizeof(err)));
+	ACCEPTED(set_mounts(f, "./data:/data,.:/work,data:/d:ro", err, sizeof(err)));
+	ACCEPTED(set_mounts(f, "tmpfs:/scratch,tmpfs:/t:size=1M+mode=1777+huge=always",
+			    err, sizeof(err)));
+	ACCEPTED(set_mounts(f, "umount:/dev/shm", err, sizeof(err)));
 	ACCEPTED(set_mounts(f, "/a:/b:ro,/c:/d:rbind+rprivate+x-create=dir", err, sizeof(err)));
 	CHECK(strcmp(f->mounts, "/a:/b:ro,/c:/d:rbind+rprivate+x-create=dir") == 0);
+	CHECK(mount_is_special("tmpfs:/x", 8) && mount_is_special("umount:/x", 9));
+	CHECK(!mount_is_special("tmpfs", 5) && !mount_is_special("/tmpfs:/x", 9));
 
-	REFUSED(set_mounts(f, "/data", err, sizeof(err)),
-		"--container-mounts: missing destination in '/data'");
+	REFUSED(set_mounts(f, "data", err, sizeof(err)),
+		"--container-mounts: 'data' alone is also the destination");
 	REFUSED(set_mounts(f, "/a:/b,/data:", err, sizeof(err)), "missing destination in '/data:'");
 	REFUSED(set_mounts(f, ":/b", err, sizeof(err)), "missing source in ':/b'");
-	REFUSED(set_mounts(f, "data:/b", err, sizeof(err)), "relative source in 'data:/b'");
 	REFUSED(set_mounts(f, "/a:b", err, sizeof(err)), "relative destination in '/a:b'");
+	REFUSED(set_mounts(f, "tmpfs:scratch", err, sizeof(err)), "relative destination");
+	REFUSED(set_mounts(f, "umount:", err, sizeof(err)), "missing destination in 'umount:'");
+	REFUSED(set_mounts(f, "umount:/x:ro", err, sizeof(err)), "umount takes no flags");
+	REFUSED(set_mounts(f, "tmpfs:/t:size=1M+", err, sizeof(err)), "empty flag");
+	REFUSED(set_mounts(f, "tmpfs:/t:$(x)", err, sizeof(err)), "unknown tmpfs option '$(x)'");
 	REFUSED(set_mounts(f, "/a:/b:rx", err, sizeof(err)), "unknown flag 'rx' in '/a:/b:rx'");
+	REFUSED(set_mounts(f, "/a:/b:size=1M", err, sizeof(err)), "unknown flag 'size=1M'");
 	REFUSED(set_mounts(f, "/a:/b:ro+", err, sizeof(err)), "empty flag in '/a:/b:ro+'");
 	REFUSED(set_mounts(f, "/a:/b:", err, sizeof(err)), "empty flags in '/a:/b:'");
 	REFUSED(set_mounts(f, "/a:/b,,/c:/d", err, sizeof(err)), "empty entry");
 	REFUSED(set_mounts(f, "", err, sizeof(err)), "empty value");
 	CHECK(strcmp(f->mounts, "/a:/b:ro,/c:/d:rbind+rprivate+x-create=dir") == 0);
+}
+
+static void test_switches(void)
+{
+	static const enum switch_id pairs[][2] = {
+		{ SW_WRITABLE, SW_READONLY }, { SW_MOUNT_HOME, SW_NO_MOUNT_HOME },
+		{ SW_REMAP_ROOT, SW_NO_REMAP_ROOT }, { SW_ENTRYPOINT, SW_NO_ENTRYPOINT },
+	};
+	struct container_flags f;
+
+	flags_init(&f);
+	ACCEPTED(set_switch(&f, SW_WRITABLE, err, sizeof(err)));
+	ACCEPTED(set_switch(&f, SW_WRITABLE, err, sizeof(err)));
+	CHECK(f.writable == ON);
+	REFUSED(set_switch(&f, SW_READONLY, err, sizeof(err)),
+		"--container-writable and --container-readonly were both specified");
+	CHECK(f.writable == ON);
+	for (size_t i = 1; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+		flags_init(&f);
+		ACCEPTED(set_switch(&f, pairs[i][1], err, sizeof(err)));
+		REFUSED(set_switch(&f, pairs[i][0], err, sizeof(err)), "were both specified");
+	}
+	flags_init(&f);
+	ACCEPTED(set_switch(&f, SW_ENTRYPOINT, err, sizeof(err)));
+	REFUSED(set_switch(&f, SW_NO_ENTRYPOINT, err, sizeof(err)),
+		"--container-entrypoint and --no-container-entrypoint were both specified");
+	flags_init(&f);
+	ACCEPTED(set_switch(&f, SW_NO_MOUNT_HOME, err, sizeof(err)));
+	ACCEPTED(set_switch(&f, SW_REMAP_ROOT, err, sizeof(err)));
+	ACCEPTED(set_switch(&f, SW_READONLY, err, sizeof(err)));
+	ACCEPTED(set_switch(&f, SW_ENTRYPOINT_LOG, err, sizeof(err)));
+	CHECK(f.mount_home == OFF && f.remap_root == ON && f.writable == OFF);
+	CHECK(f.entrypoint == UNSET && f.entrypoint_log == 1);
+}
+
+/* A fake environment: NAME=VALUE strings, NULL-terminated. */
+static const char *fake_env(const char *name, void *ctx)
+{
+	size_t n = strlen(name);
+
+	for (const char *const *e = ctx; *e != NULL; e++)
+		if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+			return *e + n + 1;
+	return NULL;
+}
+
+static int with_env(struct container_flags *f, const char *const *env)
+{
+	err[0] = '\0';
+	return apply_pyxis_env(f, fake_env, (void *)env, 0, err, sizeof(err));
+}
+
+static void test_pyxis_env(void)
+{
+	const char *const all[] = {
+		"PYXIS_CONTAINER_IMAGE=ubuntu:24.04", "PYXIS_CONTAINER_MOUNTS=/a:/b,tmpfs:/t",
+		"PYXIS_CONTAINER_WORKDIR=work", "PYXIS_CONTAINER_NAME=dev:exec",
+		"PYXIS_CONTAINER_SAVE=/s.sqsh", "PYXIS_CONTAINER_MOUNT_HOME=no",
+		"PYXIS_CONTAINER_REMAP_ROOT=Yes", "PYXIS_CONTAINER_ENTRYPOINT=1",
+		"PYXIS_CONTAINER_ENTRYPOINT_LOG=true", "PYXIS_CONTAINER_READONLY=y",
+		"PYXIS_CONTAINER_WRITABLE=0", "PYXIS_CONTAINER_ENV=PATH,HOME",
+		"PYXIS_CONTAINER_UNSHARE=net", NULL,
+	};
+	const char *const none[] = { "PYXIS_CONTAINER_IMAGE=", "OTHER=1", NULL };
+	struct container_flags f;
+
+	flags_init(&f);
+	ACCEPTED(with_env(&f, all));
+	CHECK(f.image && strcmp(f.image, "ubuntu:24.04") == 0);
+	CHECK(f.mounts && strcmp(f.mounts, "/a:/b,tmpfs:/t") == 0);
+	CHECK(f.workdir && strcmp(f.workdir, "work") == 0);
+	CHECK(f.name && strcmp(f.name, "dev") == 0 && f.name_mode == NAME_EXEC);
+	CHECK(f.save && strcmp(f.save, "/s.sqsh") == 0);
+	CHECK(f.env_names && strcmp(f.env_names, "PATH,HOME") == 0);
+	CHECK(f.unshare && strcmp(f.unshare, "net") == 0);
+	CHECK(f.mount_home == OFF && f.remap_root == ON && f.entrypoint == ON);
+	CHECK(f.entrypoint_log == 1 && f.writable == OFF);
+	flags_free(&f);
+
+	/* the flags win */
+	ACCEPTED(set_image(&f, "debian", 0, err, sizeof(err)));
+	ACCEPTED(set_workdir(&f, "/w", err, sizeof(err)));
+	ACCEPTED(set_switch(&f, SW_MOUNT_HOME, err, sizeof(err)));
+	ACCEPTED(set_switch(&f, SW_WRITABLE, err, sizeof(err)));
+	ACCEPTED(set_unshare(&f, "ipc", err, sizeof(err)));
+	ACCEPTED(with_env(&f, all));
+	CHECK(strcmp(f.image, "debian") == 0 && strcmp(f.workdir, "/w") == 0);
+	CHECK(f.mount_home == ON && f.writable == ON && strcmp(f.unshare, "ipc") == 0);
+	CHECK(f.remap_root == ON && strcmp(f.name, "dev") == 0);
+	flags_free(&f);
+
+	ACCEPTED(with_env(&f, none));
+	CHECK(f.image == NULL && !flags_want_container(&f));
+
+	/* bad values name the variable */
+	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_MOUNT_HOME=maybe", NULL }),
+		"PYXIS_CONTAINER_MOUNT_HOME: 'maybe' is not a boolean");
+	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_MOUNTS=/a:rel", NULL }),
+		"PYXIS_CONTAINER_MOUNTS (as --container-mounts): relative destination in '/a:rel'");
+	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_IMAGE=nvcr.io", NULL }),
+		"PYXIS_CONTAINER_IMAGE (as --container-image): 'nvcr.io' is a registry host");
+	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_NAME=a/b", NULL }),
+		"PYXIS_CONTAINER_NAME (as --container-name)");
+	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_WRITABLE=1",
+						    "PYXIS_CONTAINER_READONLY=1", NULL }),
+		"PYXIS_CONTAINER_WRITABLE and PYXIS_CONTAINER_READONLY were both specified");
+	flags_free(&f);
 }
 
 static void test_name(struct container_flags *f)
@@ -196,9 +317,10 @@ static void test_name(struct container_flags *f)
 static void test_other_flags(struct container_flags *f)
 {
 	ACCEPTED(set_workdir(f, "/workspace", err, sizeof(err)));
-	REFUSED(set_workdir(f, "work", err, sizeof(err)),
-		"--container-workdir: 'work' is not an absolute path");
-	REFUSED(set_workdir(f, "", err, sizeof(err)), "--container-workdir");
+	/* relative: resolved inside the container */
+	ACCEPTED(set_workdir(f, "work", err, sizeof(err)));
+	ACCEPTED(set_workdir(f, "../tmp", err, sizeof(err)));
+	REFUSED(set_workdir(f, "", err, sizeof(err)), "--container-workdir: empty path");
 
 	ACCEPTED(set_save(f, "/scratch/out.sqsh", err, sizeof(err)));
 	REFUSED(set_save(f, "", err, sizeof(err)), "--container-save: empty path");
@@ -283,7 +405,6 @@ static void test_edf(void)
 		"--environment: e: --container-image: no such file '/no/such.sqsh'");
 	REFUSED(apply_edf(&f, "mount=/a:rel\n", 0, err, sizeof(err)), "relative destination");
 	REFUSED(apply_edf(&f, "mount=/a,b:/b\n", 0, err, sizeof(err)), "has a ','");
-	REFUSED(apply_edf(&f, "workdir=rel\n", 0, err, sizeof(err)), "is not an absolute path");
 	REFUSED(apply_edf(&f, "writable=maybe\n", 0, err, sizeof(err)), "not yes or no");
 	REFUSED(apply_edf(&f, "env=NOVALUE\n", 0, err, sizeof(err)), "not KEY=VALUE");
 	REFUSED(apply_edf(&f, "colour=blue\n", 0, err, sizeof(err)), "unexpected line");
@@ -302,21 +423,29 @@ static int wins(const char *key, int task_has, const char *names)
 	return container_value_wins(key, strlen(key), task_has, names);
 }
 
+static int dropped(const char *key, const char *names)
+{
+	return task_value_dropped(key, strlen(key), names);
+}
+
 static void test_env_merge(void)
 {
-	/* the image fills in what the task lacks */
+	/* the image's value is copied over the task's */
 	CHECK(wins("CUDA_HOME", 0, NULL) == 1);
-	/* the task wins on a clash */
-	CHECK(wins("HOME", 1, NULL) == 0);
-	/* except for search paths, unless --container-env names them */
-	CHECK(wins("PATH", 1, NULL) == 1);
-	CHECK(wins("LD_LIBRARY_PATH", 1, "X,LD_LIBRARY_PATH") == 0);
+	CHECK(wins("HOME", 1, NULL) == 1);
 	CHECK(wins("PATH", 1, "PATHX") == 1);
+	/* except what --container-env names, when the task has it */
+	CHECK(wins("HOME", 1, "X,HOME") == 0);
+	CHECK(wins("LD_LIBRARY_PATH", 1, "X,LD_LIBRARY_PATH") == 0);
+	CHECK(wins("HOME", 0, "HOME") == 1);
 	/* Slurm and PMI variables only ever come from the task */
 	CHECK(wins("SLURM_JOB_ID", 0, NULL) == 0);
 	CHECK(wins("PMIX_RANK", 1, NULL) == 0);
 	CHECK(wins("PMI_FD", 0, NULL) == 0);
 	CHECK(wins("PMIXX", 0, NULL) == 1);
+	/* the submitting host's locale leaves the task unless named */
+	CHECK(dropped("LANG", NULL) && dropped("LANGUAGE", "X") && dropped("LC_ALL", "LANG"));
+	CHECK(!dropped("LANG", "X,LANG") && !dropped("LC_CTYPE", NULL) && !dropped("LAN", NULL));
 }
 
 int main(void)
@@ -334,6 +463,8 @@ int main(void)
 	test_image_names();
 	test_flags_check();
 	test_env_merge();
+	test_switches();
+	test_pyxis_env();
 	test_edf();
 	if (failures) {
 		printf("%d check(s) failed\n", failures);

@@ -172,8 +172,8 @@ def test_sbatch_container_image_runs_steps_in_the_container():
 @pytest.mark.parametrize("flag, message", [
     ("--container-image=", "--container-image"),
     ("--container-image=/no/such.sqsh", "/no/such.sqsh"),
-    (f"--container-image={IMAGE_SQSH} --container-mounts=/data", "missing destination in '/data'"),
-    (f"--container-image={IMAGE_SQSH} --container-workdir=relative", "--container-workdir"),
+    (f"--container-image={IMAGE_SQSH} --container-mounts=/data:", "missing destination in '/data:'"),
+    (f"--container-image={IMAGE_SQSH} --container-workdir=", "--container-workdir: empty path"),
     (f"--container-image={IMAGE_SQSH} --container-unshare=pid", "--container-unshare"),
 ])
 def test_bad_flags_are_refused_before_submission(flag, message):
