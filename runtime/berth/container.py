@@ -17,6 +17,7 @@ file is the container's rc: /bin/sh runs it inside with COMMAND as "$@"
 (--rc SCRIPT takes precedence).
 """
 
+import fcntl
 import os
 import sys
 
@@ -292,14 +293,46 @@ def _unsquash(image, target):
 
 
 def _unpack_for_start(cfg, image, label):
+    """IMAGE unpacked into ENROOT_DATA_PATH/..rw.LABEL.PID, locked (flock) for
+    as long as this berth lives: one that a killed berth left behind is
+    unlocked, and removed by the next writable start of its owner. ('..'
+    starts no container's staging name: a name never starts with '.')"""
     data = safedir.ensure(cfg["ENROOT_DATA_PATH"], "ENROOT_DATA_PATH")
-    staging = _fresh_dir(data, f".{label}.rw")
+    _remove_abandoned_unpacks(data)
+    staging = _fresh_dir(data, f"..unpacking.{label}")
     try:
+        hold = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        fcntl.flock(hold, fcntl.LOCK_EX)  # kept (close-on-exec) until berth ends
+        final = f"{data}/..rw.{label}.{os.getpid()}"
+        rootfs.remove_tree(final)
+        os.rename(staging, final)  # only now can a cleanup see it: locked already
+        staging = final
         _unsquash(image, staging)
     except BaseException:
         rootfs.remove_tree(staging)
         raise
     return staging
+
+
+def _remove_abandoned_unpacks(data):
+    for name in _entries(data):
+        if not name.startswith("..rw."):
+            continue
+        try:
+            fd = os.open(f"{data}/{name}", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its start is alive
+            os.close(fd)
+            continue
+        try:
+            rootfs.remove_tree(f"{data}/{name}")
+        except OSError:
+            pass  # another start removing it too, or not ours to remove: left as it is
+        finally:
+            os.close(fd)
 
 
 def cmd_start(args, cfg):

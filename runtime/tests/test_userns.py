@@ -7,13 +7,15 @@ that makes chown/setuid-style calls succeed without effect, the home at
 
 import os
 import shlex
+import signal
+import time
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from test_container import (  # noqa: F401 (fixtures)
-    AS_ROOT, app, berth, images, library, start_detached, usable_fuse, user)
+    AS_ROOT, app, berth, berth_pid, images, library, start_detached, usable_fuse, user)
 from test_hooks_std import hooked  # noqa: F401 (fixture)
 
 
@@ -206,3 +208,26 @@ def test_writable_image_mode_is_checked(berth, images):
     # a read-only start never unpacks: the image stays mounted
     out = berth.ok("start", images / "app.sqsh", "sh", "-c", "grep -c squashfuse /proc/mounts")
     assert int(out) >= 1
+
+
+def test_unpacked_root_of_a_killed_start_is_removed_by_the_next(berth, images):
+    process, pid = start_detached(berth, "--rw", images / "app.sqsh")
+    os.kill(berth_pid(process), signal.SIGKILL)  # no teardown at all
+    process.wait(timeout=10)
+    for _ in range(100):
+        if not os.path.exists(f"/proc/{pid}"):
+            break
+        time.sleep(0.05)
+    data = berth.base / "data"
+    assert [p.name.startswith("..rw.app.sqsh.") for p in data.iterdir()] == [True]
+    # a live one is left alone, the abandoned one goes
+    live, live_pid = start_detached(berth, "--rw", images / "app.sqsh")
+    try:
+        names = [p.name for p in data.iterdir()]
+        assert len(names) == 1 and names[0].startswith("..rw.app.sqsh.")
+        assert berth.ok("start", "--rw", images / "app.sqsh", "true") == ""
+        assert [p.name for p in data.iterdir()] == names
+    finally:
+        live.stdin.close()
+        assert live.wait(timeout=20) == 0
+    assert list(data.iterdir()) == []
