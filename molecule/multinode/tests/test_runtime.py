@@ -29,6 +29,10 @@ def test_runtime_is_installed_with_its_configuration(name):
     host = node(name)
     assert host.file("/usr/local/bin/berth").linked_to == "/opt/berth/bin/berth"
     assert re.fullmatch(r"\d+\.\d+\.\d+", host.check_output("berth version"))
+    # also as enroot (container_runtime_enroot_link), for scripts that call it
+    assert host.file("/usr/local/bin/enroot").linked_to == "/opt/berth/bin/berth"
+    missing = host.run("runuser -u alice -- enroot remove -f no-such-container")
+    assert missing.rc == 1 and missing.stderr.startswith("enroot: error: no container named")
     conf = host.file("/etc/enroot/enroot.conf").content_string
     assert "ENROOT_DATA_PATH /var/lib/berth/data/${UID}" in conf
     assert host.file("/etc/enroot/hooks.d/10-shadow.sh").mode == 0o755
