@@ -154,21 +154,17 @@ def test_a_slow_transfer_that_never_stalls_completes(tmp_path, env, hostile):
     assert (tmp_path / "test+app+v1.sqsh").is_file()
 
 
-def test_sigterm_ends_a_stalled_download_at_once(tmp_path, env, hostile):
-    image = hostile.image("test/app", "v1", [LAYER, gzipped(layer_tar(("file", "b", b"b")))])
-    for layer in image["layers"]:
-        hostile.behave[layer] = stall(10)  # and the default stall timeout (60 s) applies
+def import_then_sigterm(hostile, tmp_path, env, under_way):
+    """Start an import, SIGTERM it once under_way() holds; (exit status, stderr,
+    seconds from the signal to its exit)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "berth.cli", "import", f"docker://{hostile.host}#test/app:v1"],
         env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
-    blobs = tmp_path / "cache/blobs/sha256"
     try:
         deadline = time.monotonic() + 30
-        while sum(hostile.sent.get(f"/v2/test/app/blobs/{d}", 0)
-                  for d in image["layers"]) < 20:  # both downloads under way, stalled
+        while not under_way():
             assert time.monotonic() < deadline and process.poll() is None
             time.sleep(0.05)
-        assert len(list(blobs.glob(".partial-*"))) == 2
         time.sleep(0.2)
         signalled = time.monotonic()
         process.terminate()
@@ -177,8 +173,21 @@ def test_sigterm_ends_a_stalled_download_at_once(tmp_path, env, hostile):
     finally:
         process.kill()
         process.wait()
+    return status, process.stderr.read(), took
+
+
+def test_sigterm_ends_a_stalled_download_at_once(tmp_path, env, hostile):
+    image = hostile.image("test/app", "v1", [LAYER, gzipped(layer_tar(("file", "b", b"b")))])
+    for layer in image["layers"]:
+        hostile.behave[layer] = stall(10)  # and the default stall timeout (60 s) applies
+    blobs = tmp_path / "cache/blobs/sha256"
+
+    def both_downloads_stalled():  # each has sent its first bytes into a partial file
+        sent = sum(hostile.sent.get(f"/v2/test/app/blobs/{d}", 0) for d in image["layers"])
+        return sent >= 20 and len(list(blobs.glob(".partial-*"))) == 2
+    status, stderr, took = import_then_sigterm(hostile, tmp_path, env, both_downloads_stalled)
     assert status == 1
-    assert process.stderr.read() == "berth: error: import interrupted by SIGTERM\n"
+    assert stderr == "berth: error: import interrupted by SIGTERM\n"
     assert took < 1.0, took
     assert list(blobs.iterdir()) == []
     assert_no_partial(tmp_path)
@@ -187,24 +196,10 @@ def test_sigterm_ends_a_stalled_download_at_once(tmp_path, env, hostile):
 def test_sigterm_ends_a_wait_for_a_stalled_manifest_at_once(tmp_path, env, hostile):
     hostile.image("test/app", "v1", [LAYER])
     hostile.behave["v1"] = stall(None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "berth.cli", "import", f"docker://{hostile.host}#test/app:v1"],
-        env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while "/v2/test/app/manifests/v1" not in hostile.requests:
-            assert time.monotonic() < deadline and process.poll() is None
-            time.sleep(0.05)
-        time.sleep(0.2)
-        signalled = time.monotonic()
-        process.terminate()
-        status = process.wait(5)
-        took = time.monotonic() - signalled
-    finally:
-        process.kill()
-        process.wait()
+    status, stderr, took = import_then_sigterm(
+        hostile, tmp_path, env, lambda: "/v2/test/app/manifests/v1" in hostile.requests)
     assert status == 1
-    assert process.stderr.read() == "berth: error: import interrupted by SIGTERM\n"
+    assert stderr == "berth: error: import interrupted by SIGTERM\n"
     assert took < 1.0, took
 
 
@@ -218,27 +213,15 @@ def slow_gzip(tmp_path):
 
 def test_sigterm_ends_a_stalled_unpack_at_once(tmp_path, env, hostile):
     hostile.image("test/app", "v1", [LAYER])
-    process = subprocess.Popen(
-        [sys.executable, "-m", "berth.cli", "import", f"docker://{hostile.host}#test/app:v1"],
-        env=dict(env, ENROOT_GZIP_PROGRAM=str(slow_gzip(tmp_path))), cwd=tmp_path,
-        stderr=subprocess.PIPE, text=True)
+    env = dict(env, ENROOT_GZIP_PROGRAM=str(slow_gzip(tmp_path)))
     try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "gzip.pid").exists():
-            assert time.monotonic() < deadline and process.poll() is None
-            time.sleep(0.05)
-        time.sleep(0.2)
-        signalled = time.monotonic()
-        process.terminate()
-        status = process.wait(5)
-        took = time.monotonic() - signalled
+        status, stderr, took = import_then_sigterm(
+            hostile, tmp_path, env, (tmp_path / "gzip.pid").exists)
     finally:
-        process.kill()
-        process.wait()
-        with contextlib.suppress(ProcessLookupError, ValueError):
+        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
             os.kill(int((tmp_path / "gzip.pid").read_text()), signal.SIGKILL)
     assert status == 1
-    assert process.stderr.read() == "berth: error: import interrupted by SIGTERM\n"
+    assert stderr == "berth: error: import interrupted by SIGTERM\n"
     assert took < 1.0, took
     assert_no_partial(tmp_path)  # the unpack tree included
 
