@@ -151,9 +151,9 @@ def test_srun_loads_the_plugin_with_the_written_options(tmp_path):
         f"PlugStackConfig={tmp_path / 'case' / 'etc' / 'plugstack.conf.d' / 'berth.conf'}\n"
         "NodeName=localhost CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=localhost Default=YES\n")
     env = dict(os.environ, SLURM_CONF=str(conf))
-    srun = subprocess.run(["srun", "--container-mounts=/data", "true"], env=env,
+    srun = subprocess.run(["srun", "--container-mounts=/data:", "true"], env=env,
                           capture_output=True, text=True, timeout=30)
-    assert "--container-mounts: missing destination in '/data'" in srun.stderr
+    assert "--container-mounts: missing destination in '/data:'" in srun.stderr
     sbatch = subprocess.run(["sbatch", "--container-image=x", "--wrap=true"], env=env,
                             capture_output=True, text=True, timeout=30)
     assert "unrecognized option" in sbatch.stderr  # sbatch_support=no reached the plugin
