@@ -101,8 +101,8 @@ static int on_option(int val, const char *optarg, int remote);
 static struct spank_option options[] = {
 	{ "container-image", "[USER@][REGISTRY#]IMAGE[:TAG]|PATH",
 	  "[berth] the image to run the step in", 1, OPT_IMAGE, on_option },
-	{ "container-mounts", "SRC:DST[:FLAGS][,SRC:DST...]",
-	  "[berth] bind mounts, FLAGS joined with '+' (ro, rbind, ...)", 1, OPT_MOUNTS, on_option },
+	{ "container-mounts", "SRC[:DST[:FLAGS]]|tmpfs:DST[:OPTS]|umount:DST[,...]",
+	  "[berth] mounts, FLAGS joined with '+' (ro, rbind, ...)", 1, OPT_MOUNTS, on_option },
 	{ "container-workdir", "PATH",
 	  "[berth] working directory inside the container", 1, OPT_WORKDIR, on_option },
 	{ "container-name", "NAME[:create|:exec|:no_exec|:auto]",
@@ -932,8 +932,12 @@ static void read_user_tail(const char *path, char *buf, size_t len)
 		   READ_TIMEOUT_MS / 1000, &status);
 }
 
-/* Report why a runtime command failed: its last stderr line. */
-static void report_failure(const char *what, const char *log_path, int status)
+/*
+ * Report why a runtime command failed: headline (if any) first, then its last
+ * stderr line ("spank_berth: WHAT: LINE" after a headline).
+ */
+static void report_failure(const char *what, const char *log_path, int status,
+			   const char *headline)
 {
 	char buf[4096];
 	char *line;
@@ -948,7 +952,13 @@ static void report_failure(const char *what, const char *log_path, int status)
 		buf[--n] = '\0';
 	line = strrchr(buf, '\n');
 	line = line ? line + 1 : buf;
-	if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_NO_USER)
+	if (headline != NULL && strncmp(line, "berth: error: ", 14) == 0)
+		line += 14;
+	if (headline != NULL)
+		slurm_error("spank_berth: %s", headline);
+	if (headline != NULL && *line != '\0')
+		slurm_error("spank_berth: %s: %s", what, line);
+	else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_NO_USER)
 		slurm_error("spank_berth: %s: cannot become uid %u", what, (unsigned)step.uid);
 	else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_NO_LOG)
 		slurm_error("spank_berth: %s: cannot write %s as uid %u", what, log_path,
@@ -969,8 +979,8 @@ static void report_failure(const char *what, const char *log_path, int status)
  * cleanup_timeout: the command runs as the user, who can stall it.
  * Logs and returns -1 on failure.
  */
-static int run(spank_t sp, const char *what, char *const argv[], char *out, size_t outlen,
-	       const char *slow_notice)
+static int run_cmd(spank_t sp, const char *what, char *const argv[], char *out, size_t outlen,
+		   const char *slow_notice, const char *headline)
 {
 	int timeout_s = geteuid() == 0 ? conf.cleanup_timeout : 0;
 	long long deadline = timeout_s > 0 ? now_ms() + 1000LL * timeout_s : -1;
@@ -1027,10 +1037,16 @@ static int run(spank_t sp, const char *what, char *const argv[], char *out, size
 	if (child_wait(&cmd, deadline, what, timeout_s, &status) < 0)
 		return -1;
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-		report_failure(what, log_path, status);
+		report_failure(what, log_path, status, headline);
 		return -1;
 	}
 	return 0;
+}
+
+static int run(spank_t sp, const char *what, char *const argv[], char *out, size_t outlen,
+	       const char *slow_notice)
+{
+	return run_cmd(sp, what, argv, out, outlen, slow_notice, NULL);
 }
 
 /* Hold an exclusive lock on path; say so when another step holds it. */
@@ -1060,6 +1076,7 @@ static int import_with_importer(spank_t sp, const char *uri, char *sqsh)
 {
 	/* room in NAME_MAX for the ".<jobid>.<stepid>.tmp" of the download */
 	char images[PATH_MAX], name[NAME_MAX - 32], lock[PATH_MAX], tmp[PATH_MAX];
+	char headline[PATH_MAX + 64];
 	char *argv[] = { conf.importer, "import", "-o", tmp, (char *)uri, NULL };
 	int lock_fd, rc = 0;
 
@@ -1079,7 +1096,8 @@ static int import_with_importer(spank_t sp, const char *uri, char *sqsh)
 	if (faccessat(AT_FDCWD, sqsh, R_OK, AT_EACCESS) != 0) { /* as the user: real uid is root */
 		slurm_spank_log("spank_berth: importing %s", uri);
 		unlink(tmp);
-		rc = run(sp, "importer", argv, NULL, 0, NULL);
+		snprintf(headline, sizeof(headline), "failed to import docker image: %s", uri);
+		rc = run_cmd(sp, "importer", argv, NULL, 0, NULL, headline);
 		if (rc == 0 && rename(tmp, sqsh) < 0) {
 			slurm_error("spank_berth: cannot rename %s to %s: %m", tmp, sqsh);
 			rc = -1;
@@ -1100,7 +1118,7 @@ static int import_with_importer(spank_t sp, const char *uri, char *sqsh)
  */
 static int import_image(spank_t sp, char *sqsh)
 {
-	char uri[PATH_MAX], out[PATH_MAX + 1], notice[PATH_MAX + 64];
+	char uri[PATH_MAX], out[PATH_MAX + 1], notice[PATH_MAX + 64], headline[PATH_MAX + 64];
 	char *argv[] = { conf.berth, "import", "--cache-only", "--reuse", uri, NULL };
 	size_t len;
 
@@ -1110,13 +1128,16 @@ static int import_image(spank_t sp, char *sqsh)
 	}
 	if (conf.importer[0] != '\0')
 		return import_with_importer(sp, uri, sqsh);
+	/* pyxis's words, which users grep for, then the runtime's reason */
+	snprintf(headline, sizeof(headline), "failed to import docker image: %s", uri);
 	if (snprintf(notice, sizeof(notice), "importing %s into this node's image cache", uri) < 0 ||
-	    run(sp, "berth import", argv, out, sizeof(out), notice) < 0)
+	    run_cmd(sp, "berth import", argv, out, sizeof(out), notice, headline) < 0)
 		return -1;
 	len = strlen(out);
 	if (len > 0 && out[len - 1] == '\n')
 		out[--len] = '\0';
 	if (out[0] != '/' || len >= PATH_MAX || strchr(out, '\n') != NULL) {
+		slurm_error("spank_berth: %s", headline);
 		slurm_error("spank_berth: berth import printed no path for %s", uri);
 		return -1;
 	}
@@ -1237,6 +1258,39 @@ static int find_pmix_dir(spank_t sp, char *dir)
 	return found;
 }
 
+/*
+ * One --container-mounts entry as "berth start -m" takes it: a relative
+ * source from the step's working directory (as srun's PWD), SRC alone as
+ * SRC:SRC; tmpfs: and umount: entries as given. malloc'ed, or NULL (logged).
+ */
+static char *mount_arg(spank_t sp, const char *entry)
+{
+	size_t srclen = strcspn(entry, ":");
+	const char *rest = entry + srclen; /* "" or ":DST[:FLAGS]" */
+	char src[PATH_MAX], path[PATH_MAX];
+	char *out = NULL;
+	int n;
+
+	if (mount_is_special(entry, strlen(entry)))
+		n = asprintf(&out, "%s", entry);
+	else if (srclen >= sizeof(src)) {
+		slurm_error("spank_berth: --container-mounts: source too long in '%s'", entry);
+		return NULL;
+	} else {
+		memcpy(src, entry, srclen);
+		src[srclen] = '\0';
+		if (user_path(sp, "--container-mounts", src, path) < 0)
+			return NULL;
+		n = rest[0] == '\0' ? asprintf(&out, "%s:%s", path, src)
+				    : asprintf(&out, "%s%s", path, rest);
+	}
+	if (n < 0) {
+		slurm_error("spank_berth: out of memory");
+		return NULL;
+	}
+	return out;
+}
+
 static void set_override(char **env, int *n, char *storage, const char *key, enum tristate value)
 {
 	if (value == UNSET)
@@ -1253,6 +1307,8 @@ static int start_keeper(spank_t sp, const char *target, int report)
 	char **overrides = NULL;
 	int noverrides = 0;
 	char *mounts = NULL, *env_set = NULL, *hook_env = NULL, **argv = NULL, **env = NULL;
+	char **mount_args = NULL;
+	size_t nmount_args = 0;
 	int in_pipe[2] = { -1, -1 }, out_pipe[2] = { -1, -1 };
 	char line[32];
 	size_t used = 0;
@@ -1267,7 +1323,8 @@ static int start_keeper(spank_t sp, const char *target, int report)
 		nhooks += *p == '\n';
 	argv = calloc(2 * nmounts + 2 * nenv + 13, sizeof(*argv));
 	overrides = calloc(nhooks + 3, sizeof(*overrides));
-	if (argv == NULL || overrides == NULL ||
+	mount_args = calloc(nmounts, sizeof(*mount_args));
+	if (argv == NULL || overrides == NULL || mount_args == NULL ||
 	    (flags.mounts && (mounts = strdup(flags.mounts)) == NULL) ||
 	    (flags.env_set && (env_set = strdup(flags.env_set)) == NULL) ||
 	    (flags.hook_env && (hook_env = strdup(flags.hook_env)) == NULL)) {
@@ -1292,8 +1349,13 @@ static int start_keeper(spank_t sp, const char *target, int report)
 				       strcmp(*ns, "ipc") == 0 ? "--ipc" : "--uts";
 	for (char *save = NULL, *m = mounts ? strtok_r(mounts, ",", &save) : NULL; m;
 	     m = strtok_r(NULL, ",", &save)) {
+		char *arg = mount_arg(sp, m);
+
+		if (arg == NULL)
+			goto out;
+		mount_args[nmount_args++] = arg;
 		argv[argc++] = "-m";
-		argv[argc++] = m;
+		argv[argc++] = arg;
 	}
 	/* --environment's env: the container's, over its image's */
 	for (char *save = NULL, *e = env_set ? strtok_r(env_set, "\n", &save) : NULL; e;
@@ -1343,7 +1405,7 @@ static int start_keeper(spank_t sp, const char *target, int report)
 		if (child_wait(&step.keeper, -1, "berth start", 0, &status) < 0)
 			status = -1;
 		if (report)
-			report_failure("berth start", log_path, status);
+			report_failure("berth start", log_path, status, NULL);
 		goto out;
 	}
 	rc = 0;
@@ -1356,6 +1418,9 @@ out:
 	}
 	free(env);
 	free(argv);
+	for (size_t i = 0; i < nmount_args; i++)
+		free(mount_args[i]);
+	free(mount_args);
 	free(mounts);
 	free(env_set);
 	free(hook_env);
@@ -1387,6 +1452,9 @@ static int prepare_named(spank_t sp)
 			goto out;
 		}
 		step.container_pid = running;
+		if (flags.mounts != NULL)
+			slurm_spank_log("spank_berth: warning: --container-mounts ignored: attaching "
+					"to the running container '%s', whose mounts are made", flags.name);
 		rc = 0;
 		goto out;
 	}
@@ -1438,9 +1506,9 @@ static int setup_container(spank_t sp)
 		return -1;
 	if (flags.name != NULL) {
 		n = conf.container_scope_job
-			? snprintf(step.container, sizeof(step.container), "berth_%u_%s",
+			? snprintf(step.container, sizeof(step.container), "pyxis_%u_%s",
 				   step.jobid, flags.name)
-			: snprintf(step.container, sizeof(step.container), "berth_%s", flags.name);
+			: snprintf(step.container, sizeof(step.container), "pyxis_%s", flags.name);
 		if (n < 0 || (size_t)n >= sizeof(step.container)) {
 			slurm_error("spank_berth: --container-name: '%s' is too long", flags.name);
 			return -1;
@@ -1452,7 +1520,7 @@ static int setup_container(spank_t sp)
 	if (flags.save == NULL)
 		return start_keeper(sp, sqsh, 1);
 	/* Saving needs a container on disk; a mounted image leaves nothing to save. */
-	snprintf(step.container, sizeof(step.container), "berth_%u.%u", step.jobid, step.stepid);
+	snprintf(step.container, sizeof(step.container), "pyxis_%u.%u", step.jobid, step.stepid);
 	if (run(sp, "berth create", create_argv, NULL, 0, NULL) < 0)
 		return -1;
 	step.remove_container = 1;
@@ -1581,6 +1649,14 @@ static int merge_environment(spank_t sp)
 
 	if (env == NULL)
 		return -1;
+	/* a locale of the submitting host the image may lack: gone unless asked for */
+	for (const char *const *key = (const char *const[]){ "LANG", "LANGUAGE", "LC_ALL", NULL };
+	     *key != NULL && rc == 0; key++)
+		if (task_value_dropped(*key, strlen(*key), flags.env_names) && task_has(sp, *key) &&
+		    spank_unsetenv(sp, *key) != ESPANK_SUCCESS) {
+			slurm_error("spank_berth: cannot unset %s in the task environment", *key);
+			rc = -1;
+		}
 	for (char *entry = env; *entry != '\0' && rc == 0; entry += strlen(entry) + 1) {
 		char *eq = strchr(entry, '=');
 
@@ -1683,7 +1759,8 @@ static int enter_container(void)
 		goto out;
 	}
 	if (flags.workdir != NULL) {
-		if (chdir(flags.workdir) < 0) {
+		/* a relative one from the container's '/' ("../" there is '/') */
+		if ((flags.workdir[0] != '/' && chdir("/") < 0) || chdir(flags.workdir) < 0) {
 			slurm_error("spank_berth: --container-workdir: cannot chdir to %s: %m",
 				    flags.workdir);
 			goto out;
@@ -1894,7 +1971,7 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 	}
 	if (run(sp, "berth list", list_argv, out, sizeof(out), NULL) < 0)
 		return -1;
-	snprintf(prefix, sizeof(prefix), "berth_%u_", step.jobid);
+	snprintf(prefix, sizeof(prefix), "pyxis_%u_", step.jobid);
 	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		char *remove_argv[] = { conf.berth, "remove", "-f", line, NULL };
 

@@ -146,10 +146,27 @@ check "command found in the image's PATH" "srun $img only-in-image" "image-only"
 check "image env fills in" "srun $img env" "IMAGE_VAR=from-image"
 check "image PATH beats the task's" "srun $img env" "PATH=/usr/local/bin:/usr/bin:/bin"
 absent "Slurm variables come from the task" "srun $img env" "SLURM_JOB_ID=from-image"
-check "task HOME beats the image's" "srun $img env" "HOME=/home/alice"
+check "the image's value beats the task's" "IMAGE_VAR=task srun $img env" "IMAGE_VAR=from-image"
+check "--container-env keeps the task's value" "IMAGE_VAR=task srun $img --container-env=IMAGE_VAR env" "IMAGE_VAR=task"
+check "--container-env unset in the task: the image's value" "srun $img --container-env=IMAGE_VAR,X env" "IMAGE_VAR=from-image"
 check "BERTH_VERSION marker" "srun $img env" "BERTH_VERSION=0.1.0"
 absent "--container-env keeps the task's PATH" "srun $img --container-env=PATH env" "PATH=/usr/local/bin:/usr/bin:/bin"
+absent "the submitter's LANG, LANGUAGE, LC_ALL are dropped" "LANG=xx_YY.UTF-8 LANGUAGE=xx LC_ALL=xx_YY.UTF-8 srun $img env" "xx"
+check "--container-env=LANG keeps it" "LANG=xx_YY.UTF-8 srun $img --container-env=LANG env" "LANG=xx_YY.UTF-8"
 check "--container-mounts" "srun $img --container-mounts=/srv/data:/data:ro cat /data/hello" "hello-from-host"
+check "--container-mounts SRC alone" "srun $img --container-mounts=/srv/data cat /srv/data/hello" "hello-from-host"
+check "--container-mounts relative source, from the step's cwd" "mkdir -p rel/sub && echo rel-ok >rel/sub/f && cd rel && srun $img --container-mounts=./sub:/r1,.:/r2:ro cat /r1/f /r2/sub/f" "rel-ok
+rel-ok"
+check "--container-mounts tmpfs with options" "srun $img --container-mounts=tmpfs:/scratch:size=1M sh -c 'cat /proc/mounts'" "/scratch tmpfs"
+check "--container-mounts umount" "srun $img --container-mounts=/srv/data:/data,umount:/data sh -c 'ls /data; echo listed'" "listed"
+absent "--container-mounts umount removes the mount" "srun $img --container-mounts=/srv/data:/data,umount:/data ls /data" "hello"
+check "relative --container-workdir, inside the container" "srun $img --container-workdir=tmp pwd" "/tmp"
+check "relative --container-workdir: ../ from / is /" "srun $img --container-workdir=../../tmp pwd" "/tmp"
+check "PYXIS_CONTAINER_IMAGE acts as the flag" "PYXIS_CONTAINER_IMAGE=/srv/img.sqsh srun cat /etc/os-release" "ID=berth-test"
+check "PYXIS_CONTAINER_WORKDIR acts as the flag" "PYXIS_CONTAINER_IMAGE=/srv/img.sqsh PYXIS_CONTAINER_WORKDIR=/tmp srun pwd" "/tmp"
+check "a flag wins over its PYXIS_ variable" "PYXIS_CONTAINER_WORKDIR=/tmp srun $img --container-workdir=/etc pwd" "/etc"
+check "PYXIS_CONTAINER_MOUNTS" "PYXIS_CONTAINER_MOUNTS=/srv/data:/data srun $img cat /data/hello" "hello-from-host"
+check "sbatch with PYXIS_CONTAINER_IMAGE: its steps run in the image" "PYXIS_CONTAINER_IMAGE=/srv/img.sqsh sbatch -W -o pxs.txt --wrap 'srun cat /etc/os-release' >/dev/null && cat pxs.txt" "ID=berth-test"
 check "two tasks, one container each node" "srun -n2 $img cat /etc/os-release | grep -c berth-test" "2"
 check "relative image path" "cp /srv/img.sqsh rel.sqsh && srun --container-image=./rel.sqsh cat /etc/os-release" "ID=berth-test"
 
@@ -168,6 +185,9 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     check "concurrent steps import once" "(srun $other true & srun $other true; wait) >/dev/null 2>&1; grep -c other /var/tmp/fake-berth-1000/copies" "1"
     absent "no image copy under runtime_path" "ls /run/berth/1000/spank" "images"
     absent "a quick import is quiet" "srun --container-image=registry.local#test/quick:1 true" "importing"
+    check "a failed import says so in pyxis's words, once per node and step" "srun -n2 --container-image=localhost:1#no/such:1 true 2>&1 | grep -c 'spank_berth: failed to import docker image: docker://localhost:1#no/such:1'" "1"
+    check "a failed import: the runtime's reason after it" "srun --container-image=localhost:1#no/such:1 true" "failed to import docker image: docker://localhost:1#no/such:1
+slurmstepd-bspk-node: error: spank_berth: berth import: "
     check "a slow import says so" "FAKE_BERTH_IMPORT_SECONDS=5 srun --container-image=registry.local#test/slow:1 true" "spank_berth: importing docker://registry.local#test/slow:1 into this node's image cache"
     plugstack importer=/usr/local/bin/berth
     custom="--container-image=registry.local#test/custom:3"
@@ -234,11 +254,13 @@ if [[ $before == "$after" ]]; then echo "ok   refused environments submitted no 
 
 check "named container created" "srun --container-name=keep --container-writable $img sh -c 'echo kept > /state && echo done'" "done"
 check "named container reused" "srun --container-name=keep cat /state" "kept"
+check "named container as pyxis names it" "berth list" "pyxis_keep"
 check "named container mode create refuses an existing one" "srun --container-name=keep:create $img true" "exists already"
 # A tmpfs mounted by a running step is seen only from that step's mount namespace.
-as_alice "srun --container-name=live --container-remap-root $img sh -c 'mount -t tmpfs none /mnt && echo up > /mnt/flag && sleep 6'" >/dev/null &
+as_alice "srun --container-name=live --container-remap-root $img sh -c 'mount -t tmpfs none /mnt && echo up > /mnt/flag && sleep 9'" >/dev/null &
 sleep 3
 check "named container :exec joins the running one" "srun --container-name=live:exec cat /mnt/flag" "up"
+check "attaching: --container-mounts ignored, saying so" "srun --container-name=live --container-mounts=/srv/data:/data cat /mnt/flag" "warning: --container-mounts ignored: attaching to the running container 'live'"
 check "named container :no_exec starts its own" "srun --container-name=live:no_exec ls /mnt | grep -c flag" "0"
 wait
 check "named container exec needs it running" "srun --container-name=keep:exec true" "is not running on this node"
@@ -249,19 +271,19 @@ check "no entrypoint unless asked" "srun --container-image=/srv/ep.sqsh sh -c 'e
 check "--container-entrypoint-log: its output on stderr" "srun --container-image=/srv/ep.sqsh --container-entrypoint --container-entrypoint-log true" "entrypoint says hello"
 
 check "--container-save" "srun $img --container-writable --container-save=/home/alice/saved.sqsh sh -c 'echo saved > /saved' && srun --container-image=/home/alice/saved.sqsh cat /saved" "saved"
-check "unnamed container for save removed" "berth list | grep -c '^berth_[0-9]'" "0"
+check "unnamed container for save removed" "berth list | grep -c '^pyxis_[0-9]'" "0"
 
 check "runtime failure fails the step with its message" "srun --container-image=/srv/bad.sqsh true" "spank_berth"
 check "runtime failure makes srun exit non-zero" "srun --container-image=/srv/bad.sqsh true; echo srun-exit=\$?" "srun-exit=1"
 
 plugstack container_scope=job
-check "container_scope=job: the job's named container" "sbatch -W -o scoped.txt --wrap \"srun --container-name=scoped $img true; berth list\" >/dev/null; cat scoped.txt" "_scoped"
+check "container_scope=job: the job's named container" "sbatch -W -o scoped.txt --wrap \"srun --container-name=scoped $img true; berth list | grep -c '^pyxis_[0-9]*_scoped\\\$'\" >/dev/null; cat scoped.txt" "1"
 sleep 2
 check "container_scope=job: removed by the epilog" "berth list | grep -c _scoped" "0"
 plugstack
 
 before=$(jobs_so_far)
-check "bad flag refused by srun" "srun --container-mounts=/data true" "spank_berth: --container-mounts: missing destination in '/data'"
+check "bad flag refused by srun" "srun --container-mounts=/data: true" "spank_berth: --container-mounts: missing destination in '/data:'"
 check "bad image refused by srun" "srun --container-image=nvcr.io true" "registry host without an image"
 after=$(jobs_so_far)
 if [[ $before == "$after" ]]; then echo "ok   refused flags submitted no job"; else

@@ -66,8 +66,8 @@ def log_since(mark):
 
 
 def remove_step_containers():
-    """The containers a --container-save step made (berth_JOB.STEP) that its failed end left."""
-    node(NODE).run("runuser -u alice -- berth list | grep -E '^berth_[0-9]+[.][0-9]+$' | "
+    """The containers a --container-save step made (pyxis_JOB.STEP) that its failed end left."""
+    node(NODE).run("runuser -u alice -- berth list | grep -E '^pyxis_[0-9]+[.][0-9]+$' | "
                    "xargs -r runuser -u alice -- berth remove -f")
 
 
@@ -99,16 +99,16 @@ def test_step_dir_swapped_for_a_link_leaves_its_target_alone():
 def test_named_dir_swapped_for_a_link_keeps_roots_file_of_that_name():
     host = node(NODE)
     sentinel_dir("/root/sentinel-named")
-    host.run("echo keep > /root/sentinel-named/berth_sec-named.pid")
+    host.run("echo keep > /root/sentinel-named/pyxis_sec-named.pid")
     spank = f"/run/berth/{uid()}/spank"
     swap = "rm -rf /mnt/named && ln -s /root/sentinel-named /mnt/named"
     try:
         job = srun(f"-w {NODE} --container-image={IMAGE_SQSH} --container-name=sec-named "
                    f"--container-mounts={spank}:/mnt sh -c {shlex.quote(swap)}")
         assert job.rc == 0, job.stderr
-        assert host.file("/root/sentinel-named/berth_sec-named.pid").content_string == "keep\n"
+        assert host.file("/root/sentinel-named/pyxis_sec-named.pid").content_string == "keep\n"
     finally:
-        host.run(f"rm -f {spank}/named && runuser -u alice -- berth remove -f berth_sec-named")
+        host.run(f"rm -f {spank}/named && runuser -u alice -- berth remove -f pyxis_sec-named")
 
 
 def test_a_failed_commands_log_is_read_as_the_user():

@@ -111,8 +111,8 @@ def test_named_container_keeps_files_between_steps():
     second = srun(f"-N1 -w {COMPUTE[1]} --container-name=keep cat /opt/mpi-test/note")
     assert second.rc == 0, second.stderr
     assert second.stdout.strip() == "kept"
-    assert "berth_keep" in node(COMPUTE[1]).check_output("runuser -u alice -- berth list")
-    node(COMPUTE[1]).run("runuser -u alice -- berth remove -f berth_keep")
+    assert "pyxis_keep" in node(COMPUTE[1]).check_output("runuser -u alice -- berth list")
+    node(COMPUTE[1]).run("runuser -u alice -- berth remove -f pyxis_keep")
 
 
 def test_remap_root_owns_host_files_as_the_user():
