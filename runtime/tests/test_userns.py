@@ -10,6 +10,7 @@ import shlex
 import signal
 import time
 import subprocess
+import shutil
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,52 @@ def test_unpacked_root_of_a_killed_start_is_removed_by_the_next(berth, images):
         live.stdin.close()
         assert live.wait(timeout=20) == 0
     assert list(data.iterdir()) == []
+
+
+DEBIAN_IMAGE = Path(__file__).resolve().parents[2] / ".cache/images/mpi-test.sqsh"
+
+
+@pytest.fixture
+def probe_deb(berth):
+    """A tiny package whose files dpkg chowns to root and whose postinst
+    changes owners and groups, as openssh-client's and many others' do."""
+    if not shutil.which("dpkg-deb"):
+        pytest.skip("needs dpkg-deb")
+    tree = berth.base / "host/pkg"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "usr/share/bctr-probe").mkdir(parents=True)
+    (tree / "usr/share/bctr-probe/tool").write_text("#!/bin/sh\necho probe\n")
+    (tree / "DEBIAN/control").write_text(
+        "Package: bctr-probe\nVersion: 1.0\nArchitecture: all\n"
+        "Maintainer: Berth tests <tests@example.org>\nDescription: seccomp probe\n")
+    (tree / "DEBIAN/postinst").write_text(
+        "#!/bin/sh\nset -e\nchown root:root /usr/share/bctr-probe/tool\n"
+        "chgrp 42 /usr/share/bctr-probe/tool\nchmod 2755 /usr/share/bctr-probe/tool\n")
+    (tree / "DEBIAN/postinst").chmod(0o755)
+    deb = berth.base / "host/bctr-probe.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(tree), str(deb)],
+                   check=True, capture_output=True)
+    shutil.rmtree(tree)
+    berth.chown(berth.base / "host")
+    return deb
+
+
+@pytest.mark.skipif(not DEBIAN_IMAGE.exists(), reason="needs scripts/test-image.sh's image")
+@pytest.mark.parametrize("mode", ["unpack", "overlay"])
+def test_dpkg_installs_a_package_whose_scripts_chown(berth, probe_deb, mode):
+    """As a remapped root (dpkg wants uid 0), in a writable start of an image.
+    Over an overlay in a user namespace dpkg fails even to put a new
+    directory in place (its X.dpkg-new renamed to X): EXDEV."""
+    image = berth.base / "host/debian.sqsh"
+    shutil.copy(DEBIAN_IMAGE, image)
+    berth.chown(image)
+    result = berth("start", "--rw", "--root", "-m", f"{probe_deb}:/tmp/probe.deb", image,
+                   "sh", "-c", "dpkg -i /tmp/probe.deb >/dev/null && "
+                   "dpkg -s bctr-probe | grep ^Status && /usr/share/bctr-probe/tool",
+                   timeout=300, env={"BERTH_WRITABLE_IMAGE": mode})
+    if mode == "unpack":
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == "Status: install ok installed\nprobe\n"
+    else:
+        assert result.returncode == 1 and "Invalid cross-device link" in result.stderr
+    assert berth.leftovers() == []
