@@ -274,10 +274,12 @@ def _writable_image():
                       directory of the image can be renamed (dpkg, apt).
     overlay           the squashfs mounted under an overlay, as read-only
                       starts: no unpacking, but renaming a directory that
-                      came from the image fails with EXDEV ("Invalid
-                      cross-device link"): in a user namespace neither the
-                      kernel's overlay (no redirect_dir there) nor
-                      fuse-overlayfs can rename one."""
+                      came from the image, and even one made there (dpkg
+                      puts each new directory in place by renaming its
+                      X.dpkg-new), fails with EXDEV ("Invalid cross-device
+                      link"): in a user namespace neither the kernel's
+                      overlay (no redirect_dir there) nor fuse-overlayfs
+                      can rename one."""
     mode = os.environ.get("BERTH_WRITABLE_IMAGE", "unpack")
     if mode not in ("unpack", "overlay"):
         raise BerthError(f"BERTH_WRITABLE_IMAGE: expected unpack or overlay, got '{mode}'")
