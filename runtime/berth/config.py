@@ -76,18 +76,27 @@ def _expand(value, scope):
     return _VAR.sub(lambda m: scope.get(m.group(1) or m.group(2), ""), value)
 
 
-def parse_file(path, scope):
-    """Yield (key, value) from one enroot.conf file; scope expands $VARs."""
+def text_lines(path, skip=0, added_by=None):
+    """Yield (number, line) of the UTF-8 text file `path`, from byte `skip`
+    on (what `added_by` appended); a file that cannot be read, or a line
+    that is not UTF-8, is one BerthError naming the file (and the line)."""
     try:
         with open(path, "rb") as f:
+            f.seek(skip)
             lines = f.read().splitlines()
     except OSError as e:
         raise BerthError(f"{path}: cannot read: {e.strerror}") from None
-    for lineno, raw in enumerate(lines, 1):
+    for number, raw in enumerate(lines, 1):
         try:
-            raw = raw.decode("utf-8")
+            yield number, raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise BerthError(f"{path}:{lineno}: not UTF-8 text") from None
+            where = f"{path} (a line {added_by} added)" if added_by else f"{path}:{number}"
+            raise BerthError(f"{where}: not UTF-8 text") from None
+
+
+def parse_file(path, scope):
+    """Yield (key, value) from one enroot.conf file; scope expands $VARs."""
+    for lineno, raw in text_lines(path):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue

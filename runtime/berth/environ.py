@@ -10,6 +10,7 @@ so `PATH=${PATH}:/opt/bin` extends it.
 
 import re
 
+from berth.config import text_lines
 from berth.errors import BerthError
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -39,18 +40,7 @@ def parse_line(line, origin):
 
 def read_file(path, env, expand=True, skip=0):
     """Add the KEY=VALUE lines of `path` (from byte `skip` on) to `env` (in place)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(skip)
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise BerthError(f"{path}: cannot read: {e.strerror}") from None
-    for number, raw in enumerate(lines, 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            where = f"{path}:{number}" if not skip else f"{path} (a line a hook added)"
-            raise BerthError(f"{where}: not UTF-8 text") from None
+    for number, line in text_lines(path, skip, "a hook" if skip else None):
         pair = parse_line(line, f"{path}:{number}")
         if pair:
             key, value = pair

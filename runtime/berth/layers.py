@@ -35,6 +35,7 @@ import tempfile
 
 from berth.errors import BerthError
 from berth.rootpath import resolve
+from berth.syscalls import pid_alive
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -255,7 +256,7 @@ def remove_stale_unpack_dirs(temp_path):
     removed = []
     for name in names:
         match = _UNPACK_NAME.fullmatch(name)
-        if not match or _alive(int(match.group(1))):
+        if not match or pid_alive(int(match.group(1))):
             continue
         path = os.path.join(temp_path, name)
         try:
@@ -275,12 +276,3 @@ def remove_stale_unpack_dirs(temp_path):
             os.close(fd)
     return removed
 
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # (EPERM: another user's process)
-    return True

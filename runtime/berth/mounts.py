@@ -38,6 +38,8 @@ import os
 import re
 
 from berth import syscalls as sc
+from berth.config import text_lines
+from berth.imageconfig import SQUASHFS_MAGIC
 from berth.errors import BerthError
 
 _MS_SYNCHRONOUS, _MS_MANDLOCK, _MS_DIRSYNC, _MS_NOSYMFOLLOW = 0x10, 0x40, 0x80, 0x100
@@ -80,7 +82,6 @@ _LOCKED = ((os.ST_NOSUID, sc.MS_NOSUID), (os.ST_NODEV, sc.MS_NODEV),
            (os.ST_NODIRATIME, sc.MS_NODIRATIME), (os.ST_RELATIME, sc.MS_RELATIME))
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 _MAX_SYMLINKS = 40
-_SQUASHFS_MAGIC = b"hsqs"
 
 
 class Mount(collections.namedtuple("Mount", "source target fstype options origin")):
@@ -144,17 +145,8 @@ def parse_fstab_line(line, origin, environ):
 
 
 def read_fstab(path, environ):
-    try:
-        with open(path, "rb") as f:
-            lines = f.read().split(b"\n")
-    except OSError as e:
-        raise BerthError(f"{path}: cannot read: {e.strerror}") from None
     found = []
-    for number, raw in enumerate(lines, 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise BerthError(f"{path}:{number}: not UTF-8 text") from None
+    for number, line in text_lines(path):
         mount = parse_fstab_line(line, f"{path}:{number}", environ)
         if mount:
             found.append(mount)
@@ -274,7 +266,7 @@ def _move(root, source, target_fd):
 def _is_squashfs(path):
     try:
         with open(path, "rb") as f:
-            return f.read(4) == _SQUASHFS_MAGIC
+            return f.read(4) == SQUASHFS_MAGIC
     except OSError:
         return False
 

@@ -99,7 +99,7 @@ def _exec_server(server, fuse, failed_w, middle, starter):
         while os.getppid() == middle:  # the middle process exits at once
             time.sleep(0.001)
         sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != starter and not _alive(starter):  # berth died before that
+        if os.getppid() != starter and not sc.pid_alive(starter):  # berth died before that
             os._exit(1)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -111,16 +111,6 @@ def _exec_server(server, fuse, failed_w, middle, starter):
         os.write(failed_w, b"x")
     finally:
         os._exit(127)
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def mount_squashfs(image, target):
