@@ -506,6 +506,9 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 
 	(void)ac;
 	(void)av;
+	/* no flags registered there: no PYXIS_CONTAINER_* either */
+	if (spank_context() == S_CTX_ALLOCATOR && !conf.sbatch_support)
+		return 0;
 	/* the flags win over the variables, and both over the EDF */
 	if (apply_pyxis_env(&flags, remote ? job_env : local_env, sp, !remote,
 			    err, sizeof(err)) < 0) {

@@ -193,6 +193,12 @@ def test_pyxis_variables_act_as_their_flags(slurm_conf, command, variables, mess
 
 
 @needs_srun
+def test_pyxis_variables_unread_by_sbatch_when_sbatch_support_is_off(slurm_conf):
+    env = {**slurm_conf("sbatch_support=no"), "PYXIS_CONTAINER_MOUNTS": "/a:rel"}
+    assert _reached_the_controller(_run(env, "sbatch", "--wrap=true"))
+
+
+@needs_srun
 def test_a_flag_wins_over_its_pyxis_variable(slurm_conf):
     bad = {"PYXIS_CONTAINER_IMAGE": "/nonexistent/x.sqsh", "PYXIS_CONTAINER_MOUNTS": "/a:rel",
            "PYXIS_CONTAINER_READONLY": "1", "PYXIS_CONTAINER_MOUNT_HOME": "1"}
