@@ -50,6 +50,7 @@ void conf_defaults(struct plugin_conf *conf)
 	memset(conf, 0, sizeof(*conf));
 	strcpy(conf->runtime_path, "/run/berth");
 	strcpy(conf->berth, "/usr/local/bin/berth");
+	strcpy(conf->container_prefix, "pyxis");
 	conf->sbatch_support = 1;
 	conf->cleanup_timeout = CLEANUP_TIMEOUT_DEFAULT;
 }
@@ -109,6 +110,20 @@ static int conf_seconds(int *dst, const char *key, const char *value,
 	return 0;
 }
 
+/* A site's prefix for container names: letters, digits, '_', '.', '-'. */
+static int conf_prefix(char *dst, const char *key, const char *value,
+		       char *err, size_t errlen)
+{
+	size_t n = strlen(value);
+
+	if (n == 0 || n > CONTAINER_PREFIX_MAX || value[0] == '.' ||
+	    strspn(value, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != n)
+		return fail(err, errlen, "%s: '%s' is not 1 to %d letters, digits, '_', '.' or '-' "
+			    "(not starting with '.')", key, value, CONTAINER_PREFIX_MAX);
+	memcpy(dst, value, n + 1);
+	return 0;
+}
+
 int conf_parse(struct plugin_conf *conf, int argc, char **argv,
 	       char *err, size_t errlen)
 {
@@ -144,6 +159,8 @@ int conf_parse(struct plugin_conf *conf, int argc, char **argv,
 			rc = conf_bool(&conf->use_enroot_load, key, value, err, errlen);
 		else if (strcmp(key, "use_squashfuse") == 0)
 			rc = conf_bool(&conf->use_squashfuse, key, value, err, errlen);
+		else if (strcmp(key, "container_prefix") == 0)
+			rc = conf_prefix(conf->container_prefix, key, value, err, errlen);
 		else if (strcmp(key, "cleanup_timeout") == 0)
 			rc = conf_seconds(&conf->cleanup_timeout, key, value, err, errlen);
 		else if (strcmp(key, "container_scope") == 0) {

@@ -14,6 +14,8 @@
 
 #define ERR_LEN 512
 
+#define CONTAINER_PREFIX_MAX 32
+
 /* plugstack.conf: required /path/spank_berth.so key=value ... */
 struct plugin_conf {
 	char runtime_path[PATH_MAX];
@@ -21,6 +23,7 @@ struct plugin_conf {
 	char importer[PATH_MAX]; /* enroot-style "import -o OUT URI"; empty: berth */
 	int execute_entrypoint;
 	int container_scope_job; /* 0: global (default), 1: job */
+	char container_prefix[CONTAINER_PREFIX_MAX + 1]; /* names: <prefix>_<name> */
 	int sbatch_support;
 	int use_enroot_load;     /* accepted for compatibility, see README */
 	int use_squashfuse;      /* accepted for compatibility, see README */

@@ -1509,9 +1509,10 @@ static int setup_container(spank_t sp)
 		return -1;
 	if (flags.name != NULL) {
 		n = conf.container_scope_job
-			? snprintf(step.container, sizeof(step.container), "pyxis_%u_%s",
-				   step.jobid, flags.name)
-			: snprintf(step.container, sizeof(step.container), "pyxis_%s", flags.name);
+			? snprintf(step.container, sizeof(step.container), "%s_%u_%s",
+				   conf.container_prefix, step.jobid, flags.name)
+			: snprintf(step.container, sizeof(step.container), "%s_%s",
+				   conf.container_prefix, flags.name);
 		if (n < 0 || (size_t)n >= sizeof(step.container)) {
 			slurm_error("spank_berth: --container-name: '%s' is too long", flags.name);
 			return -1;
@@ -1523,7 +1524,8 @@ static int setup_container(spank_t sp)
 	if (flags.save == NULL)
 		return start_keeper(sp, sqsh, 1);
 	/* Saving needs a container on disk; a mounted image leaves nothing to save. */
-	snprintf(step.container, sizeof(step.container), "pyxis_%u.%u", step.jobid, step.stepid);
+	snprintf(step.container, sizeof(step.container), "%s_%u.%u", conf.container_prefix,
+		 step.jobid, step.stepid);
 	if (run(sp, "berth create", create_argv, NULL, 0, NULL) < 0)
 		return -1;
 	step.remove_container = 1;
@@ -1954,7 +1956,7 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 /* container_scope=job: the job's named containers end with it (slurmd's epilog, as root). */
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
-	char out[65536], prefix[32], *line, *save = NULL;
+	char out[65536], prefix[CONTAINER_PREFIX_MAX + 16], *line, *save = NULL;
 	char *list_argv[] = { conf.berth, "list", NULL };
 	char err[ERR_LEN];
 	int rc = 0;
@@ -1974,7 +1976,7 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 	}
 	if (run(sp, "berth list", list_argv, out, sizeof(out), NULL) < 0)
 		return -1;
-	snprintf(prefix, sizeof(prefix), "pyxis_%u_", step.jobid);
+	snprintf(prefix, sizeof(prefix), "%s_%u_", conf.container_prefix, step.jobid);
 	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		char *remove_argv[] = { conf.berth, "remove", "-f", line, NULL };
 

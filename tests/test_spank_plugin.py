@@ -245,6 +245,7 @@ def test_sbatch_flags_absent_when_sbatch_support_is_off(slurm_conf):
     (["runtime_pth=/run/x"], "plugstack.conf: unknown plugstack option 'runtime_pth'"),
     (["use_squashfuse=perhaps"], "use_squashfuse: 'perhaps' is not a boolean"),
     (["container_scope=node"], "container_scope: 'node' is neither job nor global"),
+    (["container_prefix=a/b"], "container_prefix: 'a/b' is not 1 to 32 letters"),
 ])
 def test_bad_plugstack_options_are_named(slurm_conf, args, message):
     result = _run(slurm_conf(*args), "srun", "true")

@@ -110,6 +110,10 @@ BAD_OPTIONS = {
                      "spank_plugin_options.cleanup_timeout: '10m' is not a number of seconds"),
     "timeout_big": ({"cleanup_timeout": 86401},
                     "spank_plugin_options.cleanup_timeout: '86401' is not a number of seconds"),
+    "prefix": ({"container_prefix": "site/a"},
+               "spank_plugin_options.container_prefix: 'site/a' is not 1 to 32 letters"),
+    "prefix_dot": ({"container_prefix": ".a"},
+                   "spank_plugin_options.container_prefix: '.a' is not 1 to 32 letters"),
 }
 
 
@@ -118,9 +122,10 @@ def test_the_role_knows_exactly_the_plugins_plugstack_keys():
     c_keys = set(re.findall(r'strcmp\(key, "(\w+)"\) == 0', (REPO / "spank/options.c").read_text()))
     role = yaml.safe_load((REPO / "roles/spank_plugin/vars/main.yml").read_text())
     role_keys = {*role["spank_plugin_path_keys"], *role["spank_plugin_bool_keys"],
-                 *role["spank_plugin_seconds_keys"], "container_scope"}
+                 *role["spank_plugin_seconds_keys"], *role["spank_plugin_name_keys"],
+                 "container_scope"}
     assert c_keys == role_keys
-    for kind in ("path", "bool", "seconds"):
+    for kind in ("path", "bool", "seconds", "name"):
         assert f"spank_plugin_{kind}_keys" in role["spank_plugin_known_keys"]
 
 
@@ -128,6 +133,12 @@ def test_cleanup_timeout_reaches_berth_conf(tmp_path):
     report = run_role(tmp_path, {"case": {"cleanup_timeout": 120}})
     assert report["stats"]["case"]["failures"] == 0, report
     assert " cleanup_timeout=120" in berth_conf(tmp_path)
+
+
+def test_container_prefix_reaches_berth_conf(tmp_path):
+    report = run_role(tmp_path, {"case": {"container_prefix": "site_a"}})
+    assert report["stats"]["case"]["failures"] == 0, report
+    assert " container_prefix=site_a" in berth_conf(tmp_path)
 
 
 def test_bad_options_fail_naming_the_key_and_change_nothing(tmp_path):

@@ -280,6 +280,10 @@ plugstack container_scope=job
 check "container_scope=job: the job's named container" "sbatch -W -o scoped.txt --wrap \"srun --container-name=scoped $img true; berth list | grep -c '^pyxis_[0-9]*_scoped\\\$'\" >/dev/null; cat scoped.txt" "1"
 sleep 2
 check "container_scope=job: removed by the epilog" "berth list | grep -c _scoped" "0"
+plugstack container_scope=job container_prefix=site
+check "container_prefix: the site's names" "sbatch -W -o prefixed.txt --wrap \"srun --container-name=pre $img true; berth list | grep -c '^site_[0-9]*_pre\\\$'\" >/dev/null; cat prefixed.txt" "1"
+sleep 2
+check "container_prefix: the epilog removes the site's names" "berth list | grep -c _pre" "0"
 plugstack
 
 before=$(jobs_so_far)

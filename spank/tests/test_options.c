@@ -48,6 +48,14 @@ static void test_conf(void)
 	CHECK(conf.container_scope_job == 0 && conf.use_enroot_load == 0);
 	CHECK(conf.use_squashfuse == 0);
 	CHECK(conf.cleanup_timeout == 600);
+	CHECK(strcmp(conf.container_prefix, "pyxis") == 0);
+	ACCEPTED(parse(&conf, "container_prefix=site-a.1_x", NULL));
+	CHECK(strcmp(conf.container_prefix, "site-a.1_x") == 0);
+	REFUSED(parse(&conf, "container_prefix=", NULL), "container_prefix: '' is not 1 to 32");
+	REFUSED(parse(&conf, "container_prefix=a/b", NULL), "container_prefix: 'a/b'");
+	REFUSED(parse(&conf, "container_prefix=.x", NULL), "container_prefix: '.x'");
+	REFUSED(parse(&conf, "container_prefix=abcdefghijklmnopqrstuvwxyz0123456", NULL),
+		"is not 1 to 32");
 
 	ACCEPTED(parse(&conf, "runtime_path=/var/run/b", "container_scope=job"));
 	CHECK(strcmp(conf.runtime_path, "/var/run/b") == 0);
