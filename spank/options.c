@@ -342,13 +342,21 @@ int set_image(struct container_flags *flags, const char *value,
 
 static int known_mount_flag(const char *flag, size_t len)
 {
-	/* enroot's fstab flags that berth start -m takes */
+	/*
+	 * enroot's fstab flags that berth start -m takes (runtime/berth/mounts.py;
+	 * tests/test_spank_plugin.py holds the two lists equal)
+	 */
 	static const char *const known[] = {
-		"ro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec",
-		"noatime", "nodiratime", "relatime", "defaults",
+		"ro", "rw", "bind", "rbind", "defaults",
+		"nosuid", "suid", "nodev", "dev", "noexec", "exec",
+		"noatime", "atime", "nodiratime", "diratime", "relatime", "norelatime",
+		"strictatime", "nostrictatime", "lazytime", "nolazytime",
+		"iversion", "noiversion", "mand", "nomand", "sync", "async", "dirsync",
+		"nosymfollow", "silent", "loud",
 		"private", "rprivate", "shared", "rshared", "slave", "rslave",
 		"unbindable", "runbindable",
 		"nofail", "x-create=dir", "x-create=file", "x-create=auto",
+		"x-detach", "x-move", "sqsh",
 	};
 
 	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
@@ -439,9 +447,9 @@ static int check_mount(const char *spec, size_t len, char *err, size_t errlen)
 			    (int)len, spec);
 	if (dst_end == end)
 		return 0;
-	if (umount)
-		return fail(err, errlen, "--container-mounts: umount takes no flags, in '%.*s'",
-			    (int)len, spec);
+	if (umount && !(end - dst_end - 1 == 6 && strncmp(dst_end + 1, "nofail", 6) == 0))
+		return fail(err, errlen, "--container-mounts: umount takes no flag but nofail, "
+			    "in '%.*s'", (int)len, spec);
 	return check_mount_flags(dst_end + 1, end, tmpfs, spec, len, err, errlen);
 }
 

@@ -4,6 +4,7 @@ refuses bad --container-* flags before anything is submitted."""
 
 import ctypes
 import os
+import re
 import shutil
 import sys
 import subprocess
@@ -120,7 +121,7 @@ def test_srun_help_lists_the_flags(slurm_conf):
     ("--container-image=nvcr.io", "'nvcr.io' is a registry host without an image"),
     ("--container-workdir=", "--container-workdir: empty path"),
     ("--container-mounts=data", "'data' alone is also the destination"),
-    ("--container-mounts=umount:/a:ro", "umount takes no flags"),
+    ("--container-mounts=umount:/a:ro", "umount takes no flag but nofail"),
     ("--container-mounts=tmpfs:/t:size=1M+$(x)", "unknown tmpfs option '$(x)'"),
     ("--container-name=n:sometimes", "--container-name: unknown mode 'sometimes'"),
     ("--container-unshare=pid", "--container-unshare: unknown namespace 'pid'"),
@@ -132,6 +133,20 @@ def test_srun_refuses_bad_flags_before_submission(slurm_conf, flag, message):
     assert message in result.stderr
     # refused by the plugin, not by a failed attempt to reach slurmctld
     assert "slurmctld" not in result.stderr and "Unable to" not in result.stderr
+
+
+def test_mount_flags_are_the_runtimes():
+    """options.c's known mount flags and berth start -m's are one vocabulary."""
+    text = (SPANK / "options.c").read_text()
+    table = re.search(r"known_mount_flag.*?known\[\] = \{(.*?)\};", text, re.S).group(1)
+    plugin = set(re.findall(r'"([^"]+)"', table))
+    sys.path.insert(0, str(SPANK.parent / "runtime"))
+    try:
+        from berth import mounts
+    finally:
+        sys.path.pop(0)
+    runtime = {*mounts._FLAGS, *mounts._PROPAGATION, *mounts._CREATE, *mounts._OURS}
+    assert plugin == runtime
 
 
 def _refused_by_plugin(result):

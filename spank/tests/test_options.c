@@ -184,7 +184,10 @@ static void test_mounts(struct container_flags *f)
 	REFUSED(set_mounts(f, "/a:b", err, sizeof(err)), "relative destination in '/a:b'");
 	REFUSED(set_mounts(f, "tmpfs:scratch", err, sizeof(err)), "relative destination");
 	REFUSED(set_mounts(f, "umount:", err, sizeof(err)), "missing destination in 'umount:'");
-	REFUSED(set_mounts(f, "umount:/x:ro", err, sizeof(err)), "umount takes no flags");
+	REFUSED(set_mounts(f, "umount:/x:ro", err, sizeof(err)), "umount takes no flag but nofail");
+	ACCEPTED(set_mounts(f, "umount:/x:nofail,/d.sqsh:/d:sqsh,/a:/b:nosymfollow+x-detach",
+			    err, sizeof(err)));
+	ACCEPTED(set_mounts(f, "/a:/b:ro,/c:/d:rbind+rprivate+x-create=dir", err, sizeof(err)));
 	REFUSED(set_mounts(f, "tmpfs:/t:size=1M+", err, sizeof(err)), "empty flag");
 	REFUSED(set_mounts(f, "tmpfs:/t:$(x)", err, sizeof(err)), "unknown tmpfs option '$(x)'");
 	REFUSED(set_mounts(f, "/a:/b:rx", err, sizeof(err)), "unknown flag 'rx' in '/a:/b:rx'");
