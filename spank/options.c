@@ -355,8 +355,7 @@ static int known_mount_flag(const char *flag, size_t len)
 		"nosymfollow", "silent", "loud",
 		"private", "rprivate", "shared", "rshared", "slave", "rslave",
 		"unbindable", "runbindable",
-		"nofail", "x-create=dir", "x-create=file", "x-create=auto",
-		"x-detach", "x-move", "sqsh",
+		"nofail", "x-create=dir", "x-create=file", "x-create=auto", "sqsh",
 	};
 
 	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)

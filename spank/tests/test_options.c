@@ -185,7 +185,7 @@ static void test_mounts(struct container_flags *f)
 	REFUSED(set_mounts(f, "tmpfs:scratch", err, sizeof(err)), "relative destination");
 	REFUSED(set_mounts(f, "umount:", err, sizeof(err)), "missing destination in 'umount:'");
 	REFUSED(set_mounts(f, "umount:/x:ro", err, sizeof(err)), "umount takes no flag but nofail");
-	ACCEPTED(set_mounts(f, "umount:/x:nofail,/d.sqsh:/d:sqsh,/a:/b:nosymfollow+x-detach",
+	ACCEPTED(set_mounts(f, "umount:/x:nofail,/d.sqsh:/d:sqsh,/a:/b:nosymfollow+dirsync",
 			    err, sizeof(err)));
 	ACCEPTED(set_mounts(f, "/a:/b:ro,/c:/d:rbind+rprivate+x-create=dir", err, sizeof(err)));
 	REFUSED(set_mounts(f, "tmpfs:/t:size=1M+", err, sizeof(err)), "empty flag");
