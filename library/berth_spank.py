@@ -19,7 +19,7 @@ description:
 version_added: "0.1.0"
 options:
   src:
-    description: Directory with C(spank_berth.c), C(options.c), C(options.h) and the C(Makefile), on the managed node.
+    description: Directory with C(spank_berth.c), C(options.c), C(options.h), C(seccomp_filter.h) and the C(Makefile), on the managed node.
     type: path
     required: true
   dest:
@@ -91,7 +91,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
-SOURCES = ("Makefile", "options.c", "options.h", "spank_berth.c")
+SOURCES = ("Makefile", "options.c", "options.h", "seccomp_filter.h", "spank_berth.c")
 SLURM_PROGRAMS = ("slurmd", "slurmctld", "srun")
 
 

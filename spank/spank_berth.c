@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include "options.h"
+#include "seccomp_filter.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -30,7 +31,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/seccomp.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -1816,6 +1819,28 @@ static void show_start_log(spank_t sp)
 	close(fd);
 }
 
+/*
+ * The runtime's seccomp filter (chown, setuid and friends succeed without
+ * effect, as for a fake root): the keeper's children have it, a task that
+ * joined by setns must install it itself. No-op where the runtime has none.
+ */
+static int install_seccomp_filter(void)
+{
+#ifdef BERTH_HAVE_SECCOMP_FILTER
+	struct sock_fprog program = {
+		.len = (unsigned short)(sizeof(seccomp_filter) / sizeof(seccomp_filter[0])),
+		.filter = (struct sock_filter *)seccomp_filter,
+	};
+
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 ||
+	    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) < 0) {
+		slurm_error("spank_berth: cannot install the container's seccomp filter: %m");
+		return -1;
+	}
+#endif
+	return 0;
+}
+
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	(void)ac;
@@ -1827,7 +1852,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	if (!step.active || step.container_pid <= 0)
 		return 0;
 	show_start_log(sp); /* before the host's paths are out of sight */
-	if (merge_environment(sp) < 0 || enter_container() < 0)
+	if (merge_environment(sp) < 0 || enter_container() < 0 || install_seccomp_filter() < 0)
 		return -1;
 	return 0;
 }
@@ -1980,8 +2005,10 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		char *remove_argv[] = { conf.berth, "remove", "-f", line, NULL };
 
+		/* gone meanwhile (the user removed it): nothing left to do */
 		if (strncmp(line, prefix, strlen(prefix)) == 0 &&
-		    run(sp, "berth remove", remove_argv, NULL, 0, NULL) < 0)
+		    run(sp, "berth remove", remove_argv, NULL, 0, NULL) < 0 &&
+		    container_exists(sp, line) != 0)
 			rc = -1;
 	}
 	return rc;

@@ -136,8 +136,8 @@ def test_srun_refuses_bad_flags_before_submission(slurm_conf, flag, message):
 
 
 def test_mount_flags_are_the_runtimes():
-    """options.c's known mount flags are exactly those berth start -m takes
-    (tests/test_mount_flags_contract.py: none it refuses; this: none missing)."""
+    """options.c's known mount flags are exactly those berth start -m takes:
+    none that fails the job on the node, none that srun refuses needlessly."""
     text = (SPANK / "options.c").read_text()
     table = re.search(r"known_mount_flag.*?known\[\] = \{(.*?)\};", text, re.S).group(1)
     plugin = set(re.findall(r'"([^"]+)"', table))
@@ -155,6 +155,21 @@ def test_mount_flags_are_the_runtimes():
             continue
         runtime.add(flag)
     assert plugin == runtime
+
+
+def test_tasks_install_the_runtimes_seccomp_filter():
+    """seccomp_filter.h, which joining tasks install, is the runtime's filter
+    (berth/seccomp.py) instruction for instruction, on each architecture."""
+    header = (SPANK / "seccomp_filter.h").read_text()
+    sys.path.insert(0, str(SPANK.parent / "runtime"))
+    try:
+        from berth import seccomp
+    finally:
+        sys.path.pop(0)
+    for machine, guard in (("x86_64", "__x86_64__"), ("aarch64", "__aarch64__")):
+        block = re.search(rf"defined\({guard}\).*?seccomp_filter\[\] = \{{(.*?)\}};", header, re.S)
+        rows = re.findall(r"\{ (0x[0-9a-f]+), (\d+), (\d+), (0x[0-9a-f]+) \}", block.group(1))
+        assert [tuple(int(v, 0) for v in row) for row in rows] == seccomp.program(machine), machine
 
 
 def _refused_by_plugin(result):

@@ -150,6 +150,8 @@ check "the image's value beats the task's" "IMAGE_VAR=task srun $img env" "IMAGE
 check "--container-env keeps the task's value" "IMAGE_VAR=task srun $img --container-env=IMAGE_VAR env" "IMAGE_VAR=task"
 check "--container-env unset in the task: the image's value" "srun $img --container-env=IMAGE_VAR,X env" "IMAGE_VAR=from-image"
 check "BERTH_VERSION marker" "srun $img env" "BERTH_VERSION=0.1.0"
+check "tasks run under the container's seccomp filter" "srun $img cat /proc/self/status" $'Seccomp:\t2'
+check "a fake root's chgrp succeeds in a task" "srun $img sh -c 'touch /tmp/fakeroot && chgrp 0 /tmp/fakeroot && echo chgrp-ok'" "chgrp-ok"
 absent "--container-env keeps the task's PATH" "srun $img --container-env=PATH env" "PATH=/usr/local/bin:/usr/bin:/bin"
 absent "the submitter's LANG, LANGUAGE, LC_ALL are dropped" "LANG=xx_YY.UTF-8 LANGUAGE=xx LC_ALL=xx_YY.UTF-8 srun $img env" "xx"
 check "--container-env=LANG keeps it" "LANG=xx_YY.UTF-8 srun $img --container-env=LANG env" "LANG=xx_YY.UTF-8"
