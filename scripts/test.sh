@@ -3,10 +3,12 @@
 # Molecule scenario. Exits non-zero on the first failing stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
+stage() { printf '\n=== %s (at %d s)\n' "$*" $((SECONDS - started)); }
+
+stage "host bootstrap (packages, Docker daemon, venv, node image)"
 bash scripts/bootstrap-host.sh
 export PATH="${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin:$PATH" ANSIBLE_FORCE_COLOR=0 PY_COLORS=0
-
-stage() { printf '\n=== %s\n' "$*"; }
 
 stage "ansible-lint (production profile)"
 ansible-lint --profile production --offline
@@ -19,8 +21,9 @@ for module in library/*.py; do
 done
 
 stage "unit and integration tests"
-python -m pytest -q tests runtime/tests
+python -m pytest -q -rs tests runtime/tests
 
 stage "multi-node cluster (molecule test -s multinode)"
 bash scripts/test-image.sh
 molecule test -s multinode
+stage "done"
