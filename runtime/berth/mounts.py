@@ -40,6 +40,7 @@ import re
 from berth import syscalls as sc
 from berth.config import text_lines
 from berth.imageconfig import SQUASHFS_MAGIC
+from berth.rootpath import resolve
 from berth.errors import BerthError
 
 _MS_SYNCHRONOUS, _MS_MANDLOCK, _MS_DIRSYNC, _MS_NOSYMFOLLOW = 0x10, 0x40, 0x80, 0x100
@@ -81,7 +82,6 @@ _LOCKED = ((os.ST_NOSUID, sc.MS_NOSUID), (os.ST_NODEV, sc.MS_NODEV),
            (os.ST_NOEXEC, sc.MS_NOEXEC), (os.ST_NOATIME, sc.MS_NOATIME),
            (os.ST_NODIRATIME, sc.MS_NODIRATIME), (os.ST_RELATIME, sc.MS_RELATIME))
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
-_MAX_SYMLINKS = 40
 
 
 class Mount(collections.namedtuple("Mount", "source target fstype options origin")):
@@ -212,28 +212,7 @@ def _create(target, kind, source):
 def resolve_target(root, name):
     """Host path of the destination `name` in `root`: symlinks are read with
     `root` as `/`; a `..` that climbs above `/` is refused."""
-    pending = collections.deque(p for p in name.split("/") if p not in ("", "."))
-    parts = []
-    followed = 0
-    while pending:
-        part = pending.popleft()
-        if part == "..":
-            if not parts:
-                raise BerthError(f"mount destination {name} escapes the container root")
-            parts.pop()
-            continue
-        path = os.path.join(root, *parts, part)
-        if not os.path.islink(path):
-            parts.append(part)
-            continue
-        followed += 1
-        if followed > _MAX_SYMLINKS:
-            raise BerthError(f"mount destination {name}: too many levels of symbolic links")
-        link = os.readlink(path)
-        if link.startswith("/"):
-            parts = []
-        pending.extendleft(reversed([p for p in link.split("/") if p not in ("", ".")]))
-    return os.path.join(root, *parts)
+    return resolve(root, name, follow_last=True, what="mount destination")
 
 
 def _open_inside(root, path, name):

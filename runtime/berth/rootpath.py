@@ -13,8 +13,10 @@ from berth.errors import BerthError
 _MAX_SYMLINKS = 40
 
 
-def resolve(root, name, follow_last=False):
-    """Host path of `name` in `root`, following symlinks with `root` as `/`."""
+def resolve(root, name, follow_last=False, what=None):
+    """Host path of `name` in `root`, following symlinks with `root` as `/`.
+    A `..` above `/` stays at `/`, as in the container; with `what` (a mount
+    destination, say) it is refused instead, naming `what` and `name`."""
     pending = collections.deque(p for p in name.split("/") if p not in ("", "."))
     parts = []
     followed = 0
@@ -23,6 +25,8 @@ def resolve(root, name, follow_last=False):
         if part == "..":
             if parts:
                 parts.pop()
+            elif what:
+                raise BerthError(f"{what} {name} escapes the container root")
             continue
         path = os.path.join(root, *parts, part)
         if not pending and not follow_last:
