@@ -1434,6 +1434,36 @@ out:
 	return rc;
 }
 
+/*
+ * Attaching with --container-unshare=NS: the running container must have
+ * its own NS, or the task would share the host's while asking not to.
+ */
+static int attach_has_namespaces(pid_t pid)
+{
+	static const char *const names[] = { "net", "ipc", "uts" };
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		char theirs_path[64], ours_path[64];
+		struct stat theirs, ours;
+
+		if (!unshare_has(&flags, names[i]))
+			continue;
+		snprintf(theirs_path, sizeof(theirs_path), "/proc/%ld/ns/%s", (long)pid, names[i]);
+		snprintf(ours_path, sizeof(ours_path), "/proc/self/ns/%s", names[i]);
+		if (stat(theirs_path, &theirs) < 0 || stat(ours_path, &ours) < 0) {
+			slurm_error("spank_berth: cannot compare the %s namespaces: %m", names[i]);
+			return -1;
+		}
+		if (theirs.st_ino == ours.st_ino && theirs.st_dev == ours.st_dev) {
+			slurm_error("spank_berth: --container-unshare=%s: the running container '%s' "
+				    "has no %s namespace of its own (start it with --container-unshare=%s)",
+				    names[i], flags.name, names[i], names[i]);
+			return -1;
+		}
+	}
+	return 0;
+}
+
 /* --container-name: attach to it running, or create it once and start it. */
 static int prepare_named(spank_t sp)
 {
@@ -1457,6 +1487,8 @@ static int prepare_named(spank_t sp)
 				    flags.name);
 			goto out;
 		}
+		if (attach_has_namespaces(running) < 0)
+			goto out;
 		step.container_pid = running;
 		if (flags.mounts != NULL)
 			slurm_spank_log("spank_berth: warning: --container-mounts ignored: attaching "

@@ -259,10 +259,11 @@ check "named container reused" "srun --container-name=keep cat /state" "kept"
 check "named container as pyxis names it" "berth list" "pyxis_keep"
 check "named container mode create refuses an existing one" "srun --container-name=keep:create $img true" "exists already"
 # A tmpfs mounted by a running step is seen only from that step's mount namespace.
-as_alice "srun --container-name=live --container-remap-root $img sh -c 'mount -t tmpfs none /mnt && echo up > /mnt/flag && sleep 9'" >/dev/null &
+as_alice "srun --container-name=live --container-remap-root $img sh -c 'mount -t tmpfs none /mnt && echo up > /mnt/flag && sleep 12'" >/dev/null &
 sleep 3
 check "named container :exec joins the running one" "srun --container-name=live:exec cat /mnt/flag" "up"
 check "attaching: --container-mounts ignored, saying so" "srun --container-name=live --container-mounts=/srv/data:/data cat /mnt/flag" "warning: --container-mounts ignored: attaching to the running container 'live'"
+check "attaching with --container-unshare needs the container's own namespace" "srun --container-name=live:exec --container-unshare=net true" "the running container 'live' has no net namespace of its own"
 check "named container :no_exec starts its own" "srun --container-name=live:no_exec ls /mnt | grep -c flag" "0"
 wait
 check "named container exec needs it running" "srun --container-name=keep:exec true" "is not running on this node"
