@@ -20,10 +20,12 @@ for module in library/*.py; do
     ansible-doc -M library "$name" >/dev/null || { echo "ansible-doc fails for $name" >&2; exit 1; }
 done
 
+stage "test image (Open MPI, MPICH): for the runtime's dpkg test and the cluster"
+bash scripts/test-image.sh
+
 stage "unit and integration tests"
 python -m pytest -q -rs tests runtime/tests
 
 stage "multi-node cluster (molecule test -s multinode)"
-bash scripts/test-image.sh
 molecule test -s multinode
 stage "done"
