@@ -22,6 +22,12 @@ def node(name):
     return testinfra.get_host(f"docker://{name}")
 
 
+def job_ids():
+    """The ids of the jobs slurmctld knows now. A refused submission adds none;
+    finished jobs may drop out meanwhile (MinJobAge), so compare sets, not counts."""
+    return set(node(CONTROLLER).check_output("squeue -h -a -t all -o %i").split())
+
+
 def inventory_copy(tmp_path):
     """A private copy of Molecule's inventory directory that a test may edit."""
     source = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent

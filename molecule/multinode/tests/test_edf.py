@@ -5,7 +5,7 @@ import shlex
 
 import pytest
 
-from conftest import COMPUTE, CONTROLLER, node
+from conftest import COMPUTE, CONTROLLER, job_ids, node
 
 EDF = """\
 image = "/opt/berth-images/mpi-test.sqsh"
@@ -52,9 +52,9 @@ def test_workdir_flag_overrides_the_edf(edf):
 def test_broken_edf_is_refused_before_submission(edf):
     node(CONTROLLER).run("printf 'imagee = \"x\"\\n' > /home/alice/.edf/broken.toml && "
                          "chown alice /home/alice/.edf/broken.toml")
-    before = node(CONTROLLER).check_output("squeue -h -a -t all -o %i | wc -l")
+    before = job_ids()
     job = srun("-N1 --environment=broken true")
     assert job.rc != 0
     assert "--environment" in job.stderr and "broken.toml:1" in job.stderr, job.stderr
     assert "imagee" in job.stderr
-    assert node(CONTROLLER).check_output("squeue -h -a -t all -o %i | wc -l") == before
+    assert job_ids() <= before  # no new job
