@@ -89,6 +89,20 @@ def squash(root, image):
     image.chmod(0o644)
 
 
+def create_with_env(berth, name, env):
+    """Container `name` from an image whose config sets `env` (KEY=VALUE
+    strings) and nothing else of note."""
+    top = _world_readable_dir("bctr-env-")
+    try:
+        build_root(top / "root", {"env": env, "entrypoint": None, "cmd": ["/bin/sh"],
+                                  "workdir": "", "user": "", "source": "test", "digest": ""})
+        squash(top / "root", top / "image.sqsh")
+        _make_readable(top)
+        berth.ok("create", "-n", name, top / "image.sqsh")
+    finally:
+        shutil.rmtree(top)
+
+
 @pytest.fixture(scope="session")
 def images():
     top = _world_readable_dir("bctr-img-")

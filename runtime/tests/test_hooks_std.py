@@ -110,7 +110,7 @@ def test_shipped_hooks_never_act_on_the_images_variables(berth):
     """Every shipped hook (bash ones included) under an image whose Env holds a
     BASH_ENV payload and loader variables: the start works, nothing of it runs
     on the host side, and the container keeps its variables."""
-    from test_container import _make_readable, _world_readable_dir, build_root, squash
+    from test_container import create_with_env
     target = berth.base / "sys/hooks.d"
     target.mkdir(parents=True)
     for hook in [*HOOKS.glob("*.sh"), HOOKS / "common.bash", HOOKS / "nvidia-libraries.conf"]:
@@ -119,15 +119,7 @@ def test_shipped_hooks_never_act_on_the_images_variables(berth):
     marker = berth.base / "host/payload-ran"
     env = [f"BASH_ENV=$(touch {marker})", f"ENV=$(touch {marker})", "LD_PRELOAD=/no/evil.so",
            "LD_LIBRARY_PATH=/evil/lib", "PATH=/evil/bin:/bin", "NVIDIA_VISIBLE_DEVICES=all"]
-    top = _world_readable_dir("bhooks-img-")
-    try:
-        build_root(top / "root", {"env": env, "entrypoint": None, "cmd": ["/bin/sh"],
-                                  "workdir": "", "user": "", "source": "test", "digest": ""})
-        squash(top / "root", top / "evil.sqsh")
-        _make_readable(top)
-        berth.ok("create", "-n", "evil", top / "evil.sqsh")
-    finally:
-        shutil.rmtree(top)
+    create_with_env(berth, "evil", env)
     result = berth("start", "evil", "/bin/sh", "-c", 'echo "$LD_LIBRARY_PATH"')
     assert result.returncode == 0, result.stderr
     assert result.stdout == "/evil/lib\n"

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from test_container import (  # noqa: F401 (fixtures)
-    AS_ROOT, _make_readable, _world_readable_dir, app, berth, berth_pid, build_root, images,
-    library, squash, start_detached, usable_fuse, user)
+    AS_ROOT, _world_readable_dir, app, berth, berth_pid, create_with_env, images, library,
+    start_detached, usable_fuse, user)
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(not AS_ROOT, reason="plays another user (chown, mount)")
@@ -147,16 +147,8 @@ def test_container_variables_never_reach_the_hooks(berth, source):
     host = berth.base / "host"
     marker = host / "payload-ran"
     evil = payload(marker)
-    top = _world_readable_dir("bsec-img-")
-    try:
-        env = [f"{k}={v}" for k, v in evil.items()] if source == "image" else []
-        build_root(top / "root", {"env": env, "entrypoint": None, "cmd": ["/bin/sh"],
-                                  "workdir": "", "user": "", "source": "test", "digest": ""})
-        squash(top / "root", top / "evil.sqsh")
-        _make_readable(top)
-        berth.ok("create", "-n", "evil", top / "evil.sqsh")
-    finally:
-        shutil.rmtree(top)
+    create_with_env(berth, "evil",
+                    [f"{k}={v}" for k, v in evil.items()] if source == "image" else [])
     # a bash hook (BASH_ENV) and a sh one; each dumps its environment and
     # reads the container's NVIDIA_VISIBLE_DEVICES from $ENROOT_ENVIRON
     for name, shell in (("20-bash.sh", "/bin/bash"), ("21-sh.sh", "/bin/sh")):
