@@ -28,6 +28,9 @@ def _add_import(sub):
     p.add_argument("--reuse", action="store_true",
                    help="take the image last imported for this URI here without asking the "
                         "registry (a moved tag is not seen); import when there is none")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print where the image would be fetched from (each registry "
+                        "endpoint in the order tried, after registries.conf) and stop")
     p.add_argument("uri", help="docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]")
 
 

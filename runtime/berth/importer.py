@@ -1,4 +1,6 @@
 """`berth import`: a registry image to a self-describing squashfs file.
+Registry references go through the admin's registries.conf rules
+(registries.py): mirrors, rewrites, blocks.
 
 The image comes from the image cache, made there first when missing (see
 pull.py), and is copied into place. --cache-only prints the cached file's
@@ -13,7 +15,7 @@ import contextlib
 import os
 import signal
 
-from berth import reference, safedir, squash
+from berth import reference, registries, safedir, squash
 from berth.errors import BerthError
 from berth.imagecache import ImageCache
 
@@ -41,11 +43,20 @@ def _terminated(signum, frame):
 
 def _import(args, cfg):
     ref = reference.parse(args.uri)
+    # Blocked, or a broken registries.conf: refused before any request,
+    # and before --reuse serves what an earlier rule let in.
+    rules = registries.load(cfg["ENROOT_SYSCONF_PATH"])
+    if args.dry_run:
+        lines = rules.describe(ref)
+        print("\n".join(lines))
+        return 0 if any(not line.startswith("blocked:") for line in lines) else 1
+    rules.endpoints(ref)
+    default = reference.default_output(args.uri)
     safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
     if args.cache_only:
         output = replace = None
     else:
-        output = os.path.abspath(args.output or reference.default_output(args.uri))
+        output = os.path.abspath(args.output or default)
         replace = cfg.flag("ENROOT_FORCE_OVERRIDE")
         _check_output(output, replace)
 

@@ -6,6 +6,7 @@ asked: requests and the rest cost a step that reuses an image 100 ms.
 """
 
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -16,7 +17,7 @@ import threading
 
 from tqdm import tqdm
 
-from berth import squash
+from berth import registries, squash
 from berth.blobs import BlobCache
 from berth.errors import BerthError
 from berth.imageconfig import from_oci, write_image_config
@@ -33,20 +34,64 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 def cached_image(args, cfg, ref, images, options):
     """The image cache's squashfs of `ref` as the registry has it now, locked
     while in use: looked up by its manifest (a moved tag has a new one, so a
-    new key), else built; remembered as the latest of its URI."""
+    new key), else built; remembered as the latest of its URI. The registry
+    asked is the first endpoint of registries.conf's rules that answers
+    (mirrors first); the layers come from the one that gave the manifest."""
+    plan = registries.load(cfg["ENROOT_SYSCONF_PATH"]).endpoints(ref)
     credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
-    registry = Registry(ref, cfg, credentials, credentials_path)
-    registry.connect()
-    try:
-        manifest, digest, manifest_digest = _platform_manifest(registry, ref, args.arch)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise _malformed(ref) from None
+    registry, manifest, digest, manifest_digest = _first_answer(
+        plan, ref, cfg, credentials, credentials_path, args.arch, args.quiet)
+    with build_cached(args, cfg, images, options, ref, registry, manifest, digest,
+                      manifest_digest) as image:
+        yield image
+
+
+def _first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet):
+    """(Registry, manifest, digest, manifest digest) from the first endpoint
+    of `plan` that serves the image; a failure there (no connection, 5xx,
+    404, refused access, a bad answer) moves on to the next, and when all
+    fail, one line names each endpoint and why."""
+    failures = []
+    for endpoint, candidate in plan:
+        # USER@ names an account on the registry of the URI: a mirror takes
+        # the credentials file's entry for its own host.
+        endpoint_ref = dataclasses.replace(
+            candidate, registry=endpoint.host, repository=endpoint.repository,
+            user="" if endpoint.mirror else candidate.user)
+        registry = Registry(endpoint_ref, cfg, credentials, credentials_path,
+                            insecure=endpoint.insecure)
+        try:
+            registry.connect()
+            try:
+                found = _platform_manifest(registry, endpoint_ref, arch)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                raise _malformed(endpoint_ref) from None
+        except BerthError as e:
+            if len(plan) == 1:
+                raise
+            failures.append(f"{endpoint.name(candidate)}: {e}")
+            if not quiet:
+                print(f"berth: {endpoint.name(candidate)} failed ({e}); trying the next",
+                      file=sys.stderr)
+            continue
+        if not quiet and len(plan) > 1:
+            print(f"berth: pulling {ref} from {endpoint.name(candidate)}", file=sys.stderr)
+        return (registry, *found)
+    raise BerthError(f"cannot get {ref} from any of {len(plan)} places: "
+                     f"{'; '.join(failures)}")
+
+
+@contextlib.contextmanager
+def build_cached(args, cfg, images, options, ref, source, manifest, digest, manifest_digest):
+    """The image cache's entry of this manifest, built from `source` (a
+    Registry, or an archive with the same blob() and download()) when
+    missing, locked while in use and remembered as the latest of args.uri."""
     key = images.key(manifest_digest, digest, args.uri, options)
     with images.locked(key, ref, args.quiet):
         image = images.lookup(key, args.quiet)
         if image is None:
             image = images.path(key)
-            _build(args, cfg, registry, ref, manifest, digest, image)
+            _build(args, cfg, source, ref, manifest, digest, image)
         elif not args.quiet:
             print(f"berth: using the cached squashfs of {ref}: {image}", file=sys.stderr)
         try:
@@ -150,7 +195,8 @@ def _download(cache, registry, layers, cfg, show_progress, quiet):
     if not layers:
         return
     failed = threading.Event()
-    overall = tqdm(total=sum(size for _, size in layers), desc="downloading", unit="B",
+    overall = tqdm(total=sum(size for _, size in layers),
+                   desc=getattr(registry, "progress", "downloading"), unit="B",
                    unit_scale=True, disable=not show_progress)
     workers = max(1, min(cfg.number("ENROOT_MAX_CONNECTIONS"), len(layers)))
     todo = queue.SimpleQueue()

@@ -26,6 +26,9 @@ class Reference:
     tag: str
     digest: str
     explicit_registry: bool
+    # The image name as written, before Docker Hub's `library/`: what an
+    # unqualified-search registry (registries.py) is asked for.
+    name: str = ""
 
     @property
     def reference(self):
@@ -87,7 +90,7 @@ def parse(uri):
     if registry == DEFAULT_REGISTRY and "/" not in image:
         repository = f"library/{image}"
     return Reference(uri, user, registry, repository, tag or ("" if digest else "latest"),
-                     digest, explicit)
+                     digest, explicit, image)
 
 
 def default_output(uri):

@@ -22,6 +22,7 @@ import sys
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
 
 from berth.errors import BerthError
 
@@ -62,11 +63,14 @@ def load_credentials(config_path):
 class Registry:
     """One registry and repository, with its authentication and timeouts."""
 
-    def __init__(self, ref, cfg, credentials=None, credentials_path=""):
+    def __init__(self, ref, cfg, credentials=None, credentials_path="", insecure=False):
         self.ref = ref
         self.credentials = credentials
         self.credentials_path = credentials_path
-        self.allow_http = cfg.flag("ENROOT_ALLOW_HTTP")
+        # registries.conf's `insecure = true` for this endpoint: plain HTTP
+        # allowed and TLS certificates not verified, as podman does.
+        self.insecure = insecure
+        self.allow_http = insecure or cfg.flag("ENROOT_ALLOW_HTTP")
         # 0 means no limit, as in enroot; the transfer timeout is a stall
         # timeout here (no byte for that long), never a limit on a whole blob.
         connect = _not_negative(cfg, "ENROOT_CONNECT_TIMEOUT") or None
@@ -75,6 +79,9 @@ class Registry:
         self.retries = _not_negative(cfg, "ENROOT_TRANSFER_RETRIES")
         self.session = requests.Session()
         self.session.headers["User-Agent"] = "berth"
+        if insecure:
+            self.session.verify = False
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         # Connection pool as large as the parallel downloads, so none waits.
         adapter = requests.adapters.HTTPAdapter(
             pool_maxsize=max(1, cfg.number("ENROOT_MAX_CONNECTIONS")))
