@@ -45,7 +45,12 @@
 
 #define BERTH_SPANK_VERSION "0.1.0"
 
-SPANK_PLUGIN(spank_berth, 1);
+/*
+ * Registered under pyxis's name: Slurm exports a submission's option values
+ * to the job as SLURM_SPANK__SLURM_SPANK_OPTION_<plugin>_<option>, and job
+ * scripts read and unset those by pyxis's name.
+ */
+SPANK_PLUGIN(pyxis, 1);
 
 static struct plugin_conf conf;
 static struct container_flags flags;
@@ -71,6 +76,7 @@ static struct {
 	gid_t gid;
 	uint32_t jobid;
 	uint32_t stepid;
+	char label[32];            /* "JOBID.STEPID", or "JOBID.batch" */
 	char user_dir[PATH_MAX];   /* runtime_path/<uid>, shared with the runtime */
 	char state_dir[PATH_MAX];  /* user_dir/spank: named/, steps, a custom importer's images/ */
 	char step_dir[PATH_MAX];   /* state_dir/<jobid>.<stepid>: logs */
@@ -94,9 +100,10 @@ enum opt_id {
 /*
  * The EDF is resolved once, at submission (the submitting environment
  * expands its ${VAR}s), and its values reach the nodes in the job's
- * environment under this name: see edf_body() in options.h.
+ * environment under this name: see edf_body() in options.h. SLURM_* names
+ * survive sbatch --export=NONE, so a containerized batch step finds it too.
  */
-#define EDF_VAR "BERTH_EDF"
+#define EDF_VAR "SLURM_BERTH_EDF"
 #define EDF_MAX 65536
 
 static int on_option(int val, const char *optarg, int remote);
@@ -479,11 +486,23 @@ static int node_environment(spank_t sp)
 	return rc;
 }
 
-/* Steps that are not user commands: the batch script, extern and interactive steps. */
+/*
+ * Steps that never run in a container: the extern and interactive steps.
+ * The batch step does when sbatch was given container flags, as with pyxis.
+ */
 static int special_step(uint32_t stepid)
 {
-	return stepid == SLURM_BATCH_SCRIPT || stepid == SLURM_EXTERN_CONT ||
-	       stepid == SLURM_INTERACTIVE_STEP;
+	return stepid == SLURM_EXTERN_CONT || stepid == SLURM_INTERACTIVE_STEP ||
+	       (stepid == SLURM_BATCH_SCRIPT && !conf.sbatch_support);
+}
+
+/* "JOBID.STEPID" as scontrol writes it ("batch" for the batch step). */
+static int step_label(char *out, size_t outlen, uint32_t jobid, uint32_t stepid)
+{
+	int n = stepid == SLURM_BATCH_SCRIPT ? snprintf(out, outlen, "%u.batch", jobid)
+					     : snprintf(out, outlen, "%u.%u", jobid, stepid);
+
+	return n < 0 || (size_t)n >= outlen ? -1 : 0;
 }
 
 /* PYXIS_CONTAINER_* lookups: the submitting process's environment, or the job's. */
@@ -500,6 +519,30 @@ static const char *job_env(const char *name, void *ctx)
 	if (spank_getenv((spank_t)ctx, name, value, sizeof(value)) != ESPANK_SUCCESS)
 		return NULL;
 	return value;
+}
+
+/*
+ * With sbatch --export=NONE, Slurm does not hand the batch step the flags
+ * that sbatch gave, though the job's environment has them (as
+ * SLURM_SPANK__SLURM_SPANK_OPTION_pyxis_<flag>): read them from there, or
+ * the script would run on the host. Only when none arrived.
+ */
+static int batch_options_from_env(spank_t sp)
+{
+	char name[128], value[PATH_MAX * 4];
+
+	for (struct spank_option *opt = options; opt->name != NULL; opt++) {
+		int n = snprintf(name, sizeof(name), "SLURM_SPANK__SLURM_SPANK_OPTION_pyxis_%s",
+				 opt->name);
+
+		for (char *c = name + n - strlen(opt->name); *c; c++)
+			*c = *c == '-' ? '_' : *c;
+		if (spank_getenv(sp, name, value, sizeof(value)) != ESPANK_SUCCESS)
+			continue;
+		if (on_option(opt->val, opt->has_arg ? value : NULL, 1) < 0)
+			return -1;
+	}
+	return 0;
 }
 
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
@@ -527,6 +570,14 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		}
 		return 0;
 	}
+	if (spank_get_item(sp, S_JOB_STEPID, &step.stepid) != ESPANK_SUCCESS) {
+		slurm_error("spank_berth: cannot read the step id");
+		return -1;
+	}
+	if (step.stepid == SLURM_BATCH_SCRIPT && conf.sbatch_support &&
+	    !flags_want_container(&flags) && flags.environment == NULL &&
+	    batch_options_from_env(sp) < 0)
+		return -1;
 	if (!flags_want_container(&flags) && flags.environment == NULL)
 		return 0;
 	if (spank_get_item(sp, S_JOB_UID, &step.uid) != ESPANK_SUCCESS ||
@@ -541,11 +592,12 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	if (flags.environment != NULL && node_environment(sp) < 0)
 		return -1;
 	/* runtime_path is root's; the per-user dir below it is the user's (pyxis#4). */
-	if (make_dir(conf.runtime_path, 0755, 0, 0) < 0 ||
+	if (step_label(step.label, sizeof(step.label), step.jobid, step.stepid) < 0 ||
+	    make_dir(conf.runtime_path, 0755, 0, 0) < 0 ||
 	    path_join(step.user_dir, "%s/%u", conf.runtime_path, (unsigned)step.uid) < 0 ||
 	    make_dir(step.user_dir, 0700, step.uid, step.gid) < 0 ||
 	    path_join(step.state_dir, "%s/spank", step.user_dir) < 0 ||
-	    path_join(step.step_dir, "%s/%u.%u", step.state_dir, step.jobid, step.stepid) < 0)
+	    path_join(step.step_dir, "%s/%s", step.state_dir, step.label) < 0)
 		return -1;
 	if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &step.tasks_left) != ESPANK_SUCCESS) {
 		slurm_error("spank_berth: cannot read the step's task count");
@@ -1297,6 +1349,34 @@ static char *mount_arg(spank_t sp, const char *entry)
 	return out;
 }
 
+/*
+ * slurmstepd execs the batch script from its spool dir (argv[0]) after
+ * task_init, by then inside the container: "DIR:DIR" of that dir, or "" for
+ * other steps. -1 (logged) when the batch step has no script path.
+ */
+static int batch_script_mount(spank_t sp, char *out, size_t outlen)
+{
+	char **argv = NULL;
+	const char *slash;
+	int argc = 0, n;
+
+	out[0] = '\0';
+	if (step.stepid != SLURM_BATCH_SCRIPT)
+		return 0;
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1 ||
+	    argv[0][0] != '/' || (slash = strrchr(argv[0], '/')) == argv[0]) {
+		slurm_error("spank_berth: the batch step has no script path to mount");
+		return -1;
+	}
+	n = snprintf(out, outlen, "%.*s:%.*s", (int)(slash - argv[0]), argv[0],
+		     (int)(slash - argv[0]), argv[0]);
+	if (n < 0 || (size_t)n >= outlen) {
+		slurm_error("spank_berth: the batch script path %s is too long", argv[0]);
+		return -1;
+	}
+	return 0;
+}
+
 static void set_override(char **env, int *n, char *storage, const char *key, enum tristate value)
 {
 	if (value == UNSET)
@@ -1309,6 +1389,7 @@ static void set_override(char **env, int *n, char *storage, const char *key, enu
 static int start_keeper(spank_t sp, const char *target, int report)
 {
 	char log_path[PATH_MAX], pmix_dir[PATH_MAX], pmix_mount[2 * PATH_MAX + 2];
+	char script_mount[2 * PATH_MAX + 2];
 	char home[64], remap[64], writable[64];
 	char **overrides = NULL;
 	int noverrides = 0;
@@ -1327,7 +1408,7 @@ static int start_keeper(spank_t sp, const char *target, int report)
 		nenv += *p == '\n';
 	for (const char *p = flags.hook_env; p && *p; p++)
 		nhooks += *p == '\n';
-	argv = calloc(2 * nmounts + 2 * nenv + 13, sizeof(*argv));
+	argv = calloc(2 * nmounts + 2 * nenv + 15, sizeof(*argv));
 	overrides = calloc(nhooks + 3, sizeof(*overrides));
 	mount_args = calloc(nmounts, sizeof(*mount_args));
 	if (argv == NULL || overrides == NULL || mount_args == NULL ||
@@ -1374,6 +1455,12 @@ static int start_keeper(spank_t sp, const char *target, int report)
 		snprintf(pmix_mount, sizeof(pmix_mount), "%s:%s", pmix_dir, pmix_dir);
 		argv[argc++] = "-m";
 		argv[argc++] = pmix_mount;
+	}
+	if (batch_script_mount(sp, script_mount, sizeof(script_mount)) < 0)
+		goto out;
+	if (script_mount[0] != '\0') {
+		argv[argc++] = "-m";
+		argv[argc++] = script_mount;
 	}
 	argv[argc++] = (char *)target;
 	if (path_join(log_path, "%s/start.log", step.step_dir) < 0)
@@ -1532,6 +1619,34 @@ out:
 	return rc;
 }
 
+/* "JOBID.STEPID" or "JOBID.batch": the name of an unnamed step's container. */
+static int is_step_label(const char *name)
+{
+	size_t jobid = strspn(name, "0123456789");
+	const char *stepid = name + jobid + 1;
+
+	return jobid > 0 && name[jobid] == '.' &&
+	       (strcmp(stepid, "batch") == 0 ||
+		(*stepid != '\0' && stepid[strspn(stepid, "0123456789")] == '\0'));
+}
+
+/*
+ * An unnamed step's running container is recorded as <prefix>_JOBID.STEPID,
+ * so that --container-name=JOBID.STEPID attaches to it (as pyxis names it).
+ */
+static int record_unnamed(void)
+{
+	char named[PATH_MAX], pidfile[PATH_MAX];
+
+	if (path_join(named, "%s/named", step.state_dir) < 0 ||
+	    make_dir(named, 0700, step.uid, step.gid) < 0 ||
+	    path_join(pidfile, "%s/%s_%s.pid", named, conf.container_prefix, step.label) < 0 ||
+	    write_pidfile(pidfile, step.container_pid) < 0)
+		return -1;
+	strcpy(step.pidfile, pidfile);
+	return 0;
+}
+
 /* Import, create and start this step's container; -1 (logged) on failure. */
 static int setup_container(spank_t sp)
 {
@@ -1543,7 +1658,8 @@ static int setup_container(spank_t sp)
 	    make_dir(step.step_dir, 0700, step.uid, step.gid) < 0)
 		return -1;
 	if (flags.name != NULL) {
-		n = conf.container_scope_job
+		/* a step's container is the job's already: no job scope prefix */
+		n = conf.container_scope_job && !is_step_label(flags.name)
 			? snprintf(step.container, sizeof(step.container), "%s_%u_%s",
 				   conf.container_prefix, step.jobid, flags.name)
 			: snprintf(step.container, sizeof(step.container), "%s_%s",
@@ -1557,14 +1673,14 @@ static int setup_container(spank_t sp)
 	if (resolve_image(sp, sqsh) < 0)
 		return -1;
 	if (flags.save == NULL)
-		return start_keeper(sp, sqsh, 1);
+		return start_keeper(sp, sqsh, 1) < 0 ? -1 : record_unnamed();
 	/* Saving needs a container on disk; a mounted image leaves nothing to save. */
-	snprintf(step.container, sizeof(step.container), "%s_%u.%u", conf.container_prefix,
-		 step.jobid, step.stepid);
+	snprintf(step.container, sizeof(step.container), "%s_%s", conf.container_prefix,
+		 step.label);
 	if (run(sp, "berth create", create_argv, NULL, 0, NULL) < 0)
 		return -1;
 	step.remove_container = 1;
-	return start_keeper(sp, step.container, 1);
+	return start_keeper(sp, step.container, 1) < 0 ? -1 : record_unnamed();
 }
 
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
@@ -2013,7 +2129,8 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 /* container_scope=job: the job's named containers end with it (slurmd's epilog, as root). */
 int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
-	char out[65536], prefix[CONTAINER_PREFIX_MAX + 16], *line, *save = NULL;
+	char out[65536], prefix[CONTAINER_PREFIX_MAX + 16], steps[CONTAINER_PREFIX_MAX + 16];
+	char *line, *save = NULL;
 	char *list_argv[] = { conf.berth, "list", NULL };
 	char err[ERR_LEN];
 	int rc = 0;
@@ -2033,12 +2150,15 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 	}
 	if (run(sp, "berth list", list_argv, out, sizeof(out), NULL) < 0)
 		return -1;
+	/* NAME, and JOBID.STEPID made by attaching to a step that was gone */
 	snprintf(prefix, sizeof(prefix), "%s_%u_", conf.container_prefix, step.jobid);
+	snprintf(steps, sizeof(steps), "%s_%u.", conf.container_prefix, step.jobid);
 	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
 		char *remove_argv[] = { conf.berth, "remove", "-f", line, NULL };
 
 		/* gone meanwhile (the user removed it): nothing left to do */
-		if (strncmp(line, prefix, strlen(prefix)) == 0 &&
+		if ((strncmp(line, prefix, strlen(prefix)) == 0 ||
+		     strncmp(line, steps, strlen(steps)) == 0) &&
 		    run(sp, "berth remove", remove_argv, NULL, 0, NULL) < 0 &&
 		    container_exists(sp, line) != 0)
 			rc = -1;

@@ -67,7 +67,9 @@ def test_plugin_exports_spank_entry_points(build):
 def test_plugin_identifies_itself_to_this_slurm(build):
     # RTLD_LAZY: the slurm_* functions it calls come from srun/slurmstepd.
     lib = ctypes.CDLL(str(build / "spank_berth.so"), mode=os.RTLD_LAZY)
-    assert (ctypes.c_char * 32).in_dll(lib, "plugin_name").value == b"spank_berth"
+    # pyxis's name: Slurm names the job's option variables after it
+    # (SLURM_SPANK__SLURM_SPANK_OPTION_pyxis_container_image), and scripts use them.
+    assert (ctypes.c_char * 32).in_dll(lib, "plugin_name").value == b"pyxis"
     assert (ctypes.c_char * 32).in_dll(lib, "plugin_type").value == b"spank"
     assert ctypes.c_uint.in_dll(lib, "plugin_version").value == _slurm_version_number()
 

@@ -168,14 +168,23 @@ check "PYXIS_CONTAINER_IMAGE acts as the flag" "PYXIS_CONTAINER_IMAGE=/srv/img.s
 check "PYXIS_CONTAINER_WORKDIR acts as the flag" "PYXIS_CONTAINER_IMAGE=/srv/img.sqsh PYXIS_CONTAINER_WORKDIR=/tmp srun pwd" "/tmp"
 check "a flag wins over its PYXIS_ variable" "PYXIS_CONTAINER_WORKDIR=/tmp srun $img --container-workdir=/etc pwd" "/etc"
 check "PYXIS_CONTAINER_MOUNTS" "PYXIS_CONTAINER_MOUNTS=/srv/data:/data srun $img cat /data/hello" "hello-from-host"
-check "sbatch with PYXIS_CONTAINER_IMAGE: its steps run in the image" "PYXIS_CONTAINER_IMAGE=/srv/img.sqsh sbatch -W -o pxs.txt --wrap 'srun cat /etc/os-release' >/dev/null && cat pxs.txt" "ID=berth-test"
+check "sbatch with PYXIS_CONTAINER_IMAGE: the batch script runs in the image" "PYXIS_CONTAINER_IMAGE=/srv/img.sqsh sbatch -W -o pxs.txt --wrap 'cat /etc/os-release' >/dev/null && cat pxs.txt" "ID=berth-test"
 check "two tasks, one container each node" "srun -n2 $img cat /etc/os-release | grep -c berth-test" "2"
 check "relative image path" "cp /srv/img.sqsh rel.sqsh && srun --container-image=./rel.sqsh cat /etc/os-release" "ID=berth-test"
 
 check "PMIx server dir visible at the same path" "srun --mpi=pmix $img sh -c 'test -d \$PMIX_SERVER_TMPDIR && echo pmix-dir-ok'" "pmix-dir-ok"
 check "PMIX_MCA_* forms passed" "srun --mpi=pmix $img env" "PMIX_MCA_gds="
 
-check "sbatch flags reach the job's srun steps" "sbatch -W -o out.txt $img --wrap 'srun cat /etc/os-release' >/dev/null && cat out.txt" "ID=berth-test"
+check "sbatch --container-image: the batch script runs in the image" "sbatch -W -o out.txt $img --wrap 'cat /etc/os-release' >/dev/null && cat out.txt" "ID=berth-test"
+check "sbatch --export=NONE --container-image: the batch script still runs in the image" "sbatch -W -o none.txt --export=NONE $img --wrap 'cat /etc/os-release' >/dev/null && cat none.txt" "ID=berth-test"
+# what an srun inside reads its flags from, under pyxis's name
+check "sbatch flags reach the batch script's environment for its sruns" "sbatch -W -o opt.txt $img --wrap 'echo opt=\$SLURM_SPANK__SLURM_SPANK_OPTION_pyxis_container_image' >/dev/null && cat opt.txt" "opt=/srv/img.sqsh"
+check "sbatch without flags: the script on the host, its srun steps in the image" "sbatch -W -o host.txt --wrap 'test -x /usr/bin/sbatch && echo on-host; srun $img cat /etc/os-release' >/dev/null && cat host.txt" "on-host
+ID=berth-test"
+# a step's container joined from another step of the job, by JOBID.STEPID
+check "an unnamed step's container joined as JOBID.STEPID" "sbatch -W -o join.txt --wrap 'srun $img --container-remap-root sh -c \"mount -t tmpfs none /mnt && touch /mnt/flag && sleep 8\" & sleep 4; srun --overlap --container-name=\$SLURM_JOB_ID.0:exec ls /mnt; wait' >/dev/null && cat join.txt" "flag"
+check "the batch step's container joined as JOBID.batch" "sbatch -W -o joinb.txt $img --container-remap-root --wrap 'mount -t tmpfs none /mnt && touch /mnt/batch-flag && sleep 8' >/dev/null & sleep 4; id=\$(squeue -h -u alice -o %i | head -1); srun --jobid=\$id --overlap --container-name=\$id.batch:exec ls /mnt; wait" "batch-flag"
+check "JOBID.STEPID of no running step" "srun --container-name=999.0:exec true" "'999.0' is not running on this node"
 
 # nothing listens on localhost:1: the runtime's import fails at once
 check "a failed import says so in pyxis's words, once per node and step" "srun -n2 --container-image=localhost:1#no/such:1 true 2>&1 | grep -c 'spank_berth: failed to import docker image: docker://localhost:1#no/such:1'" "1"
@@ -235,14 +244,15 @@ check "--environment env beats the image's" "$edf env" "IMAGE_VAR=edf-beats-imag
 check "--environment env beats the task's" "EDF_CLASH=task $edf env" "EDF_CLASH=edf-beats-task"
 check "flag mounts go after (inside) the EDF's" "$edf --container-mounts=/srv/registry:/data/sub ls /data/sub" "image.sqsh"
 # resolved once at submission: the steps run after the file and \${EDF_SRC} are gone
-check "sbatch --environment, resolved at submission only" "EDF_SRC=/srv/data sbatch -W -o edf.txt --environment=once --wrap 'rm ~/.edf/once.*; unset EDF_SRC; srun cat /data/hello; srun pwd' >/dev/null; cat edf.txt" "hello-from-host
+# held until its EDF file is gone: the batch script runs in the EDF resolved at submission
+check "sbatch --environment, resolved at submission only" "id=\$(EDF_SRC=/srv/data sbatch -H --parsable -o edf.txt --environment=once --wrap 'cat /data/hello; pwd'); rm ~/.edf/once.*; scontrol release \$id; while squeue -h -j \$id 2>/dev/null | grep -q .; do sleep 1; done; cat edf.txt" "hello-from-host
 /data"
 check "salloc --environment" "EDF_SRC=/srv/data salloc -Q --environment=e2e srun cat /data/hello" "hello-from-host"
 if [[ $mode == real ]]; then
     check "--environment \${VAR} from the submitter" "EDF_SRC=/srv/registry srun --environment=e2e ls /data" "image.sqsh"
     check "--environment annotations reach the hooks" "$edf env" "HOOK_SAW=vanilla"
     check "--environment=PATH.toml" "EDF_SRC=/srv/data srun --environment=/home/alice/.edf/e2e.toml cat /data/hello" "hello-from-host"
-    check "sbatch --export=NONE: each srun resolves in the batch's environment" "EDF_SRC=/srv/data sbatch -W -o exn.txt --export=NONE --environment=e2e --wrap 'srun true' >/dev/null; cat exn.txt" "\${EDF_SRC} in 'mounts' is not set"
+    check "sbatch --export=NONE: the batch step still gets the EDF of submission" "EDF_SRC=/srv/data sbatch -W -o exn.txt --export=NONE --environment=e2e --wrap 'cat /data/hello' >/dev/null; cat exn.txt" "hello-from-host"
 fi
 before=$(jobs_so_far)
 check "missing EDF refused" "sbatch --environment=nothere --wrap true" "spank_berth: --environment: environment 'nothere' not found"
