@@ -89,8 +89,12 @@ def find(ref, environ, relative_to=None):
 
 
 def search_path(environ):
-    """$EDF_PATH's directories, then ~/.edf."""
+    """$EDF_PATH's directories, then ~/.edf. A relative entry is refused, as
+    the CSCS engine does: it would mean another directory on every node."""
     dirs = [Path(d) for d in environ.get("EDF_PATH", "").split(":") if d]
+    for d in dirs:
+        if not d.is_absolute():
+            raise BerthError(f"EDF_PATH: '{d}' is not an absolute path")
     home = environ.get("HOME") or os.path.expanduser("~")
     return [*dirs, Path(home) / ".edf"]
 

@@ -136,6 +136,13 @@ def test_edf_path_order_then_home(site):
     assert resolve(site, "mine", EDF_PATH=path)["image"] == "home"
 
 
+def test_edf_path_relative_entry_refused(site):
+    (site / "edf").mkdir(exist_ok=True)
+    write(site / "edf", "env.toml", 'image = "x"\n')
+    with pytest.raises(BerthError, match=r"^EDF_PATH: 'edf' is not an absolute path$"):
+        resolve(site, "env", EDF_PATH=f"{site / 'edf'}:edf")
+
+
 def test_paths_and_relative_parents(site, monkeypatch):
     other = site / "other"
     other.mkdir()
