@@ -31,7 +31,9 @@ def _add_import(sub):
     p.add_argument("--dry-run", action="store_true",
                    help="print where the image would be fetched from (each registry "
                         "endpoint in the order tried, after registries.conf) and stop")
-    p.add_argument("uri", help="docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]")
+    p.add_argument("uri", help="docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], "
+                               "docker-archive:PATH[:NAME:TAG|:@N], oci-archive:PATH[:REF] "
+                               "or oci:DIR[:REF]")
 
 
 def _add_create(sub):

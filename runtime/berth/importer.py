@@ -1,6 +1,6 @@
-"""`berth import`: a registry image to a self-describing squashfs file.
-Registry references go through the admin's registries.conf rules
-(registries.py): mirrors, rewrites, blocks.
+"""`berth import`: a registry image, or an image archive (archive.py), to a
+self-describing squashfs file. Registry references go through the admin's
+registries.conf rules (registries.py): mirrors, rewrites, blocks.
 
 The image comes from the image cache, made there first when missing (see
 pull.py), and is copied into place. --cache-only prints the cached file's
@@ -15,7 +15,7 @@ import contextlib
 import os
 import signal
 
-from berth import reference, registries, safedir, squash
+from berth import archive, reference, registries, safedir, squash
 from berth.errors import BerthError
 from berth.imagecache import ImageCache
 
@@ -42,16 +42,24 @@ def _terminated(signum, frame):
 
 
 def _import(args, cfg):
-    ref = reference.parse(args.uri)
-    # Blocked, or a broken registries.conf: refused before any request,
-    # and before --reuse serves what an earlier rule let in.
-    rules = registries.load(cfg["ENROOT_SYSCONF_PATH"])
-    if args.dry_run:
-        lines = rules.describe(ref)
-        print("\n".join(lines))
-        return 0 if any(not line.startswith("blocked:") for line in lines) else 1
-    rules.endpoints(ref)
-    default = reference.default_output(args.uri)
+    if archive.is_archive(args.uri):
+        ref = archive.parse(args.uri)
+        args.uri = ref.uri  # the absolute path: what the cache and image config record
+        if args.dry_run:
+            print(f"{ref} (a local archive: no registry is asked)")
+            return 0
+        default = archive.default_output(ref)
+    else:
+        ref = reference.parse(args.uri)
+        # Blocked, or a broken registries.conf: refused before any request,
+        # and before --reuse serves what an earlier rule let in.
+        rules = registries.load(cfg["ENROOT_SYSCONF_PATH"])
+        if args.dry_run:
+            lines = rules.describe(ref)
+            print("\n".join(lines))
+            return 0 if any(not line.startswith("blocked:") for line in lines) else 1
+        rules.endpoints(ref)
+        default = reference.default_output(args.uri)
     safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
     if args.cache_only:
         output = replace = None
@@ -82,6 +90,10 @@ def _cached_image(args, cfg, ref):
             if image is not None:
                 yield image
                 return
+    if isinstance(ref, archive.Archive):
+        with archive.cached_image(args, cfg, ref, images, options) as image:
+            yield image
+        return
     from berth import pull  # (only now: its imports are most of a reuse's time)
     with pull.cached_image(args, cfg, ref, images, options) as image:
         yield image
