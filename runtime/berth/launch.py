@@ -159,12 +159,13 @@ def _build(plan, status):
     for path in plan.env_files:
         environ.read_file(path, env)
     env.update(image["env"])
-    for mount in rootfs.system_mounts(plan.restrict_dev) + plan.mounts:
+    private_dev = bool(plan.unshare & sc.CLONE_NEWIPC)
+    links = rootfs.dev_links(plan.restrict_dev, private_dev)
+    for mount in rootfs.system_mounts(plan.restrict_dev, private_dev) + plan.mounts:
         server = mounts.apply(root, mount)  # a sqsh mount's squashfuse
         if server:
             _send(status, f"fuse {server}")
-    if plan.restrict_dev:
-        rootfs.finish_restricted_dev(root)
+    rootfs.make_dev_links(root, links)
     if plan.hooks:
         _run_hooks(plan, root, env)
     env.update(plan.env)

@@ -151,32 +151,62 @@ def mount_overlay(lower, target, scratch):
                          f"and fuse-overlayfs failed: {e}") from None
 
 
-def system_mounts(restrict_dev):
-    """/proc, /dev, /sys and /tmp of every container, as Mounts.
+def system_mounts(restrict_dev, private_dev=False):
+    """/proc, /dev, /sys and /tmp of every container, as Mounts, and the
+    links to make in /dev after them (dev_links).
 
-    A new pid or net namespace later gets its own proc or sysfs on top
-    (see isolate): the host's would show the host's processes or devices."""
-    def m(source, target, fstype, options):
-        return mounts.Mount(source, target, fstype, tuple(options.split(",")), "built-in mounts")
+    /dev is the host's, bound; with restrict_dev a tmpfs holding a few
+    device nodes; with private_dev (a new ipc namespace) a tmpfs holding
+    the host's entries, each bound: what the container makes in /dev, its
+    own /dev/mqueue among them, stays its own. A new pid or net namespace
+    later gets its own proc or sysfs on top (see isolate): the host's would
+    show the host's processes or devices."""
     if restrict_dev:
-        dev = [m("tmpfs", "/dev", "tmpfs", "nosuid,noexec,mode=0755,x-create=dir")]
-        dev += [m(f"/dev/{n}", f"/dev/{n}", "none", "bind,x-create=file") for n in _DEV_NODES]
-        dev += [m("/dev/pts", "/dev/pts", "none", "rbind,x-create=dir"),
-                m("tmpfs", "/dev/shm", "tmpfs", "nosuid,nodev,mode=1777,x-create=dir")]
+        dev = [_mount("tmpfs", "/dev", "tmpfs", "nosuid,noexec,mode=0755,x-create=dir")]
+        dev += [_mount(f"/dev/{n}", f"/dev/{n}", "none", "bind,x-create=file") for n in _DEV_NODES]
+        dev += [_mount("/dev/pts", "/dev/pts", "none", "rbind,x-create=dir"),
+                _mount("tmpfs", "/dev/shm", "tmpfs", "nosuid,nodev,mode=1777,x-create=dir")]
+    elif private_dev:
+        dev = [_mount("tmpfs", "/dev", "tmpfs", "nosuid,mode=0755,x-create=dir")]
+        for entry in _host_dev():
+            if entry.name in ("shm", "mqueue") or entry.is_symlink():
+                continue  # made anew: by isolate, or by dev_links
+            kind = "rbind,x-create=dir" if entry.is_dir() else "bind,x-create=file"
+            dev.append(_mount(entry.path, entry.path, "none", f"{kind},nofail"))
+        dev.append(_mount("tmpfs", "/dev/shm", "tmpfs", "nosuid,nodev,mode=1777,x-create=dir"))
     else:
-        dev = [m("/dev", "/dev", "none", "rbind,x-create=dir")]
-    return [m("/proc", "/proc", "none", "rbind,x-create=dir"), *dev,
-            m("/sys", "/sys", "none", "rbind,x-create=dir"),
+        dev = [_mount("/dev", "/dev", "none", "rbind,x-create=dir")]
+    return [_mount("/proc", "/proc", "none", "rbind,x-create=dir"), *dev,
+            _mount("/sys", "/sys", "none", "rbind,x-create=dir"),
             # rbind: a plain bind of a /tmp with anything mounted below it (any
             # user's FUSE mount) is refused in a user namespace (EINVAL)
-            m("/tmp", "/tmp", "none", "rbind,x-create=dir")]
+            _mount("/tmp", "/tmp", "none", "rbind,x-create=dir")]
 
 
-def finish_restricted_dev(root):
+def _mount(source, target, fstype, options):
+    return mounts.Mount(source, target, fstype, tuple(options.split(",")), "built-in mounts")
+
+
+def _host_dev():
+    return sorted(os.scandir("/dev"), key=lambda entry: entry.name)
+
+
+def dev_links(restrict_dev, private_dev=False):
+    """(name, target) of the symbolic links a tmpfs /dev needs: the usual
+    ones, or with private_dev the host's own."""
+    if restrict_dev:
+        return [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
+                ("ptmx", "pts/ptmx")]
+    if private_dev:
+        return [(entry.name, os.readlink(entry.path)) for entry in _host_dev()
+                if entry.is_symlink()]
+    return []
+
+
+def make_dev_links(root, links):
     dev = rootpath.resolve(root, "dev", follow_last=True)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
-                         ("ptmx", "pts/ptmx")):
+    for name, target in links:
         os.symlink(target, f"{dev}/{name}")
 
 
