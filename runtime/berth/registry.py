@@ -79,8 +79,11 @@ class Registry:
         self.retries = _not_negative(cfg, "ENROOT_TRANSFER_RETRIES")
         self.session = requests.Session()
         self.session.headers["User-Agent"] = "berth"
+        # Per request: requests lets REQUESTS_CA_BUNDLE override a session's
+        # verify=False, never an explicit argument.
+        self.tls = {}
         if insecure:
-            self.session.verify = False
+            self.tls = {"verify": False}
             urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         # Connection pool as large as the parallel downloads, so none waits.
         adapter = requests.adapters.HTTPAdapter(
@@ -158,7 +161,7 @@ class Registry:
         login = self._login(host, host.split(":")[0], realm_host)
         try:
             response = self.session.get(realm, params=query, auth=login, timeout=self.timeout,
-                                        stream=True)
+                                        stream=True, **self.tls)
         except requests.RequestException as e:
             raise BerthError(f"token service {realm}: {_reason(e)}") from None
         if response.status_code != 200:
@@ -204,7 +207,8 @@ class Registry:
             last = attempt == self.retries
             try:
                 # Streamed always: no body is read whole before its size is checked.
-                response = self.session.get(url, timeout=self.timeout, stream=True, **kwargs)
+                response = self.session.get(url, timeout=self.timeout, stream=True, **self.tls,
+                                            **kwargs)
             except requests.exceptions.SSLError as e:
                 if not self.base:
                     raise  # connect() is finding out whether the registry speaks TLS

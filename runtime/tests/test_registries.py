@@ -7,10 +7,14 @@ The files here are written for these tests in the shapes sites use with
 podman, CRI-O and skopeo (containers-registries.conf v2)."""
 
 import shutil
+import ssl
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import Proxy, Registry, berth, free_port, gzipped, layer_tar  # noqa: E402
@@ -452,3 +456,39 @@ def test_short_name_through_the_search_registries(tmp_path, env, origin, mirror)
     assert result.returncode == 0, result.stderr
     assert manifests(mirror) == ["/v2/mirrored/test/app/manifests/v1"]
     assert origin.requests == []
+
+
+@needs_registry
+@pytest.mark.skipif(not shutil.which("openssl"), reason="needs openssl")
+def test_insecure_skips_tls_verification_of_that_endpoint(tmp_path, env, registry, origin):
+    """A mirror with a self-signed certificate: refused unless `insecure`."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    tls = Proxy(registry.url)
+    tls.server.shutdown()  # serve again, over TLS
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    tls.server.socket = context.wrap_socket(tls.server.socket, server_side=True)
+    tls.thread = threading.Thread(target=tls.server.serve_forever, daemon=True)
+    tls.thread.start()
+    # (requests lets REQUESTS_CA_BUNDLE undo a session's verify=False: set it)
+    env = dict(env, ENROOT_ALLOW_HTTP="no", REQUESTS_CA_BUNDLE=requests.certs.where())
+    uri = f"docker://{origin.host}#test/app:v1"
+    try:
+        for insecure in ("false", "true"):
+            conf(env, f'[[registry]]\nprefix = "{origin.host}"\n'
+                      f'[[registry.mirror]]\nlocation = "{tls.host}/mirrored"\n'
+                      f'insecure = {insecure}\n')
+            result = berth(["-q", "import", "--cache-only", uri], env, tmp_path)
+            if insecure == "false":
+                assert result.returncode == 1, result.stderr
+                assert f"{tls.host}/mirrored/test/app:v1: registry {tls.host} does not speak " \
+                       "HTTPS ([SSL: CERTIFICATE_VERIFY_FAILED]" in result.stderr
+                assert tls.requests == []
+            else:
+                assert result.returncode == 0, result.stderr
+                assert manifests(tls) == ["/v2/mirrored/test/app/manifests/v1"]
+    finally:
+        tls.stop()
