@@ -19,7 +19,7 @@ description:
 version_added: "0.1.0"
 options:
   src:
-    description: Directory with C(spank_berth.c), C(options.c), C(options.h), C(seccomp_filter.h) and the C(Makefile), on the managed node.
+    description: Directory with the plugin's sources (the C(.c) and C(.h) files of C(spank/) and its C(Makefile)), on the managed node.
     type: path
     required: true
   dest:
@@ -91,7 +91,11 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
-SOURCES = ("Makefile", "options.c", "options.h", "seccomp_filter.h", "spank_berth.c")
+# spank/Makefile's PLUGIN_SRC and HEADERS, and the Makefile (tests/test_spank_role.py
+# holds this list, the Makefile's and roles/spank_plugin's equal).
+SOURCES = ("Makefile", "spank_berth.c", "options.c", "submit.c", "container.c", "keeper.c",
+           "child.c", "task.c", "stepend.c", "paths.c", "options.h", "submit.h", "container.h",
+           "keeper.h", "child.h", "task.h", "stepend.h", "paths.h", "step.h", "seccomp_filter.h")
 SLURM_PROGRAMS = ("slurmd", "slurmctld", "srun")
 
 

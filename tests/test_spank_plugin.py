@@ -64,6 +64,23 @@ def test_plugin_exports_spank_entry_points(build):
         assert name in symbols, name
 
 
+def test_plugin_keeps_its_modules_functions_to_itself(build):
+    """The functions the plugin's modules share (their headers, all but
+    options.h) are not exported: an exported one would be bound to the
+    loading program's symbol of the same name, and slurmstepd exports a
+    setup_container of its own."""
+    exported = set(subprocess.run(
+        ["nm", "-D", "--defined-only", build / "spank_berth.so"],
+        check=True, capture_output=True, text=True,
+    ).stdout.split())
+    shared = set()
+    for header in SPANK.glob("*.h"):
+        if header.name != "options.h":
+            shared |= set(re.findall(r"^[a-z][\w ]*?[ *]+(\w+)\(", header.read_text(), re.M))
+    assert "setup_container" in shared and "run_cmd" in shared
+    assert not shared & exported
+
+
 def test_plugin_identifies_itself_to_this_slurm(build):
     # RTLD_LAZY: the slurm_* functions it calls come from srun/slurmstepd.
     lib = ctypes.CDLL(str(build / "spank_berth.so"), mode=os.RTLD_LAZY)

@@ -2,6 +2,7 @@
 (validate.yml and config.yml; the build is library/berth_spank.py's test), and
 the written berth.conf read back by a real srun loading the plugin."""
 
+import ast
 import json
 import os
 import re
@@ -127,6 +128,74 @@ def test_the_role_knows_exactly_the_plugins_plugstack_keys():
     assert c_keys == role_keys
     for kind in ("path", "bool", "seconds", "name"):
         assert f"spank_plugin_{kind}_keys" in role["spank_plugin_known_keys"]
+
+
+def _makefile_list(name):
+    """A `NAME = a b \\` list of spank/Makefile, continuation lines included."""
+    text = (REPO / "spank/Makefile").read_text().replace("\\\n", " ")
+    return re.search(rf"^{name} = (.*)$", text, re.M).group(1).split()
+
+
+def test_every_build_of_the_plugin_takes_the_same_sources():
+    """spank/Makefile, the module that builds on each node and the role that
+    copies the sources there name the same files, and every .c and .h of
+    spank/ is one of them: a file added to the plugin reaches the nodes."""
+    makefile = {"Makefile", *_makefile_list("PLUGIN_SRC"), *_makefile_list("HEADERS")}
+    module = ast.parse((REPO / "library/berth_spank.py").read_text())
+    sources = next(node.value for node in module.body if isinstance(node, ast.Assign)
+                   and node.targets[0].id == "SOURCES")
+    role = yaml.safe_load((REPO / "roles/spank_plugin/vars/main.yml").read_text())
+    on_disk = {p.name for p in (REPO / "spank").iterdir() if p.suffix in (".c", ".h")}
+    assert set(ast.literal_eval(sources)) == makefile
+    assert set(role["spank_plugin_sources"]) == makefile
+    assert on_disk | {"Makefile"} == makefile
+
+
+def _c_default(key):
+    """The plugin's built-in value of a plugstack key (conf_defaults in options.c)."""
+    text = (REPO / "spank/options.c").read_text()
+    return re.search(rf'strcpy\(conf->{key}, "([^"]+)"\);', text).group(1)
+
+
+def test_plugin_and_runtime_role_share_the_run_root_and_the_runtime():
+    """runtime_path's default (/run/berth) is the root under which the
+    container_runtime role puts each user's ENROOT_RUNTIME_PATH
+    (<root>/${UID}): the plugin makes <runtime_path>/<uid> for the runtime.
+    berth's default is where that role installs the runtime."""
+    runtime_defaults = yaml.safe_load((REPO / "roles/container_runtime/defaults/main.yml").read_text())
+    runtime_vars = yaml.safe_load((REPO / "roles/container_runtime/vars/main.yml").read_text())
+    install = yaml.safe_load((REPO / "roles/container_runtime/tasks/install.yml").read_text())
+    spank_vars = (REPO / "roles/spank_plugin/vars/main.yml").read_text()
+    effective = re.search(r"\{\{ (\{.*?\}) \| combine", spank_vars).group(1)
+    spank_defaults = ast.literal_eval(effective)
+
+    run_root = _c_default("runtime_path")
+    assert run_root == "/run/berth"
+    assert spank_defaults["runtime_path"] == run_root
+    assert runtime_defaults["container_runtime_run_root"] == run_root
+    assert (runtime_vars["container_runtime_enroot_conf_base"]["ENROOT_RUNTIME_PATH"]
+            == "{{ container_runtime_run_root }}/${UID}")
+
+    berth = _c_default("berth")
+    assert spank_defaults["berth"] == berth
+    assert berth in [task.get("ansible.builtin.file", {}).get("dest") for task in install]
+
+
+def test_plugin_role_and_runtime_take_the_same_booleans():
+    """parse_bool (options.c), the role's check of plugstack booleans and the
+    runtime's enroot.conf booleans accept the same words."""
+    text = (REPO / "spank/options.c").read_text()
+    c_words = {kind: re.findall(r'"([^"]+)"', re.search(
+        rf"static const char \*const {kind}\[\] = \{{(.*?)\}};", text).group(1))
+        for kind in ("yes", "no")}
+    role = yaml.safe_load((REPO / "roles/spank_plugin/vars/main.yml").read_text())
+    sys.path.insert(0, str(REPO / "runtime"))
+    try:
+        from berth import config
+    finally:
+        sys.path.pop(0)
+    assert set(c_words["yes"]) == set(role["spank_plugin_true_words"]) == config._TRUE
+    assert set(c_words["no"]) == set(role["spank_plugin_false_words"]) == config._FALSE
 
 
 def test_cleanup_timeout_reaches_berth_conf(tmp_path):

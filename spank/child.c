@@ -1,0 +1,524 @@
+/*
+ * See child.h. Every process the plugin forks on the node is the job user's
+ * (fork_user) and is held by a pidfd; the runtime is started one way only
+ * (spawn, and run_cmd to completion).
+ */
+#define _GNU_SOURCE
+#include "child.h"
+#include "paths.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef P_PIDFD
+#define P_PIDFD 3 /* waitid on a pidfd, Linux 5.4 */
+#endif
+
+/* A login's environment for the job user, where Slurm has no job env (epilog). */
+static char **login_env(const struct step *st)
+{
+	static char home[PATH_MAX + 8], user[64], logname[64];
+	static char path[] = "PATH=/usr/local/bin:/usr/bin:/bin";
+	static char *env[] = { home, user, logname, path, NULL };
+	char buf[4096];
+	struct passwd pw, *found = NULL;
+
+	if (getpwuid_r(st->uid, &pw, buf, sizeof(buf), &found) != 0 || found == NULL) {
+		slurm_error("spank_berth: no passwd entry for uid %u", (unsigned)st->uid);
+		return NULL;
+	}
+	snprintf(home, sizeof(home), "HOME=%s", pw.pw_dir);
+	snprintf(user, sizeof(user), "USER=%s", pw.pw_name);
+	snprintf(logname, sizeof(logname), "LOGNAME=%s", pw.pw_name);
+	return env;
+}
+
+/* NULL-terminated copy of the job env with KEY=VALUE overrides replacing their keys. */
+char **child_env(spank_t sp, const struct step *st, char **overrides, int noverrides)
+{
+	char **job_env = NULL;
+	char **env;
+	int n = 0, out = 0;
+
+	if (spank_get_item(sp, S_JOB_ENV, &job_env) != ESPANK_SUCCESS || job_env == NULL)
+		job_env = login_env(st);
+	if (job_env == NULL)
+		return NULL;
+	while (job_env[n] != NULL)
+		n++;
+	env = calloc((size_t)(n + noverrides + 1), sizeof(*env));
+	if (env == NULL) {
+		slurm_error("spank_berth: out of memory");
+		return NULL;
+	}
+	for (int i = 0; i < n; i++) {
+		int replaced = 0;
+
+		for (int j = 0; j < noverrides; j++) {
+			size_t keylen = strcspn(overrides[j], "=") + 1;
+
+			if (strncmp(job_env[i], overrides[j], keylen) == 0)
+				replaced = 1;
+		}
+		if (!replaced)
+			env[out++] = job_env[i];
+	}
+	for (int j = 0; j < noverrides; j++)
+		env[out++] = overrides[j];
+	return env;
+}
+
+/* How long root waits for a child that only reads a log for it. */
+#define READ_TIMEOUT_MS 10000
+
+long long now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Milliseconds until deadline (now_ms() time; -1: none) as a poll timeout. */
+static int ms_left(long long deadline)
+{
+	long long left;
+
+	if (deadline < 0)
+		return -1;
+	left = deadline - now_ms();
+	return left <= 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left;
+}
+
+/* Has the child exited within timeout_ms (-1: no limit)? 1: yes, 0: not yet. */
+int child_exited(const struct child *c, int timeout_ms)
+{
+	struct pollfd exited = { c->pidfd, POLLIN, 0 };
+	long long deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+	int r;
+
+	while ((r = poll(&exited, 1, ms_left(deadline))) < 0 && errno == EINTR)
+		;
+	if (r < 0) {
+		slurm_error("spank_berth: poll on process %ld: %m", (long)c->pid);
+		return 1;
+	}
+	return r > 0;
+}
+
+/*
+ * Still ours: running, or exited and reaped by nobody? Then neither its pid
+ * nor its process group id can have been given to another process.
+ * (slurmstepd's wait loop reaps any of its children that exits.)
+ */
+static int child_held(const struct child *c)
+{
+	siginfo_t info;
+
+	memset(&info, 0, sizeof(info));
+	return waitid((idtype_t)P_PIDFD, (id_t)c->pidfd, &info,
+		      WEXITED | WNOHANG | WNOWAIT) == 0;
+}
+
+/* Signal the child through its pidfd: a process gone is no error, nor is a reused pid a target. */
+void child_signal(const struct child *c, int sig)
+{
+	if (syscall(SYS_pidfd_send_signal, c->pidfd, sig, NULL, 0) < 0 && errno != ESRCH)
+		slurm_error("spank_berth: cannot send signal %d to process %ld: %m",
+			    sig, (long)c->pid);
+}
+
+/* Reap the child if it has exited and is still ours; forget it. */
+void child_release(struct child *c)
+{
+	siginfo_t info;
+
+	if (c->pidfd < 0)
+		return;
+	memset(&info, 0, sizeof(info));
+	while (waitid((idtype_t)P_PIDFD, (id_t)c->pidfd, &info, WEXITED | WNOHANG) < 0 &&
+	       errno == EINTR)
+		;
+	close(c->pidfd);
+	c->pidfd = -1;
+	c->pid = 0;
+}
+
+/*
+ * Wait for the child until deadline (now_ms() time, -1: none). Past it, its
+ * whole process group is killed (spawn gave it one) and the one line that
+ * says so names what and timeout_s. 0 and its wait status, or -1.
+ */
+int child_wait(struct child *c, long long deadline, const char *what, int timeout_s,
+	       int *status)
+{
+	siginfo_t info;
+	int rc = 0;
+
+	if (!child_exited(c, ms_left(deadline))) {
+		slurm_error("spank_berth: %s timed out after %d s; its processes were killed",
+			    what, timeout_s);
+		if (child_held(c) && kill(-c->pid, SIGKILL) < 0 && errno != ESRCH)
+			slurm_error("spank_berth: cannot kill process group %ld: %m", (long)c->pid);
+		child_signal(c, SIGKILL);
+		child_exited(c, 5000);
+		child_release(c);
+		return -1;
+	}
+	memset(&info, 0, sizeof(info));
+	while ((rc = waitid((idtype_t)P_PIDFD, (id_t)c->pidfd, &info, WEXITED)) < 0 &&
+	       errno == EINTR)
+		;
+	if (rc < 0)
+		slurm_error("spank_berth: %s: cannot get its exit status: %m", what);
+	else if (info.si_code == CLD_EXITED)
+		*status = (info.si_status & 0xff) << 8;
+	else
+		*status = info.si_status & 0x7f;
+	close(c->pidfd);
+	c->pidfd = -1;
+	c->pid = 0;
+	return rc < 0 ? -1 : 0;
+}
+
+/* The job's groups; in the epilog Slurm has no group list: the primary group will do. */
+static void job_groups(spank_t sp, const struct step *st, const gid_t **groups, int *ngroups)
+{
+	if (sp == NULL ||
+	    spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, groups, ngroups) != ESPANK_SUCCESS ||
+	    *groups == NULL || *ngroups < 0) {
+		*groups = &st->gid;
+		*ngroups = 1;
+	}
+}
+
+/*
+ * In a forked child: leave slurmstepd's identity for the job user's, for
+ * good. In user_init slurmstepd has switched only its effective uid (real
+ * and saved uid 0): root comes back first, so that the group list is set
+ * and nothing is left to switch back to. oom_score_adj is slurmstepd's
+ * (SLURMSTEPD_OOM_ADJ) until reset here to 0, as Slurm does for tasks,
+ * while /proc/self is still ours to write. Async-signal-safe calls only.
+ */
+static int become_user(const struct step *st, const gid_t *groups, int ngroups, int *oom_failed)
+{
+	static const char zero[] = "0\n";
+	int fd;
+
+	if (getuid() == 0 && geteuid() != 0 && seteuid(0) < 0)
+		return -1;
+	fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	*oom_failed = fd < 0 || write(fd, zero, sizeof(zero) - 1) != (ssize_t)sizeof(zero) - 1;
+	if (fd >= 0)
+		close(fd);
+	if (geteuid() == 0 && setgroups((size_t)ngroups, groups) < 0)
+		return -1;
+	if (setresgid(st->gid, st->gid, st->gid) < 0 ||
+	    setresuid(st->uid, st->uid, st->uid) < 0)
+		return -1;
+	if (st->uid != 0 && (geteuid() == 0 || setresuid((uid_t)-1, 0, (uid_t)-1) == 0))
+		return -1;
+	return 0;
+}
+
+/*
+ * Fork a child that is the job user (setgroups, setresgid, setresuid), in a
+ * process group of its own, with default signals. The parent holds it by a
+ * pidfd opened before the child may exit: the child waits for that on a
+ * pipe, and while it waits it is root's, out of the user's reach. Returns
+ * 0 in the child, 1 in the parent (c filled in), -1 (logged) on failure.
+ */
+int fork_user(struct child *c, const struct step *st, const gid_t *groups, int ngroups,
+	      int *oom_failed)
+{
+	int go[2] = { -1, -1 };
+	char ok = 1;
+	pid_t pid;
+
+	c->pid = 0;
+	c->pidfd = -1;
+	if (pipe2(go, O_CLOEXEC) < 0) {
+		slurm_error("spank_berth: pipe: %m");
+		return -1;
+	}
+	pid = fork();
+	if (pid == 0) {
+		sigset_t none;
+		ssize_t n;
+
+		/* slurmstepd's blocked and ignored signals must not reach the runtime */
+		for (int sig = 1; sig < NSIG; sig++)
+			signal(sig, SIG_DFL);
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		close(go[1]);
+		if (setpgid(0, 0) < 0)
+			_exit(EXIT_NO_USER);
+		while ((n = read(go[0], &ok, 1)) < 0 && errno == EINTR)
+			;
+		close(go[0]);
+		if (n != 1 || become_user(st, groups, ngroups, oom_failed) < 0)
+			_exit(EXIT_NO_USER);
+		return 0;
+	}
+	close(go[0]);
+	if (pid < 0) {
+		slurm_error("spank_berth: fork: %m");
+		close(go[1]);
+		return -1;
+	}
+	c->pid = pid;
+	c->pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (c->pidfd < 0 || write(go[1], &ok, 1) != 1) {
+		slurm_error("spank_berth: cannot hold process %ld by a pidfd: %m", (long)pid);
+		close(go[1]);
+		/* blocked on the pipe, unreaped: this pid is still our child's */
+		while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+			;
+		if (c->pidfd >= 0)
+			close(c->pidfd);
+		c->pidfd = -1;
+		c->pid = 0;
+		return -1;
+	}
+	close(go[1]);
+	return 1;
+}
+
+/*
+ * Start argv as the job user (fork_user). stdin/stdout of the child: the
+ * given fds (-1: /dev/null); stderr: log_path, opened as the user. Only
+ * async-signal-safe calls after fork: slurmstepd has threads. 0 or -1.
+ */
+int spawn(spank_t sp, const struct step *st, char *const argv[], char **env, int in_fd, int out_fd,
+	  const char *log_path, struct child *c)
+{
+	static const char oom_msg[] = "spank_berth: cannot reset oom_score_adj to 0\n";
+	const gid_t *groups = NULL;
+	int ngroups = 0, oom_failed = 0;
+	int null_fd, log_fd, forked;
+
+	job_groups(sp, st, &groups, &ngroups);
+	null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null_fd < 0) {
+		slurm_error("spank_berth: cannot open /dev/null: %m");
+		return -1;
+	}
+	forked = fork_user(c, st, groups, ngroups, &oom_failed);
+	if (forked == 0) {
+		log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+		if (log_fd < 0 || dup2(log_fd, 2) < 0 ||
+		    dup2(in_fd >= 0 ? in_fd : null_fd, 0) < 0 ||
+		    dup2(out_fd >= 0 ? out_fd : null_fd, 1) < 0)
+			_exit(EXIT_NO_LOG);
+		if (oom_failed && write(2, oom_msg, sizeof(oom_msg) - 1) < 0)
+			_exit(EXIT_NO_LOG);
+		/* slurmstepd's own fds are none of the runtime's business */
+		if (close_range(3, ~0U, 0) < 0)
+			for (int fd = 3; fd < 1024; fd++)
+				close(fd);
+		if (chdir(st->step_dir[0] ? st->step_dir : "/") < 0)
+			_exit(EXIT_NO_LOG);
+		execve(argv[0], argv, env);
+		_exit(127);
+	}
+	close(null_fd);
+	return forked < 0 ? -1 : 0;
+}
+
+/*
+ * The last (up to len - 1) bytes of a regular file below the user's tree,
+ * NUL-terminated; "" when there is none. Root reads it through a child that
+ * is the user: any directory on the way may be a link the user put there.
+ */
+static void read_user_tail(const struct step *st, const char *path, char *buf, size_t len)
+{
+	int pipe_fds[2] = { -1, -1 };
+	struct child reader;
+	size_t used = 0;
+	int oom_failed, status;
+	long long deadline;
+
+	buf[0] = '\0';
+	if (pipe2(pipe_fds, O_CLOEXEC) < 0) {
+		slurm_error("spank_berth: pipe: %m");
+		return;
+	}
+	switch (fork_user(&reader, st, &st->gid, 1, &oom_failed)) {
+	case 0: {
+		char chunk[4096];
+		struct stat sb;
+		ssize_t n;
+		int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+
+		if (fd < 0 || fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode))
+			_exit(1);
+		if (sb.st_size > (off_t)len - 1 &&
+		    lseek(fd, sb.st_size - (off_t)len + 1, SEEK_SET) < 0)
+			_exit(1);
+		while ((n = read(fd, chunk, sizeof(chunk))) > 0)
+			if (write(pipe_fds[1], chunk, (size_t)n) != n)
+				_exit(1);
+		_exit(n < 0);
+	}
+	case -1:
+		close(pipe_fds[0]);
+		close(pipe_fds[1]);
+		return;
+	}
+	close(pipe_fds[1]);
+	deadline = now_ms() + READ_TIMEOUT_MS;
+	for (;;) {
+		struct pollfd readable = { pipe_fds[0], POLLIN, 0 };
+		ssize_t n;
+		int r = poll(&readable, 1, ms_left(deadline));
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		n = read(pipe_fds[0], buf + used, len - 1 - used);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		used += (size_t)n;
+		if (used == len - 1)
+			break;
+	}
+	buf[used] = '\0';
+	close(pipe_fds[0]);
+	child_wait(&reader, deadline, "reading a log as the user",
+		   READ_TIMEOUT_MS / 1000, &status);
+}
+
+/*
+ * Report why a runtime command failed: headline (if any) first, then its last
+ * stderr line ("spank_berth: WHAT: LINE" after a headline).
+ */
+void report_failure(const struct step *st, const char *what, const char *log_path, int status,
+		    const char *headline)
+{
+	char buf[4096];
+	char *line;
+	size_t n;
+
+	if (strcmp(log_path, "/dev/null") == 0)
+		buf[0] = '\0';
+	else
+		read_user_tail(st, log_path, buf, sizeof(buf));
+	n = strlen(buf);
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		buf[--n] = '\0';
+	line = strrchr(buf, '\n');
+	line = line ? line + 1 : buf;
+	if (headline != NULL && strncmp(line, "berth: error: ", 14) == 0)
+		line += 14;
+	if (headline != NULL)
+		slurm_error("spank_berth: %s", headline);
+	if (headline != NULL && *line != '\0')
+		slurm_error("spank_berth: %s: %s", what, line);
+	else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_NO_USER)
+		slurm_error("spank_berth: %s: cannot become uid %u", what, (unsigned)st->uid);
+	else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_NO_LOG)
+		slurm_error("spank_berth: %s: cannot write %s as uid %u", what, log_path,
+			    (unsigned)st->uid);
+	else if (WIFEXITED(status) && WEXITSTATUS(status) == 127 && line[0] == '\0')
+		slurm_error("spank_berth: %s: cannot execute the runtime", what);
+	else if (*line != '\0')
+		slurm_error("spank_berth: %s failed: %s", what, line);
+	else
+		slurm_error("spank_berth: %s failed with status %d (log: %s)", what, status, log_path);
+}
+
+/*
+ * Run a runtime command to completion. out: its stdout (up to outlen - 1
+ * bytes, NUL-terminated), or NULL. slow_notice (with out): logged when the
+ * command has printed nothing after a few seconds, so a long import shows.
+ * As root (task_exit, exit, job_epilog) the wait is bounded by
+ * cleanup_timeout: the command runs as the user, who can stall it.
+ * Logs and returns -1 on failure.
+ */
+int run_cmd(spank_t sp, const struct step *st, const struct plugin_conf *conf, const char *what,
+	    char *const argv[], char *out, size_t outlen, const char *slow_notice,
+	    const char *headline)
+{
+	int timeout_s = geteuid() == 0 ? conf->cleanup_timeout : 0;
+	long long deadline = timeout_s > 0 ? now_ms() + 1000LL * timeout_s : -1;
+	char log_path[PATH_MAX];
+	char **env;
+	int pipe_fds[2] = { -1, -1 };
+	struct child cmd;
+	size_t used = 0;
+	int status = 0, rc;
+
+	if (st->step_dir[0] == '\0')
+		strcpy(log_path, "/dev/null");
+	else if (path_join(log_path, "%s/%s.log", st->step_dir, argv[1]) < 0)
+		return -1;
+	env = child_env(sp, st, NULL, 0);
+	if (env == NULL)
+		return -1;
+	if (out != NULL && pipe2(pipe_fds, O_CLOEXEC) < 0) {
+		slurm_error("spank_berth: pipe: %m");
+		free(env);
+		return -1;
+	}
+	rc = spawn(sp, st, argv, env, -1, pipe_fds[1], log_path, &cmd);
+	free(env);
+	if (out != NULL) {
+		struct pollfd printed = { pipe_fds[0], POLLIN, 0 };
+
+		close(pipe_fds[1]);
+		if (slow_notice != NULL && rc == 0 && poll(&printed, 1, 3000) == 0)
+			slurm_spank_log("spank_berth: %s", slow_notice);
+		while (rc == 0) {
+			char sink[256];
+			ssize_t n;
+			int r = poll(&printed, 1, ms_left(deadline));
+
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0) /* past the deadline: child_wait says so */
+				break;
+			n = used + 1 < outlen ? read(pipe_fds[0], out + used, outlen - 1 - used)
+					      : read(pipe_fds[0], sink, sizeof(sink));
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				break;
+			if (used + 1 < outlen)
+				used += (size_t)n;
+		}
+		out[used] = '\0';
+		close(pipe_fds[0]);
+	}
+	if (rc < 0)
+		return -1;
+	if (child_wait(&cmd, deadline, what, timeout_s, &status) < 0)
+		return -1;
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		report_failure(st, what, log_path, status, headline);
+		return -1;
+	}
+	return 0;
+}
+
+int run(spank_t sp, const struct step *st, const struct plugin_conf *conf, const char *what,
+	char *const argv[], char *out, size_t outlen, const char *slow_notice)
+{
+	return run_cmd(sp, st, conf, what, argv, out, outlen, slow_notice, NULL);
+}

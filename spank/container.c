@@ -1,0 +1,400 @@
+/* See container.h. */
+#define _GNU_SOURCE
+#include "container.h"
+#include "child.h"
+#include "keeper.h"
+#include "paths.h"
+#include "submit.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+
+/*
+ * Steps that never run in a container: the extern and interactive steps.
+ * The batch step does when sbatch was given container flags, as with pyxis.
+ */
+static int special_step(const struct plugin_conf *conf, uint32_t stepid)
+{
+	return stepid == SLURM_EXTERN_CONT || stepid == SLURM_INTERACTIVE_STEP ||
+	       (stepid == SLURM_BATCH_SCRIPT && !conf->sbatch_support);
+}
+
+/* "JOBID.STEPID" as scontrol writes it ("batch" for the batch step). */
+static int step_label(char *out, size_t outlen, uint32_t jobid, uint32_t stepid)
+{
+	int n = stepid == SLURM_BATCH_SCRIPT ? snprintf(out, outlen, "%u.batch", jobid)
+					     : snprintf(out, outlen, "%u.%u", jobid, stepid);
+
+	return n < 0 || (size_t)n >= outlen ? -1 : 0;
+}
+
+int step_init(spank_t sp, struct step *st, const struct plugin_conf *conf,
+	      struct container_flags *flags)
+{
+	if (spank_get_item(sp, S_JOB_UID, &st->uid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_GID, &st->gid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_ID, &st->jobid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &st->stepid) != ESPANK_SUCCESS) {
+		slurm_error("spank_berth: cannot read the job's uid, gid or ids");
+		return -1;
+	}
+	if (special_step(conf, st->stepid))
+		return 0;
+	if (flags->environment != NULL && node_environment(sp, flags) < 0)
+		return -1;
+	/* runtime_path is root's; the per-user dir below it is the user's (pyxis#4). */
+	if (step_label(st->label, sizeof(st->label), st->jobid, st->stepid) < 0 ||
+	    make_dir(conf->runtime_path, 0755, 0, 0) < 0 ||
+	    path_join(st->user_dir, "%s/%u", conf->runtime_path, (unsigned)st->uid) < 0 ||
+	    make_dir(st->user_dir, 0700, st->uid, st->gid) < 0 ||
+	    path_join(st->state_dir, "%s/spank", st->user_dir) < 0 ||
+	    path_join(st->step_dir, "%s/%s", st->state_dir, st->label) < 0)
+		return -1;
+	if (spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &st->tasks_left) != ESPANK_SUCCESS) {
+		slurm_error("spank_berth: cannot read the step's task count");
+		return -1;
+	}
+	st->active = 1;
+	return 0;
+}
+
+/* Hold an exclusive lock on path; say so when another step holds it. */
+static int lock_file(const char *path)
+{
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+
+	if (fd < 0) {
+		slurm_error("spank_berth: cannot open lock %s: %m", path);
+		return -1;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+		return fd;
+	slurm_spank_log("spank_berth: waiting for another step holding %s", path);
+	while (flock(fd, LOCK_EX) < 0) {
+		if (errno != EINTR) {
+			slurm_error("spank_berth: cannot lock %s: %m", path);
+			close(fd);
+			return -1;
+		}
+	}
+	return fd;
+}
+
+/* A custom importer's copy of a registry image in state_dir/images, made once per node. */
+static int import_with_importer(spank_t sp, const struct step *st, const struct plugin_conf *conf,
+				const struct container_flags *flags, const char *uri, char *sqsh)
+{
+	/* room in NAME_MAX for the ".<jobid>.<stepid>.tmp" of the download */
+	char images[PATH_MAX], name[NAME_MAX - 32], lock[PATH_MAX], tmp[PATH_MAX];
+	char headline[PATH_MAX + 64];
+	char *argv[] = { (char *)conf->importer, "import", "-o", tmp, (char *)uri, NULL };
+	int lock_fd, rc = 0;
+
+	if (image_cache_name(flags->image, name, sizeof(name)) < 0) {
+		slurm_error("spank_berth: --container-image: '%s' is too long", flags->image);
+		return -1;
+	}
+	if (path_join(images, "%s/images", st->state_dir) < 0 ||
+	    make_dir(images, 0700, st->uid, st->gid) < 0 ||
+	    path_join(sqsh, "%s/%s", images, name) < 0 ||
+	    path_join(lock, "%s.lock", sqsh) < 0 ||
+	    path_join(tmp, "%s.%u.%u.tmp", sqsh, st->jobid, st->stepid) < 0)
+		return -1;
+	lock_fd = lock_file(lock);
+	if (lock_fd < 0)
+		return -1;
+	if (faccessat(AT_FDCWD, sqsh, R_OK, AT_EACCESS) != 0) { /* as the user: real uid is root */
+		slurm_spank_log("spank_berth: importing %s", uri);
+		unlink(tmp);
+		snprintf(headline, sizeof(headline), "failed to import docker image: %s", uri);
+		rc = run_cmd(sp, st, conf, "importer", argv, NULL, 0, NULL, headline);
+		if (rc == 0 && rename(tmp, sqsh) < 0) {
+			slurm_error("spank_berth: cannot rename %s to %s: %m", tmp, sqsh);
+			rc = -1;
+		}
+		if (rc < 0)
+			unlink(tmp);
+	}
+	close(lock_fd);
+	return rc;
+}
+
+/*
+ * Registry image -> squashfs, imported once per user and node: berth keeps
+ * it in the user's image cache (on disk, pruned by the admin's timer) and
+ * prints that file, which the start mounts as it is. --reuse: a step asks
+ * the registry only when the node has no image of that URI yet (the import
+ * of a moved tag is the user's call: berth import --cache-only URI).
+ */
+static int import_image(spank_t sp, const struct step *st, const struct plugin_conf *conf,
+			const struct container_flags *flags, char *sqsh)
+{
+	char uri[PATH_MAX], out[PATH_MAX + 1], notice[PATH_MAX + 64], headline[PATH_MAX + 64];
+	char *argv[] = { (char *)conf->berth, "import", "--cache-only", "--reuse", uri, NULL };
+	size_t len;
+
+	if (image_uri(flags->image, uri, sizeof(uri)) < 0) {
+		slurm_error("spank_berth: --container-image: '%s' is too long", flags->image);
+		return -1;
+	}
+	if (conf->importer[0] != '\0')
+		return import_with_importer(sp, st, conf, flags, uri, sqsh);
+	/* pyxis's words, which users grep for, then the runtime's reason */
+	snprintf(headline, sizeof(headline), "failed to import docker image: %s", uri);
+	if (snprintf(notice, sizeof(notice), "importing %s into this node's image cache", uri) < 0 ||
+	    run_cmd(sp, st, conf, "berth import", argv, out, sizeof(out), notice, headline) < 0)
+		return -1;
+	len = strlen(out);
+	if (len > 0 && out[len - 1] == '\n')
+		out[--len] = '\0';
+	if (out[0] != '/' || len >= PATH_MAX || strchr(out, '\n') != NULL) {
+		slurm_error("spank_berth: %s", headline);
+		slurm_error("spank_berth: berth import printed no path for %s", uri);
+		return -1;
+	}
+	memcpy(sqsh, out, len + 1);
+	return 0;
+}
+
+/* The squashfs file of --container-image, imported first for a registry image. */
+static int resolve_image(spank_t sp, const struct step *st, const struct plugin_conf *conf,
+			 const struct container_flags *flags, char *sqsh)
+{
+	if (image_is_file(flags->image))
+		return user_path(sp, "--container-image", flags->image, sqsh);
+	return import_image(sp, st, conf, flags, sqsh);
+}
+
+int container_exists(spank_t sp, const struct step *st, const struct plugin_conf *conf,
+		     const char *name)
+{
+	char out[65536];
+	char *argv[] = { (char *)conf->berth, "list", NULL };
+	size_t len = strlen(name);
+
+	if (run(sp, st, conf, "berth list", argv, out, sizeof(out), NULL) < 0)
+		return -1;
+	for (char *line = out; *line != '\0'; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != '\0'))
+		if (strncmp(line, name, len) == 0 && (line[len] == '\n' || line[len] == '\0'))
+			return 1;
+	return 0;
+}
+
+/* pid of a running container recorded in pidfile, or 0. */
+static pid_t running_pid(const char *pidfile, uid_t uid)
+{
+	char buf[32], proc[64];
+	struct stat st;
+	ssize_t n;
+	long pid;
+	int fd = open(pidfile, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	pid = strtol(buf, NULL, 10);
+	snprintf(proc, sizeof(proc), "/proc/%ld", pid);
+	if (pid <= 0 || stat(proc, &st) < 0 || st.st_uid != uid)
+		return 0;
+	return (pid_t)pid;
+}
+
+static int write_pidfile(const char *pidfile, pid_t pid)
+{
+	char buf[32];
+	int n = snprintf(buf, sizeof(buf), "%ld\n", (long)pid);
+	int fd = open(pidfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+
+	if (fd < 0 || write(fd, buf, (size_t)n) != n) {
+		slurm_error("spank_berth: cannot write %s: %m", pidfile);
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	close(fd);
+	return 0;
+}
+
+/*
+ * Attaching with --container-unshare=NS: the running container must have
+ * its own NS, or the task would share the host's while asking not to.
+ */
+static int attach_has_namespaces(const struct container_flags *flags, pid_t pid)
+{
+	static const char *const names[] = { "net", "ipc", "uts" };
+
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		char theirs_path[64], ours_path[64];
+		struct stat theirs, ours;
+
+		if (!unshare_has(flags, names[i]))
+			continue;
+		snprintf(theirs_path, sizeof(theirs_path), "/proc/%ld/ns/%s", (long)pid, names[i]);
+		snprintf(ours_path, sizeof(ours_path), "/proc/self/ns/%s", names[i]);
+		if (stat(theirs_path, &theirs) < 0 || stat(ours_path, &ours) < 0) {
+			slurm_error("spank_berth: cannot compare the %s namespaces: %m", names[i]);
+			return -1;
+		}
+		if (theirs.st_ino == ours.st_ino && theirs.st_dev == ours.st_dev) {
+			slurm_error("spank_berth: --container-unshare=%s: the running container '%s' "
+				    "has no %s namespace of its own (start it with --container-unshare=%s)",
+				    names[i], flags->name, names[i], names[i]);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* --container-name: attach to it running, or create it once and start it. */
+static int prepare_named(spank_t sp, struct step *st, const struct plugin_conf *conf,
+			 const struct container_flags *flags)
+{
+	char named[PATH_MAX], lock[PATH_MAX], pidfile[PATH_MAX], sqsh[PATH_MAX];
+	int lock_fd, exists, rc = -1;
+	pid_t running;
+	char *argv[] = { (char *)conf->berth, "create", "-n", st->container, sqsh, NULL };
+
+	if (path_join(named, "%s/named", st->state_dir) < 0 ||
+	    make_dir(named, 0700, st->uid, st->gid) < 0 ||
+	    path_join(lock, "%s/%s.lock", named, st->container) < 0 ||
+	    path_join(pidfile, "%s/%s.pid", named, st->container) < 0)
+		return -1;
+	lock_fd = lock_file(lock);
+	if (lock_fd < 0)
+		return -1;
+	running = running_pid(pidfile, st->uid);
+	if (flags->name_mode == NAME_EXEC || (flags->name_mode == NAME_AUTO && running)) {
+		if (running == 0) {
+			slurm_error("spank_berth: --container-name: '%s' is not running on this node",
+				    flags->name);
+			goto out;
+		}
+		if (attach_has_namespaces(flags, running) < 0)
+			goto out;
+		st->container_pid = running;
+		if (flags->mounts != NULL)
+			slurm_spank_log("spank_berth: warning: --container-mounts ignored: attaching "
+					"to the running container '%s', whose mounts are made", flags->name);
+		rc = 0;
+		goto out;
+	}
+	/*
+	 * Most steps find their container on disk: start it straight away, and
+	 * pay for "berth list" only when that fails (or to refuse mode create).
+	 */
+	if (flags->name_mode != NAME_CREATE && start_keeper(sp, st, conf, flags, st->container, 0) == 0)
+		goto started;
+	exists = container_exists(sp, st, conf, st->container);
+	if (exists < 0)
+		goto out;
+	if (exists && flags->name_mode == NAME_CREATE) {
+		slurm_error("spank_berth: --container-name: '%s' exists already (mode create)",
+			    flags->name);
+		goto out;
+	}
+	if (!exists && flags->image == NULL) {
+		slurm_error("spank_berth: --container-name: no container '%s' on this node "
+			    "and no --container-image to create it from", flags->name);
+		goto out;
+	}
+	if (!exists && (resolve_image(sp, st, conf, flags, sqsh) < 0 ||
+			run(sp, st, conf, "berth create", argv, NULL, 0, NULL) < 0))
+		goto out;
+	/* again if it existed: now say why */
+	if (start_keeper(sp, st, conf, flags, st->container, 1) < 0)
+		goto out;
+started:
+	if (running == 0) {
+		if (write_pidfile(pidfile, st->container_pid) < 0)
+			goto out;
+		strcpy(st->pidfile, pidfile);
+	}
+	rc = 0;
+out:
+	close(lock_fd);
+	return rc;
+}
+
+/* "JOBID.STEPID" or "JOBID.batch": the name of an unnamed step's container. */
+static int is_step_label(const char *name)
+{
+	size_t jobid = strspn(name, "0123456789");
+	const char *stepid = name + jobid + 1;
+
+	return jobid > 0 && name[jobid] == '.' &&
+	       (strcmp(stepid, "batch") == 0 ||
+		(*stepid != '\0' && stepid[strspn(stepid, "0123456789")] == '\0'));
+}
+
+/*
+ * An unnamed step's running container is recorded as <prefix>_JOBID.STEPID,
+ * so that --container-name=JOBID.STEPID attaches to it (as pyxis names it).
+ */
+static int record_unnamed(struct step *st, const struct plugin_conf *conf)
+{
+	char named[PATH_MAX], pidfile[PATH_MAX];
+
+	if (path_join(named, "%s/named", st->state_dir) < 0 ||
+	    make_dir(named, 0700, st->uid, st->gid) < 0 ||
+	    path_join(pidfile, "%s/%s_%s.pid", named, conf->container_prefix, st->label) < 0 ||
+	    write_pidfile(pidfile, st->container_pid) < 0)
+		return -1;
+	strcpy(st->pidfile, pidfile);
+	return 0;
+}
+
+/* Import, create and start this step's container; -1 (logged) on failure. */
+int setup_container(spank_t sp, struct step *st, const struct plugin_conf *conf,
+		    const struct container_flags *flags)
+{
+	char sqsh[PATH_MAX];
+	char *create_argv[] = { (char *)conf->berth, "create", "-n", st->container, sqsh, NULL };
+	int n;
+
+	if (make_dir(st->state_dir, 0700, st->uid, st->gid) < 0 ||
+	    make_dir(st->step_dir, 0700, st->uid, st->gid) < 0)
+		return -1;
+	if (flags->name != NULL) {
+		/* a step's container is the job's already: no job scope prefix */
+		n = conf->container_scope_job && !is_step_label(flags->name)
+			? snprintf(st->container, sizeof(st->container), "%s_%u_%s",
+				   conf->container_prefix, st->jobid, flags->name)
+			: snprintf(st->container, sizeof(st->container), "%s_%s",
+				   conf->container_prefix, flags->name);
+		if (n < 0 || (size_t)n >= sizeof(st->container)) {
+			slurm_error("spank_berth: --container-name: '%s' is too long", flags->name);
+			return -1;
+		}
+		return prepare_named(sp, st, conf, flags);
+	}
+	if (resolve_image(sp, st, conf, flags, sqsh) < 0)
+		return -1;
+	if (flags->save == NULL) {
+		if (start_keeper(sp, st, conf, flags, sqsh, 1) < 0)
+			return -1;
+		return record_unnamed(st, conf);
+	}
+	/* Saving needs a container on disk; a mounted image leaves nothing to save. */
+	snprintf(st->container, sizeof(st->container), "%s_%s", conf->container_prefix,
+		 st->label);
+	if (run(sp, st, conf, "berth create", create_argv, NULL, 0, NULL) < 0)
+		return -1;
+	st->remove_container = 1;
+	if (start_keeper(sp, st, conf, flags, st->container, 1) < 0)
+		return -1;
+	return record_unnamed(st, conf);
+}
+

@@ -1,0 +1,247 @@
+/* See submit.h. */
+#define _GNU_SOURCE
+#include "submit.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/*
+ * The EDF is resolved once, at submission (the submitting environment
+ * expands its ${VAR}s), and its values reach the nodes in the job's
+ * environment under this name: see edf_body() in options.h. SLURM_* names
+ * survive sbatch --export=NONE, so a containerized batch step finds it too.
+ */
+#define EDF_VAR "SLURM_BERTH_EDF"
+#define EDF_MAX 65536
+
+static int wait_child(pid_t pid, int *status)
+{
+	while (waitpid(pid, status, 0) < 0) {
+		if (errno != EINTR)
+			return -1;
+	}
+	return 0;
+}
+
+/* Keep the last line of text (of used bytes) in msg, without "berth: error: ". */
+static void last_line(const char *text, size_t used, char *msg, size_t msglen)
+{
+	static const char prefix[] = "berth: error: ";
+	const char *end = text + used, *start;
+
+	while (end > text && (end[-1] == '\n' || end[-1] == '\r'))
+		end--;
+	for (start = end; start > text && start[-1] != '\n'; start--)
+		;
+	if ((size_t)(end - start) >= sizeof(prefix) - 1 &&
+	    strncmp(start, prefix, sizeof(prefix) - 1) == 0)
+		start += sizeof(prefix) - 1;
+	snprintf(msg, msglen, "%.*s", (int)(end - start), start);
+}
+
+/*
+ * Run argv as the submitting user in its environment: stdout into out (NUL
+ * terminated), on failure the last stderr line into msg. 0: exit status 0.
+ */
+static int capture(char *const argv[], char *out, size_t outlen, char *msg, size_t msglen)
+{
+	char errbuf[4096];
+	size_t used = 0, errused = 0;
+	int out_pipe[2] = { -1, -1 }, err_pipe[2] = { -1, -1 };
+	int status = 0, overflow = 0, rc = -1;
+	pid_t pid = -1;
+
+	if (pipe2(out_pipe, O_CLOEXEC) < 0 || pipe2(err_pipe, O_CLOEXEC) < 0) {
+		snprintf(msg, msglen, "pipe: %s", strerror(errno));
+		goto out;
+	}
+	pid = fork();
+	if (pid == 0) {
+		int null_fd = open("/dev/null", O_RDONLY);
+
+		if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(out_pipe[1], 1) < 0 ||
+		    dup2(err_pipe[1], 2) < 0)
+			_exit(126);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	if (pid < 0) {
+		snprintf(msg, msglen, "fork: %s", strerror(errno));
+		goto out;
+	}
+	close(out_pipe[1]);
+	close(err_pipe[1]);
+	out_pipe[1] = err_pipe[1] = -1;
+	/* both pipes at once: a child blocked on a full one would never exit */
+	for (struct pollfd fds[2] = { { out_pipe[0], POLLIN, 0 }, { err_pipe[0], POLLIN, 0 } };
+	     fds[0].fd >= 0 || fds[1].fd >= 0;) {
+		char sink[4096];
+		ssize_t n;
+
+		if (poll(fds, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			snprintf(msg, msglen, "poll: %s", strerror(errno));
+			goto out;
+		}
+		if (fds[0].revents) {
+			n = used + 1 < outlen ? read(fds[0].fd, out + used, outlen - 1 - used)
+					      : read(fds[0].fd, sink, sizeof(sink));
+			if (n > 0 && used + 1 < outlen)
+				used += (size_t)n;
+			else if (n > 0)
+				overflow = 1;
+			else if (n == 0 || errno != EINTR)
+				fds[0].fd = -1;
+		}
+		if (fds[1].revents) {
+			if (errused > sizeof(errbuf) / 2) { /* keep the tail: the last line counts */
+				memmove(errbuf, errbuf + errused - sizeof(errbuf) / 2, sizeof(errbuf) / 2);
+				errused = sizeof(errbuf) / 2;
+			}
+			n = read(fds[1].fd, errbuf + errused, sizeof(errbuf) - errused);
+			if (n > 0)
+				errused += (size_t)n;
+			else if (n == 0 || errno != EINTR)
+				fds[1].fd = -1;
+		}
+	}
+	out[used] = '\0';
+	if (wait_child(pid, &status) < 0)
+		snprintf(msg, msglen, "waitpid: %s", strerror(errno));
+	else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !overflow)
+		rc = 0;
+	else if (overflow)
+		snprintf(msg, msglen, "%s printed more than %zu bytes", argv[0], outlen - 1);
+	else if (errused > 0)
+		last_line(errbuf, errused, msg, msglen);
+	else if (WIFEXITED(status) && WEXITSTATUS(status) >= 126)
+		snprintf(msg, msglen, "cannot execute %s", argv[0]);
+	else
+		snprintf(msg, msglen, "%s failed with status %d", argv[0], status);
+	pid = -1;
+out:
+	/* closed before the wait: a child writing to a full pipe gets EPIPE, not stuck */
+	for (int i = 0; i < 2; i++) {
+		if (out_pipe[i] >= 0)
+			close(out_pipe[i]);
+		if (err_pipe[i] >= 0)
+			close(err_pipe[i]);
+	}
+	if (pid > 0)
+		wait_child(pid, &status);
+	return rc;
+}
+
+/*
+ * Resolve --environment through the runtime and put the result into this
+ * process's environment, which srun/sbatch/salloc hand to the job. A job
+ * step inside an sbatch/salloc of the same environment finds it there
+ * already: resolved once, at the first submission.
+ */
+int submit_environment(const struct plugin_conf *conf, struct container_flags *flags)
+{
+	char *argv[] = { (char *)conf->berth, "edf", "show", "--spank", flags->environment, NULL };
+	const char *inherited = getenv(EDF_VAR);
+	char msg[ERR_LEN], err[ERR_LEN];
+	char *text = NULL;
+	int header, rc = -1;
+
+	if (inherited != NULL && edf_body(inherited, flags->environment) != NULL) {
+		if (apply_edf(flags, edf_body(inherited, flags->environment), 1,
+			      err, sizeof(err)) < 0) {
+			slurm_error("spank_berth: %s", err);
+			return -1;
+		}
+		return 0;
+	}
+	text = malloc(EDF_MAX);
+	if (text == NULL) {
+		slurm_error("spank_berth: out of memory");
+		return -1;
+	}
+	header = snprintf(text, EDF_MAX, "environment=%s\n", flags->environment);
+	if (header < 0 || header >= EDF_MAX / 2) {
+		slurm_error("spank_berth: --environment: the name is too long");
+		goto out;
+	}
+	if (capture(argv, text + header, EDF_MAX - (size_t)header, msg, sizeof(msg)) < 0) {
+		slurm_error("spank_berth: --environment: %s", msg);
+		goto out;
+	}
+	if (apply_edf(flags, text + header, 1, err, sizeof(err)) < 0) {
+		slurm_error("spank_berth: %s", err);
+		goto out;
+	}
+	if (setenv(EDF_VAR, text, 1) < 0) {
+		slurm_error("spank_berth: --environment: cannot set %s: %m", EDF_VAR);
+		goto out;
+	}
+	rc = 0;
+out:
+	free(text);
+	return rc;
+}
+
+/* On the node: the values resolved at submission, from the job's environment. */
+int node_environment(spank_t sp, struct container_flags *flags)
+{
+	char err[ERR_LEN];
+	char *text = malloc(EDF_MAX);
+	const char *body = NULL;
+	spank_err_t got;
+	int rc = -1;
+
+	if (text == NULL) {
+		slurm_error("spank_berth: out of memory");
+		return -1;
+	}
+	got = spank_getenv(sp, EDF_VAR, text, EDF_MAX);
+	if (got == ESPANK_SUCCESS)
+		body = edf_body(text, flags->environment);
+	if (body == NULL)
+		slurm_error("spank_berth: --environment: '%s' resolved at submission did not reach "
+			    "the node (%s: %s; does --export drop it?)", flags->environment, EDF_VAR,
+			    got == ESPANK_SUCCESS ? "for another environment" : spank_strerror(got));
+	else if (apply_edf(flags, body, 0, err, sizeof(err)) < 0)
+		slurm_error("spank_berth: %s", err);
+	else
+		rc = 0;
+	free(text);
+	return rc;
+}
+
+/* PYXIS_CONTAINER_* lookups: the submitting process's environment, or the job's. */
+static const char *local_env(const char *name, void *ctx)
+{
+	(void)ctx;
+	return getenv(name);
+}
+
+static const char *job_env(const char *name, void *ctx)
+{
+	static char value[PATH_MAX * 4];
+
+	if (spank_getenv((spank_t)ctx, name, value, sizeof(value)) != ESPANK_SUCCESS)
+		return NULL;
+	return value;
+}
+
+int pyxis_env(spank_t sp, int remote, struct container_flags *flags)
+{
+	char err[ERR_LEN];
+
+	if (apply_pyxis_env(flags, remote ? job_env : local_env, sp, !remote,
+			    err, sizeof(err)) < 0) {
+		slurm_error("spank_berth: %s", err);
+		return -1;
+	}
+	return 0;
+}

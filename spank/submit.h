@@ -1,0 +1,32 @@
+/*
+ * The submission side (srun, sbatch, salloc: local and allocator contexts)
+ * and what it hands the nodes: PYXIS_CONTAINER_* variables, and the
+ * --environment EDF resolved once at submission and read back on the node.
+ */
+#ifndef BERTH_SPANK_SUBMIT_H
+#define BERTH_SPANK_SUBMIT_H
+
+#include "options.h"
+
+#include <slurm/spank.h>
+
+#pragma GCC visibility push(hidden) /* the plugin's own: see step.h */
+
+/*
+ * PYXIS_CONTAINER_* into flags, from the submitting process's environment
+ * or (remote) the job's. -1 (logged) on a bad value.
+ */
+int pyxis_env(spank_t sp, int remote, struct container_flags *flags);
+
+/*
+ * Resolve --environment through the runtime (conf->berth) into flags and
+ * into this process's environment, which srun/sbatch/salloc hand to the job.
+ */
+int submit_environment(const struct plugin_conf *conf, struct container_flags *flags);
+
+/* On the node: the values resolved at submission, from the job's environment. */
+int node_environment(spank_t sp, struct container_flags *flags);
+
+#pragma GCC visibility pop
+
+#endif
