@@ -1,0 +1,70 @@
+"""Checks of the registry_cache role's variables, one message per problem,
+each naming the variable, so the play can refuse bad input before any host
+changes."""
+
+import re
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_PREFIX = re.compile(rf"(?:{_LABEL}\.)*{_LABEL}(?::[0-9]{{1,5}})?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
+_URL = re.compile(rf"https?://(?:{_LABEL}\.)*{_LABEL}(?::[0-9]{{1,5}})?/?")
+_SIZE = re.compile(r"([0-9]+)([KMGT]?)", re.I)
+_KEYS = {"name", "prefix", "remoteurl", "port", "username", "password"}
+
+
+def registry_cache_problems(upstreams, max_size="", certificate="", key=""):
+    """The problems of registry_cache_upstreams and the knobs beside it."""
+    problems = []
+    if not isinstance(upstreams, list):
+        return ["registry_cache_upstreams: expected a list of upstreams"]
+    names, ports = {}, {}
+    for index, upstream in enumerate(upstreams):
+        where = f"registry_cache_upstreams[{index}]"
+        if not isinstance(upstream, dict):
+            problems.append(f"{where}: expected a mapping with name, prefix, remoteurl and port")
+            continue
+        for unknown in sorted(set(upstream) - _KEYS):
+            problems.append(f"{where}: unknown key '{unknown}' (known: {', '.join(sorted(_KEYS))})")
+        name, prefix = upstream.get("name"), upstream.get("prefix")
+        url, port = upstream.get("remoteurl"), upstream.get("port")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            problems.append(f"{where}.name: {name!r} is not [a-z0-9][a-z0-9-]* (at most 63)")
+        elif name in names:
+            problems.append(f"{where}.name: '{name}' is also registry_cache_upstreams[{names[name]}]'s")
+        else:
+            names[name] = index
+        if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+            problems.append(f"{where}.prefix: {prefix!r} is not a registry name HOST[:PORT][/PATH]")
+        if not isinstance(url, str) or not _URL.fullmatch(url):
+            problems.append(f"{where}.remoteurl: {url!r} is not http(s)://HOST[:PORT]")
+        if isinstance(port, str) and port.isdigit():
+            port = int(port)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            problems.append(f"{where}.port: {port!r} is not a TCP port (1-65535)")
+        elif port in ports:
+            problems.append(f"{where}.port: {port} is also registry_cache_upstreams[{ports[port]}]'s")
+        else:
+            ports[port] = index
+        if ("username" in upstream) != ("password" in upstream):
+            problems.append(f"{where}: give both username and password, or neither")
+    if max_size not in ("", None) and not _SIZE.fullmatch(str(max_size)):
+        problems.append(f"registry_cache_max_size: {max_size!r} is not bytes or a size such as 200G")
+    if bool(certificate) != bool(key):
+        problems.append("registry_cache_tls_certificate, registry_cache_tls_key: set both or neither")
+    return problems
+
+
+def registry_cache_bytes(size):
+    """'200G' -> bytes (powers of 1024); '' -> 0."""
+    match = _SIZE.fullmatch(str(size or "0"))
+    if not match:
+        raise ValueError(f"registry_cache_max_size: {size!r} is not bytes or a size such as 200G")
+    return int(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_")
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "registry_cache_problems": registry_cache_problems,
+            "registry_cache_bytes": registry_cache_bytes,
+        }
