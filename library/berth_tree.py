@@ -1,0 +1,211 @@
+#!/usr/bin/python
+"""Ansible module: make a directory on the node hold exactly the given text files."""
+
+DOCUMENTATION = r"""
+---
+module: berth_tree
+short_description: Make a directory hold exactly the given text files, in one module run
+description:
+  - Writes each file of O(files) under O(dest) whose content differs, creating
+    directories as needed, and removes every other file, link and directory
+    below O(dest); a file deleted from the source does not live on.
+  - One module run per host instead of one per file; the files travel in the
+    module's arguments, typically read on the controller with
+    C(query('ansible.builtin.file', ..., rstrip=false)). For source trees of
+    text files (the runtime's Python, the plugin's C), a few hundred kilobytes.
+  - Files are written to a temporary name and renamed into place.
+    Directories are made 0755 and files O(mode), owned by the user the module
+    runs as.
+  - O(dest) and everything below it belong to this module; a symbolic link in
+    the tree is removed, never followed.
+version_added: "0.1.0"
+options:
+  dest:
+    description: Absolute path of the directory to manage; made if missing.
+    type: path
+    required: true
+  files:
+    description:
+      - Relative path (no C(..), no leading C(/)) to UTF-8 text content.
+    type: dict
+    required: true
+  mode:
+    description: Mode of every file.
+    type: raw
+    default: "0644"
+  purge:
+    description:
+      - Remove what O(files) does not name. With V(false), only the named
+        paths are managed (a link or directory in a named file's place is
+        still replaced, never followed); for a directory shared with
+        files that others install, such as C(hooks.d).
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+author:
+  - Berth authors
+"""
+
+EXAMPLES = r"""
+- name: Copy the plugin's sources in one go
+  berth_tree:
+    dest: /usr/local/src/spank_berth
+    files: "{{ dict(names | zip(query('ansible.builtin.file', *paths, rstrip=false))) }}"
+
+- name: Add two hooks beside the site's own
+  berth_tree:
+    dest: /etc/enroot/hooks.d
+    files:
+      10-home.sh: "{{ lookup('ansible.builtin.file', 'hooks/10-home.sh', rstrip=false) }}"
+      98-nvidia.sh: "{{ lookup('ansible.builtin.file', 'hooks/98-nvidia.sh', rstrip=false) }}"
+    mode: "0755"
+    purge: false
+"""
+
+RETURN = r"""
+written:
+  description: Files written (new or changed), relative to O(dest).
+  returned: always
+  type: list
+  elements: str
+  sample: [berth/cli.py]
+removed:
+  description: Paths removed below O(dest) because O(files) does not name them.
+  returned: always
+  type: list
+  elements: str
+  sample: [berth/old.py]
+"""
+
+import os
+import stat
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def bad_path(rel):
+    parts = rel.split("/")
+    return not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts)
+
+
+def present(dest):
+    """{relative path: lstat} of everything below dest, not following links."""
+    found = {}
+    for root, dirs, files in os.walk(dest):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            found[os.path.relpath(path, dest)] = os.lstat(path)
+    return found
+
+
+def differs(path, content):
+    try:
+        with open(path, "rb") as f:
+            return f.read() != content
+    except OSError:
+        return True
+
+
+def write(path, content, mode):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".berth-tree.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def remove(path, st):
+    if stat.S_ISDIR(st.st_mode):
+        for name in os.listdir(path):
+            child = os.path.join(path, name)
+            remove(child, os.lstat(child))
+        os.rmdir(path)
+    else:
+        os.unlink(path)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            dest=dict(type="path", required=True),
+            files=dict(type="dict", required=True),
+            mode=dict(type="raw", default="0644"),
+            purge=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+    dest = module.params["dest"]
+    if not os.path.isabs(dest):
+        module.fail_json(msg=f"berth_tree: dest '{dest}' is not an absolute path")
+    try:
+        mode = int(str(module.params["mode"]), 8)
+    except ValueError:
+        module.fail_json(msg=f"berth_tree: mode '{module.params['mode']}' is not octal")
+    files = {}
+    for rel, text in module.params["files"].items():
+        if bad_path(rel):
+            module.fail_json(msg=f"berth_tree: files: '{rel}' is not a relative path below dest")
+        if not isinstance(text, str):
+            module.fail_json(msg=f"berth_tree: files: '{rel}' is not text")
+        files[rel] = text.encode("utf-8")
+    wanted_dirs = {os.path.dirname(rel) for rel in files} - {""}
+    for d in list(wanted_dirs):
+        while os.path.dirname(d):
+            d = os.path.dirname(d)
+            wanted_dirs.add(d)
+
+    found = present(dest) if os.path.isdir(dest) and not os.path.islink(dest) else {}
+    if not module.params["purge"]:
+        found = {rel: st for rel, st in found.items() if rel in files or rel in wanted_dirs}
+    removed = sorted(
+        rel for rel, st in found.items()
+        if not (rel in files and stat.S_ISREG(st.st_mode))
+        and not (rel in wanted_dirs and stat.S_ISDIR(st.st_mode))
+    )
+    # what a removed directory held goes with it
+    removed = [rel for rel in removed
+               if not any(rel.startswith(parent + "/") for parent in removed)]
+    written = sorted(rel for rel, content in files.items()
+                     if rel in removed or rel not in found
+                     or stat.S_IMODE(found[rel].st_mode) != mode
+                     or differs(os.path.join(dest, rel), content))
+    changed = bool(written or removed) or not found and not os.path.isdir(dest)
+    result = dict(changed=changed, written=written, removed=removed,
+                  diff=dict(before="".join(f"{r}\n" for r in sorted(set(written) | set(removed))
+                                           if r in found),
+                            after="".join(f"{r}\n" for r in written),
+                            before_header=f"{dest} (files to replace or remove)",
+                            after_header=f"{dest} (files written)"))
+    if module.check_mode or not changed:
+        module.exit_json(**result)
+    try:
+        if os.path.islink(dest):
+            os.unlink(dest)
+        os.makedirs(dest, mode=0o755, exist_ok=True)
+        for rel in removed:
+            path = os.path.join(dest, rel)
+            if os.path.lexists(path):
+                remove(path, os.lstat(path))
+        for d in sorted(wanted_dirs):
+            path = os.path.join(dest, d)
+            if not os.path.isdir(path):
+                os.mkdir(path, 0o755)
+        for rel in written:
+            write(os.path.join(dest, rel), files[rel], mode)
+    except OSError as e:
+        module.fail_json(msg=f"berth_tree: {e.filename or dest}: {e.strerror}", **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""library/berth_tree.py through ansible-playbook: a directory made to hold
+exactly the given files, in one module run."""
+
+import os
+
+import ansible_module
+
+
+def run(tmp_path, dest, files, check=False, **options):
+    return ansible_module.run_module(tmp_path, "berth_tree",
+                                     {"dest": str(dest), "files": files, **options}, check)
+
+
+def tree(dest):
+    return {os.path.relpath(os.path.join(root, name), dest): open(os.path.join(root, name)).read()
+            for root, _, names in os.walk(dest) for name in names}
+
+
+def test_writes_the_tree_then_changes_nothing(tmp_path):
+    dest = tmp_path / "src"
+    files = {"pyproject.toml": "[project]\n", "berth/__init__.py": "", "berth/cli.py": "x = 1\n"}
+    first = run(tmp_path, dest, files)
+    assert first["changed"] and first["written"] == sorted(files)
+    assert tree(dest) == files
+    assert oct((dest / "berth" / "cli.py").stat().st_mode & 0o777) == "0o644"
+    again = run(tmp_path, dest, files)
+    assert not again["changed"] and again["written"] == [] and again["removed"] == []
+
+
+def test_writes_what_changed_and_removes_what_is_gone(tmp_path):
+    dest = tmp_path / "src"
+    run(tmp_path, dest, {"a.py": "1\n", "old/b.py": "2\n", "keep.py": "3\n"})
+    (dest / "stray.pyc").write_text("left by a build")
+    result = run(tmp_path, dest, {"a.py": "changed\n", "keep.py": "3\n"})
+    assert result["written"] == ["a.py"]
+    assert result["removed"] == ["old", "stray.pyc"]
+    assert tree(dest) == {"a.py": "changed\n", "keep.py": "3\n"}
+
+
+def test_a_planted_link_is_removed_not_followed(tmp_path):
+    dest = tmp_path / "src"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "a.py").write_text("not yours\n")
+    run(tmp_path, dest, {"a.py": "1\n"})
+    (dest / "a.py").unlink()
+    (dest / "a.py").symlink_to(outside / "a.py")
+    (dest / "sub").symlink_to(outside)
+    result = run(tmp_path, dest, {"a.py": "1\n", "sub/b.py": "2\n"})
+    assert result["changed"]
+    assert (outside / "a.py").read_text() == "not yours\n" and not (outside / "b.py").exists()
+    assert not (dest / "a.py").is_symlink() and not (dest / "sub").is_symlink()
+    assert tree(dest) == {"a.py": "1\n", "sub/b.py": "2\n"}
+
+
+def test_check_mode_reports_and_writes_nothing(tmp_path):
+    dest = tmp_path / "src"
+    run(tmp_path, dest, {"a.py": "1\n"})
+    result = run(tmp_path, dest, {"a.py": "2\n", "b.py": "3\n"}, check=True)
+    assert result["changed"] and result["written"] == ["a.py", "b.py"]
+    assert tree(dest) == {"a.py": "1\n"}
+
+
+def test_a_path_out_of_dest_is_refused_naming_it(tmp_path):
+    dest = tmp_path / "src"
+    result = run(tmp_path, dest, {"ok.py": "1\n", "../escape.py": "2\n"})
+    assert result["failed"]
+    assert result["msg"] == "berth_tree: files: '../escape.py' is not a relative path below dest"
+    assert not dest.exists() and not (tmp_path / "escape.py").exists()
+
+
+def test_purge_false_leaves_the_others_files(tmp_path):
+    dest = tmp_path / "hooks.d"
+    dest.mkdir()
+    (dest / "50-site.sh").write_text("the site's own\n")
+    (dest / "10-home.sh").symlink_to(tmp_path / "elsewhere")
+    result = run(tmp_path, dest, {"10-home.sh": "ours\n"}, mode="0755", purge=False)
+    assert result["written"] == ["10-home.sh"] and result["removed"] == ["10-home.sh"]
+    assert tree(dest) == {"10-home.sh": "ours\n", "50-site.sh": "the site's own\n"}
+    assert oct((dest / "10-home.sh").stat().st_mode & 0o777) == "0o755"
+    assert not (tmp_path / "elsewhere").exists()
+    assert not run(tmp_path, dest, {"10-home.sh": "ours\n"}, mode="0755", purge=False)["changed"]
