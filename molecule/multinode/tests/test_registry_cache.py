@@ -250,14 +250,15 @@ def test_check_diff_of_changed_secrets_shows_neither_secret(tmp_path):
     args = [arg for key, value in new.items() for arg in ("-e", f"{key}={value}")]
     result = subprocess.run(
         ["ansible-playbook", "-i", str(inventory_copy(tmp_path)), "playbooks/registry_cache.yml",
-         "playbooks/containers.yml", "--check", "--diff", "-v", "--limit", f"{CONTROLLER},{COMPUTE[0]}", *args],
+         "playbooks/containers.yml", "--check", "--diff", "-v", "--limit", CONTROLLER, *args],
         cwd=PROJECT, capture_output=True, text=True, timeout=1200,
-        env={**os.environ, "ANSIBLE_NOCOLOR": "1"})
+        env={**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"})
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     recap = dict(re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", output, re.M))
-    # The cache's configuration and restart, and alice's .credentials: changed, shown without text.
-    assert int(recap[CONTROLLER]) >= 3 and int(recap[COMPUTE[0]]) >= 1, recap
+    # berth-ctl is the cache and a login node: the cache's configuration and
+    # restart, and alice's .credentials, each changed and shown without text.
+    assert int(recap[CONTROLLER]) >= 3, recap
     for secret in [*SECRETS.values(), *new.values()]:
         assert secret not in output
     for secret in new.values():
