@@ -140,11 +140,26 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 {
 	char uri[PATH_MAX], out[PATH_MAX + 1], notice[PATH_MAX + 64], headline[PATH_MAX + 64];
 	char *argv[] = { (char *)conf->berth, "import", "--cache-only", "--reuse", uri, NULL };
-	size_t len;
+	size_t len, archive = image_archive_prefix(flags->image);
+	char path[PATH_MAX];
+	int n;
 
-	if (image_uri(flags->image, uri, sizeof(uri)) < 0) {
+	if (archive > 0 && flags->image[archive] != '/') {
+		/* a relative archive path, from the step's directory as for files */
+		if (user_path(sp, "--container-image", flags->image + archive, path) < 0)
+			return -1;
+		n = snprintf(uri, sizeof(uri), "%.*s%s", (int)archive, flags->image, path);
+		if (n < 0 || (size_t)n >= sizeof(uri)) {
+			slurm_error("spank_berth: --container-image: '%s' is too long", flags->image);
+			return -1;
+		}
+	} else if (image_uri(flags->image, uri, sizeof(uri)) < 0) {
 		slurm_error("spank_berth: --container-image: '%s' is too long", flags->image);
 		return -1;
+	}
+	if (archive > 0) { /* read again each step: a rebuilt archive must not be served stale */
+		argv[3] = uri;
+		argv[4] = NULL;
 	}
 	if (conf->importer[0] != '\0')
 		return import_with_importer(sp, st, conf, flags, uri, sqsh);

@@ -314,15 +314,30 @@ static int looks_like_bare_registry(const char *image)
 	return memchr(image, '.', hostlen) != NULL;
 }
 
+size_t image_archive_prefix(const char *image)
+{
+	/* the archive forms berth import reads, named as skopeo names them */
+	static const char *const prefixes[] = { "docker-archive:", "oci-archive:", "oci:" };
+
+	for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++)
+		if (strncmp(image, prefixes[i], strlen(prefixes[i])) == 0)
+			return strlen(prefixes[i]);
+	return 0;
+}
+
 int set_image(struct container_flags *flags, const char *value,
 	      int check_files, char *err, size_t errlen)
 {
 	struct stat st;
 	size_t n = strlen(value);
+	size_t archive = image_archive_prefix(value);
 
 	if (n == 0)
 		return fail(err, errlen, "--container-image: empty image");
-	if (image_is_file(value)) {
+	if (archive > 0) {
+		if (value[archive] == '\0' || value[archive] == ':')
+			return fail(err, errlen, "--container-image: '%s' names no archive", value);
+	} else if (image_is_file(value)) {
 		if (check_files && stat(value, &st) < 0)
 			return fail(err, errlen, "--container-image: no such file '%s'", value);
 		if (check_files && !S_ISREG(st.st_mode))
@@ -737,7 +752,7 @@ int image_uri(const char *image, char *out, size_t outlen)
 {
 	int n;
 
-	if (strstr(image, "://") != NULL)
+	if (strstr(image, "://") != NULL || image_archive_prefix(image) > 0)
 		n = snprintf(out, outlen, "%s", image);
 	else
 		n = snprintf(out, outlen, "docker://%s", image);

@@ -135,6 +135,8 @@ int apply_edf(struct container_flags *flags, const char *lines,
 
 /* Is the image a squashfs file rather than a registry reference? */
 int image_is_file(const char *image);
+/* Length of a docker-archive:, oci-archive: or oci: prefix, else 0. */
+size_t image_archive_prefix(const char *image);
 /* URI handed to "berth import": docker:// unless a scheme is given */
 int image_uri(const char *image, char *out, size_t outlen);
 /* Cache file name for a registry image: '/', ':', '#', '@' become '+' */

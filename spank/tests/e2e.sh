@@ -207,6 +207,33 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     plugstack
 fi
 
+if [[ $mode == real ]]; then
+    # An air-gapped image: a `docker save` archive of the test image, made by
+    # hand (manifest.json, the config, one layer), on a node with no registry.
+    on_node python3 - <<'PY'
+import hashlib, io, json, tarfile
+layer = io.BytesIO()
+with tarfile.open(fileobj=layer, mode="w") as t:
+    for name in sorted(__import__("os").listdir("/tmp/imgroot")):
+        t.add(f"/tmp/imgroot/{name}", arcname=name)
+data = layer.getvalue()
+diff = hashlib.sha256(data).hexdigest()
+config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/usr/bin:/bin"]},
+                     "rootfs": {"type": "layers", "diff_ids": ["sha256:" + diff]}}).encode()
+config_id = hashlib.sha256(config).hexdigest()
+manifest = json.dumps([{"Config": config_id + ".json", "RepoTags": ["e2e/app:1"],
+                        "Layers": [diff + "/layer.tar"]}]).encode()
+with tarfile.open("/srv/app.tar", "w") as out:
+    for name, body in ((config_id + ".json", config), (diff + "/layer.tar", data),
+                       ("manifest.json", manifest)):
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(body), 0o644
+        out.addfile(info, io.BytesIO(body))
+PY
+    check "--container-image=docker-archive:PATH (relative) runs the saved image" "cp /srv/app.tar . && srun --container-image=docker-archive:app.tar cat /etc/os-release" "ID=berth-test"
+    check "an archive that is not there fails naming it" "srun --container-image=docker-archive:/srv/none.tar true" "failed to import docker image: docker-archive:/srv/none.tar"
+fi
+
 # --environment: the real runtime resolves EDF files; fake-berth hands out
 # the resolved lines (NAME.spank), so the plugin's part runs in both modes.
 on_node sh -ec 'mkdir -p /srv/data/sub /home/alice/.edf

@@ -139,6 +139,15 @@ static void test_image(struct container_flags *f)
 	/* a refused value leaves the previous one in place */
 	CHECK(strcmp(f->image, "/nonexistent/img.sqsh") == 0);
 
+	ACCEPTED(set_image(f, "docker-archive:/srv/app.tar", 1, err, sizeof(err)));
+	ACCEPTED(set_image(f, "oci-archive:app.tar:v1", 1, err, sizeof(err)));
+	ACCEPTED(set_image(f, "oci:/srv/layout", 1, err, sizeof(err)));
+	REFUSED(set_image(f, "docker-archive:", 1, err, sizeof(err)),
+		"--container-image: 'docker-archive:' names no archive");
+	REFUSED(set_image(f, "oci::v1", 1, err, sizeof(err)), "names no archive");
+	CHECK(image_archive_prefix("oci-archive:x.tar") == strlen("oci-archive:"));
+	CHECK(image_archive_prefix("ocifoo:1") == 0 && image_archive_prefix("/x.tar") == 0);
+
 	CHECK(image_is_file("./a.sqsh") && image_is_file("/x") && image_is_file("a.sqsh"));
 	CHECK(!image_is_file("ubuntu:22.04") && !image_is_file("nvcr.io#nvidia/cuda"));
 }
@@ -152,6 +161,8 @@ static void test_image_names(void)
 	CHECK(image_uri("podman://ubuntu", out, sizeof(out)) == 0);
 	CHECK(strcmp(out, "podman://ubuntu") == 0);
 	CHECK(image_uri("ubuntu", out, 8) == -1);
+	CHECK(image_uri("docker-archive:/srv/a.tar", out, sizeof(out)) == 0);
+	CHECK(strcmp(out, "docker-archive:/srv/a.tar") == 0);
 
 	CHECK(image_cache_name("nvcr.io#nvidia/cuda:12.9", out, sizeof(out)) == 0);
 	CHECK(strcmp(out, "nvcr.io+nvidia+cuda+12.9.sqsh") == 0);
