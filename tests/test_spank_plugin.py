@@ -176,6 +176,21 @@ def test_mount_flags_are_the_runtimes():
     assert plugin == runtime
 
 
+def test_archive_image_forms_are_the_runtimes():
+    """--container-image's archive prefixes (options.c) are the archive
+    schemes berth import reads: one the plugin lacked would be sent to a
+    registry as docker://; one the runtime lacked would fail on the node."""
+    text = (SPANK / "options.c").read_text()
+    table = re.search(r"image_archive_prefix.*?prefixes\[\] = \{(.*?)\};", text, re.S).group(1)
+    plugin = set(re.findall(r'"([^"]+):"', table))
+    sys.path.insert(0, str(SPANK.parent / "runtime"))
+    try:
+        from berth import archive
+    finally:
+        sys.path.pop(0)
+    assert plugin == set(archive.SCHEMES)
+
+
 def test_tasks_install_the_runtimes_seccomp_filter():
     """seccomp_filter.h, which joining tasks install, is the runtime's filter
     (berth/seccomp.py) instruction for instruction, on each architecture."""
