@@ -25,6 +25,9 @@ def _add_import(sub):
     where.add_argument("-o", "--output", help="output squashfs file")
     where.add_argument("--cache-only", action="store_true",
                        help="print the path of the image cache's squashfs instead of copying it")
+    p.add_argument("--digest", action="store_true",
+                   help="with --cache-only: a second line with the digest the image was "
+                        "pulled by, as its image.json records it (for the job's log)")
     p.add_argument("--reuse", action="store_true",
                    help="take the image last imported for this URI here without asking the "
                         "registry (a moved tag is not seen); import when there is none")

@@ -8,7 +8,9 @@ path instead: what the SPANK plugin mounts, with no copy; it stays until
 `berth cache prune` removes it (open files survive that). --reuse takes the
 image last imported for the same URI on this node without asking the
 registry at all (the plugin's "once per node"); without it a moved tag
-brings its new image.
+brings its new image. --digest adds a line with the digest the image was
+pulled by, read from the squashfs's image.json: what the plugin logs for
+each step, so that an admin can tell which image a job ran.
 """
 
 import contextlib
@@ -60,6 +62,8 @@ def _import(args, cfg):
             return 0 if any(not line.startswith("blocked:") for line in lines) else 1
         rules.endpoints(ref)
         default = reference.default_output(args.uri)
+    if args.digest and not args.cache_only:
+        raise BerthError("--digest: only with --cache-only")
     safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
     if args.cache_only:
         output = replace = None
@@ -71,6 +75,8 @@ def _import(args, cfg):
     with _cached_image(args, cfg, ref) as image:
         if output is None:
             print(image)
+            if args.digest:
+                print(squash.recorded_digest(image))
         else:
             squash.require_space(os.path.dirname(output), os.path.getsize(image),
                                  "the squashfs image")

@@ -1,6 +1,7 @@
 """squashfs images made with mksquashfs, copied into place, checked for
 truncation, and the free-space checks around them."""
 
+import json
 import os
 import shlex
 import shutil
@@ -9,7 +10,7 @@ import subprocess
 import sys
 
 from berth.errors import BerthError
-from berth.imageconfig import SQUASHFS_MAGIC
+from berth.imageconfig import DIGEST, IMAGE_JSON, SQUASHFS_MAGIC
 
 
 def free_bytes(path):
@@ -104,6 +105,19 @@ def looks_whole(path):
         return False
     magic, used = _SUPERBLOCK.unpack(head)
     return magic == SQUASHFS_MAGIC and 0 < used <= size
+
+
+def recorded_digest(image):
+    """The digest the image's etc/berth/image.json records (what it was
+    pulled by), read without mounting it."""
+    result = subprocess.run(["unsquashfs", "-cat", image, IMAGE_JSON], capture_output=True)
+    try:
+        digest = json.loads(result.stdout)["digest"] if result.returncode == 0 else None
+    except (ValueError, TypeError, KeyError):
+        digest = None
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+        raise BerthError(f"{image}: no digest in its {IMAGE_JSON}")
+    return digest
 
 
 def _umask():

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
     Registry, berth, berth_env, gzipped, imports_at_once, layer_tar, unsquash)
 
+from berth.errors import BerthError  # noqa: E402
 from berth.imageconfig import read_image_config  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
@@ -579,3 +580,27 @@ def test_root_prunes_the_cache_of_a_uid_gone_from_passwd(tmp_path, node):
     assert result.returncode == 0, result.stderr
     assert left(paths) == ["image1"]
     assert {path.lstat().st_uid for path in (base / "cache").rglob("*")} == {gone}
+
+
+def test_cache_only_digest_names_what_the_image_was_pulled_by(tmp_path, env, proxy, registry):
+    by_tag = berth(["--quiet", "import", "--cache-only", "--digest", uri_of(proxy)], env, tmp_path)
+    assert by_tag.returncode == 0, by_tag.stderr
+    [entry] = entries(tmp_path)
+    assert by_tag.stdout == f"{entry}\n{registry.app_digest}\n"
+    reused = berth(["--quiet", "import", "--cache-only", "--reuse", "--digest", uri_of(proxy)],
+                   env, tmp_path)
+    assert reused.stdout == by_tag.stdout
+
+    plain = berth(["import", "--digest", "-o", "x.sqsh", uri_of(proxy)], env, tmp_path)
+    assert plain.returncode == 1 and "--digest: only with --cache-only" in plain.stderr
+    assert not (tmp_path / "x.sqsh").exists()
+
+
+
+def test_a_squashfs_without_image_json_has_no_digest(tmp_path):
+    from berth import squash
+    (tmp_path / "root/etc").mkdir(parents=True)
+    image = tmp_path / "plain.sqsh"
+    subprocess.run(["mksquashfs", tmp_path / "root", image, "-quiet", "-no-progress"], check=True)
+    with pytest.raises(BerthError, match="plain.sqsh: no digest in its etc/berth/image.json"):
+        squash.recorded_digest(str(image))
