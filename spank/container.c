@@ -89,6 +89,28 @@ static int lock_file(const char *path)
 	return fd;
 }
 
+/*
+ * One line per step and node in slurmd's log, so that an admin can answer
+ * "which image did job N run?" after the fact (the tag a user named may
+ * have moved since): the image as given, and the digest the runtime, as
+ * the user, says it was pulled by.
+ */
+static void log_image(const struct step *st, const char *image, const char *digest)
+{
+	slurm_info("spank_berth: step %s of uid %u runs image %s digest %s", st->label,
+		   (unsigned int)st->uid, image, digest);
+}
+
+/* Whether text is one non-empty line, its newline removed. */
+static int one_line(char *text)
+{
+	size_t len = strlen(text);
+
+	if (len > 0 && text[len - 1] == '\n')
+		text[--len] = '\0';
+	return len > 0 && strchr(text, '\n') == NULL;
+}
+
 /* A custom importer's copy of a registry image in state_dir/images, made once per node. */
 static int import_with_importer(spank_t sp, const struct step *st, const struct plugin_conf *conf,
 				const struct container_flags *flags, const char *uri, char *sqsh)
@@ -125,6 +147,8 @@ static int import_with_importer(spank_t sp, const struct step *st, const struct 
 			unlink(tmp);
 	}
 	close(lock_fd);
+	if (rc == 0)
+		log_image(st, uri, "(not known: the plugstack importer made it)");
 	return rc;
 }
 
@@ -138,8 +162,10 @@ static int import_with_importer(spank_t sp, const struct step *st, const struct 
 static int import_image(spank_t sp, const struct step *st, const struct plugin_conf *conf,
 			const struct container_flags *flags, char *sqsh)
 {
-	char uri[PATH_MAX], out[PATH_MAX + 1], notice[PATH_MAX + 64], headline[PATH_MAX + 64];
-	char *argv[] = { (char *)conf->berth, "import", "--cache-only", "--reuse", uri, NULL };
+	char uri[PATH_MAX], out[PATH_MAX + 128], notice[PATH_MAX + 64], headline[PATH_MAX + 64];
+	char *digest;
+	char *argv[] = { (char *)conf->berth, "import", "--cache-only", "--digest", "--reuse", uri,
+			 NULL };
 	size_t len, archive = image_archive_prefix(flags->image);
 	char path[PATH_MAX];
 	int n;
@@ -158,8 +184,8 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 		return -1;
 	}
 	if (archive > 0) { /* read again each step: a rebuilt archive must not be served stale */
-		argv[3] = uri;
-		argv[4] = NULL;
+		argv[4] = uri;
+		argv[5] = NULL;
 	}
 	if (conf->importer[0] != '\0')
 		return import_with_importer(sp, st, conf, flags, uri, sqsh);
@@ -168,15 +194,18 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 	if (snprintf(notice, sizeof(notice), "importing %s into this node's image cache", uri) < 0 ||
 	    run_cmd(sp, st, conf, "berth import", argv, out, sizeof(out), notice, headline) < 0)
 		return -1;
+	/* two lines: the cached squashfs, then the digest it was pulled by */
+	digest = strchr(out, '\n');
+	if (digest != NULL)
+		*digest++ = '\0';
 	len = strlen(out);
-	if (len > 0 && out[len - 1] == '\n')
-		out[--len] = '\0';
-	if (out[0] != '/' || len >= PATH_MAX || strchr(out, '\n') != NULL) {
+	if (digest == NULL || out[0] != '/' || len >= PATH_MAX || !one_line(digest)) {
 		slurm_error("spank_berth: %s", headline);
-		slurm_error("spank_berth: berth import printed no path for %s", uri);
+		slurm_error("spank_berth: berth import printed no path and digest for %s", uri);
 		return -1;
 	}
 	memcpy(sqsh, out, len + 1);
+	log_image(st, uri, digest);
 	return 0;
 }
 
@@ -184,8 +213,12 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 static int resolve_image(spank_t sp, const struct step *st, const struct plugin_conf *conf,
 			 const struct container_flags *flags, char *sqsh)
 {
-	if (image_is_file(flags->image))
-		return user_path(sp, "--container-image", flags->image, sqsh);
+	if (image_is_file(flags->image)) {
+		if (user_path(sp, "--container-image", flags->image, sqsh) < 0)
+			return -1;
+		log_image(st, sqsh, "(a squashfs file)");
+		return 0;
+	}
 	return import_image(sp, st, conf, flags, sqsh);
 }
 

@@ -193,8 +193,16 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     reg="--container-image=registry.local#test/img:1"
     check "registry image imported" "srun $reg cat /etc/os-release" "ID=berth-test"
     check "registry image reused" "srun $reg cat /etc/os-release" "ID=berth-test"
-    check "each step asks the runtime's image cache" "grep -c '^import --cache-only --reuse docker://registry.local#test/img:1\$' /var/tmp/fake-berth-1000/calls" "2"
+    check "each step asks the runtime's image cache" "grep -c '^import --cache-only --digest --reuse docker://registry.local#test/img:1\$' /var/tmp/fake-berth-1000/calls" "2"
     check "imported once" "grep -c test/img /var/tmp/fake-berth-1000/copies" "1"
+    # which image a job ran, for the admin: a line per step in slurmd's log (root's to read)
+    img_digest=sha256:$(printf %s 'docker://registry.local#test/img:1' | sha256sum | cut -c1-64)
+    logged=$(on_node grep -c "spank_berth: step [0-9]*\.[0-9]* of uid 1000 runs image docker://registry.local#test/img:1 digest $img_digest\$" /var/log/slurm/slurmd.log || true)
+    if [[ $logged == 2 ]]; then echo "ok   each step's image and digest in slurmd's log"
+    else echo "FAIL each step's image and digest in slurmd's log: $logged lines"; failures=$((failures + 1)); fi
+    logged=$(on_node grep -c 'runs image /srv/img.sqsh digest (a squashfs file)$' /var/log/slurm/slurmd.log || true)
+    if [[ $logged -ge 1 ]]; then echo "ok   a squashfs file step in slurmd's log"
+    else echo "FAIL a squashfs file step in slurmd's log: $logged lines"; failures=$((failures + 1)); fi
     other="--container-image=registry.local#test/other:2"
     check "concurrent steps import once" "(srun $other true & srun $other true; wait) >/dev/null 2>&1; grep -c other /var/tmp/fake-berth-1000/copies" "1"
     absent "no image copy under runtime_path" "ls /run/berth/1000/spank" "images"
