@@ -237,3 +237,14 @@ def test_srun_loads_the_plugin_with_the_written_options(tmp_path):
     sbatch = subprocess.run(["sbatch", "--container-image=x", "--wrap=true"], env=env,
                             capture_output=True, text=True, timeout=30)
     assert "unrecognized option" in sbatch.stderr  # sbatch_support=no reached the plugin
+
+
+def test_a_new_plugin_or_berth_conf_restarts_no_daemon():
+    """Slurm loads the plugin and berth.conf afresh for every command, step and
+    epilog (roles/spank_plugin/handlers/main.yml): nothing may restart slurmd
+    or slurmctld under running jobs for them."""
+    role = REPO / "roles" / "spank_plugin"
+    assert yaml.safe_load((role / "handlers" / "main.yml").read_text()) == []
+    for tasks in (role / "tasks").glob("*.yml"):
+        for task in yaml.safe_load(tasks.read_text()) or []:
+            assert "notify" not in task, f"{tasks.name}: {task.get('name')}"
