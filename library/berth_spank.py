@@ -16,6 +16,10 @@ description:
   - Idempotent. The hash of the sources and the Slurm version are kept in a stamp file
     C(<dest>.stamp) next to the plugin; the plugin is rebuilt only when either changed,
     or when the installed plugin is missing or is not the one the stamp records.
+  - The new plugin is written next to O(dest) as C(<dest>.new), synced to disk and renamed
+    over O(dest), so a running C(slurmstepd) or C(srun) keeps the file it loaded and a crash
+    leaves the old plugin or the new one. A failed build or install leaves the installed
+    plugin and its stamp as they were.
 version_added: "0.1.0"
 options:
   src:
@@ -82,6 +86,7 @@ rebuilt_because:
   sample: slurm version 22.05.7 -> 22.05.8
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -182,8 +187,39 @@ def rebuild_reason(previous, wanted, dest):
     return ""
 
 
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def install_file(write, dest, mode):
+    """Put a new `dest` in place whole or not at all. `write(file)` fills
+    dest.new, which is synced to disk, renamed over dest, and the directory
+    synced: after a crash dest is the old file or the new one, never a part
+    of one. An error before the rename removes dest.new and leaves dest as
+    it was. Processes that have the old file open or mapped keep it: the
+    rename gives dest a new inode and leaves theirs alone."""
+    staged = dest + ".new"
+    try:
+        with open(staged, "wb") as f:
+            write(f)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(staged, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
+        raise
+    fsync_dir(os.path.dirname(dest))
+
+
 def build_and_install(module, src, include, dest):
-    """Build in a temporary copy; install atomically; return the plugin's hash."""
+    """Build in a temporary copy; install atomically; return the plugin's hash.
+    A failed build or install leaves the installed plugin as it was."""
     with tempfile.TemporaryDirectory(prefix="berth-spank-") as tmp:
         build_src = os.path.join(tmp, "src")
         out = os.path.join(tmp, "out")
@@ -194,20 +230,22 @@ def build_and_install(module, src, include, dest):
             ["make", "-C", build_src, f"O={out}", f"SLURM_INCLUDE={include}", "all"])
         if rc != 0:
             module.fail_json(msg=f"building spank_berth.so failed: {(stderr or stdout).strip()}")
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        staged = dest + ".new"
-        shutil.copy(os.path.join(out, "spank_berth.so"), staged)
-        os.chmod(staged, 0o755)
-        os.replace(staged, dest)
+        built = os.path.join(out, "spank_berth.so")
+        try:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(built, "rb") as so:
+                install_file(lambda f: shutil.copyfileobj(so, f), dest, 0o755)
+        except OSError as e:
+            # only syncing the directory comes after the rename
+            placed = os.path.exists(dest) and file_sha256(dest) == file_sha256(built)
+            module.fail_json(msg=f"installing {dest} failed: {e}; "
+                             + ("the new plugin is in place" if placed else "the plugin in place is unchanged"))
     return file_sha256(dest)
 
 
 def write_stamp(stamp, values):
-    staged = stamp + ".new"
-    with open(staged, "w", encoding="utf-8") as f:
-        json.dump(values, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(staged, stamp)
+    text = json.dumps(values, indent=1, sort_keys=True) + "\n"
+    install_file(lambda f: f.write(text.encode()), stamp, 0o644)
 
 
 def main():
@@ -243,7 +281,11 @@ def main():
     after = dict(wanted, plugin_sha256=previous.get("plugin_sha256", ""))
     if reason and not module.check_mode:
         after["plugin_sha256"] = build_and_install(module, src, include, dest)
-        write_stamp(stamp, after)
+        try:
+            write_stamp(stamp, after)
+        except OSError as e:
+            # the next run finds the plugin unlike its stamp and builds again
+            module.fail_json(msg=f"writing {stamp} failed: {e}")
     elif reason:
         after["plugin_sha256"] = "(rebuilt)"
     module.exit_json(

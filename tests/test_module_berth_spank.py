@@ -4,7 +4,10 @@ The installed Slurm is played by a script that prints `slurm VERSION`, and the
 headers by a copy of /usr/include/slurm whose version can be changed, so
 version changes and mismatches can be shown on one machine."""
 
+import errno
+import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -150,3 +153,71 @@ def test_bad_slurm_binary_is_named(tmp_path, setup):
     assert result["failed"] is True
     assert f"slurm_binary: '{slurm.binary} -V' did not name a Slurm version" in result["msg"]
 
+
+
+def load_module():
+    spec = importlib.util.spec_from_file_location("berth_spank", REPO / "library" / "berth_spank.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_in_process(monkeypatch, capsys, module_args):
+    """main() in this process, so that the test can watch its system calls."""
+    from ansible.module_utils import basic
+    monkeypatch.setattr(basic, "_ANSIBLE_ARGS", json.dumps({"ANSIBLE_MODULE_ARGS": module_args}).encode())
+    monkeypatch.setattr(basic, "_ANSIBLE_PROFILE", "legacy", raising=False)  # as a module run from a file
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        load_module().main()
+    return json.loads(capsys.readouterr().out)
+
+
+def path_of(fd):
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def test_the_new_plugin_is_synced_to_disk_before_it_replaces_the_old(tmp_path, setup, monkeypatch, capsys):
+    """Without the sync, a crash after the rename can leave a plugin file of
+    the right name and no content: every step on that node would fail."""
+    src, _, dest, args = setup
+    assert run_module(tmp_path, args)["changed"] is True
+    (src / "spank_berth.c").write_text((src / "spank_berth.c").read_text() + "\n/* edit */\n")
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", path_of(fd))), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a), str(b))),
+                                                      real_replace(a, b))[1])
+    result = run_in_process(monkeypatch, capsys, args)
+    assert result["changed"] is True and result["rebuilt_because"] == "plugin sources changed", result
+    staged = f"{dest}.new"
+    replace = events.index(("replace", staged, str(dest)))
+    assert ("fsync", staged) in events[:replace], events
+    assert ("fsync", str(dest.parent)) in events[replace:], events
+    assert not Path(staged).exists()
+
+
+def test_a_failed_install_leaves_the_plugin_and_its_stamp(tmp_path, setup, monkeypatch, capsys):
+    src, _, dest, args = setup
+    assert run_module(tmp_path, args)["changed"] is True
+    installed = dest.read_bytes()
+    stamp = Path(f"{dest}.stamp").read_text()
+    (src / "spank_berth.c").write_text((src / "spank_berth.c").read_text() + "\n/* edit */\n")
+    real_fsync = os.fsync
+
+    def disk_full(fd):
+        if path_of(fd).endswith(".so.new"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    result = run_in_process(monkeypatch, capsys, args)
+    assert result["failed"] is True
+    assert result["msg"] == (f"installing {dest} failed: [Errno {errno.ENOSPC}] No space left on device; "
+                             "the plugin in place is unchanged")
+    assert dest.read_bytes() == installed
+    assert Path(f"{dest}.stamp").read_text() == stamp
+    assert not Path(f"{dest}.new").exists()
+    # and the next run, with the disk back, builds it
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert run_module(tmp_path, args)["rebuilt_because"] == "plugin sources changed"
