@@ -14,6 +14,7 @@ stage "ansible-lint (production profile)"
 ansible-lint --profile production --offline
 stage "syntax check"
 ansible-playbook --syntax-check -i inventories/example/hosts.yml site.yml
+ansible-playbook --syntax-check -i inventories/example/hosts.yml playbooks/upgrade.yml
 stage "module documentation"
 for module in library/*.py; do
     name=$(basename "$module" .py)
