@@ -146,6 +146,17 @@ def _add_cache(sub):
                        help="then keep at most SIZE: bytes, or with K, M, G, T (500M, 20G)")
 
 
+def _add_store(sub):
+    p = sub.add_parser("store", help="the shared image store (BERTH_IMAGE_STORE)",
+                       description="'serve' answers one request of the store's socket (run by "
+                       "systemd as the store's account); 'list' shows the store's images.")
+    store_sub = p.add_subparsers(dest="store_verb", metavar="serve|list", required=True)
+    store_sub.add_parser(
+        "serve", help="read a registry reference on stdin, import it into the store, "
+        "answer 'ok PATH', 'private REASON' or 'error REASON' on stdout")
+    store_sub.add_parser("list", help="the store's images: size, last use, URI, path")
+
+
 def _add_version(sub):
     sub.add_parser("version", help="print the version")
 
@@ -163,6 +174,7 @@ VERBS = {
     "edf": (_add_edf, "berth.edf:cmd_edf"),
     "setup-user": (_add_setup_user, "berth.userdirs:cmd_setup_user"),
     "cache": (_add_cache, "berth.imagecache:cmd_cache"),
+    "store": (_add_store, "berth.store:cmd_store"),
     "version": (_add_version, "berth.cli:cmd_version"),
 }
 

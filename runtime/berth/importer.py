@@ -11,13 +11,19 @@ registry at all (the plugin's "once per node"); without it a moved tag
 brings its new image. --digest adds a line with the digest the image was
 pulled by, read from the squashfs's image.json: what the plugin logs for
 each step, so that an admin can tell which image a job ran.
+
+With BERTH_IMAGE_STORE set, --cache-only of a registry image without USER@
+takes the shared store's entry (store.py): with --reuse the one last
+imported there, else the one the store's socket answers; an image the store
+cannot pull without credentials, or no store service on this node, is
+imported into the caller's own cache as before, with a line saying why.
 """
 
 import contextlib
 import os
 import signal
 
-from berth import archive, reference, registries, safedir, squash
+from berth import archive, reference, registries, safedir, squash, store
 from berth.errors import BerthError
 from berth.imagecache import ImageCache
 
@@ -86,9 +92,17 @@ def _import(args, cfg):
 
 @contextlib.contextmanager
 def _cached_image(args, cfg, ref):
-    """The image cache's squashfs for this import, locked (against prune) while in use."""
+    """The image cache's squashfs for this import, locked (against prune) while
+    in use; with a shared image store (store.py), the store's entry when it
+    has or makes one."""
     images = ImageCache(cfg["ENROOT_CACHE_PATH"])
     options = squash.options(cfg)
+    shared = store.serves(args, cfg, ref)
+    if shared and args.reuse:
+        image = store.reused(cfg, args.uri, options, args.quiet)
+        if image is not None:
+            yield image
+            return
     key = images.remembered(args.uri, options) if args.reuse else None
     if key is not None:
         with images.locked(key, ref, args.quiet):
@@ -96,6 +110,11 @@ def _cached_image(args, cfg, ref):
             if image is not None:
                 yield image
                 return
+    if shared:
+        image = store.ask(cfg, args.uri, args.quiet)
+        if image is not None:
+            yield image
+            return
     if isinstance(ref, archive.Archive):
         with archive.cached_image(args, cfg, ref, images, options) as image:
             yield image

@@ -1,0 +1,441 @@
+"""The shared image store (runtime/README.md, "Shared image store"): one
+image cache on a filesystem every node mounts, written only by the store's
+account, read by every user.
+
+`berth store serve` is the store's side: systemd starts one per connection
+to the store's socket (Accept=yes, the connection as stdin and stdout), as
+BERTH_IMAGE_STORE_OWNER. It reads one request line, a registry reference,
+imports it into BERTH_IMAGE_STORE as `import --cache-only` would, with the
+admin's enroot.conf and registries.conf and without any credentials, and
+answers one line:
+
+    ok PATH            the store's entry (images/<key>.sqsh)
+    private REASON     the registry wants credentials (401, 403, or a 404
+                       that may hide a private repository)
+    error REASON       anything else (a refused request, a blocked registry,
+                       a broken image)
+
+The user's side is in `berth import --cache-only` (importer.py): ask(),
+reused() and entry(), which accepts a path only if it is an entry of the
+store owned by its account and writable by nobody else. Nothing on the
+user's side writes in the store: no lock, no mark of use, no removal.
+
+`berth store list` shows the entries, reading only.
+"""
+
+import contextlib
+import dataclasses
+import os
+import pwd
+import re
+import select
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+import types
+
+from berth import archive, reference, registries, safedir, squash
+from berth.errors import BerthError
+from berth.imagecache import ImageCache
+
+REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
+REQUEST_TIMEOUT = 30  # seconds a connection has to send its request
+_ANSWER_MAX = 8192  # "ok " and a path; more is not an answer of ours
+_IMAGE_NAME = re.compile(r"[0-9a-f]{64}\.sqsh")
+_DIRS = (("images",), ("blobs",), ("blobs", "sha256"), ("locks",), ("uris",))
+
+
+class NeedsCredentials(BerthError):
+    """The registry would not give the image without credentials."""
+
+
+def path_of(cfg):
+    """BERTH_IMAGE_STORE, or None when no store is configured."""
+    store = cfg["BERTH_IMAGE_STORE"].strip()
+    if not store:
+        return None
+    if not os.path.isabs(store):
+        raise BerthError(f"BERTH_IMAGE_STORE={store}: not an absolute path")
+    return store
+
+
+def owner_uid(cfg):
+    """The uid of BERTH_IMAGE_STORE_OWNER (a user name, or a uid)."""
+    owner = cfg["BERTH_IMAGE_STORE_OWNER"].strip()
+    if owner.isdigit():
+        return int(owner)
+    try:
+        return pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        raise BerthError(f"BERTH_IMAGE_STORE_OWNER={owner}: no such user here") from None
+
+
+# -- the user's side (berth import --cache-only) -------------------------------
+
+def serves(args, cfg, ref):
+    """Whether this import goes through the store: --cache-only of a
+    registry reference without USER@ (the store pulls anonymously) for this
+    node's platform, with a store configured."""
+    return (args.cache_only and isinstance(ref, reference.Reference) and not ref.user
+            and not args.arch and path_of(cfg) is not None)
+
+
+def reused(cfg, uri, options, quiet):
+    """For --reuse: the store's entry last imported for `uri`, checked, or
+    None. Reads only: the store is not the caller's to mark or repair."""
+    store = path_of(cfg)
+    images = ImageCache(store)
+    key = images.remembered(uri, options)
+    if key is None or not os.path.lexists(images.path(key)):
+        return None
+    try:
+        return entry(cfg, images.path(key))
+    except BerthError as e:
+        if not quiet:
+            print(f"berth: not reusing the image store's entry of {uri}: {e}", file=sys.stderr)
+        return None
+
+
+def ask(cfg, uri, quiet):
+    """The store's entry of `uri`, asked of the store's socket; None when
+    the caller must import into its own cache (said on stderr unless
+    quiet). Waits as long as the import takes: SIGTERM ends the wait."""
+    path = cfg["BERTH_IMAGE_STORE_SOCKET"]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+        try:
+            sock.connect(path)
+        except OSError as e:
+            return _own_cache(quiet, f"no image store answers at {path} ({e.strerror or e})")
+        with contextlib.suppress(OSError):  # (an early answer is read all the same)
+            sock.sendall(uri.encode() + b"\n")
+            sock.shutdown(socket.SHUT_WR)
+        answer = _read_answer(sock, path)
+    if answer is None:
+        return _own_cache(quiet, f"the image store at {path} closed without answering")
+    kind, _, rest = answer.partition(" ")
+    if kind == "ok":
+        return entry(cfg, rest)
+    if kind == "private":
+        return _own_cache(quiet, f"the image store cannot pull {uri} without credentials")
+    if kind == "error":
+        raise BerthError(f"the image store: {rest}")
+    raise BerthError(f"the image store at {path} answered {answer[:100]!r}, "
+                     "not ok, private or error; refusing it")
+
+
+def _own_cache(quiet, why):
+    if not quiet:
+        print(f"berth: {why}; importing into your own cache", file=sys.stderr)
+    return None
+
+
+def _read_answer(sock, path):
+    data = b""
+    while b"\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > _ANSWER_MAX:
+            raise BerthError(f"the image store at {path} answered more than "
+                             f"{_ANSWER_MAX} bytes; refusing it")
+    if not data:
+        return None
+    line, _, rest = data.partition(b"\n")
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or rest or not text.isprintable():
+        raise BerthError(f"the image store at {path} answered {data[:100]!r}, not one line; "
+                         "refusing it")
+    return text
+
+
+def entry(cfg, path):
+    """`path` if it is a whole entry of the store (images/<key>.sqsh, a
+    regular file of the store's account that nobody else may write, in
+    directories nobody else may write), as its resolved path."""
+    store = os.path.realpath(path_of(cfg))
+    images = os.path.join(store, "images")
+    real = os.path.realpath(path)
+
+    def refuse(why):
+        return BerthError(f"the image store's answer {path}: {why}; refusing it")
+
+    if not os.path.isabs(path) or os.path.dirname(real) != images \
+            or not _IMAGE_NAME.fullmatch(os.path.basename(real)):
+        raise refuse(f"not an image of BERTH_IMAGE_STORE={path_of(cfg)}")
+    uid = owner_uid(cfg)
+    for directory in (store, images):
+        st = os.stat(directory)
+        if st.st_uid not in (uid, 0) or st.st_mode & 0o022:
+            raise refuse(f"{directory} is not the store account's alone (owner uid "
+                         f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
+    try:
+        st = os.lstat(real)
+    except FileNotFoundError:
+        raise refuse("no such file") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise refuse("not a regular file")
+    if st.st_uid != uid:
+        raise refuse(f"owned by uid {st.st_uid}, not by BERTH_IMAGE_STORE_OWNER "
+                     f"{cfg['BERTH_IMAGE_STORE_OWNER']} (uid {uid})")
+    if st.st_mode & 0o022:
+        raise refuse(f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
+    if not squash.looks_whole(real):
+        raise refuse("not a whole squashfs")
+    return real
+
+
+# -- berth store serve | list ------------------------------------------------------
+
+def cmd_store(args, cfg):
+    if args.store_verb == "serve":
+        return _serve(cfg)
+    return _list(cfg)
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _terminated(signum, frame):
+    raise _Terminated()
+
+
+def _serve(cfg):
+    """One request, one answer line on stdout; the reason of an error on
+    stderr (the journal) too."""
+    signal.signal(signal.SIGTERM, _terminated)
+    os.umask(0o022)
+    try:
+        kind, text = "ok", _serve_request(cfg)
+    except NeedsCredentials as e:
+        kind, text = "private", str(e)
+    except BerthError as e:
+        kind, text = "error", str(e)
+    except _Terminated:
+        kind, text = "error", "the image store's import was interrupted by SIGTERM"
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        kind, text = "error", f"{where}{e.strerror or e}"
+    text = " ".join(text.split())  # one line, whatever the reason held
+    _drain(sys.stdin.fileno())
+    with contextlib.suppress(OSError):
+        sys.stdout.write(f"{kind} {text}\n")
+        sys.stdout.flush()
+    if kind == "error":
+        raise BerthError(f"store serve: {text}")
+    return 0
+
+
+def _drain(fd, most=1 << 20):
+    """Read what the client sent past its request (bounded): a socket closed
+    with unread data resets the connection, and the answer with it."""
+    with contextlib.suppress(OSError, ValueError):
+        while most > 0 and select.select([fd], [], [], 0.2)[0]:
+            chunk = os.read(fd, min(most, 1 << 16))
+            if not chunk:
+                return
+            most -= len(chunk)
+
+
+def _serve_request(cfg):
+    if os.geteuid() == 0:
+        raise BerthError("berth store serve refuses to run as root; run it as the store's "
+                         f"account ({cfg['BERTH_IMAGE_STORE_OWNER']})")
+    store = path_of(cfg)
+    if store is None:
+        raise BerthError("no image store here: BERTH_IMAGE_STORE is not set")
+    uid = owner_uid(cfg)
+    if os.geteuid() != uid:
+        raise BerthError(f"berth store serve runs as uid {os.geteuid()}, not as "
+                         f"BERTH_IMAGE_STORE_OWNER {cfg['BERTH_IMAGE_STORE_OWNER']} (uid {uid})")
+    uri = _request(sys.stdin.fileno())
+    ref = _registry_reference(uri)
+    _make_store(store)
+    return _import(cfg, store, uri, ref)
+
+
+def _request(fd):
+    """The request line: at most REQUEST_MAX bytes of UTF-8 text, ended by a
+    newline or the end of the stream, and nothing after it."""
+    data, deadline, ended = b"", time.monotonic() + REQUEST_TIMEOUT, False
+    while b"\n" not in data and len(data) <= REQUEST_MAX:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise BerthError(f"no request line within {REQUEST_TIMEOUT} s")
+        chunk = os.read(fd, REQUEST_MAX + 2 - len(data))
+        if not chunk:
+            ended = True
+            break
+        data += chunk
+    line, newline, rest = data.partition(b"\n")
+    if len(line) > REQUEST_MAX:
+        raise BerthError(f"the request is longer than {REQUEST_MAX} bytes")
+    if newline and not ended and not rest and select.select([fd], [], [], 0)[0]:
+        rest = os.read(fd, 1)
+    if rest:
+        raise BerthError("the request is more than one line")
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BerthError("the request is not UTF-8 text") from None
+    if not text:
+        raise BerthError("empty request: send one registry reference")
+    if not text.isprintable():
+        raise BerthError("the request holds control characters")
+    return text
+
+
+def _registry_reference(uri):
+    if archive.is_archive(uri):
+        raise BerthError(f"{uri[:200]}: the image store imports registry images only, "
+                         "no archives")
+    ref = reference.parse(uri)
+    if ref.user:
+        raise BerthError(f"{uri}: the image store pulls without credentials; a reference "
+                         "with USER@ is imported into the user's own cache")
+    return ref
+
+
+def _make_store(store):
+    """The store's directories, 0755 and the account's: every user reads
+    them, nobody else writes them. (The import itself would make them 0700.)"""
+    for parts in ((), *_DIRS):
+        path = os.path.join(store, *parts)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o755)
+        safedir.check(path, "BERTH_IMAGE_STORE" if not parts else "the image store's directory")
+        if stat.S_IMODE(os.stat(path).st_mode) & 0o055 != 0o055:
+            os.chmod(path, 0o755)
+
+
+def _import(cfg, store, uri, ref):
+    """`berth import --cache-only --quiet URI` into the store, anonymously."""
+    from berth import pull  # (the HTTP stack: only where a request is made)
+    store_cfg = _store_config(cfg, store)
+    plan = registries.load(cfg["ENROOT_SYSCONF_PATH"]).endpoints(ref)  # blocked: refused
+    source, manifest, digest, manifest_digest = _anonymous_answer(pull, plan, ref, store_cfg)
+    args = types.SimpleNamespace(uri=uri, arch=None, quiet=True)
+    with pull.build_cached(args, store_cfg, ImageCache(store), squash.options(cfg), ref, source,
+                           manifest, digest, manifest_digest) as image:
+        return image
+
+
+def _store_config(cfg, store):
+    from berth.config import Config
+    # ENROOT_CONFIG_PATH is never read here (no .credentials): it names
+    # nothing, so that a later change that reads it finds no file.
+    return Config({**dict(cfg.items()), "ENROOT_CACHE_PATH": store,
+                   "ENROOT_CONFIG_PATH": "/nonexistent/berth-store"})
+
+
+def _anonymous_answer(pull, plan, ref, cfg):
+    """pull._first_answer without credentials, telling a registry that wants
+    them (NeedsCredentials, from any endpoint) from other failures."""
+    failures, wanted, last = [], False, None
+    registry_class = _anonymous_registry()
+    for endpoint, candidate in plan:
+        endpoint_ref = dataclasses.replace(candidate, registry=endpoint.host,
+                                           repository=endpoint.repository, user="")
+        registry = registry_class(endpoint_ref, cfg, None, "", insecure=endpoint.insecure)
+        try:
+            registry.connect()
+            try:
+                found = pull._platform_manifest(registry, endpoint_ref, None)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                raise BerthError(f"the manifest of {endpoint_ref} is malformed") from None
+        except BerthError as e:
+            wanted = wanted or isinstance(e, NeedsCredentials)
+            failures.append(f"{endpoint.name(candidate)}: {e}")
+            last = e
+            continue
+        return (registry, *found)
+    if len(plan) == 1:
+        raise last
+    message = f"cannot get {ref} from any of {len(plan)} places: {'; '.join(failures)}"
+    raise NeedsCredentials(message) if wanted else BerthError(message)
+
+
+def _anonymous_registry():
+    from berth.registry import Registry
+
+    class Anonymous(Registry):
+        """Asks without credentials; where the registry wants some, or will
+        not say whether the repository exists, raises NeedsCredentials."""
+
+        def _denied(self):
+            return NeedsCredentials(f"registry {self.ref.registry} wants credentials for "
+                                    f"{self.ref.repository}")
+
+        def _get(self, url, **kwargs):
+            response = super()._get(url, **kwargs)
+            if "/manifests/" in url and response.status_code in (401, 403, 404):
+                response.close()
+                raise NeedsCredentials(
+                    f"registry {self.ref.registry} answered {response.status_code} for "
+                    f"{self.ref.repository} (private, or not there)")
+            if url.endswith("/v2/") and response.status_code == 403:
+                response.close()
+                raise NeedsCredentials(f"registry {self.ref.registry} answered 403")
+            return response
+
+    return Anonymous
+
+
+def _list(cfg):
+    """One line per entry, least recently used first: size, last use, the
+    URI it was imported from (image.json's source; "(older)" when the
+    store's latest for that URI is another entry), path."""
+    store = path_of(cfg)
+    if store is None:
+        raise BerthError("no image store here: BERTH_IMAGE_STORE is not set")
+    images = os.path.join(store, "images")
+    uris = os.path.join(store, "uris")
+    latest = set()
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(uris):
+            with contextlib.suppress(OSError):
+                latest.add(os.path.basename(os.readlink(os.path.join(uris, name))))
+    try:
+        with os.scandir(images) as items:
+            found = [(item.stat(follow_symlinks=False), item.name) for item in items
+                     if _IMAGE_NAME.fullmatch(item.name) and item.is_file(follow_symlinks=False)]
+    except FileNotFoundError:
+        found = []
+    except OSError as e:
+        raise BerthError(f"{images}: {e.strerror}") from None
+    for st, name in sorted(found, key=lambda pair: pair[0].st_mtime):
+        path = os.path.join(images, name)
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(st.st_mtime))
+        older = "" if name in latest else " (older)"
+        print(f"{_human(st.st_size):>8}  {used}  {_source(path)}{older}  {path}")
+    return 0
+
+
+def _source(image):
+    """The URI an entry was imported from, as its image.json records it."""
+    import json
+    from berth.imageconfig import IMAGE_JSON
+    result = subprocess.run(["unsquashfs", "-cat", image, IMAGE_JSON], capture_output=True,
+                            check=False)
+    try:
+        source = json.loads(result.stdout)["source"] if result.returncode == 0 else None
+    except (ValueError, TypeError, KeyError):
+        source = None
+    return source if isinstance(source, str) and source.isprintable() and source else "?"
+
+
+def _human(size):
+    for unit in "BKMG":
+        if size < 1024:
+            break
+        size /= 1024
+    else:
+        unit = "T"
+    return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"

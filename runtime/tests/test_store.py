@@ -1,0 +1,525 @@
+"""The shared image store (store.py): `berth store serve` as the store's
+account behind a Unix socket, and `berth import --cache-only` of ordinary
+users as its clients, against a real registry behind the counting proxy.
+
+The socket's service is this test's: a thread accepts each connection and
+runs one `berth store serve` with it as stdin and stdout, as the throw-away
+store account (setpriv, keeping the environment), as systemd's
+berth-store.socket (Accept=yes) would.
+"""
+
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from registry_fixture import Proxy, berth, berth_env, gzipped, layer_tar  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(not shutil.which("docker-registry"),
+                       reason="needs docker-registry (Debian package docker-registry)"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="plays the store's account and two users"),
+]
+
+BASE = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=berth\n")))
+TOP = gzipped(layer_tar(("file", "etc/added", b"added\n")))
+STORE_USER, ALICE, BOB = "bdep-store", "bdep-alice", "bdep-bob"
+KEY = "ab" * 32  # an image's file name in images/: 64 hex digits
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    from registry_fixture import Registry
+    reg = Registry(tmp_path_factory.mktemp("registry"))
+    reg.app_digest = reg.push_image("test/app", "v1", [BASE, TOP])
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="module")
+def users():
+    made = []
+    try:
+        for name in (STORE_USER, ALICE, BOB):
+            subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent",
+                            "--shell", "/usr/sbin/nologin", name], check=True,
+                           capture_output=True)
+            made.append(name)
+        yield {name: pwd.getpwnam(name) for name in made}
+    finally:
+        for name in made:
+            subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+def _owned_dir(path, user, mode=0o755):
+    path.mkdir(mode=mode, parents=True, exist_ok=True)
+    path.chmod(mode)
+    os.chown(path, user.pw_uid, user.pw_gid)
+    return path
+
+
+def _credentials(directory, user, host):
+    _owned_dir(directory, user, 0o700)
+    path = directory / ".credentials"
+    path.write_text(f"machine {host.split(':')[0]} login alice password secret\n")
+    path.chmod(0o600)
+    os.chown(path, user.pw_uid, user.pw_gid)
+
+
+class Site:
+    """A node's view: the store (the store account's, 0755), the admin's
+    enroot.conf naming it, the socket's path, and a home per user."""
+
+    def __init__(self, top, users, tmp_path):
+        self.top, self.users = top, users
+        self.store = _owned_dir(top / "store", users[STORE_USER])
+        self.socket = top / "run" / "berth-store.sock"
+        (top / "run").mkdir(mode=0o755)
+        self.sysconf = top / "sysconf"
+        self.sysconf.mkdir(mode=0o755)
+        (self.sysconf / "enroot.conf").write_text(
+            f"BERTH_IMAGE_STORE {self.store}\n"
+            f"BERTH_IMAGE_STORE_SOCKET {self.socket}\n"
+            f"BERTH_IMAGE_STORE_OWNER {STORE_USER}\n")
+        self.homes = {name: _owned_dir(top / name, users[name], 0o700) for name in users}
+
+    def env(self, name, **overrides):
+        home = self.homes[name]
+        env = berth_env(home, ENROOT_SYSCONF_PATH=str(self.sysconf), HOME=str(home),
+                        **overrides)
+        for path in (home / "temp", home / "config"):
+            _owned_dir(path, self.users[name], 0o700)
+        return env
+
+    def run(self, name, *args, env=None):
+        return berth(list(args), env or self.env(name), self.homes[name], user=name)
+
+    def serve_command(self):
+        store = self.users[STORE_USER]
+        # umask 077: serve must set its own (022), whatever it is started with
+        return ["setpriv", f"--reuid={store.pw_uid}", f"--regid={store.pw_gid}",
+                "--init-groups", "--", "sh", "-c", 'umask 077 && exec "$@"', "serve",
+                sys.executable, "-m", "berth.cli", "store", "serve"]
+
+    def own_images(self, name):
+        return sorted((self.homes[name] / "cache" / "images").glob("*.sqsh"))
+
+    def store_images(self):
+        return sorted((self.store / "images").glob("*.sqsh"))
+
+
+@pytest.fixture
+def site(users, tmp_path):
+    top = Path(tempfile.mkdtemp(prefix="bdep-store-", dir="/tmp"))
+    top.chmod(0o755)
+    yield Site(top, users, tmp_path)
+    shutil.rmtree(top)
+
+
+class StoreService:
+    """berth-store.socket in a thread: per connection, one `berth store
+    serve` as the store's account, its stdin and stdout the connection."""
+
+    def __init__(self, site, env):
+        self.site, self.env = site, env
+        self.results = []  # (exit status, stderr) of each serve
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(site.socket))
+        os.chmod(site.socket, 0o666)
+        self.listener.listen(16)
+        self.threads = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn):
+        with conn:
+            served = subprocess.run(self.site.serve_command(), stdin=conn.fileno(),
+                                    stdout=conn.fileno(), stderr=subprocess.PIPE,
+                                    env=self.env, text=True, timeout=120, check=False)
+        self.results.append((served.returncode, served.stderr))
+
+    def ask(self, request):
+        """Send raw bytes as a client would; the answer line and the serve's result."""
+        before = len(self.results)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(self.site.socket))
+            sock.sendall(request)
+            sock.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+        self.join()
+        assert len(self.results) == before + 1
+        return answer.decode(), self.results[-1]
+
+    def join(self):
+        for thread in list(self.threads):
+            thread.join(120)
+
+    def stop(self):
+        self.listener.close()
+        self.join()
+
+
+@pytest.fixture
+def private(registry):
+    """The same registry, behind a proxy that wants alice's password."""
+    proxy = Proxy(registry.url, auth="basic", login="alice", password="secret")
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def service(site, private):
+    """The store's service. Its account has credentials for the private
+    proxy, in its ENROOT_CONFIG_PATH and under its HOME: serve must read
+    neither."""
+    store_user = site.users[STORE_USER]
+    env = site.env(STORE_USER)
+    _credentials(site.homes[STORE_USER] / "config", store_user, private.host)
+    dot = _owned_dir(site.homes[STORE_USER] / ".config" / "enroot", store_user, 0o700)
+    _credentials(dot, store_user, private.host)
+    service = StoreService(site, env)
+    yield service
+    service.stop()
+
+
+class FakeService:
+    """A socket that answers every connection with `line`, whatever is asked."""
+
+    def __init__(self, path):
+        self.line = b"error unset\n"
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        os.chmod(path, 0o666)
+        self.listener.listen(4)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(8192)
+                conn.sendall(self.line)
+
+
+def uri_of(proxy, image="test/app:v1"):
+    return f"docker://{proxy.host}#{image}"
+
+
+def modes(root):
+    return {str(p.relative_to(root)): (stat.S_IMODE(p.lstat().st_mode), p.lstat().st_uid)
+            for p in [root, *root.rglob("*")]}
+
+
+def tree(root):
+    return {str(p.relative_to(root)): (p.lstat().st_mtime_ns, p.lstat().st_size,
+                                       p.lstat().st_mode)
+            for p in [root, *root.rglob("*")]}
+
+
+# -- the store serves every user -----------------------------------------------
+
+def test_two_users_get_one_pull_and_the_same_entry(site, service, proxy, registry):
+    uri = uri_of(proxy)
+    results = {}
+
+    def run(name):
+        results[name] = site.run(name, "import", "--cache-only", "--digest", uri)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in (ALICE, BOB)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for name in (ALICE, BOB):
+        assert results[name].returncode == 0, results[name].stderr
+        assert results[name].stderr == ""
+    [entry] = site.store_images()
+    assert results[ALICE].stdout == results[BOB].stdout == \
+        f"{entry}\n{registry.app_digest}\n"
+    service.join()
+    assert [code for code, _ in service.results] == [0, 0], service.results
+
+    # One download of each blob (config and two layers) for both users.
+    blobs = proxy.blob_requests()
+    assert len(blobs) == len(set(blobs)) == 3, blobs
+    # Nothing in the users' own caches.
+    assert site.own_images(ALICE) == site.own_images(BOB) == []
+
+    store_uid = site.users[STORE_USER].pw_uid
+    found = modes(site.store)
+    for name in ("", "images", "blobs", "blobs/sha256", "locks", "uris"):
+        assert found[name if name else "."] == (0o755, store_uid), name
+    assert found[f"images/{entry.name}"] == (0o644, store_uid)
+    for name, (mode, uid) in found.items():
+        link = (site.store / name).is_symlink()  # uris/: links are 0777 everywhere
+        assert uid == store_uid and (link or not mode & 0o022), (name, oct(mode))
+
+
+def test_a_user_cannot_write_the_store(site, service, proxy):
+    result = site.run(ALICE, "--quiet", "import", "--cache-only", uri_of(proxy))
+    assert result.returncode == 0, result.stderr
+    entry = Path(result.stdout.strip())
+    before = tree(site.store)
+    script = (
+        "import os, sys\n"
+        "done = []\n"
+        "attempts = {\n"
+        "    'append': lambda: open(sys.argv[1], 'ab').close(),\n"
+        "    'create': lambda: open(os.path.join(os.path.dirname(sys.argv[1]), "
+        "'x' * 64 + '.sqsh'), 'wb').close(),\n"
+        "    'unlink': lambda: os.unlink(sys.argv[1]),\n"
+        "    'touch': lambda: os.utime(sys.argv[1]),\n"
+        "    'lock': lambda: open(os.path.join(sys.argv[2], 'locks', 'mine'), 'wb').close(),\n"
+        "}\n"
+        "for name, attempt in attempts.items():\n"
+        "    try:\n"
+        "        attempt()\n"
+        "        done.append(name)\n"
+        "    except PermissionError:\n"
+        "        pass\n"
+        "print(' '.join(done))\n")
+    tried = subprocess.run(["runuser", "-u", ALICE, "--", sys.executable, "-c", script,
+                            str(entry), str(site.store)], capture_output=True, text=True,
+                           check=True)
+    assert tried.stdout == "\n", tried.stdout
+    assert tree(site.store) == before
+
+
+def test_reuse_takes_the_stores_entry_without_any_request(site, service, proxy, registry):
+    first = site.run(ALICE, "--quiet", "import", "--cache-only", uri_of(proxy))
+    assert first.returncode == 0, first.stderr
+    before = tree(site.store)
+    proxy.requests.clear()
+    service.join()
+    served = len(service.results)
+
+    # bob never imported it: his own cache is empty, the store's entry serves
+    again = site.run(BOB, "import", "--cache-only", "--reuse", "--digest", uri_of(proxy))
+    assert again.returncode == 0, again.stderr
+    assert again.stderr == ""
+    assert again.stdout == f"{first.stdout.strip()}\n{registry.app_digest}\n"
+    assert proxy.requests == []
+    assert len(service.results) == served  # the socket was not asked either
+    assert tree(site.store) == before  # read only: not even marked used
+    assert site.own_images(BOB) == []
+
+    # another URI: not in the store; --reuse then asks the socket
+    registry.push_image("test/reused", "v1", [BASE])
+    other = site.run(BOB, "--quiet", "import", "--cache-only", "--reuse",
+                     uri_of(proxy, "test/reused:v1"))
+    assert other.returncode == 0, other.stderr
+    service.join()
+    assert len(service.results) == served + 1
+    assert len(site.store_images()) == 2
+
+
+def test_store_list_shows_the_entries(site, service, proxy):
+    result = site.run(ALICE, "--quiet", "import", "--cache-only", uri_of(proxy))
+    assert result.returncode == 0, result.stderr
+    listed = site.run(BOB, "store", "list")
+    assert listed.returncode == 0, listed.stderr
+    [line] = listed.stdout.splitlines()
+    size, day, clock, uri, path = line.split()
+    assert (uri, path) == (uri_of(proxy), result.stdout.strip())
+    assert size.endswith("K") and day.count("-") == 2 and clock.count(":") == 1
+
+
+# -- private images go to the user's own cache -----------------------------------
+
+def test_a_private_image_falls_back_to_the_users_cache(site, service, private):
+    uri = uri_of(private)
+    answer, (code, _) = service.ask(f"{uri}\n".encode())
+    assert answer.startswith("private registry ") and "wants credentials" in answer, answer
+    assert code == 0
+
+    _credentials(site.homes[ALICE] / "config", site.users[ALICE], private.host)
+    result = site.run(ALICE, "import", "--cache-only", uri)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (f"berth: the image store cannot pull {uri} without credentials; "
+                             "importing into your own cache\n")
+    [own] = site.own_images(ALICE)
+    assert result.stdout == f"{own}\n"
+    assert site.store_images() == []  # the store's account had credentials, unread
+
+    # bob has none: his own import is refused by the registry
+    refused = site.run(BOB, "--quiet", "import", "--cache-only", uri)
+    assert refused.returncode == 1
+    assert "refused access" in refused.stderr and site.own_images(BOB) == []
+
+
+def test_a_missing_repository_is_the_users_to_pull(site, service, proxy):
+    uri = uri_of(proxy, "test/nothere:v1")
+    result = site.run(ALICE, "import", "--cache-only", uri)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert lines[0] == (f"berth: the image store cannot pull {uri} without credentials; "
+                        "importing into your own cache")
+    assert lines[1].startswith("berth: error: image not found: ")
+    assert len(lines) == 2
+
+
+# -- what serve refuses -------------------------------------------------------------
+
+@pytest.mark.parametrize("request_bytes, reason", [
+    (b"docker-archive:/etc/shadow\n", "no archives"),
+    (b"oci-archive:/etc/shadow.tar\n", "no archives"),
+    (b"oci:/etc\n", "no archives"),
+    (b"docker://alice@HOST#test/app:v1\n", "USER@"),
+    (b"docker://HOST#test/app:v1\ndocker://HOST#test/other:v1\n", "more than one line"),
+    (b"docker://HOST#test/app:v1\n--reuse", "more than one line"),
+    (b"docker://HOST#" + b"a" * 4090 + b":v1\n", "longer than 4096 bytes"),
+    (b"", "empty request"),
+    (b"--reuse docker://HOST#test/app:v1\n", "not a registry reference"),
+    (b"/etc/passwd\n", "not a registry reference"),
+    (b"docker://HOST#test/app:v1\r\n", "control characters"),
+])
+def test_serve_refuses_anything_but_one_registry_reference(site, service, proxy,
+                                                           request_bytes, reason):
+    request_bytes = request_bytes.replace(b"HOST", proxy.host.encode())
+    answer, (code, stderr) = service.ask(request_bytes)
+    assert answer.startswith("error ") and answer.endswith("\n") and answer.count("\n") == 1
+    assert reason in answer, answer
+    assert code == 1 and stderr == f"berth: error: store serve: {answer[6:]}"
+    assert proxy.requests == []
+    assert site.store_images() == []
+
+
+def test_serve_refuses_to_run_as_root_or_as_another_user(site, proxy):
+    for command in (
+            [sys.executable, "-m", "berth.cli", "store", "serve"],
+            ["runuser", "-u", ALICE, "--", sys.executable, "-m", "berth.cli", "store", "serve"]):
+        result = subprocess.run(command, input=f"{uri_of(proxy)}\n", env=site.env(ALICE),
+                                capture_output=True, text=True, timeout=60, check=False)
+        assert result.returncode == 1
+        assert result.stdout.startswith("error berth store serve ")
+        assert ("refuses to run as root" in result.stdout if command[0] != "runuser"
+                else "not as BERTH_IMAGE_STORE_OWNER" in result.stdout), result.stdout
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("berth: error:")
+    assert proxy.requests == []
+    assert not (site.store / "images").exists()
+
+
+# -- what the client refuses -----------------------------------------------------------
+
+def _squashfs(path, owner):
+    source = Path(tempfile.mkdtemp(prefix="bdep-sq-"))
+    try:
+        (source / "file").write_text("x\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mksquashfs", str(source), str(path), "-noappend", "-no-progress"],
+                       check=True, capture_output=True)
+    finally:
+        shutil.rmtree(source)
+    path.chmod(0o644)
+    os.chown(path, owner.pw_uid, owner.pw_gid)
+    return path
+
+
+def test_the_client_takes_only_the_stores_own_whole_entries(site, proxy):
+    store_user, alice = site.users[STORE_USER], site.users[ALICE]
+    images = _owned_dir(site.store / "images", store_user)
+    good = _squashfs(images / f"{KEY}.sqsh", store_user)
+    outside = _squashfs(site.top / "elsewhere" / f"{KEY}.sqsh", store_user)
+    alices = _squashfs(images / f"{'cd' * 32}.sqsh", alice)
+    writable = _squashfs(images / f"{'ef' * 32}.sqsh", store_user)
+    writable.chmod(0o666)
+    cut = _squashfs(images / f"{'01' * 32}.sqsh", store_user)
+    os.truncate(cut, 100)
+    link = images / f"{'23' * 32}.sqsh"
+    link.symlink_to(outside)
+    misnamed = _squashfs(images / "mine.sqsh", store_user)
+    fake = FakeService(site.socket)
+    uri = uri_of(proxy)
+
+    def answered(line):
+        fake.line = line.encode()
+        return site.run(ALICE, "import", "--cache-only", uri)
+
+    accepted = answered(f"ok {good}\n")  # the control: all checks pass
+    assert accepted.returncode == 0, accepted.stderr
+    assert accepted.stdout == f"{good}\n"
+    for path, why in ((outside, "not an image of BERTH_IMAGE_STORE"),
+                      ("/etc/passwd", "not an image of BERTH_IMAGE_STORE"),
+                      ("images/" + good.name, "not an image of BERTH_IMAGE_STORE"),
+                      (link, "not an image of BERTH_IMAGE_STORE"),
+                      (misnamed, "not an image of BERTH_IMAGE_STORE"),
+                      (alices, f"owned by uid {alice.pw_uid}, not by BERTH_IMAGE_STORE_OWNER"),
+                      (writable, "writable by others (mode 0666)"),
+                      (cut, "not a whole squashfs"),
+                      (images / f"{'45' * 32}.sqsh", "no such file")):
+        result = answered(f"ok {path}\n")
+        assert result.returncode == 1, (path, result.stdout)
+        assert result.stdout == ""
+        assert result.stderr.startswith(f"berth: error: the image store's answer {path}: {why}")
+        assert result.stderr.endswith("; refusing it\n") and result.stderr.count("\n") == 1
+    images.chmod(0o777)  # a store others may write: nothing in it is taken
+    result = answered(f"ok {good}\n")
+    assert result.returncode == 1 and "is not the store account's alone" in result.stderr
+    images.chmod(0o755)
+
+    failed = answered("error the registry is on fire\n")
+    assert failed.returncode == 1 and failed.stdout == ""
+    assert failed.stderr == "berth: error: the image store: the registry is on fire\n"
+    for garbage, why in (("hello\n", "not ok, private or error"), ("ok /a\nok /b\n", "not one line"),
+                         ("ok " + "x" * 9000 + "\n", "more than 8192 bytes")):
+        result = answered(garbage)
+        assert result.returncode == 1 and result.stdout == ""
+        assert why in result.stderr and result.stderr.endswith("; refusing it\n"), result.stderr
+    assert proxy.requests == [] and site.own_images(ALICE) == []
+
+
+# -- no store service on this node -----------------------------------------------------
+
+def test_without_the_socket_the_user_imports_alone(site, proxy):
+    uri = uri_of(proxy)
+    result = site.run(ALICE, "import", "--cache-only", uri)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (f"berth: no image store answers at {site.socket} (No such file "
+                             "or directory); importing into your own cache\n")
+    [own] = site.own_images(ALICE)
+    assert result.stdout == f"{own}\n"
+
+    # a socket nobody listens on any more
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+        dead.bind(str(site.socket))
+        os.chmod(site.socket, 0o666)
+    result = site.run(ALICE, "import", "--cache-only", uri)
+    assert result.returncode == 0
+    assert result.stderr.splitlines()[0] == (f"berth: no image store answers at {site.socket} "
+                                             "(Connection refused); importing into your own "
+                                             "cache")
+    assert result.stdout == f"{own}\n"
+    quiet = site.run(ALICE, "--quiet", "import", "--cache-only", uri)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert not (site.store / "images").exists()
+
+
+def test_without_a_store_nothing_changes(site, proxy):
+    (site.sysconf / "enroot.conf").write_text("")
+    result = site.run(ALICE, "import", "--cache-only", uri_of(proxy))
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout == f"{site.own_images(ALICE)[0]}\n"
