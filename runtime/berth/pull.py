@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from berth import registries, squash
 from berth.blobs import BlobCache
-from berth.errors import BerthError
+from berth.errors import AccessDenied, BerthError, ImageNotFound
 from berth.imageconfig import from_oci, write_image_config
 from berth.layers import apply_layer, remove_stale_unpack_dirs, unpack_dir
 from berth.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_credentials
@@ -39,19 +39,19 @@ def cached_image(args, cfg, ref, images, options):
     (mirrors first); the layers come from the one that gave the manifest."""
     plan = registries.load(cfg["ENROOT_SYSCONF_PATH"]).endpoints(ref)
     credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
-    registry, manifest, digest, manifest_digest = _first_answer(
+    registry, manifest, digest, manifest_digest = first_answer(
         plan, ref, cfg, credentials, credentials_path, args.arch, args.quiet)
     with build_cached(args, cfg, images, options, ref, registry, manifest, digest,
                       manifest_digest) as image:
         yield image
 
 
-def _first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet):
+def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet):
     """(Registry, manifest, digest, manifest digest) from the first endpoint
     of `plan` that serves the image; a failure there (no connection, 5xx,
     404, refused access, a bad answer) moves on to the next, and when all
     fail, one line names each endpoint and why."""
-    failures = []
+    failures, kinds = [], set()
     for endpoint, candidate in plan:
         # USER@ names an account on the registry of the URI: a mirror takes
         # the credentials file's entry for its own host.
@@ -70,6 +70,7 @@ def _first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet):
             if len(plan) == 1:
                 raise
             failures.append(f"{endpoint.name(candidate)}: {e}")
+            kinds.add(type(e))
             if not quiet:
                 print(f"berth: {endpoint.name(candidate)} failed ({e}); trying the next",
                       file=sys.stderr)
@@ -77,8 +78,11 @@ def _first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet):
         if not quiet and len(plan) > 1:
             print(f"berth: pulling {ref} from {endpoint.name(candidate)}", file=sys.stderr)
         return (registry, *found)
-    raise BerthError(f"cannot get {ref} from any of {len(plan)} places: "
-                     f"{'; '.join(failures)}")
+    # a refusal anywhere says more than the others' failures (the image store
+    # takes it, or a 404 from every place, for an image it may not hold)
+    kind = AccessDenied if AccessDenied in kinds else \
+        ImageNotFound if kinds == {ImageNotFound} else BerthError
+    raise kind(f"cannot get {ref} from any of {len(plan)} places: {'; '.join(failures)}")
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import requests
 import urllib3
 
-from berth.errors import BerthError
+from berth.errors import AccessDenied, BerthError, ImageNotFound
 
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -180,15 +180,17 @@ class Registry:
         self.session.headers["Authorization"] = f"Bearer {token}"
         self.authenticated = True
 
-    def _denied(self):
+    def _denied(self, status="401 Unauthorized"):
         source = self.login_source
-        if not source:
+        if not source and self.credentials_path is None:
+            source = "no credentials (an anonymous pull)"
+        elif not source:
             who = f"{self.ref.user}@{self.ref.registry}" if self.ref.user else self.ref.registry
             found = "" if self.credentials else " (not found)"
             source = f"no credentials for {who} in {self.credentials_path}{found}"
-        return BerthError(f"registry {self.ref.registry} refused access to "
-                          f"{self.ref.repository} (401 Unauthorized) with {source}"
-                          f"{self.ref.registry_hint()}")
+        return AccessDenied(f"registry {self.ref.registry} refused access to "
+                            f"{self.ref.repository} ({status}) with {source}"
+                            f"{self.ref.registry_hint()}")
 
     def _get(self, url, **kwargs):
         """GET; a 401 once authenticated means our token expired (long pulls
@@ -231,11 +233,13 @@ class Registry:
         if response.status_code != 200:
             response.close()
         if response.status_code == 404:
-            raise BerthError(f"image not found: {self.ref.registry}/{self.ref.repository}"
+            raise ImageNotFound(f"image not found: {self.ref.registry}/{self.ref.repository}"
                              f"{'@' if reference.startswith('sha256:') else ':'}{reference}"
                              f"{self.ref.registry_hint()}")
         if response.status_code == 401:
             raise self._denied()
+        if response.status_code == 403:
+            raise self._denied("403 Forbidden")
         if response.status_code != 200:
             raise BerthError(f"registry {self.ref.registry}: manifest {reference} answered "
                              f"{response.status_code}")

@@ -24,7 +24,6 @@ user's side writes in the store: no lock, no mark of use, no removal.
 """
 
 import contextlib
-import dataclasses
 import os
 import pwd
 import re
@@ -38,7 +37,7 @@ import time
 import types
 
 from berth import archive, reference, registries, safedir, squash
-from berth.errors import BerthError
+from berth.errors import AccessDenied, BerthError, ImageNotFound
 from berth.imagecache import ImageCache
 
 REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
@@ -46,10 +45,6 @@ REQUEST_TIMEOUT = 30  # seconds a connection has to send its request
 _ANSWER_MAX = 8192  # "ok " and a path; more is not an answer of ours
 _IMAGE_NAME = re.compile(r"[0-9a-f]{64}\.sqsh")
 _DIRS = (("images",), ("blobs",), ("blobs", "sha256"), ("locks",), ("uris",))
-
-
-class NeedsCredentials(BerthError):
-    """The registry would not give the image without credentials."""
 
 
 def path_of(cfg):
@@ -214,7 +209,7 @@ def _serve(cfg):
     os.umask(0o022)
     try:
         kind, text = "ok", _serve_request(cfg)
-    except NeedsCredentials as e:
+    except (AccessDenied, ImageNotFound) as e:  # may be there for those who log in
         kind, text = "private", str(e)
     except BerthError as e:
         kind, text = "error", str(e)
@@ -320,7 +315,9 @@ def _import(cfg, store, uri, ref):
     from berth import pull  # (the HTTP stack: only where a request is made)
     store_cfg = _store_config(cfg, store)
     plan = registries.load(cfg["ENROOT_SYSCONF_PATH"]).endpoints(ref)  # blocked: refused
-    source, manifest, digest, manifest_digest = _anonymous_answer(pull, plan, ref, store_cfg)
+    # no credentials: only what the registry gives anyone goes into the store
+    source, manifest, digest, manifest_digest = pull.first_answer(
+        plan, ref, store_cfg, None, None, None, True)
     args = types.SimpleNamespace(uri=uri, arch=None, quiet=True)
     with pull.build_cached(args, store_cfg, ImageCache(store), squash.options(cfg), ref, source,
                            manifest, digest, manifest_digest) as image:
@@ -333,59 +330,6 @@ def _store_config(cfg, store):
     # nothing, so that a later change that reads it finds no file.
     return Config({**dict(cfg.items()), "ENROOT_CACHE_PATH": store,
                    "ENROOT_CONFIG_PATH": "/nonexistent/berth-store"})
-
-
-def _anonymous_answer(pull, plan, ref, cfg):
-    """pull._first_answer without credentials, telling a registry that wants
-    them (NeedsCredentials, from any endpoint) from other failures."""
-    failures, wanted, last = [], False, None
-    registry_class = _anonymous_registry()
-    for endpoint, candidate in plan:
-        endpoint_ref = dataclasses.replace(candidate, registry=endpoint.host,
-                                           repository=endpoint.repository, user="")
-        registry = registry_class(endpoint_ref, cfg, None, "", insecure=endpoint.insecure)
-        try:
-            registry.connect()
-            try:
-                found = pull._platform_manifest(registry, endpoint_ref, None)
-            except (KeyError, TypeError, ValueError, AttributeError):
-                raise BerthError(f"the manifest of {endpoint_ref} is malformed") from None
-        except BerthError as e:
-            wanted = wanted or isinstance(e, NeedsCredentials)
-            failures.append(f"{endpoint.name(candidate)}: {e}")
-            last = e
-            continue
-        return (registry, *found)
-    if len(plan) == 1:
-        raise last
-    message = f"cannot get {ref} from any of {len(plan)} places: {'; '.join(failures)}"
-    raise NeedsCredentials(message) if wanted else BerthError(message)
-
-
-def _anonymous_registry():
-    from berth.registry import Registry
-
-    class Anonymous(Registry):
-        """Asks without credentials; where the registry wants some, or will
-        not say whether the repository exists, raises NeedsCredentials."""
-
-        def _denied(self):
-            return NeedsCredentials(f"registry {self.ref.registry} wants credentials for "
-                                    f"{self.ref.repository}")
-
-        def _get(self, url, **kwargs):
-            response = super()._get(url, **kwargs)
-            if "/manifests/" in url and response.status_code in (401, 403, 404):
-                response.close()
-                raise NeedsCredentials(
-                    f"registry {self.ref.registry} answered {response.status_code} for "
-                    f"{self.ref.repository} (private, or not there)")
-            if url.endswith("/v2/") and response.status_code == 403:
-                response.close()
-                raise NeedsCredentials(f"registry {self.ref.registry} answered 403")
-            return response
-
-    return Anonymous
 
 
 def _list(cfg):

@@ -353,7 +353,9 @@ def test_store_list_shows_the_entries(site, service, proxy):
 def test_a_private_image_falls_back_to_the_users_cache(site, service, private):
     uri = uri_of(private)
     answer, (code, _) = service.ask(f"{uri}\n".encode())
-    assert answer.startswith("private registry ") and "wants credentials" in answer, answer
+    assert answer.startswith("private registry ") and ("refused access to test/app (401 "
+                                                       "Unauthorized) with no credentials (an "
+                                                       "anonymous pull)") in answer, answer
     assert code == 0
 
     _credentials(site.homes[ALICE] / "config", site.users[ALICE], private.host)
