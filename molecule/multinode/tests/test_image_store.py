@@ -1,0 +1,132 @@
+"""The shared image store on the cluster: one registry pull per image per
+cluster, for every node and user; private images stay with their user.
+
+/shared is one host directory bind-mounted into every node (molecule.yml),
+standing in for the parallel filesystem. The scenario's inventory has no
+store (each node imports for itself, the default); this module turns it on
+with a site.yml run and off again with another."""
+
+import collections
+import re
+import time
+
+import pytest
+
+from conftest import COMPUTE, CONTROLLER, NODES, inventory_copy, node, play
+
+STORE = "/shared/berth/images"
+PUBLIC_REPO = "berth/store-test"
+PUBLIC = f"{CONTROLLER}:5000#{PUBLIC_REPO}:1"
+PRIVATE = f"{CONTROLLER}:5001#private/mpi-test:1"
+BLOB_GET = re.compile(rf'"GET /v2/{PUBLIC_REPO}/blobs/(sha256:[0-9a-f]{{64}}) HTTP/[0-9.]+" 200 ')
+UIDS = {"alice": 2001, "bob": 2004}
+
+
+def srun(args, user):
+    return node(CONTROLLER).run(f"cd /tmp && runuser -u {user} -- srun {args}")
+
+
+def store_images():
+    listing = node(COMPUTE[0]).run(f"ls {STORE}/images")
+    return sorted(name for name in listing.stdout.split() if name.endswith(".sqsh"))
+
+
+def own_images(name, user):
+    listing = node(name).run(f"ls /var/lib/berth/cache/{UIDS[user]}/images")
+    return sorted(listing.stdout.split())
+
+
+def now():
+    mark = int(time.time())
+    time.sleep(1.1)
+    return mark
+
+
+def blob_gets(mark):
+    log = node(CONTROLLER).check_output(
+        f"journalctl -u docker-registry --since=@{mark} -o cat --no-pager")
+    return collections.Counter(BLOB_GET.findall(log))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    inventory = inventory_copy(tmp_path_factory.mktemp("store"))
+    node(CONTROLLER).check_output("rm -rf /shared/berth")  # new to the cluster, each run
+    # an image no test imported before, pushed under its own name
+    node(CONTROLLER).check_output(
+        "skopeo copy -q --dest-tls-verify=false docker-archive:/opt/berth-images/mpi-test.tar "
+        f"docker://localhost:5000/{PUBLIC_REPO}:1")
+    rc, output, _ = play(inventory, "-e", f"container_runtime_image_store={STORE}")
+    assert rc == 0, output[-3000:]
+    yield STORE
+    rc, output, _ = play(inventory)
+    assert rc == 0, output[-3000:]
+    for name in [CONTROLLER, *COMPUTE]:
+        assert not node(name).file("/etc/systemd/system/berth-store.socket").exists
+        assert "BERTH_IMAGE_STORE" not in node(name).file("/etc/enroot/enroot.conf").content_string
+
+
+def test_the_store_is_set_up_on_every_node(store):
+    for name in NODES:
+        host = node(name)
+        assert f"BERTH_IMAGE_STORE {store}\n" in host.file("/etc/enroot/enroot.conf").content_string
+        assert host.check_output("systemctl is-active berth-store.socket") == "active"
+        socket = host.file("/run/berth-store.sock")
+        assert socket.is_socket and socket.mode == 0o666
+        assert host.check_output("id -u berth-store") == "970"
+    top = node(COMPUTE[0]).file(store)
+    assert (top.user, top.mode) == ("berth-store", 0o755)
+
+
+def test_a_public_image_is_pulled_once_for_both_nodes_and_both_users(store):
+    before = {(name, user): own_images(name, user) for name in COMPUTE for user in UIDS}
+    mark = now()
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={PUBLIC} cat /etc/os-release", "alice")
+    assert job.rc == 0, job.stderr
+    assert job.stdout.count("ID=") >= 2
+    fetched = blob_gets(mark)
+    assert fetched and set(fetched.values()) == {1}, fetched  # each blob once, for two nodes
+    [entry] = store_images()
+    image = node(COMPUTE[0]).file(f"{store}/images/{entry}")
+    assert (image.user, image.mode) == ("berth-store", 0o644)
+
+    mark = now()
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={PUBLIC} true", "bob")
+    assert job.rc == 0, job.stderr
+    assert blob_gets(mark) == {}  # nothing fetched again for the second user
+    assert store_images() == [entry]
+    # neither user's own cache got a copy: both nodes ran the store's entry
+    assert {(name, user): own_images(name, user) for name in COMPUTE for user in UIDS} == before
+
+
+def test_a_user_can_neither_write_into_the_store_nor_replace_an_entry(store):
+    [entry] = store_images() or [None]
+    assert entry, "the public image's entry"
+    host = node(COMPUTE[0])
+    path = f"{store}/images/{entry}"
+    digest = host.check_output(f"sha256sum {path}")
+    for attempt in (f"touch {store}/images/planted.sqsh",
+                    f"cp /bin/true {path}",
+                    f"mv {path} {path}.old",
+                    f"rm -f {path}",
+                    f"ln -sf /tmp/x {store}/uris/planted",
+                    f"chmod 0666 {path}"):
+        result = host.run(f"runuser -u alice -- sh -c '{attempt}'")
+        assert result.rc != 0, attempt
+    assert host.check_output(f"sha256sum {path}") == digest
+    assert store_images() == [entry]
+
+
+def test_a_private_image_stays_in_its_users_cache(store):
+    before = store_images()
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={PRIVATE} true", "alice")
+    assert job.rc == 0, job.stderr
+    assert store_images() == before  # the store's account has no credentials for it
+    for name in COMPUTE:
+        assert own_images(name, "alice"), name
+        peek = node(name).run(f"runuser -u bob -- ls /var/lib/berth/cache/{UIDS['alice']}/images")
+        assert peek.rc != 0, "bob reads alice's cache"
+    job = srun(f"-N1 -w {COMPUTE[0]} --container-image={PRIVATE} true", "bob")
+    assert job.rc == 0, job.stderr  # with his own credentials
+    assert own_images(COMPUTE[0], "bob")
+    assert store_images() == before
