@@ -89,6 +89,18 @@ class ImageCache:
         name = os.path.basename(target)
         return name[:-5] if _IMAGE_NAME.fullmatch(name) else None
 
+    def remove_partials(self, key):
+        """Remove what a killed build of `key` left beside its entry (the
+        squashfs's temporary file). Called with the key's lock held, which
+        every build of it holds: none is at work, on this node or another
+        sharing the cache. (A pid in the name says nothing across nodes.)"""
+        prefix = f"{key}.sqsh.tmp-"
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(self.image_dir):
+                if name.startswith(prefix):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.image_dir, name))
+
     def lookup(self, key, quiet):
         """The entry of `key`, marked used, or None; a damaged one is removed."""
         path = self.path(key)
@@ -163,7 +175,7 @@ def _size(text):
     return int(float(match[1]) * 1024 ** " KMGT".index(match[2].upper() or " "))
 
 
-def _human(size):
+def human_size(size):
     for unit in "BKMG":
         if size < 1024:
             break
@@ -325,7 +337,7 @@ def _show(cache_path):
     for kind in (*_KINDS, "total"):
         chosen = [entry for entry in entries if kind in (entry.kind, "total")]
         size = sum(entry.size for entry in chosen)
-        print(f"{kind:<8} {len(chosen):>6} {_human(size):>8} {size:>14}")
+        print(f"{kind:<8} {len(chosen):>6} {human_size(size):>8} {size:>14}")
     return 0
 
 
@@ -393,12 +405,12 @@ def _prune(cache, days, limit):
         total -= entry.size
         freed[entry.kind] += 1
         freed["bytes"] += entry.size
-        print(f"removed {entry.path} ({_human(entry.size)}, last used "
+        print(f"removed {entry.path} ({human_size(entry.size)}, last used "
               f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(entry.mtime))})")
     _forget_pruned(cache.fds["uris"])
     counts = ", ".join(f"{kind} {freed[kind]}" for kind in _KINDS)
-    print(f"freed {_human(freed['bytes'])} ({freed['bytes']} bytes: {counts}); "
-          f"{kept} in use kept; {_human(total)} ({total} bytes) left")
+    print(f"freed {human_size(freed['bytes'])} ({freed['bytes']} bytes: {counts}); "
+          f"{kept} in use kept; {human_size(total)} ({total} bytes) left")
     return 0
 
 

@@ -94,6 +94,7 @@ def build_cached(args, cfg, images, options, ref, source, manifest, digest, mani
     with images.locked(key, ref, args.quiet):
         image = images.lookup(key, args.quiet)
         if image is None:
+            images.remove_partials(key)
             image = images.path(key)
             _build(args, cfg, source, ref, manifest, digest, image)
         elif not args.quiet:

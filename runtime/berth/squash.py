@@ -107,15 +107,21 @@ def looks_whole(path):
     return magic == SQUASHFS_MAGIC and 0 < used <= size
 
 
-def recorded_digest(image):
-    """The digest the image's etc/berth/image.json records (what it was
-    pulled by), read without mounting it."""
+def recorded(image, key):
+    """The string `key` of the image's etc/berth/image.json, read without
+    mounting it; None when there is no such file or string."""
     result = subprocess.run(["unsquashfs", "-cat", image, IMAGE_JSON], capture_output=True)
     try:
-        digest = json.loads(result.stdout)["digest"] if result.returncode == 0 else None
+        value = json.loads(result.stdout)[key] if result.returncode == 0 else None
     except (ValueError, TypeError, KeyError):
-        digest = None
-    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+        value = None
+    return value if isinstance(value, str) else None
+
+
+def recorded_digest(image):
+    """The digest the image was pulled by, as its image.json records it."""
+    digest = recorded(image, "digest")
+    if digest is None or not DIGEST.fullmatch(digest):
         raise BerthError(f"{image}: no digest in its {IMAGE_JSON}")
     return digest
 

@@ -31,14 +31,13 @@ import select
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import time
 import types
 
 from berth import archive, reference, registries, safedir, squash
 from berth.errors import AccessDenied, BerthError, ImageNotFound
-from berth.imagecache import ImageCache
+from berth.imagecache import ImageCache, human_size
 
 REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
 REQUEST_TIMEOUT = 30  # seconds a connection has to send its request
@@ -358,28 +357,11 @@ def _list(cfg):
         path = os.path.join(images, name)
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(st.st_mtime))
         older = "" if name in latest else " (older)"
-        print(f"{_human(st.st_size):>8}  {used}  {_source(path)}{older}  {path}")
+        print(f"{human_size(st.st_size):>8}  {used}  {_source(path)}{older}  {path}")
     return 0
 
 
 def _source(image):
     """The URI an entry was imported from, as its image.json records it."""
-    import json
-    from berth.imageconfig import IMAGE_JSON
-    result = subprocess.run(["unsquashfs", "-cat", image, IMAGE_JSON], capture_output=True,
-                            check=False)
-    try:
-        source = json.loads(result.stdout)["source"] if result.returncode == 0 else None
-    except (ValueError, TypeError, KeyError):
-        source = None
-    return source if isinstance(source, str) and source.isprintable() and source else "?"
-
-
-def _human(size):
-    for unit in "BKMG":
-        if size < 1024:
-            break
-        size /= 1024
-    else:
-        unit = "T"
-    return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
+    source = squash.recorded(image, "source")
+    return source if source and source.isprintable() else "?"

@@ -604,3 +604,19 @@ def test_a_squashfs_without_image_json_has_no_digest(tmp_path):
     subprocess.run(["mksquashfs", tmp_path / "root", image, "-quiet", "-no-progress"], check=True)
     with pytest.raises(BerthError, match="plain.sqsh: no digest in its etc/berth/image.json"):
         squash.recorded_digest(str(image))
+
+
+def test_a_killed_builds_partial_file_goes_with_the_next_build(tmp_path, env, proxy):
+    first = berth(["--quiet", "import", "--cache-only", uri_of(proxy)], env, tmp_path)
+    assert first.returncode == 0, first.stderr
+    [entry] = entries(tmp_path)
+    entry.unlink()  # as if the build had been killed before its rename
+    partial = entry.with_name(entry.name + ".tmp-4242")  # mksquashfs's name, a pid of a node
+    partial.write_bytes(b"hsqs half")
+    other = entry.with_name("f" * 64 + ".sqsh.tmp-4242")  # another image's build: not ours
+    other.write_bytes(b"hsqs half")
+    again = berth(["--quiet", "import", "--cache-only", uri_of(proxy)], env, tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout and entry.exists()
+    assert not partial.exists()
+    assert other.exists()

@@ -125,20 +125,16 @@ def site(users, tmp_path):
     shutil.rmtree(top)
 
 
-class StoreService:
-    """berth-store.socket in a thread: per connection, one `berth store
-    serve` as the store's account, its stdin and stdout the connection."""
+class UnixServer:
+    """A listening AF_UNIX socket, mode 0666, handling each connection in a thread."""
 
-    def __init__(self, site, env):
-        self.site, self.env = site, env
-        self.results = []  # (exit status, stderr) of each serve
+    def __init__(self, path):
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(str(site.socket))
-        os.chmod(site.socket, 0o666)
+        self.listener.bind(str(path))
+        os.chmod(path, 0o666)
         self.listener.listen(16)
         self.threads = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
+        threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
         while True:
@@ -149,6 +145,16 @@ class StoreService:
             thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
             self.threads.append(thread)
             thread.start()
+
+
+class StoreService(UnixServer):
+    """berth-store.socket in a thread: per connection, one `berth store
+    serve` as the store's account, its stdin and stdout the connection."""
+
+    def __init__(self, site, env):
+        self.site, self.env = site, env
+        self.results = []  # (exit status, stderr) of each serve
+        super().__init__(site.socket)
 
     def _serve(self, conn):
         with conn:
@@ -203,26 +209,17 @@ def service(site, private):
     service.stop()
 
 
-class FakeService:
+class FakeService(UnixServer):
     """A socket that answers every connection with `line`, whatever is asked."""
 
     def __init__(self, path):
         self.line = b"error unset\n"
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(str(path))
-        os.chmod(path, 0o666)
-        self.listener.listen(4)
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(path)
 
-    def _accept(self):
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(8192)
-                conn.sendall(self.line)
+    def _serve(self, conn):
+        with conn:
+            conn.recv(8192)
+            conn.sendall(self.line)
 
 
 def uri_of(proxy, image="test/app:v1"):

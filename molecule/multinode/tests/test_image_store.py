@@ -130,3 +130,39 @@ def test_a_private_image_stays_in_its_users_cache(store):
     assert job.rc == 0, job.stderr  # with his own credentials
     assert own_images(COMPUTE[0], "bob")
     assert store_images() == before
+
+
+def test_an_import_killed_half_way_leaves_no_entry_and_the_next_imports_cleanly(store):
+    ctl = node(CONTROLLER)
+    ctl.check_output("skopeo copy -q --dest-tls-verify=false docker-archive:/opt/berth-images/"
+                     "mpi-test.tar docker://localhost:5000/berth/store-kill:1")
+    image = f"{CONTROLLER}:5000#berth/store-kill:1"
+    before = store_images()
+    ctl.check_output(f"cd /tmp && runuser -u alice -- sh -c 'srun -w {COMPUTE[0]} "
+                     f"--container-image={image} true >/tmp/killed-step.log 2>&1 &'")
+    importing = node(COMPUTE[0])
+    killed = False
+    for _ in range(300):  # the store's import runs for seconds: catch it at work
+        units = importing.run("systemctl list-units --no-legend --state=active 'berth-store@*'")
+        if units.stdout.strip():
+            importing.check_output("systemctl kill --signal=KILL 'berth-store@*'")
+            killed = True
+            break
+        time.sleep(0.1)
+    assert killed, "no import of the store seen at work"
+    for _ in range(120):  # the step goes on from alice's own cache
+        if ctl.run("pgrep -u alice -x srun").rc != 0:
+            break
+        time.sleep(1)
+    assert store_images() == before  # nothing half-written became an entry
+
+    job = srun(f"-w {COMPUTE[1]} --container-image={image} true", "bob")
+    assert job.rc == 0, job.stderr
+    after = store_images()
+    assert len(after) == len(before) + 1, after
+    [new] = set(after) - set(before)
+    entry = node(COMPUTE[1]).file(f"{store}/images/{new}")
+    assert (entry.user, entry.mode) == ("berth-store", 0o644)
+    # what the killed import had written is gone with the next import of the image
+    names = node(COMPUTE[1]).check_output(f"ls -A {store}/images").split()
+    assert [n for n in names if not re.fullmatch(r"[0-9a-f]{64}\.sqsh", n)] == []
