@@ -25,6 +25,9 @@ def _add_import(sub):
     where.add_argument("-o", "--output", help="output squashfs file")
     where.add_argument("--cache-only", action="store_true",
                        help="print the path of the image cache's squashfs instead of copying it")
+    where.add_argument("--resolve", action="store_true",
+                       help="print the registry URI pinned to the digest its tag names now "
+                            "(one manifest request, nothing downloaded or cached)")
     p.add_argument("--digest", action="store_true",
                    help="with --cache-only: a second line with the digest the image was "
                         "pulled by, as its image.json records it (for the job's log)")

@@ -10,7 +10,10 @@ image last imported for the same URI on this node without asking the
 registry at all (the plugin's "once per node"); without it a moved tag
 brings its new image. --digest adds a line with the digest the image was
 pulled by, read from the squashfs's image.json: what the plugin logs for
-each step, so that an admin can tell which image a job ran.
+each step, so that an admin can tell which image a job ran. --resolve asks
+the registry for the digest alone (one manifest request) and prints the URI
+pinned to it: what the plugin resolves once per job at submission, so that
+every node imports that digest (with --reuse: a digest never moves).
 
 With BERTH_IMAGE_STORE set, --cache-only of a registry image without USER@
 takes the shared store's entry (store.py): with --reuse the one last
@@ -50,6 +53,11 @@ def _terminated(signum, frame):
 
 
 def _import(args, cfg):
+    if args.resolve and archive.is_archive(args.uri):
+        raise BerthError(f"--resolve: '{args.uri}' is an archive; only registry (docker://) "
+                         "references have a digest to resolve")
+    if args.resolve and (args.reuse or args.dry_run or args.digest):
+        raise BerthError("--resolve: not with --reuse, --dry-run or --digest")
     if archive.is_archive(args.uri):
         ref = archive.parse(args.uri)
         args.uri = ref.uri  # the absolute path: what the cache and image config record
@@ -66,7 +74,9 @@ def _import(args, cfg):
             lines = rules.describe(ref)
             print("\n".join(lines))
             return 0 if any(not line.startswith("blocked:") for line in lines) else 1
-        rules.endpoints(ref)
+        plan = rules.endpoints(ref)
+        if args.resolve:
+            return _resolve(args, cfg, ref, plan)
         default = reference.default_output(args.uri)
     if args.digest and not args.cache_only:
         raise BerthError("--digest: only with --cache-only")
@@ -87,6 +97,17 @@ def _import(args, cfg):
             squash.require_space(os.path.dirname(output), os.path.getsize(image),
                                  "the squashfs image")
             squash.copy_image(image, output, replace)
+    return 0
+
+
+def _resolve(args, cfg, ref, plan):
+    """--resolve: one line, the URI pinned to a digest (the plugin's, once
+    per job at submission). Nothing is downloaded, nothing cached."""
+    if ref.digest:
+        print(args.uri)  # pinned already: no request
+        return 0
+    from berth import pull  # (the HTTP stack: only where a request is made)
+    print(pull.pinned(args, cfg, ref, plan))
     return 0
 
 

@@ -5,6 +5,7 @@ and mksquashfs into the image cache. Imported only when the registry is
 asked: requests and the rest cost a step that reuses an image 100 ms.
 """
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -39,18 +40,44 @@ def cached_image(args, cfg, ref, images, options):
     (mirrors first); the layers come from the one that gave the manifest."""
     plan = registries.load(cfg["ENROOT_SYSCONF_PATH"]).endpoints(ref)
     credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
-    registry, manifest, digest, manifest_digest = first_answer(
-        plan, ref, cfg, credentials, credentials_path, args.arch, args.quiet)
-    with build_cached(args, cfg, images, options, ref, registry, manifest, digest,
-                      manifest_digest) as image:
+    answer = first_answer(plan, ref, cfg, credentials, credentials_path, args.arch,
+                          args.quiet)
+    with build_cached(args, cfg, images, options, ref, answer.source, answer.manifest,
+                      answer.digest, answer.manifest_digest) as image:
         yield image
 
 
-def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet):
-    """(Registry, manifest, digest, manifest digest) from the first endpoint
-    of `plan` that serves the image; a failure there (no connection, 5xx,
-    404, refused access, a bad answer) moves on to the next, and when all
-    fail, one line names each endpoint and why."""
+def pinned(args, cfg, ref, plan):
+    """`berth import --resolve`: the URI pinned to the digest the registry
+    gives for it now, docker://[USER@]REGISTRY#REPOSITORY@sha256:..., naming
+    the registry the reference resolved to (a short name's search registry;
+    the rule's, never a mirror's host, so that the pinned URI goes through
+    the same rules). The digest is the one a pull records: an index's for a
+    multi-arch image, whatever the platform: the nodes pick theirs. One
+    manifest request through the endpoints of `plan` (for a `ref` with a
+    tag: one pinned already is its own answer, see importer.py)."""
+    credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
+    answer = first_answer(plan, ref, cfg, credentials, credentials_path, args.arch,
+                          args.quiet, pick_platform=False)
+    where = answer.candidate
+    user = f"{where.user}@" if where.user else ""
+    return f"docker://{user}{where.registry}#{where.repository}@{answer.digest}"
+
+
+# What first_answer found: the Registry that answered, the reference it
+# answered for (a candidate of registries.py: the registry as resolved, not
+# the endpoint's host), the platform manifest, the digest the user pulled
+# (an index's, for a multi-arch image) and the manifest's own digest.
+Answer = collections.namedtuple("Answer", "source candidate manifest digest manifest_digest")
+
+
+def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
+                 pick_platform=True):
+    """An Answer from the first endpoint of `plan` that serves the image; a
+    failure there (no connection, 5xx, 404, refused access, a bad answer)
+    moves on to the next, and when all fail, one line names each endpoint
+    and why. pick_platform=False: the first manifest alone (one request, no
+    platform chosen; manifest and manifest_digest are the index's then)."""
     failures, kinds = [], set()
     for endpoint, candidate in plan:
         # USER@ names an account on the registry of the URI: a mirror takes
@@ -63,7 +90,12 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet):
         try:
             registry.connect()
             try:
-                found = _platform_manifest(registry, endpoint_ref, arch)
+                if pick_platform:
+                    found = _platform_manifest(registry, endpoint_ref, arch)
+                else:
+                    manifest, _, digest = registry.manifest(endpoint_ref.reference,
+                                                            INDEX_TYPES + MANIFEST_TYPES)
+                    found = manifest, digest, digest
             except (KeyError, TypeError, ValueError, AttributeError):
                 raise _malformed(endpoint_ref) from None
         except BerthError as e:
@@ -76,8 +108,9 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet):
                       file=sys.stderr)
             continue
         if not quiet and len(plan) > 1:
-            print(f"berth: pulling {ref} from {endpoint.name(candidate)}", file=sys.stderr)
-        return (registry, *found)
+            doing = "pulling" if pick_platform else "resolving"
+            print(f"berth: {doing} {ref} from {endpoint.name(candidate)}", file=sys.stderr)
+        return Answer(registry, candidate, *found)
     # a refusal anywhere says more than the others' failures (the image store
     # takes it, or a 404 from every place, for an image it may not hold)
     kind = AccessDenied if AccessDenied in kinds else \

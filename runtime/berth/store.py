@@ -315,11 +315,11 @@ def _import(cfg, store, uri, ref):
     store_cfg = _store_config(cfg, store)
     plan = registries.load(cfg["ENROOT_SYSCONF_PATH"]).endpoints(ref)  # blocked: refused
     # no credentials: only what the registry gives anyone goes into the store
-    source, manifest, digest, manifest_digest = pull.first_answer(
-        plan, ref, store_cfg, None, None, None, True)
+    answer = pull.first_answer(plan, ref, store_cfg, None, None, None, True)
     args = types.SimpleNamespace(uri=uri, arch=None, quiet=True)
-    with pull.build_cached(args, store_cfg, ImageCache(store), squash.options(cfg), ref, source,
-                           manifest, digest, manifest_digest) as image:
+    with pull.build_cached(args, store_cfg, ImageCache(store), squash.options(cfg), ref,
+                           answer.source, answer.manifest, answer.digest,
+                           answer.manifest_digest) as image:
         return image
 
 

@@ -1,0 +1,192 @@
+"""`berth import --resolve`: a tag resolved to the digest it names now, in
+one manifest request, printed as a pinned URI that imports that image (what
+the SPANK plugin does once per job at submission). A real registry behind
+counting proxies; registries.conf mirrors and short names."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from registry_fixture import (  # noqa: E402
+    Proxy, Registry, berth, free_port, gzipped, layer_tar)
+
+pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
+                                reason="needs docker-registry (Debian package docker-registry)")
+
+BASE = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=berth\n")))
+TOP = gzipped(layer_tar(("file", "etc/added", b"added\n")))
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    reg = Registry(tmp_path_factory.mktemp("registry"))
+    reg.app_digest = reg.push_image("test/app", "v1", [BASE, TOP])
+    amd64 = reg.push_image("test/multi", "amd64", [BASE],
+                           config={"architecture": "amd64", "os": "linux", "config": {}})
+    arm64 = reg.push_image("test/multi", "arm64", [BASE, TOP],
+                           config={"architecture": "arm64", "os": "linux", "config": {}})
+    reg.multi_digest = reg.push_index("test/multi", "v1",
+                                      {("amd64", ""): amd64, ("arm64", ""): arm64})
+    yield reg
+    reg.stop()
+
+
+def resolve(uri, env, cwd, *extra):
+    return berth([*extra, "import", "--resolve", uri], env, cwd)
+
+
+def resolved(uri, env, cwd):
+    result = resolve(uri, env, cwd)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") == 1, result.stdout
+    return result.stdout.strip()
+
+
+def imported_digest(uri, env, cwd):
+    """The digest `berth import --cache-only --digest` says the image was pulled by."""
+    result = berth(["-q", "import", "--cache-only", "--digest", uri], env, cwd)
+    assert result.returncode == 0, result.stderr
+    path, digest = result.stdout.splitlines()
+    return path, digest
+
+
+def listing(image):
+    return subprocess.run(["unsquashfs", "-l", "-d", "", str(image)], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def conf(env, text):
+    sysconf = Path(env["ENROOT_SYSCONF_PATH"])
+    sysconf.mkdir(parents=True, exist_ok=True)
+    (sysconf / "registries.conf").write_text(text)
+
+
+def test_one_manifest_request_no_blob_no_cache(tmp_path, env, proxy, registry):
+    uri = f"docker://{proxy.host}#test/app:v1"
+    pinned = resolved(uri, env, tmp_path)
+    assert pinned == f"docker://{proxy.host}#test/app@{registry.app_digest}"
+    assert proxy.requests == ["/v2/", "/v2/test/app/manifests/v1"]
+    assert proxy.blob_requests() == []
+    assert not (tmp_path / "cache").exists() and list(tmp_path.iterdir()) == [tmp_path / "temp"]
+
+
+def test_the_pinned_uri_imports_the_same_image(tmp_path, env, proxy, registry):
+    uri = f"docker://{proxy.host}#test/app:v1"
+    pinned = resolved(uri, env, tmp_path)
+    by_tag, by_pin = imported_digest(uri, env, tmp_path), imported_digest(pinned, env, tmp_path)
+    assert by_tag[1] == by_pin[1] == registry.app_digest
+    # the same files (image.json records each its own source URI)
+    assert listing(by_tag[0]) == listing(by_pin[0]) and "/etc/added" in listing(by_pin[0])
+
+
+def test_a_moved_tag_resolves_to_its_new_digest(tmp_path, env, proxy, registry):
+    registry.push_image("test/moving", "v1", [BASE])
+    uri = f"docker://{proxy.host}#test/moving:v1"
+    before = resolved(uri, env, tmp_path)
+    moved_to = registry.push_image("test/moving", "v1", [BASE, TOP])
+    after = resolved(uri, env, tmp_path)
+    assert after != before and after.endswith(f"@{moved_to}")
+    # each pinned URI keeps naming its own image, whatever the tag does
+    assert imported_digest(before, env, tmp_path)[1] == before.rpartition("@")[2]
+    assert imported_digest(after, env, tmp_path)[1] == moved_to
+
+
+def test_a_multi_arch_image_resolves_to_its_index(tmp_path, env, proxy, registry):
+    uri = f"docker://{proxy.host}#test/multi:v1"
+    # the index's digest, whatever the platform: the nodes pick theirs
+    for arch in ("amd64", "arm64"):
+        proxy.requests.clear()
+        result = berth(["import", "--resolve", "--arch", arch, uri], env, tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == f"docker://{proxy.host}#test/multi@{registry.multi_digest}\n"
+        assert proxy.requests == ["/v2/", "/v2/test/multi/manifests/v1"]
+    pinned = result.stdout.strip()
+    assert imported_digest(pinned, env, tmp_path)[1] == registry.multi_digest
+
+
+def test_a_pinned_uri_is_its_own_answer(tmp_path, env, proxy):
+    uri = f"docker://{proxy.host}#test/app@{DIGEST}"
+    assert resolved(uri, env, tmp_path) == uri
+    assert proxy.requests == []
+
+
+def test_a_short_name_resolves_through_the_search_registries(tmp_path, env, proxy, registry):
+    dead = f"127.0.0.1:{free_port()}"
+    conf(env, f'unqualified-search-registries = ["{dead}", "{proxy.host}"]\n')
+    result = resolve("docker://test/app:v1", env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"docker://{proxy.host}#test/app@{registry.app_digest}\n"
+    assert f"berth: {dead}/test/app:v1 failed" in result.stderr
+    assert "berth: resolving " in result.stderr
+
+
+def test_the_pinned_uri_names_the_rules_registry_not_the_mirror(tmp_path, env, registry):
+    registry.push_image("mirrored/test/app", "v1", [BASE, TOP])
+    origin, mirror = Proxy(registry.url), Proxy(registry.url)
+    try:
+        conf(env, f'[[registry]]\nprefix = "{origin.host}/test"\n'
+                  f'[[registry.mirror]]\nlocation = "{mirror.host}/mirrored/test"\n')
+        pinned = resolved(f"docker://{origin.host}#test/app:v1", env, tmp_path)
+        assert pinned == f"docker://{origin.host}#test/app@{registry.app_digest}"
+        assert origin.requests == []
+        assert mirror.requests == ["/v2/", "/v2/mirrored/test/app/manifests/v1"]
+        # and the node's import of it goes through the same rule: the mirror again
+        assert imported_digest(pinned, env, tmp_path)[1] == registry.app_digest
+        assert origin.requests == []
+        assert f"/v2/mirrored/test/app/manifests/{registry.app_digest}" in mirror.requests
+    finally:
+        origin.stop()
+        mirror.stop()
+
+
+def test_user_and_credentials_as_for_an_import(tmp_path, env, registry):
+    guarded = Proxy(registry.url, auth="basic", login="alice", password="secret")
+    try:
+        credentials = Path(env["ENROOT_CONFIG_PATH"]) / ".credentials"
+        credentials.parent.mkdir(parents=True, exist_ok=True)
+        credentials.write_text(f"machine {guarded.host} login alice password secret\n")
+        credentials.chmod(0o600)
+        pinned = resolved(f"docker://alice@{guarded.host}#test/app:v1", env, tmp_path)
+        assert pinned == f"docker://alice@{guarded.host}#test/app@{registry.app_digest}"
+        credentials.unlink()
+        result = resolve(f"docker://{guarded.host}#test/app:v1", env, tmp_path)
+        assert result.returncode == 1 and result.stdout == ""
+        assert result.stderr.count("\n") == 1 and "401" in result.stderr
+    finally:
+        guarded.stop()
+
+
+@pytest.mark.parametrize("uri, message", [
+    ("docker://{host}#test/absent:v1", "image not found: {host}/test/absent:v1"),
+    ("docker://{dead}#test/app:v1", "Connection refused"),
+    ("docker-archive:/tmp/image.tar", "--resolve: 'docker-archive:/tmp/image.tar' is an "
+                                      "archive"),
+    ("docker://{host}#Test/app:v1", "invalid image reference"),
+])
+def test_errors_are_one_line(tmp_path, env, proxy, uri, message):
+    values = {"host": proxy.host, "dead": f"127.0.0.1:{free_port()}"}
+    result = resolve(uri.format(**values), env, tmp_path)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("berth: error: ") and result.stderr.count("\n") == 1
+    assert message.format(**values) in result.stderr
+    assert proxy.blob_requests() == [] and not (tmp_path / "cache").exists()
+
+
+def test_blocked_is_refused_before_any_request(tmp_path, env, proxy):
+    conf(env, f'[[registry]]\nprefix = "{proxy.host}/test"\nblocked = true\n')
+    result = resolve(f"docker://{proxy.host}#test/app:v1", env, tmp_path)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert "is blocked by the rule" in result.stderr and proxy.requests == []
+
+
+@pytest.mark.parametrize("extra", [["--reuse"], ["--dry-run"], ["--cache-only"], ["-o", "x"]])
+def test_resolve_takes_no_other_mode(tmp_path, env, proxy, extra):
+    result = berth(["import", "--resolve", *extra, f"docker://{proxy.host}#test/app:v1"], env,
+                   tmp_path)
+    assert result.returncode != 0 and result.stdout == ""
+    assert "--resolve" in result.stderr and proxy.requests == []
