@@ -155,14 +155,19 @@ static int import_with_importer(spank_t sp, const struct step *st, const struct 
 /*
  * Registry image -> squashfs, imported once per user and node: berth keeps
  * it in the user's image cache (on disk, pruned by the admin's timer) and
- * prints that file, which the start mounts as it is. --reuse: a step asks
- * the registry only when the node has no image of that URI yet (the import
- * of a moved tag is the user's call: berth import --cache-only URI).
+ * prints that file, which the start mounts as it is. The submission
+ * resolved the tag to a digest (submit_image): the node imports that pinned
+ * URI, so every node of the job runs the same image and a moved tag is seen
+ * by the next job. --reuse: a step asks the registry only when the node has
+ * no image of that URI yet, which for a digest is exact. Without a pinned
+ * URI (the submit host could not ask the registry) the tag's last import on
+ * this node serves, as --reuse finds it.
  */
 static int import_image(spank_t sp, const struct step *st, const struct plugin_conf *conf,
 			const struct container_flags *flags, char *sqsh)
 {
-	char uri[PATH_MAX], out[PATH_MAX + 128], notice[PATH_MAX + 64], headline[PATH_MAX + 64];
+	char uri[PATH_MAX], out[PATH_MAX + 128], notice[PATH_MAX * 2 + 64], headline[PATH_MAX + 64];
+	char pinned[PATH_MAX];
 	char *digest;
 	char *argv[] = { (char *)conf->berth, "import", "--cache-only", "--digest", "--reuse", uri,
 			 NULL };
@@ -189,9 +194,15 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 	}
 	if (conf->importer[0] != '\0')
 		return import_with_importer(sp, st, conf, flags, uri, sqsh);
+	if (archive == 0 && node_image(sp, uri, pinned, sizeof(pinned)))
+		argv[5] = pinned;
 	/* pyxis's words, which users grep for, then the runtime's reason */
 	snprintf(headline, sizeof(headline), "failed to import docker image: %s", uri);
-	if (snprintf(notice, sizeof(notice), "importing %s into this node's image cache", uri) < 0 ||
+	n = argv[5] == pinned
+		? snprintf(notice, sizeof(notice), "importing %s into this node's image cache "
+			   "(%s, as resolved at submission)", uri, strstr(pinned, "@sha256:") + 1)
+		: snprintf(notice, sizeof(notice), "importing %s into this node's image cache", uri);
+	if (n < 0 ||
 	    run_cmd(sp, st, conf, "berth import", argv, out, sizeof(out), notice, headline) < 0)
 		return -1;
 	/* two lines: the cached squashfs, then the digest it was pulled by */

@@ -759,6 +759,21 @@ int image_uri(const char *image, char *out, size_t outlen)
 	return (n < 0 || (size_t)n >= outlen) ? -1 : 0;
 }
 
+const char *image_pin(const char *text, const char *uri)
+{
+	static const char scheme[] = "docker://";
+	size_t n = strlen(uri);
+	const char *pin;
+
+	if (n == 0 || strncmp(text, uri, n) != 0 || text[n] != '\n')
+		return NULL;
+	pin = text + n + 1;
+	if (strncmp(pin, scheme, sizeof(scheme) - 1) != 0 || strstr(pin, "@sha256:") == NULL ||
+	    strchr(pin, '\n') != NULL)
+		return NULL;
+	return pin;
+}
+
 int image_cache_name(const char *image, char *out, size_t outlen)
 {
 	const char *scheme = strstr(image, "://");

@@ -139,6 +139,13 @@ int image_is_file(const char *image);
 size_t image_archive_prefix(const char *image);
 /* URI handed to "berth import": docker:// unless a scheme is given */
 int image_uri(const char *image, char *out, size_t outlen);
+/*
+ * A registry image's tag, resolved once per job at submission, reaches the
+ * nodes as "URI\nPINNED" (URI as image_uri gives it, PINNED the runtime's
+ * docker://...@sha256:... of it). image_pin: PINNED when text is for uri
+ * and PINNED is one such line, else NULL.
+ */
+const char *image_pin(const char *text, const char *uri);
 /* Cache file name for a registry image: '/', ':', '#', '@' become '+' */
 int image_cache_name(const char *image, char *out, size_t outlen);
 /* Is the namespace (net, ipc, uts) in the --container-unshare list? */

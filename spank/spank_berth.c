@@ -12,7 +12,8 @@
  *   task_exit (root)      after the last local task: close the keeper's
  *                         stdin, berth export, berth remove
  * Flag values are checked on the submission side (options.c) so a bad flag
- * fails srun/sbatch before anything runs.
+ * fails srun/sbatch before anything runs; there too, --environment and a
+ * registry image's tag are resolved once for the job (submit.c).
  *
  * This file holds the SPANK entry points and the option table only; each
  * entry point hands its work to one module (see README.md, "Source layout").
@@ -232,6 +233,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 			slurm_error("spank_berth: %s", err);
 			return -1;
 		}
+		submit_image(&conf, &flags); /* the tag's digest now, for every node */
 		return 0;
 	}
 	if (spank_get_item(sp, S_JOB_STEPID, &step.stepid) != ESPANK_SUCCESS) {

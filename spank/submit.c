@@ -21,6 +21,14 @@
 #define EDF_VAR "SLURM_BERTH_EDF"
 #define EDF_MAX 65536
 
+/*
+ * A registry image's tag, resolved to its digest once at submission, the
+ * same way: "URI\nPINNED" (image_pin() in options.h). Every node of the
+ * job imports PINNED, so a tag that moves meanwhile changes nothing, and
+ * the next job sees where it points then.
+ */
+#define IMAGE_VAR "SLURM_BERTH_IMAGE"
+
 static int wait_child(pid_t pid, int *status)
 {
 	while (waitpid(pid, status, 0) < 0) {
@@ -216,6 +224,67 @@ int node_environment(spank_t sp, struct container_flags *flags)
 		rc = 0;
 	free(text);
 	return rc;
+}
+
+/*
+ * Resolve a registry --container-image to the digest its tag names now
+ * ("berth import --resolve URI": one manifest request, as the user) and put
+ * "URI\nPINNED" into this process's environment, which srun/sbatch/salloc
+ * hand to the job. A step inside an sbatch/salloc of the same image finds
+ * it there already: resolved once per job. Best effort: when the registry
+ * cannot be asked from here, one line says so and the nodes import the tag
+ * as they find it, as without this.
+ */
+void submit_image(const struct plugin_conf *conf, const struct container_flags *flags)
+{
+	char uri[PATH_MAX], pinned[PATH_MAX], msg[ERR_LEN];
+	char *argv[] = { (char *)conf->berth, "import", "--resolve", uri, NULL };
+	const char *inherited = getenv(IMAGE_VAR);
+	char *text = NULL;
+	size_t len;
+
+	/* files and archives have no tag; a plugstack importer= imports by name */
+	if (flags->image == NULL || conf->importer[0] != '\0' || image_is_file(flags->image) ||
+	    image_archive_prefix(flags->image) > 0 ||
+	    image_uri(flags->image, uri, sizeof(uri)) < 0 || strncmp(uri, "docker://", 9) != 0)
+		return;
+	if (inherited != NULL && image_pin(inherited, uri) != NULL)
+		return;
+	if (capture(argv, pinned, sizeof(pinned), msg, sizeof(msg)) < 0) {
+		slurm_spank_log("spank_berth: warning: cannot resolve %s to a digest here (%s); "
+				"each node imports the tag as it finds it then", uri, msg);
+		return;
+	}
+	len = strlen(pinned);
+	if (len > 0 && pinned[len - 1] == '\n')
+		pinned[--len] = '\0';
+	text = malloc(strlen(uri) + len + 2);
+	if (text == NULL) {
+		slurm_error("spank_berth: out of memory");
+		return;
+	}
+	snprintf(text, strlen(uri) + len + 2, "%s\n%s", uri, pinned);
+	if (image_pin(text, uri) == NULL)
+		slurm_spank_log("spank_berth: warning: %s import --resolve %s printed no pinned "
+				"URI; each node imports the tag as it finds it then", conf->berth, uri);
+	else if (setenv(IMAGE_VAR, text, 1) < 0)
+		slurm_spank_log("spank_berth: warning: cannot set %s: %m", IMAGE_VAR);
+	free(text);
+}
+
+/* On the node: the URI this step's image was pinned to at submission, if any. */
+int node_image(spank_t sp, const char *uri, char *pinned, size_t len)
+{
+	char text[PATH_MAX * 2 + 2];
+	const char *pin;
+
+	if (spank_getenv(sp, IMAGE_VAR, text, sizeof(text)) != ESPANK_SUCCESS)
+		return 0;
+	pin = image_pin(text, uri);
+	if (pin == NULL || strlen(pin) >= len)
+		return 0;
+	memcpy(pinned, pin, strlen(pin) + 1);
+	return 1;
 }
 
 /* PYXIS_CONTAINER_* lookups: the submitting process's environment, or the job's. */

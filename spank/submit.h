@@ -1,7 +1,8 @@
 /*
  * The submission side (srun, sbatch, salloc: local and allocator contexts)
- * and what it hands the nodes: PYXIS_CONTAINER_* variables, and the
- * --environment EDF resolved once at submission and read back on the node.
+ * and what it hands the nodes: PYXIS_CONTAINER_* variables, the
+ * --environment EDF and a registry image's digest, each resolved once at
+ * submission and read back on the node.
  */
 #ifndef BERTH_SPANK_SUBMIT_H
 #define BERTH_SPANK_SUBMIT_H
@@ -26,6 +27,19 @@ int submit_environment(const struct plugin_conf *conf, struct container_flags *f
 
 /* On the node: the values resolved at submission, from the job's environment. */
 int node_environment(spank_t sp, struct container_flags *flags);
+
+/*
+ * A registry image's tag resolved to a digest through the runtime, once
+ * per job, into this process's environment for the job (best effort: a
+ * failure is a warning, and the job goes on).
+ */
+void submit_image(const struct plugin_conf *conf, const struct container_flags *flags);
+
+/*
+ * On the node: 1 and the pinned URI (docker://...@sha256:...) in pinned
+ * when the submission resolved uri, else 0 (import the tag as given).
+ */
+int node_image(spank_t sp, const char *uri, char *pinned, size_t len);
 
 #pragma GCC visibility pop
 

@@ -94,13 +94,33 @@ def test_plugin_identifies_itself_to_this_slurm(build):
 # ---- through a real srun/sbatch: option callbacks run before any submission
 
 
+# The runtime as the submission side uses it: `import --resolve URI` pins a
+# registry image's tag (the URI with a digest; "fail" in it: an unreachable
+# registry). Every call is a line in the file named by $1 of the stub.
+RESOLVE_STUB = """#!/bin/sh
+echo "$*" >>{calls}
+case "$1 $2" in
+"import --resolve")
+    case $3 in *fail*) echo "berth: error: cannot reach the registry" >&2; exit 1 ;; esac
+    echo "$3@sha256:{zeros}" ;;
+*) echo "stub berth: $*" >&2; exit 1 ;;
+esac
+"""
+
+
 @pytest.fixture()
 def slurm_conf(build, tmp_path):
-    """A slurm.conf whose controller is never reached: bad flags stop first."""
+    """A slurm.conf whose controller is never reached: bad flags stop first.
+    The plugin's berth= is a stub that resolves tags (RESOLVE_STUB, calls in
+    tmp_path/calls) unless the arguments name another."""
+    stub = tmp_path / "resolve-berth"
+    stub.write_text(RESOLVE_STUB.format(calls=tmp_path / "calls", zeros="0" * 64))
+    stub.chmod(0o755)
+
     def write(*plugin_args):
         plugstack = tmp_path / "plugstack.conf"
-        plugstack.write_text(
-            " ".join(["required", str(build / "spank_berth.so"), *plugin_args]) + "\n")
+        plugstack.write_text(" ".join(["required", str(build / "spank_berth.so"),
+                                       f"berth={stub}", *plugin_args]) + "\n")
         conf = tmp_path / "slurm.conf"
         conf.write_text(
             "ClusterName=bspk\nSlurmctldHost=localhost\n"
@@ -323,6 +343,60 @@ def test_bad_plugstack_options_are_named(slurm_conf, args, message):
     result = _run(slurm_conf(*args), "srun", "true")
     assert result.returncode != 0
     assert message in result.stderr
+
+
+# ---- a registry image's tag: resolved once at submission (SLURM_BERTH_IMAGE)
+
+
+def _calls(tmp_path):
+    path = tmp_path / "calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@needs_srun
+@pytest.mark.parametrize("command", ["srun", "sbatch", "salloc"])
+def test_a_registry_image_is_resolved_once_at_submission(slurm_conf, tmp_path, command):
+    argv = {"srun": ["true"], "sbatch": ["--wrap=true"], "salloc": ["true"]}[command]
+    result = _run(slurm_conf(), command, "--container-image=nvcr.io#nvidia/cuda:12.9", *argv)
+    assert _reached_the_controller(result), result.stderr
+    assert _calls(tmp_path) == ["import --resolve docker://nvcr.io#nvidia/cuda:12.9"]
+
+
+@needs_srun
+def test_a_step_of_a_job_of_the_same_image_keeps_its_resolution(slurm_conf, tmp_path):
+    pinned = "docker://nvcr.io#nvidia/cuda@sha256:" + "1" * 64
+    job = {**slurm_conf(), "SLURM_BERTH_IMAGE": f"docker://nvcr.io#nvidia/cuda:12.9\n{pinned}"}
+    result = _run(job, "srun", "--container-image=nvcr.io#nvidia/cuda:12.9", "true")
+    assert _reached_the_controller(result), result.stderr
+    assert _calls(tmp_path) == []
+    # another image than the job's: resolved for this step
+    result = _run(job, "srun", "--container-image=ubuntu:24.04", "true")
+    assert _reached_the_controller(result), result.stderr
+    assert _calls(tmp_path) == ["import --resolve docker://ubuntu:24.04"]
+
+
+@needs_srun
+def test_files_archives_and_an_importer_are_not_resolved(slurm_conf, tmp_path):
+    image = tmp_path / "image.sqsh"
+    image.write_bytes(b"")
+    for flag in (f"--container-image={image}", "--container-image=docker-archive:a.tar",
+                 "--container-name=kept"):
+        assert _reached_the_controller(_run(slurm_conf(), "srun", flag, "true")), flag
+    importer = slurm_conf(f"importer={tmp_path}/importer")
+    assert _reached_the_controller(_run(importer, "srun", "--container-image=ubuntu", "true"))
+    assert _calls(tmp_path) == []
+
+
+@needs_srun
+@pytest.mark.parametrize("plugstack", [[], ["berth=/nonexistent/berth"]])
+def test_a_failed_resolve_warns_and_the_job_goes_on(slurm_conf, plugstack):
+    result = _run(slurm_conf(*plugstack), "srun", "--container-image=fail.example#x:1", "true")
+    reason = ("cannot reach the registry" if not plugstack
+              else "cannot execute /nonexistent/berth")
+    warning = (f"spank_berth: warning: cannot resolve docker://fail.example#x:1 to a digest "
+               f"here ({reason}); each node imports the tag as it finds it then\n")
+    assert result.stderr.count("spank_berth") == 1 and warning in result.stderr
+    assert "slurm controller" in result.stderr  # submitted all the same
 
 
 # ---- --environment: resolved by the runtime at submission, refused there

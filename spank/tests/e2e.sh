@@ -190,13 +190,17 @@ check "JOBID.STEPID of no running step" "srun --container-name=999.0:exec true" 
 check "a failed import says so in pyxis's words, once per node and step" "srun -n2 --container-image=localhost:1#no/such:1 true 2>&1 | grep -c 'spank_berth: failed to import docker image: docker://localhost:1#no/such:1'" "1"
 check "a failed import: the runtime's reason in a line of its own" "srun --container-image=localhost:1#no/such:1 true" "error: spank_berth: berth import: "
 if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's own tests
+    calls=/var/tmp/fake-berth-1000/calls
+    # the fake's digest of a tag that moved N times (see fake-berth)
+    pin() { echo "sha256:$(printf '%s %s' "docker://registry.local#test/$1" "$2" | sha256sum | cut -c1-64)"; }
     reg="--container-image=registry.local#test/img:1"
     check "registry image imported" "srun $reg cat /etc/os-release" "ID=berth-test"
     check "registry image reused" "srun $reg cat /etc/os-release" "ID=berth-test"
-    check "each step asks the runtime's image cache" "grep -c '^import --cache-only --digest --reuse docker://registry.local#test/img:1\$' /var/tmp/fake-berth-1000/calls" "2"
+    check "each srun resolves the tag once, on the submit side" "grep -c '^import --resolve docker://registry.local#test/img:1\$' $calls" "2"
+    img_digest=$(pin img:1 0)
+    check "each step asks the runtime's image cache for the pinned URI" "grep -c '^import --cache-only --digest --reuse docker://registry.local#test/img@$img_digest\$' $calls" "2"
     check "imported once" "grep -c test/img /var/tmp/fake-berth-1000/copies" "1"
     # which image a job ran, for the admin: a line per step in slurmd's log (root's to read)
-    img_digest=sha256:$(printf %s 'docker://registry.local#test/img:1' | sha256sum | cut -c1-64)
     logged=$(on_node grep -c "spank_berth: step [0-9]*\.[0-9]* of uid 1000 runs image docker://registry.local#test/img:1 digest $img_digest\$" /var/log/slurm/slurmd.log || true)
     if [[ $logged == 2 ]]; then echo "ok   each step's image and digest in slurmd's log"
     else echo "FAIL each step's image and digest in slurmd's log: $logged lines"; failures=$((failures + 1)); fi
@@ -205,6 +209,23 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     else echo "FAIL a squashfs file step in slurmd's log: $logged lines"; failures=$((failures + 1)); fi
     other="--container-image=registry.local#test/other:2"
     check "concurrent steps import once" "(srun $other true & srun $other true; wait) >/dev/null 2>&1; grep -c other /var/tmp/fake-berth-1000/copies" "1"
+    # the tag moves between two sruns: the second sees it, at its submission
+    moving="--container-image=registry.local#test/moving:1"
+    check "a moved tag: the next srun runs the new digest" "srun $moving true && echo 1 >/var/tmp/fake-berth-1000/tags/docker___registry.local_test_moving_1 && srun $moving true && grep '^import --cache-only --digest --reuse .*test/moving@' $calls" "test/moving@$(pin moving:1 0)
+import --cache-only --digest --reuse docker://registry.local#test/moving@$(pin moving:1 1)"
+    # salloc resolves; its steps (the flag reaches them from salloc) inherit that
+    inherit="--container-image=registry.local#test/inherit:1"
+    check "steps inside an allocation run the allocation's digest" "salloc -Q $inherit sh -c 'echo 1 >/var/tmp/fake-berth-1000/tags/docker___registry.local_test_inherit_1; srun cat /etc/os-release; srun true' && grep -c '^import --cache-only --digest --reuse docker://registry.local#test/inherit@$(pin inherit:1 0)\$' $calls" "ID=berth-test
+2"
+    check "an allocation resolves once" "grep -c '^import --resolve docker://registry.local#test/inherit:1\$' $calls" "1"
+    batch="--container-image=registry.local#test/batch:1"
+    check "sbatch resolves at submission; the batch step runs that digest" "sbatch -W -o pinned.txt $batch --wrap 'cat /etc/os-release' >/dev/null && cat pinned.txt && grep -c 'test/batch' $calls" "ID=berth-test
+2"
+    check "sbatch: the batch step imports the pinned URI" "grep -c '^import --cache-only --digest --reuse docker://registry.local#test/batch@$(pin batch:1 0)\$' $calls" "1"
+    # a submit host that cannot ask the registry: a warning, and the node imports the tag
+    check "a failed resolve warns naming the image and why" "FAKE_BERTH_RESOLVE=fail srun --container-image=registry.local#test/unresolved:1 true" "spank_berth: warning: cannot resolve docker://registry.local#test/unresolved:1 to a digest here (cannot get docker://registry.local#test/unresolved:1 from any of 1 places: no route to host)"
+    check "a failed resolve: the step runs the tag as the node finds it" "FAKE_BERTH_RESOLVE=fail srun --container-image=registry.local#test/unresolved:1 cat /etc/os-release && grep -c '^import --cache-only --digest --reuse docker://registry.local#test/unresolved:1\$' $calls" "ID=berth-test
+2"
     absent "no image copy under runtime_path" "ls /run/berth/1000/spank" "images"
     absent "a quick import is quiet" "srun --container-image=registry.local#test/quick:1 true" "importing"
     check "a slow import says so" "FAKE_BERTH_IMPORT_SECONDS=5 srun --container-image=registry.local#test/slow:1 true" "spank_berth: importing docker://registry.local#test/slow:1 into this node's image cache"

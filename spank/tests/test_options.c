@@ -172,6 +172,27 @@ static void test_image_names(void)
 	CHECK(image_cache_name("", out, sizeof(out)) == -1);
 }
 
+static void test_image_pin(void)
+{
+	static const char pinned[] = "docker://nvcr.io#nvidia/cuda@sha256:"
+		"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+	const char *uri = "docker://nvcr.io#nvidia/cuda:12.9";
+	char text[256];
+
+	snprintf(text, sizeof(text), "%s\n%s", uri, pinned);
+	CHECK(image_pin(text, uri) != NULL && strcmp(image_pin(text, uri), pinned) == 0);
+	/* for another image, or a prefix of this one's URI: not ours */
+	CHECK(image_pin(text, "docker://nvcr.io#nvidia/cuda:12") == NULL);
+	CHECK(image_pin(text, "docker://nvcr.io#nvidia/cuda:12.9.1") == NULL);
+	CHECK(image_pin(text, "") == NULL);
+	/* the pinned part must be one docker:// line with a digest */
+	CHECK(image_pin("docker://a:1\ndocker://a:1", "docker://a:1") == NULL);
+	CHECK(image_pin("docker://a:1\n/tmp/a.sqsh@sha256:00", "docker://a:1") == NULL);
+	CHECK(image_pin("docker://a:1\ndocker://a@sha256:00\nx", "docker://a:1") == NULL);
+	CHECK(image_pin("docker://a:1\n", "docker://a:1") == NULL);
+	CHECK(image_pin("docker://a:1", "docker://a:1") == NULL);
+}
+
 static void test_mounts(struct container_flags *f)
 {
 	ACCEPTED(set_mounts(f, "/data:/data", err, sizeof(err)));
@@ -483,6 +504,7 @@ int main(void)
 	test_other_flags(&f);
 	flags_free(&f);
 	test_image_names();
+	test_image_pin();
 	test_flags_check();
 	test_env_merge();
 	test_switches();
