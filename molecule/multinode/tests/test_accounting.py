@@ -79,7 +79,7 @@ def test_the_cluster_and_the_inventorys_accounts_are_registered():
 
 def test_container_jobs_are_recorded_with_their_steps():
     job_id, rc = sbatch_wait(f"srun --container-image={IMAGE_SQSH} true && "
-                             f"srun --container-image={IMAGE_SQSH} --container-name=acct true")
+                             f"srun --container-image={IMAGE_SQSH} --container-workdir=/tmp true")
     assert rc == 0
     rows = sacct_rows(job_id, "JobID,State,User,Account",
                       lambda rows: {f"{job_id}.0", f"{job_id}.1"} <= {r[0] for r in rows})
@@ -95,16 +95,16 @@ def test_container_jobs_are_recorded_with_their_steps():
 
 
 def test_which_image_a_job_ran_is_in_the_nodes_log_with_its_digest():
+    # what the tag names now: the job resolves it once, and every node runs that digest
+    pinned = node(CONTROLLER).check_output(
+        f"runuser -u alice -- berth import --resolve docker://{REGISTRY_IMAGE}")
+    digest = pinned.rpartition("@")[2]
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), pinned
     job_id, rc = sbatch_wait(f"srun --container-image={REGISTRY_IMAGE} true")
     assert rc == 0
+    line = (f"spank_berth: step {job_id}.0 of uid 2001 runs image "
+            f"docker://{REGISTRY_IMAGE} digest {digest}")
     for name in COMPUTE:  # one line per node the step ran on, in slurmd's log
-        # what the registry's tag named then, as the node's cache recorded it
-        digest = node(name).check_output(
-            f"runuser -u alice -- berth --quiet import --cache-only --digest --reuse "
-            f"docker://{REGISTRY_IMAGE}").splitlines()[-1]
-        assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), digest
-        line = (f"spank_berth: step {job_id}.0 of uid 2001 runs image "
-                f"docker://{REGISTRY_IMAGE} digest {digest}")
         log = node(name).run(f"grep -F {shlex.quote(line)} /var/log/slurm/slurmd.log")
         assert log.rc == 0, f"{name}: no '{line}'"
 
