@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a container costs a Slurm step, against the bare step, in one run.
 
-    python3 bench/srun_overhead.py [--runs N] [--big-mb MB] [--login CMD]
+    python3 bench/srun_overhead.py [--runs N] [--big-mb MB] [--login CMD] [--cold-start]
 
 Runs on the demo cluster (`bash scripts/demo.sh`): commands go to the login
 node through `--login` (default: docker exec into berth-ctl as alice) and the
@@ -18,6 +18,14 @@ and an MPI ping-pong between the two nodes and within one (shared memory),
 bare and in the container (latency of 8 bytes, bandwidth of 4 MiB). The steps
 run in turns, one of each per round, so that the machine's changing speed hits
 all alike.
+With --cold-start, first steps of a registry image new to the cluster
+instead: every berth cache on the nodes emptied, then alice's first
+`srun -N2 --container-image=REGISTRY#IMAGE true` and bob's first step of the
+same image, per node and user (no store) and with the shared image store on
+/shared (a site.yml run turns it on, another off again), for the small image
+and the one padded to MB: wall time, and the blob requests and bytes the
+registry served (its own log). Target: with the store, each blob once per
+cluster, and bob's first step within 150 ms of a bare step.
 Targets: container MPI within 2% of bare; warm step overhead under 150 ms;
 unnamed step within 2x the warm one, small and big image alike. The one-node
 rows tell what a node pays: on the development machines both node containers
@@ -30,6 +38,7 @@ import re
 import shlex
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -96,13 +105,118 @@ def pingpong(login, nodes, runs):
     return [(statistics.median(lat), statistics.median(bw)) for lat, bw in results.values()]
 
 
+# -- cold start: the first step of an image new to the cluster ------------------
+
+PROJECT = Path(__file__).resolve().parents[1]
+STORE = "/shared/berth/images"
+BIG_REPO = "berth/mpi-test-big"
+BLOB_SERVED = re.compile(r'"GET /v2/[^ ]+/blobs/sha256:[0-9a-f]{64} HTTP/[0-9.]+" 200 (\d+)')
+
+
+def docker(*args):
+    result = subprocess.run(["docker", *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"srun_overhead: docker {' '.join(args)}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def push_big_image(megabytes):
+    """The test image plus a layer of MB random bytes, in the cluster's
+    registry as berth/mpi-test-big:1 (once: its tag stays)."""
+    tag = f"{BIG_REPO}:{megabytes}"
+    probe = subprocess.run(["docker", "exec", "berth-ctl", "skopeo", "inspect", "--tls-verify=false",
+                            f"docker://localhost:5000/{tag}"], capture_output=True)
+    if probe.returncode == 0:
+        return tag
+    with tempfile.TemporaryDirectory(prefix="berth-bench-") as work:
+        Path(work, "Dockerfile").write_text(
+            f"FROM berth/mpi-test:1\nRUN head -c {megabytes}M /dev/urandom > /opt/padding\n")
+        docker("build", "-q", "-t", tag, work)
+        docker("save", "-o", f"{work}/big.tar", tag)
+        # (/var/tmp: the node's /tmp is a tmpfs, which docker cp does not write into)
+        docker("cp", f"{work}/big.tar", "berth-ctl:/var/tmp/bench-big.tar")
+    docker("exec", "berth-ctl", "skopeo", "copy", "-q", "--dest-tls-verify=false",
+           "docker-archive:/var/tmp/bench-big.tar", f"docker://localhost:5000/{tag}")
+    docker("exec", "berth-ctl", "rm", "-f", "/var/tmp/bench-big.tar")
+    return tag
+
+
+def play(*args):
+    """site.yml on the demo cluster (bench/site_noop.py's inventory)."""
+    from site_noop import inventory
+    with tempfile.TemporaryDirectory(prefix="berth-bench-") as work:
+        hosts = inventory(Path(work) / "docker", "docker")
+        result = subprocess.run(["ansible-playbook", "-i", str(hosts), "site.yml", *args],
+                                cwd=PROJECT, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"srun_overhead: site.yml {' '.join(args)} failed:\n"
+                         f"{(result.stdout + result.stderr)[-2000:]}")
+
+
+def empty_caches():
+    """No image anywhere on the cluster: the store and every user's cache."""
+    for name in ("berth-ctl", "berth-cn1", "berth-cn2"):
+        docker("exec", name, "sh", "-c", f"rm -rf /var/lib/berth/cache/*/* {STORE}/*/*")
+
+
+def served_since(mark):
+    log = docker("exec", "berth-ctl", "journalctl", "-u", "docker-registry", f"--since=@{mark}",
+                 "-o", "cat", "--no-pager")
+    sizes = [int(size) for size in BLOB_SERVED.findall(log)]
+    return len(sizes), sum(sizes)
+
+
+def first_step(user, image):
+    mark = int(time.time())
+    time.sleep(1.1)  # the log's resolution is a second
+    login = ["docker", "exec", "berth-ctl", "runuser", "-u", user, "--"]
+    started = time.perf_counter()
+    on_login(login, f"cd /tmp && srun -N2 --container-image={image} true")
+    seconds = time.perf_counter() - started
+    time.sleep(1.1)
+    return (seconds, *served_since(mark))
+
+
+def cold_start(big_mb):
+    images = [("small", REGISTRY), (f"+{big_mb} MB", f"berth-ctl:5000#{push_big_image(big_mb)}")]
+    login = ["docker", "exec", "berth-ctl", "runuser", "-u", "alice", "--"]
+    bare = timings(login, ["srun -N2 true"], 5)[0][1] / 1000
+    rows = []
+    for store in (False, True):
+        if store:
+            play("-e", f"container_runtime_image_store={STORE}")
+        try:
+            for size, image in images:
+                empty_caches()
+                for user in ("alice", "bob"):
+                    rows.append((size, "store" if store else "per node", user,
+                                 *first_step(user, image)))
+        finally:
+            if store:
+                play()
+    print(f"\n{'first srun -N2 of a new image':40} {'wall s':>7} {'over bare':>10} "
+          f"{'blob GETs':>10} {'MB served':>10}")
+    for size, where, user, seconds, gets, served in rows:
+        label = f"{size}, {where}, {user}"
+        print(f"{label:40} {seconds:7.2f} {seconds - bare:+10.2f} {gets:10d} "
+              f"{served / 2 ** 20:10.1f}")
+    print(f"(bare srun -N2 true: {bare * 1000:.0f} ms; target with the store: each blob "
+          "served once per cluster, the second user's first step within 0.15 s of bare)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--big-mb", type=int, default=1024, help="padding of the big image")
     parser.add_argument("--login", default="docker exec berth-ctl runuser -u alice --",
                         help="prefix that runs a command as a user on the login node")
+    parser.add_argument("--cold-start", action="store_true",
+                        help="first steps of an image new to the cluster, with and without "
+                             "the shared image store, instead of the warm rows")
     args = parser.parse_args()
+    if args.cold_start:
+        cold_start(args.big_mb)
+        return
     login = shlex.split(args.login)
     make_big_image(args.big_mb)
 
