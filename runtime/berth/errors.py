@@ -1,4 +1,5 @@
-"""The one exception type the CLI turns into a one-line error message."""
+"""The one exception type the CLI turns into a one-line error message (and
+its kinds), and the SIGTERM that unwinds a long verb."""
 
 
 class BerthError(Exception):
@@ -11,3 +12,14 @@ class AccessDenied(BerthError):
 
 class ImageNotFound(BerthError):
     """A registry has no such manifest (404), or hides a private one from this caller."""
+
+
+class Terminated(Exception):
+    """SIGTERM, unwinding an import: no BerthError, so that no handler of
+    bad input (a broken layer, say) takes it for one and waits on."""
+
+
+def raise_terminated(signum, frame):
+    """The SIGTERM handler of import and store serve (scancel, a step's end,
+    systemd): unwind, so that cleanups run."""
+    raise Terminated()

@@ -37,7 +37,7 @@ from berth.errors import BerthError
 # layout (imageconfig.py), the fixed mksquashfs flags (squash.py).
 FORMAT = 1
 _LAYER_NAME = re.compile(r"[0-9a-f]{64}")
-_IMAGE_NAME = re.compile(r"[0-9a-f]{64}\.sqsh")
+IMAGE_NAME = re.compile(r"[0-9a-f]{64}\.sqsh")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)([KMGT]?)(?:I?B)?", re.IGNORECASE)
 _KINDS = ("layers", "images", "partial")
 
@@ -87,7 +87,7 @@ class ImageCache:
         except OSError:
             return None
         name = os.path.basename(target)
-        return name[:-5] if _IMAGE_NAME.fullmatch(name) else None
+        return name[:-5] if IMAGE_NAME.fullmatch(name) else None
 
     def remove_partials(self, key):
         """Remove what a killed build of `key` left beside its entry (the
@@ -129,7 +129,7 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _PLACES = {
     "layers": (("blobs", "sha256"), _LAYER_NAME,
                lambda name: os.path.basename(BlobCache("").lock_path(f"sha256:{name}"))),
-    "images": (("images",), _IMAGE_NAME,
+    "images": (("images",), IMAGE_NAME,
                lambda name: os.path.basename(ImageCache("").lock_path(name[:-5]))),
 }
 

@@ -27,29 +27,20 @@ import os
 import signal
 
 from berth import archive, reference, registries, safedir, squash, store
-from berth.errors import BerthError
+from berth.errors import BerthError, Terminated, raise_terminated
 from berth.imagecache import ImageCache
 
 
 def cmd_import(args, cfg):
     # scancel and Slurm step ends send SIGTERM: unwind, so that cleanups run.
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     try:
         return _import(args, cfg)
-    except _Terminated:
+    except Terminated:
         raise BerthError("import interrupted by SIGTERM") from None
     except OSError as e:  # a path we could not use: say which, in one line
         where = f"{e.filename}: " if e.filename else ""
         raise BerthError(f"{where}{e.strerror or e}") from None
-
-
-class _Terminated(Exception):
-    """SIGTERM, unwinding the import: no BerthError, so that no handler of
-    bad input (a broken layer, say) takes it for one and waits on."""
-
-
-def _terminated(signum, frame):
-    raise _Terminated()
 
 
 def _import(args, cfg):

@@ -26,7 +26,6 @@ user's side writes in the store: no lock, no mark of use, no removal.
 import contextlib
 import os
 import pwd
-import re
 import select
 import signal
 import socket
@@ -36,13 +35,12 @@ import time
 import types
 
 from berth import archive, reference, registries, safedir, squash
-from berth.errors import AccessDenied, BerthError, ImageNotFound
-from berth.imagecache import ImageCache, human_size
+from berth.errors import AccessDenied, BerthError, ImageNotFound, Terminated, raise_terminated
+from berth.imagecache import IMAGE_NAME, ImageCache, human_size
 
 REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
 REQUEST_TIMEOUT = 30  # seconds a connection has to send its request
 _ANSWER_MAX = 8192  # "ok " and a path; more is not an answer of ours
-_IMAGE_NAME = re.compile(r"[0-9a-f]{64}\.sqsh")
 _DIRS = (("images",), ("blobs",), ("blobs", "sha256"), ("locks",), ("uris",))
 
 
@@ -161,7 +159,7 @@ def entry(cfg, path):
         return BerthError(f"the image store's answer {path}: {why}; refusing it")
 
     if not os.path.isabs(path) or os.path.dirname(real) != images \
-            or not _IMAGE_NAME.fullmatch(os.path.basename(real)):
+            or not IMAGE_NAME.fullmatch(os.path.basename(real)):
         raise refuse(f"not an image of BERTH_IMAGE_STORE={path_of(cfg)}")
     uid = owner_uid(cfg)
     for directory in (store, images):
@@ -193,18 +191,10 @@ def cmd_store(args, cfg):
     return _list(cfg)
 
 
-class _Terminated(Exception):
-    pass
-
-
-def _terminated(signum, frame):
-    raise _Terminated()
-
-
 def _serve(cfg):
     """One request, one answer line on stdout; the reason of an error on
     stderr (the journal) too."""
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, raise_terminated)
     os.umask(0o022)
     try:
         kind, text = "ok", _serve_request(cfg)
@@ -212,7 +202,7 @@ def _serve(cfg):
         kind, text = "private", str(e)
     except BerthError as e:
         kind, text = "error", str(e)
-    except _Terminated:
+    except Terminated:
         kind, text = "error", "the image store's import was interrupted by SIGTERM"
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
@@ -348,7 +338,7 @@ def _list(cfg):
     try:
         with os.scandir(images) as items:
             found = [(item.stat(follow_symlinks=False), item.name) for item in items
-                     if _IMAGE_NAME.fullmatch(item.name) and item.is_file(follow_symlinks=False)]
+                     if IMAGE_NAME.fullmatch(item.name) and item.is_file(follow_symlinks=False)]
     except FileNotFoundError:
         found = []
     except OSError as e:
