@@ -14,8 +14,10 @@ description:
     C(query('ansible.builtin.file', ..., rstrip=false)). For source trees of
     text files (the runtime's Python, the plugin's C), a few hundred kilobytes.
   - Files are written to a temporary name and renamed into place.
-    Directories are made 0755 and files O(mode), owned by the user the module
-    runs as.
+    Directories are made O(dir_mode) and files O(mode), owned by the user the
+    module runs as.
+  - With C(--diff), the old and new text of each file written, as the
+    template module shows it (files over 64 KiB by name only).
   - O(dest) and everything below it belong to this module; a symbolic link in
     the tree is removed, never followed.
 version_added: "0.1.0"
@@ -33,12 +35,20 @@ options:
     description: Mode of every file.
     type: raw
     default: "0644"
+  dir_mode:
+    description:
+      - Mode of O(dest), set whenever it differs, and of the directories
+        made below it. Without it, directories are made 0755 and the mode of
+        an existing O(dest) is left alone.
+    type: raw
   purge:
     description:
       - Remove what O(files) does not name. With V(false), only the named
         paths are managed (a link or directory in a named file's place is
         still replaced, never followed); for a directory shared with
-        files that others install, such as C(hooks.d).
+        files that others install, such as C(hooks.d) or
+        C(/etc/systemd/system). Such a O(dest) may itself be a link to a
+        directory, which is followed, as M(ansible.builtin.file) does.
     type: bool
     default: true
 attributes:
@@ -64,6 +74,17 @@ EXAMPLES = r"""
       98-nvidia.sh: "{{ lookup('ansible.builtin.file', 'hooks/98-nvidia.sh', rstrip=false) }}"
     mode: "0755"
     purge: false
+
+- name: A user's private configuration directory and one file in it, as the user
+  berth_tree:
+    dest: /home/alice/.config/enroot
+    files:
+      .credentials: "machine registry.example.org login alice password secret\n"
+    mode: "0600"
+    dir_mode: "0700"
+    purge: false
+  become: true
+  become_user: alice
 """
 
 RETURN = r"""
@@ -134,12 +155,53 @@ def remove(path, st):
         os.unlink(path)
 
 
+DIFF_LIMIT = 64 * 1024
+
+
+def octal(module, name):
+    value = module.params[name]
+    try:
+        return None if value is None else int(str(value), 8)
+    except ValueError:
+        module.fail_json(msg=f"berth_tree: {name} '{value}' is not octal")
+
+
+def text_of(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(DIFF_LIMIT + 1).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def file_diffs(dest, found, written, removed, files):
+    """What --diff shows: each written file's old and new text, as template does."""
+    diffs = []
+    for rel in written:
+        path = os.path.join(dest, rel)
+        existed = rel in found and stat.S_ISREG(found[rel].st_mode)
+        if len(files[rel]) > DIFF_LIMIT or existed and found[rel].st_size > DIFF_LIMIT:
+            diffs.append(dict(before_header=path, after_header=path,
+                              before=f"({'a file' if existed else 'absent'})\n",
+                              after="(over 64 KiB: not shown)\n"))
+            continue
+        diffs.append(dict(before_header=path, after_header=path,
+                          before=text_of(path) if existed else "",
+                          after=files[rel].decode("utf-8")))
+    for rel in removed:
+        path = os.path.join(dest, rel)
+        diffs.append(dict(before_header=path, after_header=path,
+                          before=f"{rel}\n", after=""))
+    return diffs
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             dest=dict(type="path", required=True),
             files=dict(type="dict", required=True),
             mode=dict(type="raw", default="0644"),
+            dir_mode=dict(type="raw"),
             purge=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
@@ -147,10 +209,8 @@ def main():
     dest = module.params["dest"]
     if not os.path.isabs(dest):
         module.fail_json(msg=f"berth_tree: dest '{dest}' is not an absolute path")
-    try:
-        mode = int(str(module.params["mode"]), 8)
-    except ValueError:
-        module.fail_json(msg=f"berth_tree: mode '{module.params['mode']}' is not octal")
+    mode = octal(module, "mode")
+    dir_mode = octal(module, "dir_mode")
     files = {}
     for rel, text in module.params["files"].items():
         if bad_path(rel):
@@ -164,8 +224,12 @@ def main():
             d = os.path.dirname(d)
             wanted_dirs.add(d)
 
-    found = present(dest) if os.path.isdir(dest) and not os.path.islink(dest) else {}
-    if not module.params["purge"]:
+    purge = module.params["purge"]
+    # a tree of our own is never reached through a link; a shared directory
+    # (purge false) may be one, as the file module follows it
+    dest_is_dir = os.path.isdir(dest) and not (purge and os.path.islink(dest))
+    found = present(dest) if dest_is_dir else {}
+    if not purge:
         found = {rel: st for rel, st in found.items() if rel in files or rel in wanted_dirs}
     removed = sorted(
         rel for rel, st in found.items()
@@ -179,19 +243,22 @@ def main():
                      if rel in removed or rel not in found
                      or stat.S_IMODE(found[rel].st_mode) != mode
                      or differs(os.path.join(dest, rel), content))
-    changed = bool(written or removed) or not found and not os.path.isdir(dest)
+    dest_mode_wrong = (dir_mode is not None and dest_is_dir
+                       and stat.S_IMODE(os.stat(dest).st_mode) != dir_mode)
+    changed = bool(written or removed) or not dest_is_dir or dest_mode_wrong
     result = dict(changed=changed, written=written, removed=removed,
-                  diff=dict(before="".join(f"{r}\n" for r in sorted(set(written) | set(removed))
-                                           if r in found),
-                            after="".join(f"{r}\n" for r in written),
-                            before_header=f"{dest} (files to replace or remove)",
-                            after_header=f"{dest} (files written)"))
+                  diff=file_diffs(dest, found, written, removed, files))
     if module.check_mode or not changed:
         module.exit_json(**result)
+    made_mode = 0o755 if dir_mode is None else dir_mode
     try:
-        if os.path.islink(dest):
+        if not dest_is_dir and os.path.islink(dest):
             os.unlink(dest)
-        os.makedirs(dest, mode=0o755, exist_ok=True)
+        if not dest_is_dir:
+            os.makedirs(dest, mode=made_mode)
+            os.chmod(dest, made_mode)  # makedirs' mode passes through the umask
+        elif dest_mode_wrong:
+            os.chmod(dest, dir_mode)
         for rel in removed:
             path = os.path.join(dest, rel)
             if os.path.lexists(path):
@@ -199,7 +266,7 @@ def main():
         for d in sorted(wanted_dirs):
             path = os.path.join(dest, d)
             if not os.path.isdir(path):
-                os.mkdir(path, 0o755)
+                os.mkdir(path, made_mode)
         for rel in written:
             write(os.path.join(dest, rel), files[rel], mode)
     except OSError as e:

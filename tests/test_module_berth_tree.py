@@ -80,3 +80,51 @@ def test_purge_false_leaves_the_others_files(tmp_path):
     assert oct((dest / "10-home.sh").stat().st_mode & 0o777) == "0o755"
     assert not (tmp_path / "elsewhere").exists()
     assert not run(tmp_path, dest, {"10-home.sh": "ours\n"}, mode="0755", purge=False)["changed"]
+
+
+def test_diff_shows_each_written_files_old_and_new_text(tmp_path):
+    dest = tmp_path / "units"
+    run(tmp_path, dest, {"a.timer": "OnCalendar=daily\n", "b.service": "same\n"})
+    result = run(tmp_path, dest, {"a.timer": "OnCalendar=hourly\n", "b.service": "same\n",
+                                  "c.service": "new\n"}, check=True)
+    assert result["diff"] == [
+        {"before_header": str(dest / "a.timer"), "after_header": str(dest / "a.timer"),
+         "before": "OnCalendar=daily\n", "after": "OnCalendar=hourly\n"},
+        {"before_header": str(dest / "c.service"), "after_header": str(dest / "c.service"),
+         "before": "", "after": "new\n"}]
+
+
+def test_dir_mode_makes_and_keeps_a_private_directory(tmp_path):
+    dest = tmp_path / "config" / "enroot"
+    files = {".credentials": "machine r login a password p\n"}
+    first = run(tmp_path, dest, files, mode="0600", dir_mode="0700", purge=False)
+    assert first["changed"]
+    assert oct(dest.stat().st_mode & 0o777) == "0o700"
+    assert oct((dest / ".credentials").stat().st_mode & 0o777) == "0o600"
+    dest.chmod(0o755)
+    again = run(tmp_path, dest, files, mode="0600", dir_mode="0700", purge=False)
+    assert again["changed"] and again["written"] == []
+    assert oct(dest.stat().st_mode & 0o777) == "0o700"
+    assert not run(tmp_path, dest, files, mode="0600", dir_mode="0700", purge=False)["changed"]
+
+
+def test_a_bad_dir_mode_is_refused_naming_it(tmp_path):
+    dest = tmp_path / "d"
+    result = run(tmp_path, dest, {"a": "1\n"}, dir_mode="rwx")
+    assert result["failed"] and result["msg"] == "berth_tree: dir_mode 'rwx' is not octal"
+    assert not dest.exists()
+
+
+def test_a_shared_dest_reached_through_a_link_is_followed_a_tree_of_ours_is_not(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "site.conf").write_text("the site's\n")
+    shared = tmp_path / "shared"
+    shared.symlink_to(real)
+    assert run(tmp_path, shared, {"ours.conf": "1\n"}, purge=False)["changed"]
+    assert shared.is_symlink() and tree(real) == {"site.conf": "the site's\n", "ours.conf": "1\n"}
+    owned = tmp_path / "owned"
+    owned.symlink_to(real)
+    run(tmp_path, owned, {"a": "1\n"})
+    assert not owned.is_symlink() and tree(owned) == {"a": "1\n"}
+    assert tree(real) == {"site.conf": "the site's\n", "ours.conf": "1\n"}
