@@ -24,6 +24,7 @@ import threading
 from berth.errors import BerthError
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+PARTIAL_PREFIX = ".partial-"  # a download's temporary file, beside the blobs
 
 
 class BlobCache:
@@ -72,7 +73,7 @@ class BlobCache:
             with self._guard:
                 if self._cancelled:
                     raise BerthError("download cancelled")
-                fd, partial = tempfile.mkstemp(dir=self.blob_dir, prefix=".partial-")
+                fd, partial = tempfile.mkstemp(dir=self.blob_dir, prefix=PARTIAL_PREFIX)
                 self._partials.add(partial)
             try:
                 with os.fdopen(fd, "wb") as out:

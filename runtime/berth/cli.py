@@ -152,12 +152,31 @@ def _add_cache(sub):
 def _add_store(sub):
     p = sub.add_parser("store", help="the shared image store (BERTH_IMAGE_STORE)",
                        description="'serve' answers one request of the store's socket (run by "
-                       "systemd as the store's account); 'list' shows the store's images.")
-    store_sub = p.add_subparsers(dest="store_verb", metavar="serve|list", required=True)
+                       "systemd as the store's account); 'list' shows the store's images; "
+                       "'prune' removes the least recently used (as the store's account).")
+    store_sub = p.add_subparsers(dest="store_verb", metavar="serve|list|prune", required=True)
     store_sub.add_parser(
         "serve", help="read a registry reference on stdin, import it into the store, "
         "answer 'ok PATH', 'private REASON' or 'error REASON' on stdout")
     store_sub.add_parser("list", help="the store's images: size, last use, URI, path")
+    prune = store_sub.add_parser(
+        "prune", help="remove the least recently used images and layers",
+        description="As the store's account (BERTH_IMAGE_STORE_OWNER): removes images and "
+        "layers unused for DURATION, then the least recently used until images and layers "
+        "hold at most SIZE; partial files left by killed imports an hour old; uris/ links "
+        "that name no image. Each goes with its import's lock held: what an import holds, "
+        "or what was used in the last hour, stays. One line per file removed (size, last "
+        "use, URI, path), then the total. At least one limit is required.")
+    prune.add_argument("--older-than", metavar="DURATION",
+                       help="remove what was unused for DURATION: 30d, 12h, 90m, 2w "
+                            "(a number alone is days)")
+    prune.add_argument("--max-size", metavar="SIZE",
+                       help="then keep at most SIZE: bytes, or with K, M, G, T (500G, 1.5T)")
+    prune.add_argument("--dry-run", action="store_true",
+                       help="print what would be removed; remove nothing")
+    # (SUPPRESS: `berth --quiet store prune` says the same)
+    prune.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                       help="print the total only")
 
 
 def _add_version(sub):

@@ -140,7 +140,7 @@ def cmd_cache(args, cfg):
         safedir.check_if_present(cache_path, "ENROOT_CACHE_PATH")
     if args.cache_verb != "prune":
         return _show(cache_path)
-    days, limit = _days(args.older_than), _size(args.max_size)
+    days, limit = _days(args.older_than), parse_size(args.max_size)
     if days is None and limit is None:
         raise BerthError("cache prune: give --older-than DAYS, --max-size SIZE or both "
                          "(--max-size 0 empties the cache)")
@@ -149,7 +149,7 @@ def cmd_cache(args, cfg):
         print(f"removed {path} (left by a killed import)", flush=True)  # (before a fork)
     if os.geteuid() == 0:
         return _prune_as_owner(cache_path, days, limit)
-    with _Cache(cache_path, _open_followed(cache_path), strict=True) as cache:
+    with CacheDirs(cache_path, open_followed(cache_path), strict=True) as cache:
         return _prune(cache, days, limit)
 
 
@@ -165,7 +165,8 @@ def _days(text):
     return days
 
 
-def _size(text):
+def parse_size(text):
+    """--max-size: bytes, or a number with K, M, G or T (powers of 1024); None stays None."""
     if text is None:
         return None
     match = _SIZE.fullmatch(text)
@@ -187,7 +188,7 @@ def human_size(size):
 
 # -- the cache's directories, as descriptors ---------------------------------
 
-def _open_followed(cache_path):
+def open_followed(cache_path):
     """The cache directory as its user names it (a symbolic link there is
     theirs to make); None when there is none yet."""
     try:
@@ -236,13 +237,15 @@ def _is_link(name, dir_fd):
         return False
 
 
-class _Cache:
+class CacheDirs:
     """The cache's directories, each opened once (None: not there).
 
     strict (prune): a directory below the cache that is a symbolic link, not
     a directory or not the caller's is refused in one line naming it, before
     anything is removed; nothing later follows a link out of the cache.
     """
+
+    PRUNE, PLACE = "berth cache prune", "the cache"  # who refuses, and where, in messages
 
     def __init__(self, cache_path, cache_fd, strict):
         self.path, self.fds = cache_path, {}
@@ -270,15 +273,15 @@ class _Cache:
                     new = None
                 except OSError as e:
                     if strict and _is_link(name, fd):
-                        raise BerthError(f"{path}: a symbolic link; berth cache prune follows "
-                                         "none in the cache") from None
+                        raise BerthError(f"{path}: a symbolic link; {self.PRUNE} follows "
+                                         f"none in {self.PLACE}") from None
                     raise BerthError(f"{path}: {e.strerror}") from None
                 if own:
                     os.close(fd)
                 fd, own = new, True
                 if fd is not None and strict and os.fstat(fd).st_uid != os.geteuid():
                     raise BerthError(f"{path}: owned by uid {os.fstat(fd).st_uid}, not uid "
-                                     f"{os.geteuid()}; berth cache prune leaves it alone")
+                                     f"{os.geteuid()}; {self.PRUNE} leaves it alone")
             own = False
             return fd
         finally:
@@ -301,12 +304,14 @@ class _Cache:
         self.close()
 
 
-def _scan(cache):
-    """Every file of the layer and image caches, least recently used first."""
+def scan(cache):
+    """Every file of the layer and image caches, least recently used first.
+    Last use is the mtime: an import marks the layers it uses, a lookup
+    (an import, a store's serve) the image it hands out."""
     entries = []
     for kind, (_, pattern, lock_name) in _PLACES.items():
         fd, directory = cache.fds[kind], cache.dir_path(kind)
-        for item in _files(fd):
+        for item in files(fd):
             try:
                 info = item.stat(follow_symlinks=False)
             except FileNotFoundError:  # a partial file just renamed
@@ -321,7 +326,7 @@ def _scan(cache):
     return sorted(entries, key=lambda entry: entry.mtime)
 
 
-def _files(dir_fd, links=False):
+def files(dir_fd, links=False):
     if dir_fd is None:
         return []
     with os.scandir(dir_fd) as items:
@@ -330,8 +335,8 @@ def _files(dir_fd, links=False):
 
 
 def _show(cache_path):
-    with _Cache(cache_path, _open_followed(cache_path), strict=False) as cache:
-        entries = _scan(cache)
+    with CacheDirs(cache_path, open_followed(cache_path), strict=False) as cache:
+        entries = scan(cache)
     print(f"ENROOT_CACHE_PATH {cache_path}")
     print(f"{'':<8} {'files':>6} {'size':>8} {'bytes':>14}")
     for kind in (*_KINDS, "total"):
@@ -349,7 +354,7 @@ def _prune_as_owner(cache_path, days, limit):
     cache_fd = _open_no_links(cache_path)
     owner = os.fstat(cache_fd) if cache_fd is not None else None
     if owner is None or owner.st_uid == 0:
-        with _Cache(cache_path, cache_fd, strict=True) as cache:
+        with CacheDirs(cache_path, cache_fd, strict=True) as cache:
             return _prune(cache, days, limit)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -358,7 +363,7 @@ def _prune_as_owner(cache_path, days, limit):
         status = 1
         try:
             _become(owner.st_uid, owner.st_gid)
-            with _Cache(cache_path, cache_fd, strict=True) as cache:
+            with CacheDirs(cache_path, cache_fd, strict=True) as cache:
                 status = _prune(cache, days, limit)
         except BerthError as e:
             print(f"berth: error: {e}", file=sys.stderr)
@@ -389,7 +394,7 @@ def _become(uid, gid):
 
 
 def _prune(cache, days, limit):
-    entries = _scan(cache)
+    entries = scan(cache)
     total = sum(entry.size for entry in entries)
     cutoff = time.time() - days * 86400 if days is not None else None
     freed, kept = collections.Counter(), 0
@@ -416,7 +421,7 @@ def _prune(cache, days, limit):
 
 def _forget_pruned(uri_fd):
     """Drop the by-URI records of images no longer there."""
-    for item in _files(uri_fd, links=True):
+    for item in files(uri_fd, links=True):
         try:
             os.stat(item.name, dir_fd=uri_fd)
         except FileNotFoundError:
@@ -428,36 +433,55 @@ def _forget_pruned(uri_fd):
 
 def _remove(entry, cache):
     """Remove `entry` unless an import holds its lock or used it since the scan."""
+    if entry.lock is None:
+        return unlink_unchanged(entry)
+    with holding(cache, entry.lock) as held:
+        if not held:
+            return False
+        try:
+            return unlink_unchanged(entry)
+        finally:
+            # Imports make it again when they need it; one of root's must not stay.
+            if cache.fds["locks"] is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.lock, dir_fd=cache.fds["locks"])
+
+
+@contextlib.contextmanager
+def holding(cache, lock):
+    """Whether the lock file `lock` of locks/ (made when missing) is ours for
+    the body: False while an import holds it, or when it is no lock file.
+    With no locks/ no import ever locked anything: True."""
     lock_fd = cache.fds["locks"]
-    if entry.lock is None or lock_fd is None:  # no locks/: no import ever locked anything
-        return _unlink_unchanged(entry)
+    if lock_fd is None:
+        yield True
+        return
     try:
         # The lock file, in locks/ itself: never through a symbolic link, and
         # not a FIFO that would block.
-        fd = os.open(entry.lock, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                      | os.O_CLOEXEC, 0o644, dir_fd=lock_fd)
     except OSError as e:
         if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-            raise BerthError(f"{cache.dir_path('locks')}/{entry.lock}: {e.strerror}") from None
-        return False  # not a lock file: the entry stays
+            raise BerthError(f"{cache.dir_path('locks')}/{lock}: {e.strerror}") from None
+        yield False  # not a lock file: what it locks stays
+        return
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        try:
-            return _unlink_unchanged(entry)
-        finally:
-            # Imports make it again when they need it; one of root's must not stay.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry.lock, dir_fd=lock_fd)
+        yield stat.S_ISREG(os.fstat(fd).st_mode) and _try_lock(fd)
     finally:
         os.close(fd)
 
 
-def _unlink_unchanged(entry):
+def _try_lock(fd):
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def unlink_unchanged(entry):
+    """Unlink `entry` unless it is gone or was used since the scan."""
     try:
         if os.stat(entry.name, dir_fd=entry.dir_fd, follow_symlinks=False).st_mtime \
                 != entry.mtime:

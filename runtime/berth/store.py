@@ -20,7 +20,8 @@ reused() and entry(), which accepts a path only if it is an entry of the
 store owned by its account and writable by nobody else. Nothing on the
 user's side writes in the store: no lock, no mark of use, no removal.
 
-`berth store list` shows the entries, reading only.
+`berth store list` shows the entries, reading only; `berth store prune`
+(storeprune.py) removes the least recently used, as the store's account.
 """
 
 import contextlib
@@ -36,7 +37,7 @@ import types
 
 from berth import archive, reference, registries, safedir, squash
 from berth.errors import AccessDenied, BerthError, ImageNotFound, Terminated, raise_terminated
-from berth.imagecache import IMAGE_NAME, ImageCache, human_size
+from berth.imagecache import IMAGE_NAME, CacheDirs, ImageCache, human_size, open_followed, scan
 
 REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
 REQUEST_TIMEOUT = 30  # seconds a connection has to send its request
@@ -51,6 +52,22 @@ def path_of(cfg):
         return None
     if not os.path.isabs(store):
         raise BerthError(f"BERTH_IMAGE_STORE={store}: not an absolute path")
+    return store
+
+
+def owned_store(cfg, command):
+    """BERTH_IMAGE_STORE, for `command` (which writes the store) run as the
+    store's account: never as root, nor as any other uid."""
+    if os.geteuid() == 0:
+        raise BerthError(f"{command} refuses to run as root; run it as the store's "
+                         f"account ({cfg['BERTH_IMAGE_STORE_OWNER']})")
+    store = path_of(cfg)
+    if store is None:
+        raise BerthError("no image store here: BERTH_IMAGE_STORE is not set")
+    uid = owner_uid(cfg)
+    if os.geteuid() != uid:
+        raise BerthError(f"{command} runs as uid {os.geteuid()}, not as "
+                         f"BERTH_IMAGE_STORE_OWNER {cfg['BERTH_IMAGE_STORE_OWNER']} (uid {uid})")
     return store
 
 
@@ -183,11 +200,14 @@ def entry(cfg, path):
     return real
 
 
-# -- berth store serve | list ------------------------------------------------------
+# -- berth store serve | list | prune ----------------------------------------------
 
 def cmd_store(args, cfg):
     if args.store_verb == "serve":
         return _serve(cfg)
+    if args.store_verb == "prune":
+        from berth import storeprune
+        return storeprune.cmd_prune(args, cfg)
     return _list(cfg)
 
 
@@ -229,16 +249,7 @@ def _drain(fd, most=1 << 20):
 
 
 def _serve_request(cfg):
-    if os.geteuid() == 0:
-        raise BerthError("berth store serve refuses to run as root; run it as the store's "
-                         f"account ({cfg['BERTH_IMAGE_STORE_OWNER']})")
-    store = path_of(cfg)
-    if store is None:
-        raise BerthError("no image store here: BERTH_IMAGE_STORE is not set")
-    uid = owner_uid(cfg)
-    if os.geteuid() != uid:
-        raise BerthError(f"berth store serve runs as uid {os.geteuid()}, not as "
-                         f"BERTH_IMAGE_STORE_OWNER {cfg['BERTH_IMAGE_STORE_OWNER']} (uid {uid})")
+    store = owned_store(cfg, "berth store serve")
     uri = _request(sys.stdin.fileno())
     ref = _registry_reference(uri)
     _make_store(store)
@@ -328,30 +339,28 @@ def _list(cfg):
     store = path_of(cfg)
     if store is None:
         raise BerthError("no image store here: BERTH_IMAGE_STORE is not set")
-    images = os.path.join(store, "images")
     uris = os.path.join(store, "uris")
     latest = set()
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(uris):
             with contextlib.suppress(OSError):
                 latest.add(os.path.basename(os.readlink(os.path.join(uris, name))))
-    try:
-        with os.scandir(images) as items:
-            found = [(item.stat(follow_symlinks=False), item.name) for item in items
-                     if IMAGE_NAME.fullmatch(item.name) and item.is_file(follow_symlinks=False)]
-    except FileNotFoundError:
-        found = []
-    except OSError as e:
-        raise BerthError(f"{images}: {e.strerror}") from None
-    for st, name in sorted(found, key=lambda pair: pair[0].st_mtime):
-        path = os.path.join(images, name)
-        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(st.st_mtime))
-        older = "" if name in latest else " (older)"
-        print(f"{human_size(st.st_size):>8}  {used}  {_source(path)}{older}  {path}")
+    # The scan prune takes its order from: one meaning of "last use".
+    with CacheDirs(store, open_followed(store), strict=False) as dirs:
+        found = [entry for entry in scan(dirs) if entry.kind == "images"]
+    for entry in found:
+        older = "" if entry.name in latest else " (older)"
+        print(entry_line(entry, f"{source(entry.path)}{older}"))
     return 0
 
 
-def _source(image):
+def entry_line(entry, what):
+    """A line of `store list` and `store prune`: size, last use, `what`, path."""
+    used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.mtime))
+    return f"{human_size(entry.size):>8}  {used}  {what}  {entry.path}"
+
+
+def source(image):
     """The URI an entry was imported from, as its image.json records it."""
-    source = squash.recorded(image, "source")
-    return source if source and source.isprintable() else "?"
+    uri = squash.recorded(image, "source")
+    return uri if uri and uri.isprintable() else "?"

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -343,6 +344,38 @@ def test_store_list_shows_the_entries(site, service, proxy):
     size, day, clock, uri, path = line.split()
     assert (uri, path) == (uri_of(proxy), result.stdout.strip())
     assert size.endswith("K") and day.count("-") == 2 and clock.count(":") == 1
+
+
+def test_prune_after_real_imports(site, service, proxy):
+    """What a serve wrote (entry, layers, uris/ link, lock files) goes once
+    unused for an hour, lock files aside; the next request imports again."""
+    uri = uri_of(proxy)
+    first = site.run(ALICE, "--quiet", "import", "--cache-only", uri)
+    assert first.returncode == 0, first.stderr
+    before = tree(site.store)
+    fresh = site.run(STORE_USER, "store", "prune", "--max-size", "0")
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout.startswith("freed 0B (0 bytes: images 0, layers 0, partial files 0, ")
+    assert tree(site.store) == before  # a client may be about to mount it
+
+    hours_ago = time.time() - 2 * 3600
+    for name in ("images", "blobs/sha256", "uris"):
+        for path in (site.store / name).iterdir():
+            os.utime(path, (hours_ago, hours_ago), follow_symlinks=False)
+    pruned = site.run(STORE_USER, "store", "prune", "--older-than", "1h")
+    assert pruned.returncode == 0, pruned.stderr
+    assert f"  {uri}  {first.stdout.strip()}\n" in pruned.stdout
+    assert "images 1, layers 2, partial files 0, uris/ links 1); 0 in use kept; 0B (0 bytes)" \
+        in pruned.stdout
+    for name in ("images", "blobs/sha256", "uris"):
+        assert os.listdir(site.store / name) == [], name
+    assert os.listdir(site.store / "locks") != []  # an import may wait on one
+
+    proxy.requests.clear()
+    again = site.run(BOB, "--quiet", "import", "--cache-only", uri)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout  # the same key, built again
+    assert len(proxy.blob_requests()) == 3
 
 
 # -- private images go to the user's own cache -----------------------------------

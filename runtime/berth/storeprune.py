@@ -1,0 +1,224 @@
+"""`berth store prune`: the shared image store's least recently used files
+go, as the store's account, beside imports that may run at the same time on
+any node (runtime/README.md, "Shared image store").
+
+In this order:
+
+1. images and layers, least recently used first: those unused for
+   --older-than, then more until images and layers together hold at most
+   --max-size. Last use is the mtime, the order of `berth store list`
+   (imagecache.scan): a serve marks the image it hands out, an import the
+   layers it uses. A built image needs no layer and records none, so layers
+   are only an import's cache and go by the same rule.
+2. partial files not written for an hour: the squashfs of a killed build
+   (with that image's lock held: ImageCache.remove_partials) and the file of
+   a killed download.
+3. uris/ links that name no image of the store (one removed, one missing, or
+   anything but ../images/<key>.sqsh), and links of a killed `remember`.
+
+An image or layer goes only with the lock an import of it takes held (flock
+in locks/, across nodes) and only if unused since the scan. Nothing used or
+written in the last hour goes, whatever the options: a client may be about
+to mount the image a serve just handed out, and an import under way still
+unpacks the layers it marked when it began. Lock files stay: one removed
+while an import waits on it would let the next import of that image run
+beside the waiting one.
+
+The store's directories are opened once, none through a symbolic link
+(imagecache.CacheDirs), and every unlink goes through them: a link in the
+store is removed as a link, never followed.
+"""
+
+import collections
+import os
+import re
+import stat
+import time
+
+from berth import safedir
+from berth.blobs import PARTIAL_PREFIX
+from berth.errors import BerthError
+from berth.imagecache import (IMAGE_NAME, CacheDirs, Entry, ImageCache, files, holding,
+                              human_size, open_followed, parse_size, scan, unlink_unchanged)
+from berth.store import entry_line, owned_store, source
+
+RECENT = 3600  # seconds: what was used or written this recently stays
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)", re.IGNORECASE)
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "": 86400}
+# squash.make_squashfs's file beside the entry it builds, and
+# ImageCache.remember's link before its rename
+_BUILD_PARTIAL = re.compile(r"([0-9a-f]{64})\.sqsh\.tmp-.+")
+_LINK_PARTIAL = re.compile(r"[0-9a-f]{64}\.\d+")
+
+
+class _StoreDirs(CacheDirs):
+    PRUNE, PLACE = "berth store prune", "the store"
+
+
+def cmd_prune(args, cfg):
+    older, limit = parse_duration(args.older_than), parse_size(args.max_size)
+    if older is None and limit is None:
+        raise BerthError("store prune: give --older-than DURATION, --max-size SIZE or both")
+    store = owned_store(cfg, "berth store prune")
+    safedir.check_if_present(store, "BERTH_IMAGE_STORE")
+    tally = _Tally(args.dry_run, args.quiet)
+    with _StoreDirs(store, open_followed(store), strict=True) as dirs:
+        entries, now = scan(dirs), time.time()
+        gone = _prune_lru(dirs, entries, now, older, limit, tally)
+        _prune_builds(dirs, store, entries, now, tally)
+        _prune_downloads(dirs, entries, now, tally)
+        _prune_links(dirs, gone, now, tally)
+    tally.total(limit)
+    return 0
+
+
+def parse_duration(text):
+    """--older-than in seconds: a number with s, m, h, d or w (alone: days);
+    None stays None."""
+    if text is None:
+        return None
+    match = _DURATION.fullmatch(text)
+    if not match:
+        raise BerthError(f"--older-than: expected a duration such as 30d or 12h (s, m, h, d, "
+                         f"w; a number alone is days), got '{text}'")
+    return float(match[1]) * _SECONDS[match[2].lower()]
+
+
+def _prune_lru(dirs, entries, now, older, limit, tally):
+    """Images and layers, least recently used first, while unused for `older`
+    seconds or more than `limit` bytes are left; the names of the images gone."""
+    lru = [entry for entry in entries if entry.kind != "partial"]
+    tally.left = sum(entry.size for entry in lru)
+    gone = set()
+    for entry in lru:
+        if entry.mtime >= now - RECENT:
+            break  # and so is every one after it
+        old = older is not None and entry.mtime < now - older
+        if not (old or limit is not None and tally.left > limit):
+            continue
+        # the URI first: image.json is read from the file
+        what = None if tally.quiet else _describe(entry)
+        if not (tally.dry_run or _remove(dirs, entry)):
+            tally.busy += 1
+            continue
+        tally.removed(entry, what)
+        if entry.kind == "images":
+            gone.add(entry.name)
+    return gone
+
+
+def _describe(entry):
+    return source(entry.path) if entry.kind == "images" else "(layer)"
+
+
+def _remove(dirs, entry):
+    """Whether `entry` went: with its import's lock held, and unused since the
+    scan. The lock file stays (see the module's doc)."""
+    with holding(dirs, entry.lock) as held:
+        return held and unlink_unchanged(entry)
+
+
+def _prune_builds(dirs, store, entries, now, tally):
+    """The squashfs files of killed builds, per image: all of an image's once
+    one was not written for an hour."""
+    builds = collections.defaultdict(list)
+    for entry in entries:
+        match = _BUILD_PARTIAL.fullmatch(entry.name)
+        if entry.kind == "partial" and entry.dir_fd == dirs.fds["images"] and match:
+            builds[match[1]].append(entry)
+    for key, partials in sorted(builds.items()):
+        if all(entry.mtime >= now - RECENT for entry in partials):
+            continue
+        if not (tally.dry_run or _remove_build(dirs, store, key)):
+            tally.busy += 1
+            continue
+        for entry in partials:
+            tally.removed(entry, "(partial)")
+
+
+def _remove_build(dirs, store, key):
+    """Whether the partial files of `key` went: with its image's lock held
+    no build of it is at work, on any node."""
+    images = ImageCache(store)
+    with holding(dirs, os.path.basename(images.lock_path(key))) as held:
+        if held:
+            images.remove_partials(key)
+        return held
+
+
+def _prune_downloads(dirs, entries, now, tally):
+    """The files of killed downloads. Their names do not say which layer, so
+    no lock tells: an hour without a write does (a live download writes on,
+    and the registry's stall timeout ends a stalled one far sooner)."""
+    for entry in entries:
+        if entry.kind == "partial" and entry.dir_fd == dirs.fds["layers"] \
+                and entry.name.startswith(PARTIAL_PREFIX) and entry.mtime < now - RECENT \
+                and (tally.dry_run or unlink_unchanged(entry)):
+            tally.removed(entry, "(partial)")
+
+
+def _prune_links(dirs, gone, now, tally):
+    """uris/ links that name no image of the store, and links a killed
+    remember left. A serve may remember a URI anew meanwhile: a link changed
+    since its stat stays, and one lost costs the next `import --reuse` of
+    that URI a request to the socket."""
+    uris = dirs.fds["uris"]
+    for item in files(uris, links=True):
+        try:
+            st = item.stat(follow_symlinks=False)
+            target = os.readlink(item.name, dir_fd=uris)
+        except FileNotFoundError:
+            continue
+        if _LINK_PARTIAL.fullmatch(item.name):
+            stale = st.st_mtime < now - RECENT
+        else:
+            stale = not _names_image(dirs, target, gone)
+        link = Entry("link", os.path.join(dirs.dir_path("uris"), item.name), uris, item.name,
+                     None, st.st_size, st.st_mtime)
+        if stale and (tally.dry_run or unlink_unchanged(link)):
+            shown = target if target.isprintable() else ascii(target)
+            tally.removed(link, f"(link to {shown})")
+
+
+def _names_image(dirs, target, gone):
+    """Whether a uris/ link's target, as ImageCache.remember writes it
+    (../images/<key>.sqsh), is an image of the store that stays."""
+    parent, name = os.path.split(target)
+    images = dirs.fds["images"]
+    if parent != "../images" or not IMAGE_NAME.fullmatch(name) or name in gone \
+            or images is None:
+        return False
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=images, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+class _Tally:
+    """What prune removed, or would with --dry-run: a line each unless quiet
+    (as `berth store list` prints entries), then the total."""
+
+    def __init__(self, dry_run, quiet):
+        self.dry_run, self.quiet = dry_run, quiet
+        self.counts, self.freed, self.busy, self.left = collections.Counter(), 0, 0, 0
+
+    def removed(self, entry, what):
+        self.counts[entry.kind] += 1
+        if entry.kind != "link":  # (a link's size is its target's name)
+            self.freed += entry.size
+        if entry.kind in ("images", "layers"):
+            self.left -= entry.size
+        if not self.quiet:
+            print(entry_line(entry, what))
+
+    def total(self, limit):
+        counts = ", ".join(f"{label} {self.counts[kind]}" for kind, label in (
+            ("images", "images"), ("layers", "layers"), ("partial", "partial files"),
+            ("link", "uris/ links")))
+        would = "would be " if self.dry_run else ""
+        over = " (over --max-size: the rest is in use or was used in the last hour)" \
+            if limit is not None and self.left > limit else ""
+        print(f"{'would free' if self.dry_run else 'freed'} {human_size(self.freed)} "
+              f"({self.freed} bytes: {counts}); {self.busy} in use kept; "
+              f"{human_size(self.left)} ({self.left} bytes) of images and layers {would}left"
+              f"{over}")
