@@ -8,9 +8,9 @@ a moved tag has a new manifest digest, so a new key. An entry appears only
 whole (built beside it, then renamed) and is checked before use, so a
 damaged one is built again, never copied out.
 
-Layers and images keep their last use as their mtime; `berth cache prune`
-removes the least recently used first and skips what an import holds the
-lock of or used meanwhile. Locks only save duplicate work: every entry is
+Layers and images keep their last use as their mtime, or their atime where
+that is later (last_use); `berth cache prune` removes the least recently
+used first and skips what an import holds the lock of or used meanwhile. Locks only save duplicate work: every entry is
 written under a temporary name and renamed, so no writer corrupts another.
 """
 
@@ -121,8 +121,17 @@ class ImageCache:
 # -- berth cache [list] | prune ---------------------------------------------
 
 # One file of the cache: `path` to show, `name` in the directory open as
-# `dir_fd`, `lock` the name of its lock file in locks/ (None: a partial file).
-Entry = collections.namedtuple("Entry", "kind path dir_fd name lock size mtime")
+# `dir_fd`, `lock` the name of its lock file in locks/ (None: a partial file);
+# `used`, its last use (see last_use), `mtime` to tell a change since the scan.
+Entry = collections.namedtuple("Entry", "kind path dir_fd name lock size mtime used")
+
+
+def last_use(info):
+    """The later of the mtime and the atime. An import marks what it uses
+    through the mtime; a step that takes an image it may not write (a store's
+    entry, by `import --reuse`) reads it, which moves the atime (at most daily
+    under relatime; never on a noatime mount, where the mtime alone tells)."""
+    return max(info.st_mtime, info.st_atime)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # Where each kind lives below the cache, and the name of an entry's lock.
@@ -305,9 +314,9 @@ class CacheDirs:
 
 
 def scan(cache):
-    """Every file of the layer and image caches, least recently used first.
-    Last use is the mtime: an import marks the layers it uses, a lookup
-    (an import, a store's serve) the image it hands out."""
+    """Every file of the layer and image caches, least recently used first
+    (last_use: an import marks the layers it uses, a lookup the image it
+    hands out, a step's read the image it mounts)."""
     entries = []
     for kind, (_, pattern, lock_name) in _PLACES.items():
         fd, directory = cache.fds[kind], cache.dir_path(kind)
@@ -319,11 +328,11 @@ def scan(cache):
             path = os.path.join(directory, item.name)
             if not pattern.fullmatch(item.name):  # downloads and builds not done (yet)
                 entries.append(Entry("partial", path, fd, item.name, None, info.st_size,
-                                     info.st_mtime))
+                                     info.st_mtime, last_use(info)))
             else:
                 entries.append(Entry(kind, path, fd, item.name, lock_name(item.name),
-                                     info.st_size, info.st_mtime))
-    return sorted(entries, key=lambda entry: entry.mtime)
+                                     info.st_size, info.st_mtime, last_use(info)))
+    return sorted(entries, key=lambda entry: entry.used)
 
 
 def files(dir_fd, links=False):
@@ -399,7 +408,7 @@ def _prune(cache, days, limit):
     cutoff = time.time() - days * 86400 if days is not None else None
     freed, kept = collections.Counter(), 0
     for entry in entries:  # least recently used first
-        old = cutoff is not None and entry.mtime < cutoff
+        old = cutoff is not None and entry.used < cutoff
         # Size alone never takes a partial file: it may be being written.
         over = limit is not None and total > limit and entry.kind != "partial"
         if not (old or over):
@@ -411,7 +420,7 @@ def _prune(cache, days, limit):
         freed[entry.kind] += 1
         freed["bytes"] += entry.size
         print(f"removed {entry.path} ({human_size(entry.size)}, last used "
-              f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(entry.mtime))})")
+              f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(entry.used))})")
     _forget_pruned(cache.fds["uris"])
     counts = ", ".join(f"{kind} {freed[kind]}" for kind in _KINDS)
     print(f"freed {human_size(freed['bytes'])} ({freed['bytes']} bytes: {counts}); "

@@ -356,11 +356,22 @@ def _list(cfg):
 
 def entry_line(entry, what):
     """A line of `store list` and `store prune`: size, last use, `what`, path."""
-    used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.mtime))
+    used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.used))
     return f"{human_size(entry.size):>8}  {used}  {what}  {entry.path}"
 
 
 def source(image):
-    """The URI an entry was imported from, as its image.json records it."""
+    """The URI an entry was imported from, as its image.json records it.
+    Reading it is no use of the entry: the atime goes back where it was,
+    when this process may set it (the store's account, root)."""
+    try:
+        before = os.stat(image, follow_symlinks=False)
+    except OSError:
+        before = None
     uri = squash.recorded(image, "source")
+    if before is not None:
+        with contextlib.suppress(OSError):
+            after = os.stat(image, follow_symlinks=False)
+            if after.st_atime_ns != before.st_atime_ns and after.st_mtime_ns == before.st_mtime_ns:
+                os.utime(image, ns=(before.st_atime_ns, before.st_mtime_ns), follow_symlinks=False)
     return uri if uri and uri.isprintable() else "?"

@@ -6,7 +6,7 @@ In this order:
 
 1. images and layers, least recently used first: those unused for
    --older-than, then more until images and layers together hold at most
-   --max-size. Last use is the mtime, the order of `berth store list`
+   --max-size. Last use is imagecache.last_use, the order of `berth store list`
    (imagecache.scan): a serve marks the image it hands out, an import the
    layers it uses. A built image needs no layer and records none, so layers
    are only an import's cache and go by the same rule.
@@ -91,9 +91,9 @@ def _prune_lru(dirs, entries, now, older, limit, tally):
     tally.left = sum(entry.size for entry in lru)
     gone = set()
     for entry in lru:
-        if entry.mtime >= now - RECENT:
+        if entry.used >= now - RECENT:
             break  # and so is every one after it
-        old = older is not None and entry.mtime < now - older
+        old = older is not None and entry.used < now - older
         if not (old or limit is not None and tally.left > limit):
             continue
         # the URI first: image.json is read from the file
@@ -174,7 +174,7 @@ def _prune_links(dirs, gone, now, tally):
         else:
             stale = not _names_image(dirs, target, gone)
         link = Entry("link", os.path.join(dirs.dir_path("uris"), item.name), uris, item.name,
-                     None, st.st_size, st.st_mtime)
+                     None, st.st_size, st.st_mtime, st.st_mtime)
         if stale and (tally.dry_run or unlink_unchanged(link)):
             shown = target if target.isprintable() else ascii(target)
             tally.removed(link, f"(link to {shown})")

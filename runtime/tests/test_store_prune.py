@@ -175,8 +175,9 @@ def test_max_size_removes_the_least_recently_used_first(store):
         store.lock(path)
     locks = sorted(os.listdir(store.path / "locks"))
 
-    # `store list`, as any user, shows the order prune takes
-    listed = store.run("store", "list", user=OTHER)
+    # `store list` shows the order prune takes (as root or the store's
+    # account: another user's reading counts as a use, see below)
+    listed = store.run("store", "list", user="root")
     assert listed.returncode == 0, listed.stderr
     assert [line.split()[-1] for line in listed.stdout.splitlines()] == \
         [str(oldest), str(older), str(newest)]
@@ -217,6 +218,28 @@ def test_older_than_removes_what_was_unused_that_long(store, duration):
     assert result.returncode == 0, result.stderr
     assert left(*stale, *fresh) == [False, False, True, True]
     assert removed_paths(result) == [str(path) for path in stale]
+
+
+def test_a_step_reading_an_entry_is_a_use_and_a_listing_is_not(store):
+    """A job's step takes a store's entry by `import --reuse`, which cannot
+    mark it: reading it moves its atime, which prune counts. `store list`
+    and prune read image.json too, and put the atime back."""
+    read, listed = store.image(40 * DAY), store.image(40 * DAY)
+    probe = store.image(40 * DAY)
+    probe.read_bytes()
+    assert probe.stat().st_atime > time.time() - HOUR, "this filesystem records no atime"
+    os.utime(read, (time.time() - DAY, time.time() - 40 * DAY))  # a step read it yesterday
+    before = listed.stat().st_atime_ns
+    result = store.run("store", "list")
+    assert result.returncode == 0 and str(listed) in result.stdout, result.stderr
+    assert listed.stat().st_atime_ns == before
+    result = store.prune("--older-than", "30d")
+    assert result.returncode == 0, result.stderr
+    assert left(read, listed) == [True, False]
+    # any user may list; the kernel marks what another user reads (at most daily)
+    other = store.image(40 * DAY)
+    result = store.run("store", "list", user=OTHER)
+    assert result.returncode == 0 and str(other) in result.stdout, result.stderr
 
 
 def test_nothing_used_in_the_last_hour_goes(store):
