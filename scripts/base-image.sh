@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Build the node image the Molecule scenarios and the demo cluster start from,
 # offline from Debian's mirror: debootstrap minbase, then systemd + python3.
+# One image per Debian suite, chosen by BERTH_NODE_SUITE (bookworm, the
+# default, or trixie); it is tagged berth/node:SUITE (BERTH_NODE_IMAGE
+# overrides the tag), with its minbase beside it as berth/node:SUITE-minbase.
 # Skips the build when the image already exists (pass --rebuild to force).
 # The apt lists are dropped and dated 1970, so the roles' cache_valid_time
 # refreshes them on first use, as on a real node with stale lists.
 set -euo pipefail
-IMAGE=${BERTH_NODE_IMAGE:-berth/node:bookworm}
-SUITE=bookworm
+SUITE=${BERTH_NODE_SUITE:-bookworm}
+case "$SUITE" in
+    bookworm|trixie) ;;
+    *) echo "base-image: BERTH_NODE_SUITE=$SUITE: not bookworm or trixie" >&2; exit 2 ;;
+esac
+IMAGE=${BERTH_NODE_IMAGE:-berth/node:$SUITE}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 if [[ "${1:-}" != "--rebuild" ]] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
