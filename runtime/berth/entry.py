@@ -90,6 +90,26 @@ def relay(child):
     os._exit(exit_code(os.waitpid(child, 0)[1]))
 
 
+def execvpe(command, env):
+    """os.execvpe(command[0], command, env), the same search of env's PATH
+    (os.defpath when unset), without os.get_exec_path: from Python 3.12 on
+    that imports `warnings`, which is no longer loaded at start-up, and
+    after pivot_root there is no library to import it from."""
+    name = command[0]
+    if "/" in name:
+        os.execve(name, command, env)
+    first = last = None
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        try:
+            os.execve(os.path.join(directory, name), command, env)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            last = e
+        except OSError as e:  # as os.execvpe: report a found but failed one first
+            last = e
+            first = first or e
+    raise first or last
+
+
 def exit_code(wait_status):
     """A shell-style exit code: 128 + N for a child killed by signal N."""
     code = os.waitstatus_to_exitcode(wait_status)

@@ -95,7 +95,7 @@ def _restore_signals():
 def _exec(command, env):
     _restore_signals()
     try:
-        os.execvpe(command[0], command, env)
+        entry.execvpe(command, env)
     except OSError as e:
         print(f"berth: error: {command[0]}: {e.strerror} in the container", file=sys.stderr)
         os._exit(127 if isinstance(e, FileNotFoundError) else 126)
@@ -230,7 +230,7 @@ def _exec_keeper(pid, status, hold, env, entrypoint):
     command = [*entrypoint, *_KEEPER]
     _restore_signals()
     try:
-        os.execvpe(command[0], command, env)
+        entry.execvpe(command, env)
     except OSError as e:
         what = (f"entrypoint {command[0]}" if entrypoint
                 else f"{command[0]} (the keeper of --detach)")
