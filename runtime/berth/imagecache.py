@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import platform
 import pwd
 import re
 import stat
@@ -66,24 +67,28 @@ class ImageCache:
         make_dirs(self.image_dir, self.lock_dir)
         return locked(self.lock_path(key), f"waiting for another import of {ref}", quiet)
 
-    def _uri_link(self, uri, squash_options):
-        name = hashlib.sha256(json.dumps([FORMAT, uri, squash_options]).encode()).hexdigest()
+    def _uri_link(self, uri, squash_options, arch):
+        # The platform too: nodes of two architectures sharing a cache or a
+        # store each have their own latest of a multi-arch URI.
+        name = hashlib.sha256(json.dumps(
+            [FORMAT, uri, squash_options, arch or platform.machine()]).encode()).hexdigest()
         return os.path.join(self.uri_dir, name)
 
-    def remember(self, uri, squash_options, key):
-        """Record `key` as the latest image of `uri` (replaced in one rename)."""
+    def remember(self, uri, squash_options, arch, key):
+        """Record `key` as the latest image of `uri` for `arch` (--arch; None:
+        this machine's), replaced in one rename."""
         make_dirs(self.uri_dir)
-        link = self._uri_link(uri, squash_options)
+        link = self._uri_link(uri, squash_options, arch)
         partial = f"{link}.{os.getpid()}"
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)
         os.symlink(f"../images/{key}.sqsh", partial)
         os.replace(partial, link)
 
-    def remembered(self, uri, squash_options):
-        """The key last imported for `uri` here, or None."""
+    def remembered(self, uri, squash_options, arch):
+        """The key last imported for `uri` and `arch` here, or None."""
         try:
-            target = os.readlink(self._uri_link(uri, squash_options))
+            target = os.readlink(self._uri_link(uri, squash_options, arch))
         except OSError:
             return None
         name = os.path.basename(target)

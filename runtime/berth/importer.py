@@ -115,7 +115,7 @@ def _cached_image(args, cfg, ref):
         if image is not None:
             yield image
             return
-    key = images.remembered(args.uri, options) if args.reuse else None
+    key = images.remembered(args.uri, options, args.arch) if args.reuse else None
     if key is not None:
         with images.locked(key, ref, args.quiet):
             image = images.lookup(key, args.quiet)

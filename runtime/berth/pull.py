@@ -133,7 +133,7 @@ def build_cached(args, cfg, images, options, ref, source, manifest, digest, mani
         elif not args.quiet:
             print(f"berth: using the cached squashfs of {ref}: {image}", file=sys.stderr)
         try:
-            images.remember(args.uri, options, key)
+            images.remember(args.uri, options, args.arch, key)
         except (OSError, BerthError):
             # A cache this user may not write still serves what it holds;
             # only `--reuse` misses the record.

@@ -97,7 +97,7 @@ def reused(cfg, uri, options, quiet):
     None. Reads only: the store is not the caller's to mark or repair."""
     store = path_of(cfg)
     images = ImageCache(store)
-    key = images.remembered(uri, options)
+    key = images.remembered(uri, options, None)  # (the store serves this node's platform)
     if key is None or not os.path.lexists(images.path(key)):
         return None
     try:

@@ -216,6 +216,24 @@ def test_index_picks_host_arch_or_arch_option(tmp_path, env, proxy):
         "(choose one with --arch)")
 
 
+def test_reuse_keeps_the_latest_image_of_a_multi_arch_uri_per_platform(tmp_path, env, proxy):
+    """Nodes of two architectures sharing one cache (or store): --reuse on
+    each takes its own platform's image, whichever imported last."""
+    uri = f"docker://{proxy.host}#test/multi:v1"
+
+    def reuse(*arch):
+        result = berth(["import", "--cache-only", "--reuse", *arch, uri], env, tmp_path)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    host = reuse()
+    other = reuse("-a", f"{OTHER_ARCH}/v8")
+    assert other != host
+    assert reuse() == host
+    assert reuse("-a", f"{OTHER_ARCH}/v8") == other
+    assert "other" in os.listdir(unsquash(other, tmp_path / "o"))
+
+
 def test_existing_output_is_kept_unless_forced(tmp_path, env, proxy):
     out = tmp_path / "test+app+v1.sqsh"
     out.write_text("precious")
