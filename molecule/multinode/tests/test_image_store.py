@@ -63,6 +63,7 @@ def store(tmp_path_factory):
     assert rc == 0, output[-3000:]
     for name in [CONTROLLER, *COMPUTE]:
         assert not node(name).file("/etc/systemd/system/berth-store.socket").exists
+        assert not node(name).file("/etc/systemd/system/berth-store-prune.timer").exists
         assert "BERTH_IMAGE_STORE" not in node(name).file("/etc/enroot/enroot.conf").content_string
 
 
@@ -166,3 +167,104 @@ def test_an_import_killed_half_way_leaves_no_entry_and_the_next_imports_cleanly(
     # what the killed import had written is gone with the next import of the image
     names = node(COMPUTE[1]).check_output(f"ls -A {store}/images").split()
     assert [n for n in names if not re.fullmatch(r"[0-9a-f]{64}\.sqsh", n)] == []
+
+
+def push(repo, manifest_format):
+    """The test image under REPO:1 in the cluster's registry, its manifest as
+    Docker v2s2 or OCI: the same layers, another manifest digest, so a second
+    push moves the tag. Returns the tag's digest now."""
+    ctl = node(CONTROLLER)
+    ctl.check_output(f"skopeo copy -q --format {manifest_format} --dest-tls-verify=false "
+                     f"docker-archive:/opt/berth-images/mpi-test.tar docker://localhost:5000/{repo}:1")
+    return ctl.check_output(f"skopeo inspect --tls-verify=false --format '{{{{.Digest}}}}' "
+                            f"docker://localhost:5000/{repo}:1")
+
+
+def listed_sources():
+    """The URIs the store's entries were imported from, as `berth store list` prints them."""
+    return node(COMPUTE[0]).check_output("berth store list")
+
+
+def test_a_tag_moved_between_two_jobs_runs_the_new_image(store):
+    first = push("berth/store-moved", "v2s2")
+    image = f"{CONTROLLER}:5000#berth/store-moved:1"
+    job = srun(f"-w {COMPUTE[0]} --container-image={image} true", "alice")
+    assert job.rc == 0, job.stderr
+    before = store_images()
+    assert f"berth/store-moved@{first}" in listed_sources()
+
+    moved = push("berth/store-moved", "oci")
+    assert moved != first
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={image} true", "bob")
+    assert job.rc == 0, job.stderr
+    after = store_images()
+    assert len(after) == len(before) + 1, after  # one new entry, for both nodes
+    assert f"berth/store-moved@{moved}" in listed_sources()
+    log = node(COMPUTE[1]).check_output("tail -n 50 /var/log/slurm/slurmd.log")
+    assert f"digest {moved}" in log
+
+
+def prestage_task(output):
+    """'changed' or 'ok' (or None): what the pre-staging task reported."""
+    found = re.search(r"TASK \[container_runtime : Pull the pre-staged images[^\n]*\n"
+                      r"(?:[^\n]*\n)*?(changed|ok): \[", output)
+    return found and found.group(1)
+
+
+def test_prestaged_images_are_pulled_once_and_again_only_when_their_tag_moves(
+        store, tmp_path_factory):
+    inventory = inventory_copy(tmp_path_factory.mktemp("prestage"))
+    image = f"{CONTROLLER}:5000#berth/prestage:1"
+    first = push("berth/prestage", "v2s2")
+    stage = ["-e", f"container_runtime_image_store={STORE}",
+             "-e", '{"container_runtime_prestage_images": ["%s"]}' % image]
+    before = store_images()
+    rc, output, _ = play(inventory, *stage)
+    assert rc == 0, output[-3000:]
+    assert prestage_task(output) == "changed"
+    assert len(store_images()) == len(before) + 1
+    assert f"berth/prestage@{first}" in listed_sources()
+
+    rc, output, recap = play(inventory, *stage)
+    assert rc == 0 and prestage_task(output) == "ok", output[-3000:]
+    assert set(recap.values()) == {0}, recap
+
+    moved = push("berth/prestage", "oci")
+    staged = store_images()
+    rc, output, _ = play(inventory, "--check", *stage)
+    assert rc == 0, output[-3000:]
+    assert prestage_task(output) == "changed"  # the check run tells the pull ...
+    assert store_images() == staged  # ... and pulls nothing
+    rc, output, _ = play(inventory, *stage)
+    assert rc == 0 and prestage_task(output) == "changed", output[-3000:]
+    assert f"berth/prestage@{moved}" in listed_sources()
+
+    # the job finds the moved tag's image in the store: no blob fetched, no new entry
+    staged = store_images()
+    mark = now()
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={image} true", "alice")
+    assert job.rc == 0, job.stderr
+    log = node(CONTROLLER).check_output(
+        f"journalctl -u docker-registry --since=@{mark} -o cat --no-pager")
+    assert "/blobs/" not in log, log[-2000:]
+    assert store_images() == staged
+
+
+def test_one_node_prunes_the_store_as_its_account_what_no_step_used_for_30_days(store):
+    first, other = COMPUTE
+    assert node(first).check_output("systemctl is-enabled berth-store-prune.timer") == "enabled"
+    for name in (CONTROLLER, other):
+        assert not node(name).file("/etc/systemd/system/berth-store-prune.timer").exists, name
+    push("berth/store-prune", "v2s2")
+    job = srun(f"-w {first} --container-image={CONTROLLER}:5000#berth/store-prune:1 true", "alice")
+    assert job.rc == 0, job.stderr
+    before = store_images()
+    aged = [name for name in before
+            if "berth/store-prune@" in node(first).check_output(
+                f"unsquashfs -cat {STORE}/images/{name} etc/berth/image.json")]
+    assert len(aged) == 1, aged
+    node(first).check_output(f"runuser -u berth-store -- touch -d '40 days ago' {STORE}/images/{aged[0]}")
+    node(first).check_output("systemctl start berth-store-prune.service")
+    assert store_images() == sorted(set(before) - set(aged))
+    log = node(first).check_output("journalctl -u berth-store-prune.service -o cat --no-pager")
+    assert "freed" in log and "images 1" in log, log

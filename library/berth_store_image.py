@@ -1,0 +1,174 @@
+#!/usr/bin/python
+"""Ansible module: put registry images into Berth's shared image store ahead of the jobs."""
+
+DOCUMENTATION = r"""
+---
+module: berth_store_image
+short_description: Pre-stage registry images in Berth's shared image store
+description:
+  - Resolves each image of O(images) to the digest its tag names now, as the
+    SPANK plugin does once per job at submission (C(berth import --resolve)),
+    and asks the store's socket to import that pinned reference when the store
+    has no entry for it yet. The first job of the image then finds it there,
+    and no node waits for the registry.
+  - C(changed) only when an image was imported, that is, when it is new or its
+    tag has moved since the last run. Check mode resolves the tags and reports
+    which images would be pulled, and pulls nothing.
+  - The store pulls anonymously, so only images the registry gives anyone can
+    be staged; a private image fails, named. So does a tag the registry does
+    not know.
+  - Run it on one node with the store's socket (C(run_once)), since the store is one
+    filesystem for the whole cluster.
+version_added: "0.1.0"
+options:
+  images:
+    description:
+      - Registry references as C(--container-image) takes them,
+        C([docker://][REGISTRY#]IMAGE[:TAG|@DIGEST]), without C(USER@);
+        C(docker://) is added where no scheme is given.
+    type: list
+    elements: str
+    required: true
+  berth:
+    description: The C(berth) program.
+    type: path
+    default: /usr/local/bin/berth
+  socket:
+    description: The store's socket, C(BERTH_IMAGE_STORE_SOCKET) in C(enroot.conf).
+    type: path
+    default: /run/berth-store.sock
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+requirements:
+  - Berth's runtime with C(BERTH_IMAGE_STORE) set in C(enroot.conf), and the
+    store's socket listening (the C(container_runtime) role sets up both)
+author:
+  - Berth authors
+"""
+
+EXAMPLES = r"""
+- name: Pre-stage the images most jobs run
+  berth_store_image:
+    images:
+      - nvcr.io#nvidia/pytorch:24.01-py3
+      - docker://ubuntu:24.04
+  run_once: true
+"""
+
+RETURN = r"""
+pulled:
+  description: The pinned references imported into the store (in check mode, those it would import).
+  returned: always
+  type: list
+  elements: str
+  sample: ["docker://nvcr.io#nvidia/pytorch@sha256:4f2a..."]
+present:
+  description: The pinned references the store held already.
+  returned: always
+  type: list
+  elements: str
+resolved:
+  description: Each image of O(images) and the pinned reference its tag named.
+  returned: always
+  type: dict
+  sample: {"nvcr.io#nvidia/pytorch:24.01-py3": "docker://nvcr.io#nvidia/pytorch@sha256:4f2a..."}
+"""
+
+import os
+import socket
+
+from ansible.module_utils.basic import AnsibleModule
+
+ANSWER_MAX = 8192  # "ok " and a path; the store answers no more
+
+# The store pulls without credentials; so does the resolve, or an image the
+# store cannot pull would resolve here and fail only at its import.
+NO_CREDENTIALS = {"ENROOT_CONFIG_PATH": "/nonexistent/berth-store-image"}
+
+
+def run_berth(module, *args):
+    rc, out, err = module.run_command([module.params["berth"], *args],
+                                      environ_update=NO_CREDENTIALS)
+    if rc != 0:
+        said = (err.strip() or out.strip() or f"exit status {rc}").splitlines()[-1]
+        module.fail_json(msg=f"berth_store_image: berth {' '.join(args)}: {said}"[:2000])
+    return out
+
+
+def stored_sources(module):
+    """The references the store's entries were imported from (berth store
+    list: SIZE DATE TIME SOURCE [(older)] PATH, one line each)."""
+    sources = set()
+    for line in run_berth(module, "store", "list").splitlines():
+        fields = line.split()
+        if len(fields) < 5:
+            continue
+        sources.add(fields[-3] if fields[-2] == "(older)" else fields[-2])
+    return sources
+
+
+def ask_store(path, reference):
+    """The store's one-line answer to a request for `reference`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(path)
+        sock.sendall(reference.encode() + b"\n")
+        sock.shutdown(socket.SHUT_WR)
+        data = b""
+        while b"\n" not in data and len(data) <= ANSWER_MAX:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return data.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+
+def stage(module, image, pinned):
+    try:
+        answer = ask_store(module.params["socket"], pinned)
+    except OSError as e:
+        module.fail_json(msg=f"berth_store_image: {image}: the store's socket "
+                             f"{module.params['socket']}: {e.strerror or e}")
+    kind, _, rest = answer.partition(" ")
+    if kind == "private":
+        module.fail_json(msg=f"berth_store_image: {image}: the registry wants a login; the store "
+                             "pulls anonymously, so only public images can be staged")
+    if kind != "ok":
+        module.fail_json(msg=f"berth_store_image: {image}: the store answered: "
+                             f"{answer[:500] or '(nothing)'}")
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            images=dict(type="list", elements="str", required=True),
+            berth=dict(type="path", default="/usr/local/bin/berth"),
+            socket=dict(type="path", default="/run/berth-store.sock"),
+        ),
+        supports_check_mode=True,
+    )
+    for image in module.params["images"]:
+        if not image or not image.isprintable() or any(c.isspace() for c in image):
+            module.fail_json(msg=f"berth_store_image: images: {image!r} is not a registry reference")
+    resolved = {}
+    for image in module.params["images"]:
+        # as --container-image takes it: docker:// when no scheme is given
+        uri = image if "://" in image else "docker://" + image
+        resolved[image] = run_berth(module, "import", "--resolve", uri).strip()
+    present = stored_sources(module)
+    pulled = [pinned for pinned in dict.fromkeys(resolved.values()) if pinned not in present]
+    result = dict(changed=bool(pulled), pulled=pulled,
+                  present=sorted(set(resolved.values()) - set(pulled)), resolved=resolved,
+                  diff=dict(before="", after="".join(f"{p}\n" for p in pulled),
+                            before_header="image store", after_header="image store (pulled)"))
+    if not module.check_mode:
+        for image, pinned in resolved.items():
+            if pinned in pulled:
+                stage(module, image, pinned)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
