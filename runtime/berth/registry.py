@@ -297,9 +297,10 @@ class Registry:
                         hasher.update(chunk)
                         written += len(chunk)
                         on_bytes(len(chunk))
+                    _check_complete(response)
                 return "sha256:" + hasher.hexdigest()
             except (requests.ConnectionError, requests.Timeout,
-                    requests.exceptions.ChunkedEncodingError) as e:
+                    requests.exceptions.ChunkedEncodingError, _CutShort) as e:
                 on_bytes(-written)
                 if attempt == self.retries:
                     raise BerthError(f"download of {digest} from {self.ref.registry} "
@@ -325,9 +326,10 @@ class Registry:
                     if len(body) > limit:
                         raise BerthError(f"{what} is larger than {limit_is} ({limit} bytes); "
                                          "refusing it")
+                _check_complete(response)
                 return bytes(body)
         except (requests.ConnectionError, requests.Timeout,
-                requests.exceptions.ChunkedEncodingError) as e:
+                requests.exceptions.ChunkedEncodingError, _CutShort) as e:
             raise BerthError(f"registry {self.ref.registry}: reading {what} failed: "
                              f"{_reason(e)}") from None
 
@@ -346,6 +348,21 @@ def _not_negative(cfg, key):
     if value < 0:
         raise BerthError(f"{key}: expected 0 or more, got '{cfg[key]}'")
     return value
+
+
+class _CutShort(Exception):
+    """A body that ended before its Content-Length: urllib3 2 raises for
+    that itself, urllib3 1.26 (Debian 12's python3-urllib3, which the nodes'
+    venv uses) returns what came as if it were whole."""
+
+
+def _check_complete(response):
+    """Raise _CutShort, worded as urllib3 2's error, when fewer bytes came
+    over the wire than the response's Content-Length announced."""
+    announced, received = _content_length(response), response.raw.tell()
+    if announced and received < announced:
+        raise _CutShort(f"Connection broken: IncompleteRead ({received} bytes read, "
+                        f"{announced - received} more expected)")
 
 
 def _content_length(response):

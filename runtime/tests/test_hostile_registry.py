@@ -25,7 +25,8 @@ from registry_fixture import (  # noqa: E402
 
 from berth import config  # noqa: E402
 from berth.reference import parse  # noqa: E402
-from berth.registry import MAX_CONFIG, MAX_MANIFEST, Registry  # noqa: E402
+from berth.registry import (  # noqa: E402
+    MAX_CONFIG, MAX_MANIFEST, Registry, _check_complete, _CutShort, _reason)
 
 LAYER = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=hostile\n")))
 BIG = 64 << 20  # what a flood sends at most: far past every limit, bounded for the old code
@@ -119,6 +120,26 @@ def test_transfer_timeout_is_a_stall_timeout_by_default():
     assert registry_settings(ENROOT_TRANSFER_TIMEOUT="0") == (30, None)  # none, as in enroot
     assert registry_settings(ENROOT_TRANSFER_TIMEOUT="5", ENROOT_CONNECT_TIMEOUT="0") == \
         (None, 5)
+
+
+class _Answer:
+    """What _check_complete reads of a requests response: its headers and
+    the bytes urllib3 took off the wire (raw.tell())."""
+
+    def __init__(self, headers, received):
+        self.headers = headers
+        self.raw = type("Raw", (), {"tell": lambda _self: received})()
+
+
+def test_a_body_cut_short_of_its_content_length_is_a_broken_transfer():
+    """urllib3 2 raises for such a body; 1.26 (Debian 12's python3-urllib3,
+    which nodes use) ends it quietly. The client checks it either way, so
+    a cut layer is retried as a broken transfer, not refused as tampered."""
+    with pytest.raises(_CutShort) as cut:
+        _check_complete(_Answer({"Content-Length": "25"}, 10))
+    assert _reason(cut.value) == "Connection broken: IncompleteRead"
+    _check_complete(_Answer({"Content-Length": "25"}, 25))
+    _check_complete(_Answer({}, 10))  # chunked or until close: urllib3 checks those
 
 
 @pytest.mark.parametrize("what", ["manifest", "layer"])
