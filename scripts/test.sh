@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, unit and integration tests, and the multi-node
-# Molecule scenario. Exits non-zero on the first failing stage.
+# The whole test suite: lint, unit and integration tests, the runtime's suite
+# and the SPANK plugin's build on Debian 13, and the multi-node Molecule
+# scenario. Exits non-zero on the first failing stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -26,6 +27,9 @@ bash scripts/test-image.sh
 
 stage "unit and integration tests"
 python -m pytest -q -rs tests runtime/tests
+
+stage "runtime suite on Debian 13 (Python 3.13), SPANK plugin against its Slurm 24.11"
+bash scripts/test-runtime-suite.sh trixie
 
 stage "multi-node cluster (molecule test -s multinode)"
 molecule test -s multinode
