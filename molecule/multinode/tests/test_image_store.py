@@ -20,6 +20,11 @@ PUBLIC = f"{CONTROLLER}:5000#{PUBLIC_REPO}:1"
 PRIVATE = f"{CONTROLLER}:5001#private/mpi-test:1"
 BLOB_GET = re.compile(rf'"GET /v2/{PUBLIC_REPO}/blobs/(sha256:[0-9a-f]{{64}}) HTTP/[0-9.]+" 200 ')
 UIDS = {"alice": 2001, "bob": 2004}
+PRESTAGED = f"{CONTROLLER}:5000#berth/prestage:1"
+# store on, one image pre-staged: the fixture's site.yml arguments
+STAGE = ["-e", f"container_runtime_image_store={STORE}",
+         "-e", '{"container_runtime_prestage_images": ["%s"]}' % PRESTAGED]
+FIRST_PLAY = {}  # what the fixture's run printed, and the pre-staged tag's digest then
 
 
 def srun(args, user):
@@ -56,8 +61,10 @@ def store(tmp_path_factory):
     node(CONTROLLER).check_output(
         "skopeo copy -q --dest-tls-verify=false docker-archive:/opt/berth-images/mpi-test.tar "
         f"docker://localhost:5000/{PUBLIC_REPO}:1")
-    rc, output, _ = play(inventory, "-e", f"container_runtime_image_store={STORE}")
+    FIRST_PLAY["digest"] = push("berth/prestage", "v2s2")
+    rc, output, _ = play(inventory, *STAGE)
     assert rc == 0, output[-3000:]
+    FIRST_PLAY["output"] = output
     yield STORE
     rc, output, _ = play(inventory)
     assert rc == 0, output[-3000:]
@@ -81,13 +88,14 @@ def test_the_store_is_set_up_on_every_node(store):
 
 def test_a_public_image_is_pulled_once_for_both_nodes_and_both_users(store):
     before = {(name, user): own_images(name, user) for name in COMPUTE for user in UIDS}
+    stored = store_images()
     mark = now()
     job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={PUBLIC} cat /etc/os-release", "alice")
     assert job.rc == 0, job.stderr
     assert job.stdout.count("ID=") >= 2
     fetched = blob_gets(mark)
     assert fetched and set(fetched.values()) == {1}, fetched  # each blob once, for two nodes
-    [entry] = store_images()
+    [entry] = set(store_images()) - set(stored)
     image = node(COMPUTE[0]).file(f"{store}/images/{entry}")
     assert (image.user, image.mode) == ("berth-store", 0o644)
 
@@ -95,14 +103,15 @@ def test_a_public_image_is_pulled_once_for_both_nodes_and_both_users(store):
     job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={PUBLIC} true", "bob")
     assert job.rc == 0, job.stderr
     assert blob_gets(mark) == {}  # nothing fetched again for the second user
-    assert store_images() == [entry]
+    assert store_images() == sorted([*stored, entry])
     # neither user's own cache got a copy: both nodes ran the store's entry
     assert {(name, user): own_images(name, user) for name in COMPUTE for user in UIDS} == before
 
 
 def test_a_user_can_neither_write_into_the_store_nor_replace_an_entry(store):
-    [entry] = store_images() or [None]
-    assert entry, "the public image's entry"
+    before = store_images()
+    assert before, "the store's entries"
+    entry = before[0]
     host = node(COMPUTE[0])
     path = f"{store}/images/{entry}"
     digest = host.check_output(f"sha256sum {path}")
@@ -115,7 +124,7 @@ def test_a_user_can_neither_write_into_the_store_nor_replace_an_entry(store):
         result = host.run(f"runuser -u alice -- sh -c '{attempt}'")
         assert result.rc != 0, attempt
     assert host.check_output(f"sha256sum {path}") == digest
-    assert store_images() == [entry]
+    assert store_images() == before
 
 
 def test_a_private_image_stays_in_its_users_cache(store):
@@ -213,36 +222,29 @@ def prestage_task(output):
 
 def test_prestaged_images_are_pulled_once_and_again_only_when_their_tag_moves(
         store, tmp_path_factory):
-    inventory = inventory_copy(tmp_path_factory.mktemp("prestage"))
-    image = f"{CONTROLLER}:5000#berth/prestage:1"
-    first = push("berth/prestage", "v2s2")
-    stage = ["-e", f"container_runtime_image_store={STORE}",
-             "-e", '{"container_runtime_prestage_images": ["%s"]}' % image]
-    before = store_images()
-    rc, output, _ = play(inventory, *stage)
-    assert rc == 0, output[-3000:]
-    assert prestage_task(output) == "changed"
-    assert len(store_images()) == len(before) + 1
-    assert f"berth/prestage@{first}" in listed_sources()
+    # the fixture's run, with the store new and the image in the list
+    assert prestage_task(FIRST_PLAY["output"]) == "changed"
+    assert f"berth/prestage@{FIRST_PLAY['digest']}" in listed_sources()
 
-    rc, output, recap = play(inventory, *stage)
+    inventory = inventory_copy(tmp_path_factory.mktemp("prestage"))
+    rc, output, recap = play(inventory, *STAGE)
     assert rc == 0 and prestage_task(output) == "ok", output[-3000:]
     assert set(recap.values()) == {0}, recap
 
     moved = push("berth/prestage", "oci")
     staged = store_images()
-    rc, output, _ = play(inventory, "--check", *stage)
+    rc, output, _ = play(inventory, "--check", *STAGE)
     assert rc == 0, output[-3000:]
     assert prestage_task(output) == "changed"  # the check run tells the pull ...
     assert store_images() == staged  # ... and pulls nothing
-    rc, output, _ = play(inventory, *stage)
+    rc, output, _ = play(inventory, *STAGE)
     assert rc == 0 and prestage_task(output) == "changed", output[-3000:]
     assert f"berth/prestage@{moved}" in listed_sources()
 
     # the job finds the moved tag's image in the store: no blob fetched, no new entry
     staged = store_images()
     mark = now()
-    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={image} true", "alice")
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={PRESTAGED} true", "alice")
     assert job.rc == 0, job.stderr
     log = node(CONTROLLER).check_output(
         f"journalctl -u docker-registry --since=@{mark} -o cat --no-pager")
