@@ -16,7 +16,7 @@
 # test image (.cache/images/mpi-test.sqsh, from scripts/test-image.sh) is
 # bound read-only when present: the dpkg test starts it.
 # The container runs the tests as root, as close to the host as they expect,
-# without --privileged (it fails on these machines, TESTBED.md; set
+# without --privileged (it fails on the development machines; set
 # BERTH_PRIVILEGED=true where it works): every capability but SYS_RESOURCE,
 # no seccomp or AppArmor profile, /proc and /sys unmasked (a new pid
 # namespace may mount its own /proc only when no path of the outer one is

@@ -120,7 +120,7 @@ def images():
 
 @pytest.fixture(scope="session")
 def usable_fuse():
-    """/dev/fuse must be 0666 for image starts (TESTBED); restored afterwards."""
+    """/dev/fuse must be 0666 for image starts (users mount with FUSE); restored afterwards."""
     mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
     if AS_ROOT:
         os.chmod("/dev/fuse", 0o666)

@@ -1,5 +1,5 @@
 """The user namespace of a container and what a fake root needs, as enroot
-and pyxis give them (COMPAT.md 3b), run like test_container.py: one user
+and pyxis give them, run like test_container.py: one user
 namespace mapped `UID UID 1` (`0 UID 1` with --root), the seccomp filter
 that makes chown/setuid-style calls succeed without effect, the home at
 /root for a remapped root, and the namespaces of --uts, --ipc and --net.
