@@ -32,6 +32,8 @@ all:
     slurm_state_dir: /var/lib/slurm/slurmctld
     slurm_spool_dir: /var/lib/slurm/slurmd
     slurm_log_dir: /var/log/slurm
+    slurm_cred_setting: CryptoType=crypto/munge
+    slurm_slurmctld_pid_file: /run/slurmctld.pid
   children:
     slurm_controller:
       hosts:
