@@ -6,7 +6,8 @@ the package lists are rendered from what it loaded.
 
 Debian 12 must keep what the roles wrote before vars were per release; Debian 13
 gets PMIx 5's package name, CredType instead of the CryptoType 24.11 deprecates,
-and pid files in the runtime directories of its daemons, which run as slurm."""
+and pid files in the runtime directories of its daemons, which run as slurm.
+The slurm role's preflight refuses an MpiDefault the release has no plugin for."""
 
 import json
 import os
@@ -41,9 +42,9 @@ all:
         cn1: {{ansible_hostname: cn1, {NODE_FACTS}}}
 """
 
-# set_fact with cacheable puts the facts where gathered ones go, so the roles
-# see them as ansible_facts['distribution'] and ansible_os_family alike.
-PLAY = """
+# set_fact with cacheable puts the facts where gathered ones go: the roles
+# read the release from ansible_facts.
+RELEASE_FACTS = """
 - hosts: all
   gather_facts: false
   tasks:
@@ -53,7 +54,9 @@ PLAY = """
         distribution: "{{ distro }}"
         distribution_major_version: "{{ major }}"
         cacheable: true
+"""
 
+RENDER = """
     - name: Load the slurm role's names as the role does
       ansible.builtin.include_role:
         name: slurm
@@ -89,21 +92,26 @@ PLAY = """
 """
 
 
+def run_play(tmp_path, play_text, distro, major, *extra, family="Debian"):
+    """ansible-playbook of `play_text` on hosts of that release."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(INVENTORY)
+    play = tmp_path / "play.yml"
+    play.write_text(RELEASE_FACTS + play_text)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_DEPRECATION_WARNINGS="false",
+               ANSIBLE_NOCOLOR="1")
+    return subprocess.run(
+        [BIN / "ansible-playbook", "-i", inventory, play, "-e", f"repo={REPO}",
+         "-e", f"family={family}", "-e", f"distro={distro}", "-e", f"major={major}", *extra],
+        env=env, capture_output=True, text=True, timeout=180, cwd=REPO,
+    )
+
+
 def render(tmp_path, distro, major, family="Debian"):
     """What the roles write for hosts of that release: {name: text or package list}."""
     out = tmp_path / f"{distro}-{major}"
     out.mkdir()
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(INVENTORY)
-    play = tmp_path / "play.yml"
-    play.write_text(PLAY)
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_DEPRECATION_WARNINGS="false",
-               ANSIBLE_NOCOLOR="1")
-    result = subprocess.run(
-        [BIN / "ansible-playbook", "-i", inventory, play, "-e", f"repo={REPO}", "-e", f"out={out}",
-         "-e", f"family={family}", "-e", f"distro={distro}", "-e", f"major={major}"],
-        env=env, capture_output=True, text=True, timeout=180, cwd=REPO,
-    )
+    result = run_play(tmp_path, RENDER, distro, major, "-e", f"out={out}", family=family)
     assert result.returncode == 0, result.stdout[-3000:]
     return {
         "slurm.conf": (out / "slurm.conf").read_text(),
@@ -160,3 +168,23 @@ def test_a_release_without_its_own_file_gets_the_familys(tmp_path, rendered):
     # Ubuntu 24.04 is of the Debian family and has no Ubuntu-24.yml
     noble = render(tmp_path, "Ubuntu", "24")
     assert noble == rendered["12"]
+
+
+PREFLIGHT = """
+    - name: Check the settings as playbooks/preflight.yml does
+      ansible.builtin.include_role:
+        name: slurm
+        tasks_from: preflight.yml
+"""
+
+
+@pytest.mark.parametrize("major, plugin, refused", [
+    ("12", "pmix_v4", False), ("12", "pmix_v5", True),
+    ("13", "pmix_v5", False), ("13", "pmix_v4", True),
+    ("13", "pmix", False),
+])
+def test_preflight_refuses_the_other_releases_pmix_plugin(tmp_path, major, plugin, refused):
+    result = run_play(tmp_path, PREFLIGHT, "Debian", major, "-e", f"slurm_mpi_default={plugin}")
+    assert (result.returncode != 0) == refused, result.stdout[-3000:]
+    if refused:
+        assert f"slurm_mpi_default={plugin}, but its Slurm (Debian {major})" in result.stdout
