@@ -1,4 +1,5 @@
-"""Imported squashfs images kept for reuse, and `berth cache` (PAINPOINTS #5, #7).
+"""Imported squashfs images kept for reuse, and `berth cache`: a re-run
+imports nothing again, and old images do not fill the disk.
 
 $ENROOT_CACHE_PATH/images/<key>.sqsh is the image an import made, under a
 key over everything that decides its content: the platform manifest, the

@@ -22,7 +22,7 @@ def free_bytes(path):
 
 
 def require_space(path, needed, purpose):
-    """Fail before starting work that cannot fit (PAINPOINTS #3)."""
+    """Fail before starting work that cannot fit, not half way through it."""
     free = free_bytes(path)
     if free < needed:
         raise BerthError(f"not enough space in {path} for {purpose}: {free} bytes free, "
