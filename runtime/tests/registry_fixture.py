@@ -6,12 +6,14 @@ A plain module, imported by the import tests (not a conftest.py).
 """
 
 import base64
+import contextlib
 import gzip
 import hashlib
 import http.server
 import io
 import json
 import os
+import pwd
 import socket
 import subprocess
 import sys
@@ -285,6 +287,23 @@ def berth_env(tmp_path, **overrides):
     env.update(overrides)
     (tmp_path / "temp").mkdir(exist_ok=True)
     return env
+
+
+@contextlib.contextmanager
+def throwaway_users(*names):
+    """System accounts without a home or a shell for the test's length:
+    {name: pwd entry}, removed again even when the test fails."""
+    made = []
+    try:
+        for name in names:
+            subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent",
+                            "--shell", "/usr/sbin/nologin", name], check=True,
+                           capture_output=True)
+            made.append(name)
+        yield {name: pwd.getpwnam(name) for name in made}
+    finally:
+        for name in made:
+            subprocess.run(["userdel", name], check=False, capture_output=True)
 
 
 def berth(args, env, cwd, user=None):

@@ -9,7 +9,6 @@ berth-store.socket (Accept=yes) would.
 """
 
 import os
-import pwd
 import shutil
 import socket
 import stat
@@ -23,7 +22,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import Proxy, berth, berth_env, gzipped, layer_tar  # noqa: E402
+from registry_fixture import (  # noqa: E402
+    Proxy, berth, berth_env, gzipped, layer_tar, throwaway_users)
 
 pytestmark = [
     pytest.mark.skipif(not shutil.which("docker-registry"),
@@ -48,17 +48,8 @@ def registry(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def users():
-    made = []
-    try:
-        for name in (STORE_USER, ALICE, BOB):
-            subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent",
-                            "--shell", "/usr/sbin/nologin", name], check=True,
-                           capture_output=True)
-            made.append(name)
-        yield {name: pwd.getpwnam(name) for name in made}
-    finally:
-        for name in made:
-            subprocess.run(["userdel", name], check=False, capture_output=True)
+    with throwaway_users(STORE_USER, ALICE, BOB) as made:
+        yield made
 
 
 def _owned_dir(path, user, mode=0o755):

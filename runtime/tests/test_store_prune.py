@@ -6,7 +6,6 @@ the test holds real flocks where an import would."""
 import fcntl
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import berth, berth_env  # noqa: E402
+from registry_fixture import berth, berth_env, throwaway_users  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plays the store's account")
 
@@ -28,17 +27,8 @@ SIZE = 4096  # of every image (mksquashfs pads to 4 KiB) and every layer here
 
 @pytest.fixture(scope="module")
 def users():
-    made = []
-    try:
-        for name in (STORE_USER, OTHER):
-            subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent",
-                            "--shell", "/usr/sbin/nologin", name], check=True,
-                           capture_output=True)
-            made.append(name)
-        yield {name: pwd.getpwnam(name) for name in made}
-    finally:
-        for name in made:
-            subprocess.run(["userdel", name], check=False, capture_output=True)
+    with throwaway_users(STORE_USER, OTHER) as made:
+        yield made
 
 
 class Store:
