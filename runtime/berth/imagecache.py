@@ -11,8 +11,9 @@ damaged one is built again, never copied out.
 
 Layers and images keep their last use as their mtime, or their atime where
 that is later (last_use); `berth cache prune` removes the least recently
-used first and skips what an import holds the lock of or used meanwhile. Locks only save duplicate work: every entry is
-written under a temporary name and renamed, so no writer corrupts another.
+used first and skips what an import holds the lock of or used meanwhile.
+Locks only save duplicate work: every entry is written under a temporary
+name and renamed, so no writer corrupts another.
 """
 
 import collections

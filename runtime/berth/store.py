@@ -55,15 +55,21 @@ def path_of(cfg):
     return store
 
 
+def configured_path(cfg):
+    """BERTH_IMAGE_STORE, for a verb that has nothing to do without one."""
+    store = path_of(cfg)
+    if store is None:
+        raise BerthError("no image store here: BERTH_IMAGE_STORE is not set")
+    return store
+
+
 def owned_store(cfg, command):
     """BERTH_IMAGE_STORE, for `command` (which writes the store) run as the
     store's account: never as root, nor as any other uid."""
     if os.geteuid() == 0:
         raise BerthError(f"{command} refuses to run as root; run it as the store's "
                          f"account ({cfg['BERTH_IMAGE_STORE_OWNER']})")
-    store = path_of(cfg)
-    if store is None:
-        raise BerthError("no image store here: BERTH_IMAGE_STORE is not set")
+    store = configured_path(cfg)
     uid = owner_uid(cfg)
     if os.geteuid() != uid:
         raise BerthError(f"{command} runs as uid {os.geteuid()}, not as "
@@ -336,9 +342,7 @@ def _list(cfg):
     """One line per entry, least recently used first: size, last use, the
     URI it was imported from (image.json's source; "(older)" when the
     store's latest for that URI is another entry), path."""
-    store = path_of(cfg)
-    if store is None:
-        raise BerthError("no image store here: BERTH_IMAGE_STORE is not set")
+    store = configured_path(cfg)
     uris = os.path.join(store, "uris")
     latest = set()
     with contextlib.suppress(FileNotFoundError):
