@@ -158,15 +158,16 @@ def main():
         uri = image if "://" in image else "docker://" + image
         resolved[image] = run_berth(module, "import", "--resolve", uri).strip()
     present = stored_sources(module)
+    # each pinned image once, named by the first entry of images that resolved to it
+    image_of = {pinned: image for image, pinned in reversed(resolved.items())}
     pulled = [pinned for pinned in dict.fromkeys(resolved.values()) if pinned not in present]
     result = dict(changed=bool(pulled), pulled=pulled,
                   present=sorted(set(resolved.values()) - set(pulled)), resolved=resolved,
                   diff=dict(before="", after="".join(f"{p}\n" for p in pulled),
                             before_header="image store", after_header="image store (pulled)"))
     if not module.check_mode:
-        for image, pinned in resolved.items():
-            if pinned in pulled:
-                stage(module, image, pinned)
+        for pinned in pulled:
+            stage(module, image_of[pinned], pinned)
     module.exit_json(**result)
 
 

@@ -156,3 +156,11 @@ def test_a_reference_with_spaces_is_refused(play_dir, store):
     assert result["failed"]
     assert result["msg"] == "berth_store_image: images: 'registry#a/b:1 --rm' is not a registry reference"
     assert store.requests == []
+
+
+def test_two_names_of_one_image_are_pulled_once(play_dir, store):
+    tag("registry#a/b:latest", "sha256:" + "1" * 64, play_dir)
+    pinned = "docker://registry#a/b@sha256:" + "1" * 64
+    result = run(play_dir, store, ["registry#a/b:1", "registry#a/b:latest"])
+    assert result["changed"] and result["pulled"] == [pinned]
+    assert store.requests == [pinned]
