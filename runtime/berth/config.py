@@ -62,6 +62,8 @@ def _defaults(env):
         "BERTH_IMAGE_STORE": "",
         "BERTH_IMAGE_STORE_SOCKET": "/run/berth-store.sock",
         "BERTH_IMAGE_STORE_OWNER": "berth-store",
+        # a node-local directory for copies of the store's entries; empty: none
+        "BERTH_IMAGE_STORE_LOCAL": "",
     }
 
 

@@ -99,8 +99,13 @@ def looks_whole(path):
     """Whether `path` is a squashfs no shorter than its superblock says:
     cheap, and catches the truncated file a full disk or a crash leaves."""
     with open(path, "rb") as f:
-        head = f.read(_SUPERBLOCK.size)
-        size = os.fstat(f.fileno()).st_size
+        return looks_whole_fd(f.fileno())
+
+
+def looks_whole_fd(fd):
+    """looks_whole of a file open for reading as `fd`."""
+    head = os.pread(fd, _SUPERBLOCK.size, 0)
+    size = os.fstat(fd).st_size
     if len(head) < _SUPERBLOCK.size:
         return False
     magic, used = _SUPERBLOCK.unpack(head)

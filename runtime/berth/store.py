@@ -9,7 +9,9 @@ imports it into BERTH_IMAGE_STORE as `import --cache-only` would, with the
 admin's enroot.conf and registries.conf and without any credentials, and
 answers one line:
 
-    ok PATH            the store's entry (images/<key>.sqsh)
+    ok PATH            the store's entry (images/<key>.sqsh), or this
+                       node's copy of it with BERTH_IMAGE_STORE_LOCAL
+                       (storelocal.py)
     private REASON     the registry wants credentials (401, 403, or a 404
                        that may hide a private repository)
     error REASON       anything else (a refused request, a blocked registry,
@@ -17,14 +19,17 @@ answers one line:
 
 The user's side is in `berth import --cache-only` (importer.py): ask(),
 reused() and entry(), which accepts a path only if it is an entry of the
-store owned by its account and writable by nobody else. Nothing on the
-user's side writes in the store: no lock, no mark of use, no removal.
+store (or this node's copy of one) owned by its account and writable by
+nobody else, in directories nobody else may write (checked()). Nothing on
+the user's side writes in the store: no lock, no mark of use but a read,
+no removal.
 
 `berth store list` shows the entries, reading only; `berth store prune`
 (storeprune.py) removes the least recently used, as the store's account.
 """
 
 import contextlib
+import errno
 import os
 import pwd
 import select
@@ -77,6 +82,26 @@ def owned_store(cfg, command):
     return store
 
 
+def local_path(cfg):
+    """BERTH_IMAGE_STORE_LOCAL, the node-local directory of copies of the
+    store's entries, or None when not set."""
+    local = cfg["BERTH_IMAGE_STORE_LOCAL"].strip()
+    if not local:
+        return None
+    store = path_of(cfg)
+    if store is None:
+        raise BerthError(f"BERTH_IMAGE_STORE_LOCAL={local}: set without BERTH_IMAGE_STORE, "
+                         "so there is nothing to copy")
+    if not os.path.isabs(local):
+        raise BerthError(f"BERTH_IMAGE_STORE_LOCAL={local}: not an absolute path")
+    local = os.path.normpath(local)
+    for inside in (store, os.path.realpath(store)):
+        if os.path.commonpath([local, os.path.normpath(inside)]) == os.path.normpath(inside):
+            raise BerthError(f"BERTH_IMAGE_STORE_LOCAL={local}: inside BERTH_IMAGE_STORE="
+                             f"{store}; it must be a node-local directory")
+    return local
+
+
 def owner_uid(cfg):
     """The uid of BERTH_IMAGE_STORE_OWNER (a user name, or a uid)."""
     owner = cfg["BERTH_IMAGE_STORE_OWNER"].strip()
@@ -94,24 +119,55 @@ def serves(args, cfg, ref):
     """Whether this import goes through the store: --cache-only of a
     registry reference without USER@ (the store pulls anonymously) for this
     node's platform, with a store configured."""
-    return (args.cache_only and isinstance(ref, reference.Reference) and not ref.user
-            and not args.arch and path_of(cfg) is not None)
+    if not (args.cache_only and isinstance(ref, reference.Reference) and not ref.user
+            and not args.arch):
+        return False
+    if path_of(cfg) is None:
+        local_path(cfg)  # set without a store: refused, naming it
+        return False
+    return True
 
 
 def reused(cfg, uri, options, quiet):
     """For --reuse: the store's entry last imported for `uri`, checked, or
-    None. Reads only: the store is not the caller's to mark or repair."""
-    store = path_of(cfg)
+    None. With BERTH_IMAGE_STORE_LOCAL, this node's copy of it, or None
+    (the socket makes the copy). Reads only: the store is not the caller's
+    to mark or repair."""
+    store, local = path_of(cfg), local_path(cfg)
     images = ImageCache(store)
     key = images.remembered(uri, options, None)  # (the store serves this node's platform)
-    if key is None or not os.path.lexists(images.path(key)):
+    if key is None:
+        return None
+    path = images.path(key) if local is None else os.path.join(local, f"{key}.sqsh")
+    if not os.path.lexists(path):
         return None
     try:
-        return entry(cfg, images.path(key))
+        found = entry(cfg, path)
     except BerthError as e:
         if not quiet:
             print(f"berth: not reusing the image store's entry of {uri}: {e}", file=sys.stderr)
         return None
+    if local is not None and not _mark(images.path(key)):
+        return None  # pruned from the store: the socket imports it again
+    return found
+
+
+def _mark(image):
+    """Read the first block of the store's entry `image`, as a step mounting
+    it would: its atime tells prune it is in use (under relatime, at most once
+    a day). False when the store no longer has it."""
+    try:
+        fd = os.open(image, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # (a mark is worth no failed step)
+    try:
+        with contextlib.suppress(OSError):
+            os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    return True
 
 
 def ask(cfg, uri, quiet):
@@ -171,39 +227,110 @@ def _read_answer(sock, path):
 
 
 def entry(cfg, path):
-    """`path` if it is a whole entry of the store (images/<key>.sqsh, a
-    regular file of the store's account that nobody else may write, in
-    directories nobody else may write), as its resolved path."""
+    """`path` if it is a whole entry of the store (images/<key>.sqsh) or a
+    node-local copy of one (BERTH_IMAGE_STORE_LOCAL/<key>.sqsh), as its
+    resolved path: see checked()."""
     store = os.path.realpath(path_of(cfg))
-    images = os.path.join(store, "images")
+    local = local_path(cfg)
     real = os.path.realpath(path)
 
     def refuse(why):
         return BerthError(f"the image store's answer {path}: {why}; refusing it")
 
-    if not os.path.isabs(path) or os.path.dirname(real) != images \
-            or not IMAGE_NAME.fullmatch(os.path.basename(real)):
-        raise refuse(f"not an image of BERTH_IMAGE_STORE={path_of(cfg)}")
+    directory, name = os.path.split(real)
+    if not os.path.isabs(path) or not IMAGE_NAME.fullmatch(name) \
+            or directory not in (os.path.join(store, "images"), local):
+        also = f" nor of BERTH_IMAGE_STORE_LOCAL={local}" if local else ""
+        raise refuse(f"not an image of BERTH_IMAGE_STORE={path_of(cfg)}{also}")
+    return checked(cfg, directory, name, refuse, strict_from=store)
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def checked(cfg, directory, name, refuse, strict_from=None):
+    """directory/name if it is a regular file of the store's account that
+    nobody else may write and a whole squashfs, in `directory` reached from
+    / without following a symbolic link, through directories owned by root
+    or the account that nobody else may write (see walk); else refuse(why)
+    is raised."""
     uid = owner_uid(cfg)
-    for directory in (store, images):
-        st = os.stat(directory)
-        if st.st_uid not in (uid, 0) or st.st_mode & 0o022:
-            raise refuse(f"{directory} is not the store account's alone (owner uid "
-                         f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
+    dir_fd = walk(directory, uid, refuse, strict_from=strict_from)
     try:
-        st = os.lstat(real)
-    except FileNotFoundError:
-        raise refuse("no such file") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise refuse("not a regular file")
-    if st.st_uid != uid:
-        raise refuse(f"owned by uid {st.st_uid}, not by BERTH_IMAGE_STORE_OWNER "
-                     f"{cfg['BERTH_IMAGE_STORE_OWNER']} (uid {uid})")
-    if st.st_mode & 0o022:
-        raise refuse(f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
-    if not squash.looks_whole(real):
-        raise refuse("not a whole squashfs")
-    return real
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dir_fd)
+        except FileNotFoundError:
+            raise refuse("no such file") from None
+        except OSError as e:
+            raise refuse("a symbolic link" if e.errno == errno.ELOOP else e.strerror) from None
+    finally:
+        os.close(dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise refuse("not a regular file")
+        if st.st_uid != uid:
+            raise refuse(f"owned by uid {st.st_uid}, not by BERTH_IMAGE_STORE_OWNER "
+                         f"{cfg['BERTH_IMAGE_STORE_OWNER']} (uid {uid})")
+        if st.st_mode & 0o022:
+            raise refuse(f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
+        if not squash.looks_whole_fd(fd):
+            raise refuse("not a whole squashfs")
+    finally:
+        os.close(fd)
+    return os.path.join(directory, name)
+
+
+def walk(directory, uid, refuse, make=False, strict_from=None):
+    """The absolute `directory` open, reached from / without following a
+    symbolic link: each directory on the way owned by root or `uid` and
+    writable by nobody else (sticky ones such as /tmp aside: what is in
+    them is checked next), `directory` itself and those from `strict_from`
+    on not even sticky. With `make`, a missing last directory is made
+    0755. Else refuse(why)."""
+    strict_from = os.path.join(strict_from, "") if strict_from else None
+    fd, current = os.open("/", _DIR), "/"
+    try:
+        names = [name for name in directory.split("/") if name]
+        for i, name in enumerate(names):
+            last = i == len(names) - 1
+            current = os.path.join(current, name)
+            strict = last or bool(strict_from) and os.path.join(current, "").startswith(strict_from)
+            if last and make:
+                try:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                except OSError as e:
+                    raise refuse(f"cannot create {current}: {e.strerror}") from None
+            try:
+                new = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(name, fd):
+                    raise refuse(f"{current} is a symbolic link (give the resolved "
+                                 "path)") from None
+                raise refuse(f"{current}: {e.strerror}") from None
+            os.close(fd)
+            fd = new
+            st = os.fstat(fd)
+            writable = st.st_mode & 0o022 and (strict or not st.st_mode & stat.S_ISVTX)
+            if st.st_uid not in (uid, 0) or writable:
+                mode = f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}"
+                raise refuse(f"{current} is not the store account's alone ({mode})" if strict
+                             else f"{current} lets others replace what is in it ({mode})")
+        fd, opened = None, fd
+        return opened
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _is_link(name, dir_fd):
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 # -- berth store serve | list | prune ----------------------------------------------
@@ -240,7 +367,18 @@ def _serve(cfg):
         sys.stdout.flush()
     if kind == "error":
         raise BerthError(f"store serve: {text}")
+    _sweep(cfg)
     return 0
+
+
+def _sweep(cfg):
+    """Once the client has its answer: this node's copies of entries the
+    store no longer holds go (storelocal.sweep)."""
+    from berth import storelocal
+    try:
+        storelocal.sweep(cfg, configured_path(cfg))
+    except (BerthError, OSError) as e:
+        print(f"berth: store serve: the node-local copies: {e}", file=sys.stderr)
 
 
 def _drain(fd, most=1 << 20):
@@ -259,7 +397,10 @@ def _serve_request(cfg):
     uri = _request(sys.stdin.fileno())
     ref = _registry_reference(uri)
     _make_store(store)
-    return _import(cfg, store, uri, ref)
+    local_path(cfg)  # a wrong BERTH_IMAGE_STORE_LOCAL: before any import
+    image = _import(cfg, store, uri, ref)
+    from berth import storelocal
+    return storelocal.copied(cfg, image)
 
 
 def _request(fd):

@@ -503,6 +503,24 @@ def test_the_client_takes_only_the_stores_own_whole_entries(site, proxy):
     result = answered(f"ok {good}\n")
     assert result.returncode == 1 and "is not the store account's alone" in result.stderr
     images.chmod(0o755)
+    site.store.chmod(0o1777)  # sticky is no excuse in the store itself
+    result = answered(f"ok {good}\n")
+    assert result.returncode == 1 and f"{site.store} is not the store account's alone (owner " \
+        f"uid {store_user.pw_uid}, mode 1777)" in result.stderr
+    site.store.chmod(0o755)
+    # a directory above the store that others may write or own: they may
+    # rename the store away and put their own in its place
+    for owner, mode in ((alice.pw_uid, 0o755), (0, 0o777)):
+        os.chown(site.top, owner, owner and alice.pw_gid)
+        site.top.chmod(mode)
+        result = answered(f"ok {good}\n")
+        assert result.returncode == 1 and result.stderr == (
+            f"berth: error: the image store's answer {good}: {site.top} lets others replace "
+            f"what is in it (owner uid {owner}, mode {mode:04o}); refusing it\n")
+    os.chown(site.top, 0, 0)
+    site.top.chmod(0o1777)  # sticky, as /tmp: what is in it is the store account's
+    assert answered(f"ok {good}\n").returncode == 0
+    site.top.chmod(0o755)
 
     failed = answered("error the registry is on fire\n")
     assert failed.returncode == 1 and failed.stdout == ""
