@@ -1,0 +1,104 @@
+"""roles/container_runtime's container_runtime_image_store_local: rendered
+into enroot.conf (through the enroot_conf module, read back by the
+runtime) only when set, made writable to the store's service unit, and
+refused by the preflight where the runtime would refuse it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+ROLE = REPO / "roles" / "container_runtime"
+sys.path.insert(0, str(REPO / "runtime"))
+from berth import config, store  # noqa: E402
+
+
+def _preflight_task():
+    tasks = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())
+    [task] = [t for t in tasks if t["name"].startswith("Check the directory of the node-local")]
+    return task
+
+
+def play(tmp_path, **overrides):
+    """The role's defaults and vars, `overrides` over them; runs the
+    preflight's check, writes enroot.conf and the serve unit into tmp_path.
+    Returns (returncode, output)."""
+    tasks = [
+        _preflight_task(),
+        {"name": "Write enroot.conf", "enroot_conf": {
+            "path": str(tmp_path / "enroot.conf"), "mode": "0644",
+            "settings": "{{ container_runtime_enroot_settings }}"}},
+        {"name": "Write the serve unit", "ansible.builtin.template": {
+            "src": str(ROLE / "templates" / "berth-store@.service.j2"),
+            "dest": str(tmp_path / "berth-store@.service"), "mode": "0644"}},
+    ]
+    playbook = [{"hosts": "localhost", "gather_facts": False,
+                 "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
+                 "tasks": tasks}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(playbook))
+    # (extra vars: over the role's defaults, as an inventory's would be)
+    (tmp_path / "extra.json").write_text(json.dumps({
+        "container_runtime_storage_root": "/var/lib/berth",
+        "container_runtime_venv": "/opt/berth/venv", **overrides}))
+    env = dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "library"),
+               ANSIBLE_MODULE_UTILS=str(REPO / "plugins" / "module_utils"),
+               ANSIBLE_DEPRECATION_WARNINGS="false", ANSIBLE_NOCOLOR="1")
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'extra.json'}",
+         str(tmp_path / "play.yml")],
+        env=env, capture_output=True, text=True, check=False)
+    return done.returncode, done.stdout + done.stderr
+
+
+def _runtime(tmp_path):
+    return config.load({"ENROOT_SYSCONF_PATH": str(tmp_path), "HOME": "/home/u"})
+
+
+def test_unset_renders_nothing_new(tmp_path):
+    code, out = play(tmp_path, container_runtime_image_store="/shared/store")
+    assert code == 0, out
+    assert "BERTH_IMAGE_STORE_LOCAL" not in (tmp_path / "enroot.conf").read_text()
+    assert store.local_path(_runtime(tmp_path)) is None
+    unit = (tmp_path / "berth-store@.service").read_text()
+    assert [line for line in unit.splitlines() if line.startswith("ReadWritePaths=")] == [
+        "ReadWritePaths=/shared/store"]
+
+
+def test_set_renders_the_key_and_lets_serve_write_there(tmp_path):
+    code, out = play(tmp_path, container_runtime_image_store="/shared/store",
+                     container_runtime_image_store_local="/var/lib/berth-store-local")
+    assert code == 0, out
+    assert "BERTH_IMAGE_STORE_LOCAL /var/lib/berth-store-local\n" in \
+        (tmp_path / "enroot.conf").read_text()
+    assert store.local_path(_runtime(tmp_path)) == "/var/lib/berth-store-local"
+    unit = (tmp_path / "berth-store@.service").read_text()
+    assert [line for line in unit.splitlines() if line.startswith("ReadWritePaths=")] == [
+        "ReadWritePaths=/shared/store", "ReadWritePaths=/var/lib/berth-store-local"]
+
+
+@pytest.mark.parametrize("store_dir, local", [
+    ("", "/var/lib/berth-store-local"),
+    ("/shared/store", "local"),
+    ("/shared/store", "/shared/store/local"),
+    ("/shared/store/", "/shared/store"),
+])
+def test_the_preflight_refuses_what_the_runtime_would(tmp_path, store_dir, local):
+    code, out = play(tmp_path, container_runtime_image_store=store_dir,
+                     container_runtime_image_store_local=local)
+    assert code != 0
+    assert f"container_runtime_image_store_local={local}: must be an absolute node-local path" \
+        in out
+    assert not (tmp_path / "enroot.conf").exists()
+
+
+def test_a_sibling_with_the_stores_name_as_prefix_is_fine(tmp_path):
+    code, out = play(tmp_path, container_runtime_image_store="/shared/store",
+                     container_runtime_image_store_local="/shared/store-local")
+    assert code == 0, out
+    assert store.local_path(_runtime(tmp_path)) == "/shared/store-local"
