@@ -11,9 +11,10 @@ damaged one is built again, never copied out.
 
 Layers and images keep their last use as their mtime, or their atime where
 that is later (last_use); `berth cache prune` removes the least recently
-used first and skips what an import holds the lock of or used meanwhile.
-Locks only save duplicate work: every entry is written under a temporary
-name and renamed, so no writer corrupts another.
+used first and skips what an import holds the lock of or used meanwhile;
+the empty lock files in locks/ stay. Locks only save duplicate work: every
+entry is written under a temporary name and renamed, so no writer corrupts
+another.
 """
 
 import collections
@@ -452,15 +453,10 @@ def _remove(entry, cache):
     if entry.lock is None:
         return unlink_unchanged(entry)
     with holding(cache, entry.lock) as held:
-        if not held:
-            return False
-        try:
-            return unlink_unchanged(entry)
-        finally:
-            # Imports make it again when they need it; one of root's must not stay.
-            if cache.fds["locks"] is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.lock, dir_fd=cache.fds["locks"])
+        # The lock file stays: an import may have opened it and wait on it
+        # now, and one removed would let the next import make a new one and
+        # build the same entry beside the waiting one.
+        return held and unlink_unchanged(entry)
 
 
 @contextlib.contextmanager

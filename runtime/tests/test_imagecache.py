@@ -334,7 +334,37 @@ def test_prune_by_age(tmp_path, env):
     assert result.stdout.splitlines()[-1] == \
         "freed 300B (300 bytes: layers 1, images 1, partial 1); 0 in use kept; 300B (300 " \
         "bytes) left"
-    assert os.listdir(tmp_path / "cache/locks") == []
+    # the lock files of what went stay (see the next test), empty
+    assert sorted(os.listdir(tmp_path / "cache/locks")) == [
+        f"image-{paths['image1'].name[:-5]}", f"sha256-{paths['layer1'].name}"]
+    assert {(tmp_path / "cache/locks" / name).stat().st_size
+            for name in os.listdir(tmp_path / "cache/locks")} == {0}
+
+
+def test_prune_keeps_the_lock_an_import_waits_on(tmp_path, env, proxy):
+    """An import that opened an image's lock file before prune took it (and
+    waits on it) builds that image once prune lets go; a later import of it
+    must wait for that one, not lock a new file of the same name and build
+    the same image beside it."""
+    uri = uri_of(proxy)
+    assert berth(["-q", "import", "-o", "a.sqsh", uri], env, tmp_path).returncode == 0
+    [lock] = (tmp_path / "cache/locks").glob("image-*")
+    with open(lock) as waiting:  # opened; it would block in flock while prune holds it
+        result = berth(["cache", "prune", "--max-size", "0"], env, tmp_path)
+        assert result.returncode == 0 and entries(tmp_path) == [], result.stderr
+        assert lock.stat().st_ino == os.fstat(waiting.fileno()).st_ino  # the same file
+        fcntl.flock(waiting, fcntl.LOCK_EX)  # prune let go: the waiting import has it
+        later = subprocess.Popen([sys.executable, "-m", "berth.cli", "import", "-o", "b.sqsh",
+                                  uri], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                later.wait(3)  # blocked behind the waiting import
+        finally:
+            fcntl.flock(waiting, fcntl.LOCK_UN)
+        _, stderr = later.communicate(timeout=60)
+    assert later.returncode == 0, stderr
+    assert stderr.startswith(f"berth: waiting for another import of {proxy.host}/test/app:v1\n")
 
 
 def test_prune_by_size_removes_the_least_recently_used(tmp_path, env):
@@ -370,8 +400,9 @@ def test_prune_after_import_empties_the_cache(tmp_path, env, proxy):
     assert result.returncode == 0, result.stderr
     assert "bytes: layers 2, images 1, partial 0); 0 in use kept; 0B (0 bytes) left" \
         in result.stdout
-    for directory in ("blobs/sha256", "images", "locks", "uris"):
+    for directory in ("blobs/sha256", "images", "uris"):
         assert os.listdir(tmp_path / "cache" / directory) == []
+    assert len(os.listdir(tmp_path / "cache/locks")) == 3  # (they stay, empty)
     assert table(berth(["cache"], env, tmp_path).stdout)["total"] == (0, 0)
     result = berth(["import", "-o", "b.sqsh", uri_of(proxy)], env, tmp_path)
     assert result.returncode == 0 and "cached" not in result.stderr
