@@ -386,7 +386,7 @@ def _descriptor(entry, what):
 
 
 def _oci(layout, archive, arch):
-    from berth.pull import _pick_platform
+    from berth.manifests import _pick_platform
     layout_file = _read(layout, "oci-layout", registry.MAX_MANIFEST, "oci-layout")
     if layout_file is not None:
         version = _json(layout_file, "oci-layout")
@@ -456,7 +456,7 @@ def _choose(entries, archive, arch):
         return entries[0]
     if not any(named) and all(isinstance(e.get("platform"), dict) for e in entries):
         # One image, its platforms listed in index.json itself.
-        from berth.pull import _pick_platform
+        from berth.manifests import _pick_platform
         digest = _pick_platform(entries, arch, archive)
         return next(e for e in entries if e.get("digest") == digest)
     raise BerthError(f"holds {len(entries)} images "

@@ -26,9 +26,11 @@ import contextlib
 import os
 import signal
 
-from berth import archive, reference, registries, safedir, squash, store
+from berth import archive, reference, registries, safedir
 from berth.errors import BerthError, Terminated, raise_terminated
-from berth.imagecache import ImageCache
+
+# squash, store and imagecache are imported where they are used: --resolve,
+# which the SPANK plugin runs once per job at submission, needs none of them.
 
 
 def cmd_import(args, cfg):
@@ -71,6 +73,7 @@ def _import(args, cfg):
         default = reference.default_output(args.uri)
     if args.digest and not args.cache_only:
         raise BerthError("--digest: only with --cache-only")
+    from berth import squash
     safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
     if args.cache_only:
         output = replace = None
@@ -97,8 +100,8 @@ def _resolve(args, cfg, ref, plan):
     if ref.digest:
         print(args.uri)  # pinned already: no request
         return 0
-    from berth import pull  # (the HTTP stack: only where a request is made)
-    print(pull.pinned(args, cfg, ref, plan))
+    from berth import manifests  # (only where a request is made)
+    print(manifests.pinned(args, cfg, ref, plan))
     return 0
 
 
@@ -107,6 +110,8 @@ def _cached_image(args, cfg, ref):
     """The image cache's squashfs for this import, locked (against prune) while
     in use; with a shared image store (store.py), the store's entry when it
     has or makes one."""
+    from berth import squash, store
+    from berth.imagecache import ImageCache
     images = ImageCache(cfg["ENROOT_CACHE_PATH"])
     options = squash.options(cfg)
     shared = store.serves(args, cfg, ref)

@@ -2,29 +2,32 @@
 
 Authentication follows the registry's WWW-Authenticate challenge: a Bearer
 token from the realm it names (anonymous, or with the user's credentials) or
-Basic with the credentials. Credentials come from a netrc file, as in enroot.
+Basic with the credentials. Credentials come from a netrc file, as in enroot,
+and go to the origin (scheme, host, port) they are for alone: a redirect
+elsewhere (blobs often live on a CDN) is followed without them, and one to
+plain HTTP only where HTTP is allowed.
 
 A registry is not trusted to be sane: every body read into memory has a
 cap (manifests, indexes and token answers MAX_MANIFEST, image configs
 MAX_CONFIG), a blob is cut at the size its manifest declares and refused
 past it, and ENROOT_TRANSFER_TIMEOUT is a stall timeout: a connection on
 which no byte arrives for that many seconds (answer or body) fails.
+
+The requests go over a transport of transport.py: http.client for a
+resolve (direct=True), requests for pulls.
 """
 
-import getpass
+import base64
 import hashlib
 import json
-import netrc
 import os
 import re
 import stat
 import sys
-from urllib.parse import urlsplit
-
-import requests
-import urllib3
+from urllib.parse import urlencode, urljoin, urlsplit
 
 from berth.errors import AccessDenied, BerthError, ImageNotFound
+from berth.transport import TLSError, TransferError, open_transport, origin
 
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -38,6 +41,8 @@ _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _CHUNK = 1 << 20
 MAX_MANIFEST = 4 << 20  # manifests, indexes, token answers: a few KiB in practice
 MAX_CONFIG = 8 << 20  # image configs: tens of KiB in practice
+MAX_REDIRECTS = 10
+_REDIRECTS = (301, 302, 303, 307, 308)
 
 
 def sha256_digest(data):
@@ -54,6 +59,7 @@ def load_credentials(config_path):
     if stat.S_IMODE(st.st_mode) & 0o077:
         raise BerthError(f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets others read "
                          "the registry passwords; chmod 0600 it")
+    import netrc
     try:
         return netrc.netrc(path), path
     except netrc.NetrcParseError as e:
@@ -61,9 +67,11 @@ def load_credentials(config_path):
 
 
 class Registry:
-    """One registry and repository, with its authentication and timeouts."""
+    """One registry and repository, with its authentication and timeouts.
+    direct=True: over http.client (transport.py), for a resolve's few requests."""
 
-    def __init__(self, ref, cfg, credentials=None, credentials_path="", insecure=False):
+    def __init__(self, ref, cfg, credentials=None, credentials_path="", insecure=False,
+                 direct=False):
         self.ref = ref
         self.credentials = credentials
         self.credentials_path = credentials_path
@@ -77,20 +85,11 @@ class Registry:
         self.transfer_timeout = _not_negative(cfg, "ENROOT_TRANSFER_TIMEOUT") or None
         self.timeout = (connect, self.transfer_timeout)
         self.retries = _not_negative(cfg, "ENROOT_TRANSFER_RETRIES")
-        self.session = requests.Session()
-        self.session.headers["User-Agent"] = "berth"
-        # Per request: requests lets REQUESTS_CA_BUNDLE override a session's
-        # verify=False, never an explicit argument.
-        self.tls = {}
-        if insecure:
-            self.tls = {"verify": False}
-            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-        # Connection pool as large as the parallel downloads, so none waits.
-        adapter = requests.adapters.HTTPAdapter(
-            pool_maxsize=max(1, cfg.number("ENROOT_MAX_CONNECTIONS")))
-        self.session.mount("https://", adapter)
-        self.session.mount("http://", adapter)
+        # (a pool as large as the parallel downloads, so that none waits)
+        self.transport = open_transport(self.timeout, insecure,
+                                        cfg.number("ENROOT_MAX_CONNECTIONS"), direct)
         self.base = ""
+        self.authorization = None  # the Authorization header for self.base's origin
         self.authenticated = False
         self.login_source = ""  # what _login found, for error messages
         self.typed_password = None
@@ -103,10 +102,10 @@ class Registry:
         try:
             response = self._get(f"https://{host}/v2/")
             self.base = f"https://{host}"
-        except requests.exceptions.SSLError as e:
+        except TLSError as e:
             if not self.allow_http:
                 raise BerthError(
-                    f"registry {host} does not speak HTTPS ({_reason(e)}); if it is a plain "
+                    f"registry {host} does not speak HTTPS ({e}); if it is a plain "
                     "HTTP registry, set ENROOT_ALLOW_HTTP=yes in enroot.conf") from None
             response = self._get(f"http://{host}/v2/")
             self.base = f"http://{host}"
@@ -131,6 +130,7 @@ class Registry:
                 return entry[0], entry[2]
         if self.ref.user and sys.stdin.isatty():
             if self.typed_password is None:
+                import getpass
                 self.typed_password = getpass.getpass(
                     f"Password for {self.ref.user}@{self.ref.registry}: ")
             self.login_source = f"the password typed for {self.ref.user}"
@@ -145,25 +145,27 @@ class Registry:
             login = self._login(host, host.split(":")[0])
             if login is None:
                 raise self._denied()
-            self.session.auth = login
+            self.authorization = _basic(login)
             self.authenticated = True
             return
         if scheme.lower() != "bearer" or "realm" not in params:
             raise BerthError(f"registry {host}: unsupported authentication '{challenge}'")
         realm = params["realm"]
+        if not realm.startswith(("https://", "http://")):
+            raise BerthError(f"registry {host}: token service '{realm}' is no HTTP(S) URL")
         if realm.startswith("http://") and not self.allow_http:
             raise BerthError(f"registry {host}: token service {realm} is plain HTTP; "
                              "set ENROOT_ALLOW_HTTP=yes to allow it")
         query = {"scope": f"repository:{self.ref.repository}:pull"}
         if "service" in params:
             query["service"] = params["service"]
+        url = f"{realm}{'&' if urlsplit(realm).query else '?'}{urlencode(query)}"
         realm_host = urlsplit(realm).hostname or ""
         login = self._login(host, host.split(":")[0], realm_host)
         try:
-            response = self.session.get(realm, params=query, auth=login, timeout=self.timeout,
-                                        stream=True, **self.tls)
-        except requests.RequestException as e:
-            raise BerthError(f"token service {realm}: {_reason(e)}") from None
+            response = self._follow(url, {}, login and _basic(login), f"token service {realm}")
+        except TransferError as e:
+            raise BerthError(f"token service {realm}: {e}") from None
         if response.status_code != 200:
             response.close()
             if response.status_code in (401, 403):
@@ -177,7 +179,7 @@ class Registry:
                 raise TypeError("not a token")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise BerthError(f"token service {realm} sent no token") from None
-        self.session.headers["Authorization"] = f"Bearer {token}"
+        self.authorization = f"Bearer {token}"
         self.authenticated = True
 
     def _denied(self, status="401 Unauthorized"):
@@ -192,37 +194,69 @@ class Registry:
                             f"{self.ref.repository} ({status}) with {source}"
                             f"{self.ref.registry_hint()}")
 
-    def _get(self, url, **kwargs):
-        """GET; a 401 once authenticated means our token expired (long pulls
-        outlive them): get a fresh one and ask again."""
-        response = self._get_with_retries(url, **kwargs)
+    def _get(self, url, headers=None):
+        """GET from the registry; a 401 once authenticated means our token
+        expired (long pulls outlive them): get a fresh one and ask again."""
+        response = self._get_with_retries(url, headers)
         if response.status_code == 401 and self.authenticated:
             challenge = response.headers.get("WWW-Authenticate", "")
             response.close()
             self._authenticate(challenge)
-            response = self._get_with_retries(url, **kwargs)
+            response = self._get_with_retries(url, headers)
         return response
 
-    def _get_with_retries(self, url, **kwargs):
+    def _get_with_retries(self, url, headers):
         """GET with retries on connection failures and server errors."""
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
                 # Streamed always: no body is read whole before its size is checked.
-                response = self.session.get(url, timeout=self.timeout, stream=True, **self.tls,
-                                            **kwargs)
-            except requests.exceptions.SSLError as e:
+                response = self._follow(url, headers, self.authorization,
+                                        f"registry {self.ref.registry}")
+            except TLSError as e:
                 if not self.base:
                     raise  # connect() is finding out whether the registry speaks TLS
-                raise BerthError(f"registry {self.ref.registry}: {_reason(e)}") from None
-            except (requests.ConnectionError, requests.Timeout) as e:
+                raise BerthError(f"registry {self.ref.registry}: {e}") from None
+            except TransferError as e:
                 if last:
-                    raise BerthError(f"registry {self.ref.registry}: {_reason(e)}") from None
+                    raise BerthError(f"registry {self.ref.registry}: {e}") from None
                 continue
             if response.status_code < 500 or last:
                 return response
             response.close()
         raise AssertionError("unreachable")
+
+    def _follow(self, url, headers, authorization, who):
+        """GET `url`, following redirects; `authorization` goes to url's own
+        origin alone. `who` names the server in errors."""
+        own, first = origin(url), url
+        for _ in range(MAX_REDIRECTS + 1):
+            sent = {"User-Agent": "berth", **(headers or {})}
+            if authorization and origin(url) == own:
+                sent["Authorization"] = authorization
+            response = self.transport.get(url, sent)
+            location = response.headers.get("Location")
+            if response.status_code not in _REDIRECTS or not location:
+                return response
+            response.close()
+            url = self._redirect(who, url, location)
+        raise BerthError(f"{who}: more than {MAX_REDIRECTS} redirects from {first}")
+
+    def _redirect(self, who, url, location):
+        """Where a redirect from `url` to `location` leads, if it may be followed."""
+        try:
+            target = urljoin(url, location.strip())
+            parts = urlsplit(target)
+            parts.port  # noqa: B018 (ValueError for a port that is no number)
+        except ValueError:
+            target, parts = None, None
+        if parts is None or parts.scheme not in ("https", "http") or not parts.hostname:
+            raise BerthError(f"{who}: redirect from {url} to {location[:200]!r}, "
+                             "no HTTP(S) URL")
+        if parts.scheme == "http" and not self.allow_http:
+            raise BerthError(f"{who}: redirect from {url} to plain HTTP {target}; "
+                             "set ENROOT_ALLOW_HTTP=yes to allow it")
+        return target
 
     # -- manifests and blobs ------------------------------------------------
 
@@ -290,7 +324,7 @@ class Registry:
                 with response:
                     if _content_length(response) > size:
                         raise self._oversized(digest, size)
-                    for chunk in response.iter_content(_CHUNK):
+                    for chunk in response.chunks(_CHUNK):
                         if written + len(chunk) > size:
                             raise self._oversized(digest, size)
                         out.write(chunk)
@@ -299,12 +333,11 @@ class Registry:
                         on_bytes(len(chunk))
                     _check_complete(response)
                 return "sha256:" + hasher.hexdigest()
-            except (requests.ConnectionError, requests.Timeout,
-                    requests.exceptions.ChunkedEncodingError, _CutShort) as e:
+            except TransferError as e:  # a broken transfer, _CutShort included
                 on_bytes(-written)
                 if attempt == self.retries:
                     raise BerthError(f"download of {digest} from {self.ref.registry} "
-                                     f"failed: {_reason(e)}") from None
+                                     f"failed: {e}") from None
         raise AssertionError("unreachable")
 
     def _oversized(self, digest, size):
@@ -321,17 +354,16 @@ class Registry:
                     raise BerthError(f"{what} is larger than {limit_is} ({limit} bytes); "
                                      "refusing it")
                 body = bytearray()
-                for chunk in response.iter_content(1 << 16):
+                for chunk in response.chunks(1 << 16):
                     body += chunk
                     if len(body) > limit:
                         raise BerthError(f"{what} is larger than {limit_is} ({limit} bytes); "
                                          "refusing it")
                 _check_complete(response)
                 return bytes(body)
-        except (requests.ConnectionError, requests.Timeout,
-                requests.exceptions.ChunkedEncodingError, _CutShort) as e:
+        except TransferError as e:
             raise BerthError(f"registry {self.ref.registry}: reading {what} failed: "
-                             f"{_reason(e)}") from None
+                             f"{e}") from None
 
     def _blob_response(self, digest):
         url = f"{self.base}/v2/{self.ref.repository}/blobs/{digest}"
@@ -350,16 +382,16 @@ def _not_negative(cfg, key):
     return value
 
 
-class _CutShort(Exception):
+class _CutShort(TransferError):
     """A body that ended before its Content-Length: urllib3 2 raises for
-    that itself, urllib3 1.26 (Debian 12's python3-urllib3, which the nodes'
-    venv uses) returns what came as if it were whole."""
+    that itself; urllib3 1.26 (Debian 12's python3-urllib3, which the nodes'
+    venv uses) and http.client return what came as if it were whole."""
 
 
 def _check_complete(response):
     """Raise _CutShort, worded as urllib3 2's error, when fewer bytes came
     over the wire than the response's Content-Length announced."""
-    announced, received = _content_length(response), response.raw.tell()
+    announced, received = _content_length(response), response.received
     if announced and received < announced:
         raise _CutShort(f"Connection broken: IncompleteRead ({received} bytes read, "
                         f"{announced - received} more expected)")
@@ -371,10 +403,6 @@ def _content_length(response):
     return int(value) if value.isdigit() else 0
 
 
-def _reason(error):
-    """The innermost cause of a requests error, without the Python noise."""
-    text = str(error.args[0] if error.args else error)
-    match = re.search(r"(\[SSL[^\]]*\][^()']*|Connection refused|Read timed out|"
-                      r"timed out|Name or service not known|Connection reset by peer|"
-                      r"Connection broken[^()']*)", text)
-    return match.group(1).strip() if match else text
+def _basic(login):
+    """The Basic Authorization header of (login, password), UTF-8 as curl sends it."""
+    return "Basic " + base64.b64encode(f"{login[0]}:{login[1]}".encode()).decode()

@@ -191,6 +191,9 @@ class Proxy:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go in two writes: without TCP_NODELAY the body
+            # waits for the client's delayed ACK (40 ms) on a kept connection.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args):
                 pass
@@ -343,13 +346,20 @@ class HostileRegistry:
     sets up, true or not: `image()` stores an image with the sizes its
     manifest declares (`declared`: digest -> size, to lie), and `behave`
     (digest or manifest tag -> function(handler, body)) answers a request
-    instead: flood(), stall(), drip() below. `sent` counts the body bytes
-    written per path; `release` ends every stalled answer (set by stop)."""
+    instead: flood(), stall(), drip(), redirect() below. `sent` counts the
+    body bytes written per path; `release` ends every stalled answer (set
+    by stop). `basic`: the Authorization header every request but the
+    challenged /v2/ must carry (Basic auth); `authorizations` records what
+    each request carried; `hang_up`: close each connection after one
+    answer without saying so (a keep-alive the server drops)."""
 
-    def __init__(self):
+    def __init__(self, basic=None):
         self.blobs, self.manifests, self.behave = {}, {}, {}
         self.sent = {}
         self.requests = []
+        self.basic, self.authorizations = basic, []
+        self.hang_up = False
+        self.connections = 0
         self.release = threading.Event()
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
@@ -357,9 +367,16 @@ class HostileRegistry:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go in two writes: without TCP_NODELAY the body
+            # waits for the client's delayed ACK (40 ms) on a kept connection.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args):
                 pass
+
+            def setup(self):
+                super().setup()
+                hostile.connections += 1
 
             def do_GET(self):
                 try:
@@ -407,7 +424,12 @@ class HostileRegistry:
     def _handle(self, handler):
         path = handler.path
         self.requests.append(path)
+        self.authorizations.append(handler.headers.get("Authorization"))
+        if self.hang_up:
+            handler.close_connection = True
         parts = path.split("/")
+        if self.basic and handler.headers.get("Authorization") != self.basic:
+            return self.send(handler, 401, b"{}", {"WWW-Authenticate": 'Basic realm="x"'})
         if path == "/v2/":
             return self.send(handler, 200, b"{}")
         if len(parts) >= 5 and parts[1] == "v2" and parts[-2] in ("manifests", "blobs"):
@@ -453,6 +475,13 @@ def flood(total, announce=True):
         while left > 0 and not hostile.release.is_set():
             hostile.write(handler, chunk[:left])
             left -= len(chunk)
+    return answer
+
+
+def redirect(location, status=307):
+    """Answer with a redirect to `location` (FORMAT: {path} is the request's)."""
+    def answer(hostile, handler, body):
+        hostile.send(handler, status, b"", {"Location": location.format(path=handler.path)})
     return answer
 
 

@@ -6,6 +6,7 @@ The registry here is HostileRegistry (registry_fixture.py), in this
 process: no docker-registry needed.
 """
 
+import base64
 import contextlib
 import fcntl
 import json
@@ -21,12 +22,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
-    HostileRegistry, SilentServer, berth, drip, flood, gzipped, layer_tar, sha256, stall)
+    OCI_MANIFEST, HostileRegistry, SilentServer, berth, drip, flood, gzipped, layer_tar,
+    redirect, sha256, stall)
 
 from berth import config  # noqa: E402
+from berth.errors import BerthError  # noqa: E402
 from berth.reference import parse  # noqa: E402
 from berth.registry import (  # noqa: E402
-    MAX_CONFIG, MAX_MANIFEST, Registry, _check_complete, _CutShort, _reason)
+    MAX_CONFIG, MAX_MANIFEST, Registry, _check_complete, _CutShort)
+from berth.transport import Direct, reason  # noqa: E402
 
 LAYER = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=hostile\n")))
 BIG = 64 << 20  # what a flood sends at most: far past every limit, bounded for the old code
@@ -123,21 +127,22 @@ def test_transfer_timeout_is_a_stall_timeout_by_default():
 
 
 class _Answer:
-    """What _check_complete reads of a requests response: its headers and
-    the bytes urllib3 took off the wire (raw.tell())."""
+    """What _check_complete reads of a transport's response: its headers and
+    the body bytes taken off the wire."""
 
     def __init__(self, headers, received):
         self.headers = headers
-        self.raw = type("Raw", (), {"tell": lambda _self: received})()
+        self.received = received
 
 
 def test_a_body_cut_short_of_its_content_length_is_a_broken_transfer():
     """urllib3 2 raises for such a body; 1.26 (Debian 12's python3-urllib3,
-    which nodes use) ends it quietly. The client checks it either way, so
-    a cut layer is retried as a broken transfer, not refused as tampered."""
+    which nodes use) and http.client end it quietly. The client checks it
+    either way, so a cut layer is retried as a broken transfer, not refused
+    as tampered."""
     with pytest.raises(_CutShort) as cut:
         _check_complete(_Answer({"Content-Length": "25"}, 10))
-    assert _reason(cut.value) == "Connection broken: IncompleteRead"
+    assert reason(cut.value) == "Connection broken: IncompleteRead"
     _check_complete(_Answer({"Content-Length": "25"}, 25))
     _check_complete(_Answer({}, 10))  # chunked or until close: urllib3 checks those
 
@@ -400,3 +405,175 @@ def test_a_read_only_cache_holding_the_image_serves_a_plain_import(tmp_path, env
             subprocess.run(["umount", str(cache)], check=True)
         else:
             subprocess.run(["chmod", "-R", "u+w", str(cache)], check=True)
+
+
+# -- a resolve: the same answers over http.client --------------------------------------
+
+def run_resolve(hostile, tmp_path, env, name="test/app:v1", **settings):
+    return berth(["import", "--resolve", f"docker://{hostile.host}#{name}"],
+                 dict(env, **settings), tmp_path)
+
+
+def assert_nothing_written(tmp_path):
+    assert not (tmp_path / "cache").exists() and list((tmp_path / "temp").iterdir()) == []
+
+
+def test_a_resolve_loads_neither_requests_nor_urllib3(tmp_path, env, hostile):
+    image = hostile.image("test/app", "v1", [LAYER])
+    script = ("import sys\nfrom berth import cli\nstatus = cli.main(sys.argv[1:])\n"
+              "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+              "('requests', 'urllib3', 'tqdm', 'tarfile', 'berth.pull'))\n"
+              "print('loaded:', heavy)\nsys.exit(status)\n")
+    result = subprocess.run(
+        [sys.executable, "-c", script, "import", "--resolve",
+         f"docker://{hostile.host}#test/app:v1"], env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (f"docker://{hostile.host}#test/app@{image['manifest']}\n"
+                             "loaded: []\n")
+
+
+@pytest.mark.parametrize("announce", [True, False], ids=["content-length", "until-close"])
+def test_a_resolve_refuses_a_huge_manifest(tmp_path, env, hostile, announce):
+    hostile.image("test/app", "v1", [LAYER])
+    hostile.behave["v1"] = flood(BIG, announce)
+    result = run_resolve(hostile, tmp_path, env)
+    one_line_error(result, "manifest v1 of", f"larger than the {MAX_MANIFEST >> 20} MiB")
+    assert result.stdout == "" and hostile.sent["/v2/test/app/manifests/v1"] < BIG // 2
+    assert_nothing_written(tmp_path)
+
+
+def answer_with(body, content_type, length=None):
+    def answer(hostile, handler, _):
+        hostile.send(handler, 200, body, {"Content-Type": content_type},
+                     length=True if length is None else length)
+        if length is not None:
+            handler.close_connection = True
+    return answer
+
+
+@pytest.mark.parametrize("behave, needle", [
+    (answer_with(b'{"schemaVersion": 2}', "text/html"),
+     "unsupported manifest type 'text/html'"),
+    (answer_with(b"<html>not found</html>", OCI_MANIFEST), "is not JSON"),
+    (answer_with(b"[1, 2]", OCI_MANIFEST), "is not a JSON object"),
+    (answer_with(b'{"schemaVersion": 2}', OCI_MANIFEST, length=500),
+     "registry {host}: reading manifest v1 of {host}/test/app:v1 failed: Connection broken: "
+     "IncompleteRead"),
+], ids=["wrong-content-type", "not-json", "not-an-object", "cut-short"])
+def test_a_resolve_refuses_a_bad_manifest(tmp_path, env, hostile, behave, needle):
+    hostile.image("test/app", "v1", [LAYER])
+    hostile.behave["v1"] = behave
+    result = run_resolve(hostile, tmp_path, env)
+    one_line_error(result, needle.format(host=hostile.host))
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("verb", ["resolve", "import"])
+def test_credentials_stay_with_their_own_host_across_a_redirect(tmp_path, env, verb):
+    """A registry that redirects its manifest elsewhere: followed, but its
+    Basic credentials are not sent there (over http.client for a resolve,
+    requests for an import: the one redirect rule of registry.py)."""
+    login = "Basic " + base64.b64encode(b"alice:secret").decode()
+    guarded, elsewhere = HostileRegistry(basic=login), HostileRegistry()
+    try:
+        image = guarded.image("test/app", "v1", [LAYER])
+        elsewhere.image("test/app", "v1", [LAYER])
+        guarded.behave["v1"] = redirect(f"http://{elsewhere.host}{{path}}")
+        credentials = Path(env["ENROOT_CONFIG_PATH"]) / ".credentials"
+        credentials.parent.mkdir(parents=True, exist_ok=True)
+        credentials.write_text(f"machine {guarded.host} login alice password secret\n")
+        credentials.chmod(0o600)
+        args = ["--resolve"] if verb == "resolve" else ["--cache-only"]
+        result = berth(["-q", "import", *args, f"docker://{guarded.host}#test/app:v1"], env,
+                       tmp_path)
+        assert result.returncode == 0, result.stderr
+        if verb == "resolve":
+            assert result.stdout == f"docker://{guarded.host}#test/app@{image['manifest']}\n"
+        assert elsewhere.requests == ["/v2/test/app/manifests/v1"]
+        assert elsewhere.authorizations == [None]
+        assert guarded.authorizations[-1] == login  # (the last: a blob, for an import)
+    finally:
+        guarded.stop()
+        elsewhere.stop()
+
+
+@pytest.mark.parametrize("location, needle", [
+    ("{path}", "more than 10 redirects from http://{host}/v2/test/app/manifests/v1"),
+    ("file:///etc/passwd", "redirect from http://{host}/v2/test/app/manifests/v1 to "
+                           "'file:///etc/passwd', no HTTP(S) URL"),
+    ("http://[::1", "to 'http://[::1', no HTTP(S) URL"),
+    ("http://127.0.0.1:notaport/x", "no HTTP(S) URL"),
+], ids=["loop", "file", "bad-host", "bad-port"])
+@pytest.mark.parametrize("verb", ["resolve", "import"])
+def test_a_bad_redirect_is_one_line(tmp_path, env, hostile, location, needle, verb):
+    hostile.image("test/app", "v1", [LAYER])
+    hostile.behave["v1"] = redirect(location)
+    result = berth(["import", "--resolve" if verb == "resolve" else "--cache-only",
+                    f"docker://{hostile.host}#test/app:v1"], env, tmp_path)
+    one_line_error(result, f"registry {hostile.host}: ", needle.format(host=hostile.host))
+    assert len(hostile.requests) <= 12
+
+
+def test_a_redirect_to_plain_http_needs_http_allowed():
+    cfg = config.load({"HOME": "/nonexistent", "ENROOT_SYSCONF_PATH": "/nonexistent",
+                       "ENROOT_ALLOW_HTTP": "no"})
+    registry = Registry(parse("docker://registry.example#test/app"), cfg)
+    with pytest.raises(BerthError) as refused:
+        registry._redirect("registry registry.example", "https://registry.example/v2/x",
+                           "http://cdn.example/blob")
+    assert str(refused.value) == (
+        "registry registry.example: redirect from https://registry.example/v2/x to plain "
+        "HTTP http://cdn.example/blob; set ENROOT_ALLOW_HTTP=yes to allow it")
+    assert registry._redirect("r", "https://registry.example/v2/x", "/v2/y") == \
+        "https://registry.example/v2/y"
+    insecure = Registry(parse("docker://registry.example#test/app"), cfg, insecure=True)
+    assert insecure._redirect("r", "https://registry.example/v2/x", "http://cdn.example/b") \
+        == "http://cdn.example/b"
+
+
+def test_a_resolve_times_out_on_a_stalled_manifest(tmp_path, env, hostile):
+    hostile.image("test/app", "v1", [LAYER])
+    hostile.behave["v1"] = stall(None)
+    started = time.monotonic()
+    result = run_resolve(hostile, tmp_path, env, ENROOT_TRANSFER_TIMEOUT="1")
+    one_line_error(result, f"registry {hostile.host}: timed out")
+    assert time.monotonic() - started < 15
+
+
+def test_a_resolve_against_a_server_that_never_answers(tmp_path, env):
+    silent = SilentServer()
+    try:
+        started = time.monotonic()
+        result = berth(["import", "--resolve", f"docker://{silent.host}#test/app:v1"],
+                       dict(env, ENROOT_CONNECT_TIMEOUT="1", ENROOT_TRANSFER_TIMEOUT="1"),
+                       tmp_path)
+        one_line_error(result, f"registry {silent.host}: timed out")
+        assert time.monotonic() - started < 15
+    finally:
+        silent.stop()
+
+
+def test_too_many_headers_are_a_broken_answer(tmp_path, env, hostile):
+    hostile.image("test/app", "v1", [LAYER])
+    headers = {f"X-Junk-{i}": "x" for i in range(200)}
+    hostile.behave["v1"] = lambda h, handler, body: h.send(handler, 200, body, headers)
+    result = run_resolve(hostile, tmp_path, env)
+    one_line_error(result, f"registry {hostile.host}: got more than 100 headers")
+
+
+def test_one_connection_kept_and_a_dropped_one_replaced(hostile):
+    """Direct keeps the connection of an answer read whole (a small body
+    unread is read for that), and asks again on a new one when the server
+    dropped the kept one meanwhile."""
+    transport = Direct((5, 5), insecure=False)
+    url = f"http://{hostile.host}/v2/"
+    for _ in range(3):
+        with transport.get(url, {}) as answer:  # closed unread
+            assert answer.status_code == 200
+    assert hostile.connections == 1
+    hostile.hang_up = True  # from now on each connection serves one answer
+    for _ in range(3):
+        with transport.get(url, {}) as answer:
+            assert answer.status_code == 200 and b"".join(answer.chunks(10)) == b"{}"
+    assert hostile.connections == 3  # the kept one, then two new ones

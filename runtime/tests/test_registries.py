@@ -460,8 +460,12 @@ def test_short_name_through_the_search_registries(tmp_path, env, origin, mirror)
 
 @needs_registry
 @pytest.mark.skipif(not shutil.which("openssl"), reason="needs openssl")
-def test_insecure_skips_tls_verification_of_that_endpoint(tmp_path, env, registry, origin):
-    """A mirror with a self-signed certificate: refused unless `insecure`."""
+@pytest.mark.parametrize("verb", ["--cache-only", "--resolve"])
+def test_insecure_skips_tls_verification_of_that_endpoint(tmp_path, env, registry, origin,
+                                                          verb):
+    """A mirror with a self-signed certificate: refused unless `insecure`, or
+    unless REQUESTS_CA_BUNDLE names it (requests for an import, http.client
+    for a resolve: the same rules)."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
@@ -477,12 +481,14 @@ def test_insecure_skips_tls_verification_of_that_endpoint(tmp_path, env, registr
     env = dict(env, ENROOT_ALLOW_HTTP="no", REQUESTS_CA_BUNDLE=requests.certs.where())
     uri = f"docker://{origin.host}#test/app:v1"
     try:
-        for insecure in ("false", "true"):
+        for insecure, bundle in (("false", None), ("true", None), ("false", str(cert))):
             conf(env, f'[[registry]]\nprefix = "{origin.host}"\n'
                       f'[[registry.mirror]]\nlocation = "{tls.host}/mirrored"\n'
                       f'insecure = {insecure}\n')
-            result = berth(["-q", "import", "--cache-only", uri], env, tmp_path)
-            if insecure == "false":
+            tls.requests.clear()
+            run_env = dict(env, REQUESTS_CA_BUNDLE=bundle) if bundle else env
+            result = berth(["-q", "import", verb, uri], run_env, tmp_path)
+            if insecure == "false" and not bundle:
                 assert result.returncode == 1, result.stderr
                 assert f"{tls.host}/mirrored/test/app:v1: registry {tls.host} does not speak " \
                        "HTTPS ([SSL: CERTIFICATE_VERIFY_FAILED]" in result.stderr
@@ -490,5 +496,6 @@ def test_insecure_skips_tls_verification_of_that_endpoint(tmp_path, env, registr
             else:
                 assert result.returncode == 0, result.stderr
                 assert manifests(tls) == ["/v2/mirrored/test/app/manifests/v1"]
+                assert origin.requests == []
     finally:
         tls.stop()

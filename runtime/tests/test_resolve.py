@@ -3,12 +3,15 @@ one manifest request, printed as a pinned URI that imports that image (what
 the SPANK plugin does once per job at submission). A real registry behind
 counting proxies; registries.conf mirrors and short names."""
 
+import http.server
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
@@ -159,6 +162,78 @@ def test_user_and_credentials_as_for_an_import(tmp_path, env, registry):
         assert result.stderr.count("\n") == 1 and "401" in result.stderr
     finally:
         guarded.stop()
+
+
+def test_a_bearer_token_from_the_token_service(tmp_path, env, registry):
+    guarded = Proxy(registry.url, auth="bearer", login="alice", password="secret")
+    try:
+        credentials = Path(env["ENROOT_CONFIG_PATH"]) / ".credentials"
+        credentials.parent.mkdir(parents=True, exist_ok=True)
+        credentials.write_text(f"machine {guarded.host} login alice password secret\n")
+        credentials.chmod(0o600)
+        pinned = resolved(f"docker://{guarded.host}#test/app:v1", env, tmp_path)
+        assert pinned == f"docker://{guarded.host}#test/app@{registry.app_digest}"
+        assert guarded.requests == [
+            "/v2/", "/token?scope=repository%3Atest%2Fapp%3Apull&service=test", "/v2/",
+            "/v2/test/app/manifests/v1"]
+        credentials.unlink()  # the token service then refuses: one line
+        result = resolve(f"docker://{guarded.host}#test/app:v1", env, tmp_path)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1
+        assert f"registry {guarded.host} refused access to test/app (401 Unauthorized)" in \
+            result.stderr
+    finally:
+        guarded.stop()
+
+
+class ForwardProxy:
+    """An HTTP proxy on 127.0.0.1 (absolute URLs in, requests out), recording each URL."""
+
+    def __init__(self):
+        self.urls = []
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                proxy.urls.append(self.path)
+                headers = {k: v for k, v in self.headers.items() if k.lower() == "accept"}
+                upstream = requests.get(self.path, headers=headers, timeout=10)
+                self.send_response(upstream.status_code)
+                for key in ("Content-Type", "Docker-Content-Digest"):
+                    if key in upstream.headers:
+                        self.send_header(key, upstream.headers[key])
+                self.send_header("Content-Length", str(len(upstream.content)))
+                self.end_headers()
+                self.wfile.write(upstream.content)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("name", ["HTTP_PROXY", "http_proxy"])
+def test_a_proxy_in_the_environment_is_honoured(tmp_path, env, proxy, registry, name):
+    """With a proxy set, a resolve goes through requests, which honours it and NO_PROXY."""
+    forward = ForwardProxy()
+    try:
+        uri = f"docker://{proxy.host}#test/app:v1"
+        env = {k: v for k, v in env.items() if not k.lower().endswith("_proxy")}
+        pinned = resolved(uri, dict(env, **{name: forward.url}), tmp_path)
+        assert pinned == f"docker://{proxy.host}#test/app@{registry.app_digest}"
+        assert forward.urls == [f"http://{proxy.host}/v2/",
+                                f"http://{proxy.host}/v2/test/app/manifests/v1"]
+        resolved(uri, dict(env, **{name: forward.url, "NO_PROXY": "127.0.0.1"}), tmp_path)
+        assert len(forward.urls) == 2 and len(proxy.requests) == 4
+    finally:
+        forward.stop()
 
 
 @pytest.mark.parametrize("uri, message", [

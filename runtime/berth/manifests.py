@@ -1,0 +1,147 @@
+"""The manifest a registry import goes by, and `berth import --resolve`.
+
+first_answer() asks the endpoints of registries.conf's rules in order
+(mirrors first) until one serves the image: for an import, the manifest of
+the node's platform (from an index when the image is multi-arch); for a
+resolve, the first manifest alone, whose digest pinned() prints. Light to
+import (no requests, no tqdm, no layers): a resolve, which the SPANK plugin
+runs once per job at submission, loads this and registry.py alone.
+"""
+
+import collections
+import dataclasses
+import platform
+import re
+import sys
+
+from berth.errors import AccessDenied, BerthError, ImageNotFound
+from berth.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_credentials
+
+# uname -m names to the GOARCH names registries use.
+_ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386",
+           "i386": "386"}
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def pinned(args, cfg, ref, plan):
+    """`berth import --resolve`: the URI pinned to the digest the registry
+    gives for it now, docker://[USER@]REGISTRY#REPOSITORY@sha256:..., naming
+    the registry the reference resolved to (a short name's search registry;
+    the rule's, never a mirror's host, so that the pinned URI goes through
+    the same rules). The digest is the one a pull records: an index's for a
+    multi-arch image, whatever the platform: the nodes pick theirs. One
+    manifest request through the endpoints of `plan` (for a `ref` with a
+    tag: one pinned already is its own answer, see importer.py)."""
+    credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
+    answer = first_answer(plan, ref, cfg, credentials, credentials_path, args.arch,
+                          args.quiet, pick_platform=False)
+    where = answer.candidate
+    user = f"{where.user}@" if where.user else ""
+    return f"docker://{user}{where.registry}#{where.repository}@{answer.digest}"
+
+
+# What first_answer found: the Registry that answered, the reference it
+# answered for (a candidate of registries.py: the registry as resolved, not
+# the endpoint's host), the platform manifest, the digest the user pulled
+# (an index's, for a multi-arch image) and the manifest's own digest.
+Answer = collections.namedtuple("Answer", "source candidate manifest digest manifest_digest")
+
+
+def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
+                 pick_platform=True):
+    """An Answer from the first endpoint of `plan` that serves the image; a
+    failure there (no connection, 5xx, 404, refused access, a bad answer)
+    moves on to the next, and when all fail, one line names each endpoint
+    and why. pick_platform=False: the first manifest alone (one request, no
+    platform chosen; manifest and manifest_digest are the index's then)."""
+    failures, kinds = [], set()
+    for endpoint, candidate in plan:
+        # USER@ names an account on the registry of the URI: a mirror takes
+        # the credentials file's entry for its own host.
+        endpoint_ref = dataclasses.replace(
+            candidate, registry=endpoint.host, repository=endpoint.repository,
+            user="" if endpoint.mirror else candidate.user)
+        # (a resolve's one manifest request over http.client: requests and
+        # urllib3 would cost it more than its requests do)
+        registry = Registry(endpoint_ref, cfg, credentials, credentials_path,
+                            insecure=endpoint.insecure, direct=not pick_platform)
+        try:
+            registry.connect()
+            try:
+                if pick_platform:
+                    found = _platform_manifest(registry, endpoint_ref, arch)
+                else:
+                    manifest, media_type, digest = registry.manifest(
+                        endpoint_ref.reference, INDEX_TYPES + MANIFEST_TYPES)
+                    _check_type(media_type, INDEX_TYPES + MANIFEST_TYPES, endpoint_ref)
+                    found = manifest, digest, digest
+            except (KeyError, TypeError, ValueError, AttributeError):
+                raise _malformed(endpoint_ref) from None
+        except BerthError as e:
+            if len(plan) == 1:
+                raise
+            failures.append(f"{endpoint.name(candidate)}: {e}")
+            kinds.add(type(e))
+            if not quiet:
+                print(f"berth: {endpoint.name(candidate)} failed ({e}); trying the next",
+                      file=sys.stderr)
+            continue
+        if not quiet and len(plan) > 1:
+            doing = "pulling" if pick_platform else "resolving"
+            print(f"berth: {doing} {ref} from {endpoint.name(candidate)}", file=sys.stderr)
+        return Answer(registry, candidate, *found)
+    # a refusal anywhere says more than the others' failures (the image store
+    # takes it, or a 404 from every place, for an image it may not hold)
+    kind = AccessDenied if AccessDenied in kinds else \
+        ImageNotFound if kinds == {ImageNotFound} else BerthError
+    raise kind(f"cannot get {ref} from any of {len(plan)} places: {'; '.join(failures)}")
+
+
+def _malformed(ref):
+    return BerthError(f"the manifest or image config of {ref} is malformed")
+
+
+def _descriptor(entry):
+    """(digest, size) of a manifest's config or layer entry, both checked."""
+    digest, size = entry["digest"], entry["size"]
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise ValueError(f"digest {digest!r}")
+    if type(size) is not int or size < 0:
+        raise ValueError(f"size {size!r}")
+    return digest, size
+
+
+def _platform_manifest(registry, ref, arch):
+    """The image manifest for our platform, the digest the user pulled (an
+    index's, for a multi-arch image) and the manifest's own digest."""
+    manifest, media_type, digest = registry.manifest(ref.reference,
+                                                     INDEX_TYPES + MANIFEST_TYPES)
+    manifest_digest = digest
+    if media_type in INDEX_TYPES:
+        choice = _pick_platform(manifest.get("manifests") or [], arch, ref)
+        manifest, media_type, manifest_digest = registry.manifest(choice, MANIFEST_TYPES)
+    _check_type(media_type, MANIFEST_TYPES, ref)
+    return manifest, digest, manifest_digest
+
+
+def _check_type(media_type, expected, ref):
+    if media_type not in expected:
+        raise BerthError(f"{ref}: unsupported manifest type '{media_type[:100]}' (Docker "
+                         "schema 2 or OCI image expected)")
+
+
+def _pick_platform(entries, arch, ref):
+    wanted = arch or platform.machine()
+    name, _, variant = wanted.partition("/")
+    name = _ARCHES.get(name, name)
+    available = []
+    for entry in entries:
+        plat = entry.get("platform") or {}
+        if plat.get("os") != "linux":
+            continue  # attestations and other systems
+        available.append("/".join(filter(None, (plat.get("architecture"),
+                                                plat.get("variant")))))
+        if plat.get("architecture") == name and variant in ("", plat.get("variant")):
+            return _descriptor(dict(entry, size=0))[0]
+    raise BerthError(f"{ref} has no image for architecture {wanted}; available: "
+                     f"{', '.join(sorted(available)) or 'none'} (choose one with --arch)")

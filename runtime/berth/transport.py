@@ -1,0 +1,289 @@
+"""How the registry client's GETs go over the wire; registry.py keeps the
+protocol (authentication, redirects, retries, size limits), the same over
+either transport here.
+
+- Direct, on http.client: the few requests of `berth import --resolve`,
+  which the SPANK plugin runs once per job at submission. requests and
+  urllib3 cost such a resolve more than its requests do.
+- Pooled, on requests: pulls (one connection pool for the parallel
+  downloads), and every request while a proxy is set in the environment
+  (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, any case; requests honours them
+  and NO_PROXY).
+
+Both take the same settings: a connect timeout and a stall timeout (no byte
+for that long), certificates verified against the CA bundle requests would
+use (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, else certifi's, which Debian points
+at /etc/ssl/certs/ca-certificates.crt), or not at all for an `insecure`
+endpoint. Neither follows a redirect (registry.py does, keeping credentials
+to their own origin) nor adds credentials of its own: requests' lookup of
+~/.netrc is off, as the registry's credentials are
+$ENROOT_CONFIG_PATH/.credentials alone.
+
+Failures are TransferError (TLSError for a failed handshake), whose text is
+the reason alone: "Connection refused", "timed out",
+"[SSL: CERTIFICATE_VERIFY_FAILED] ...".
+"""
+
+import os
+import re
+from urllib.parse import urlsplit
+
+from berth.errors import BerthError
+
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
+_IDLE_DRAIN = 1 << 16  # an unread body up to this size is read to keep its connection
+_REASON = re.compile(r"(\[SSL[^\]]*\][^()']*|Connection refused|Read timed out|timed out|"
+                     r"Name or service not known|Connection reset by peer|"
+                     r"Connection broken[^()']*)")
+
+
+class TransferError(Exception):
+    """No answer or a broken one: refused, reset, timed out, cut short."""
+
+
+class TLSError(TransferError):
+    """The TLS handshake failed: no TLS there, or a certificate not trusted."""
+
+
+def reason(error):
+    """The innermost cause of an error, without the Python noise around it."""
+    text = str(error) or type(error).__name__
+    match = _REASON.search(text)
+    return match.group(1).strip() if match else text
+
+
+def proxied(environ=None):
+    """Whether the environment names a proxy for HTTP or HTTPS."""
+    environ = os.environ if environ is None else environ
+    return any(value and key.lower() in PROXY_VARIABLES for key, value in environ.items())
+
+
+def ca_bundle():
+    """The file or directory of CA certificates requests verifies against,
+    or None: the ssl module's defaults."""
+    for key in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        if os.environ.get(key):
+            return os.environ[key]
+    try:
+        import certifi
+    except ImportError:
+        return None
+    return certifi.where()
+
+
+def open_transport(timeout, insecure, connections, direct):
+    """A transport: Direct where asked for and no proxy is set, else Pooled.
+    timeout: (connect, stall) seconds, None for no limit."""
+    if direct and not proxied():
+        return Direct(timeout, insecure)
+    return Pooled(timeout, insecure, connections)
+
+
+def origin(url):
+    """(scheme, host, port) of a URL: where its connection goes, and where
+    credentials may go; ValueError for a port that is no number."""
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+# -- http.client -------------------------------------------------------------------
+
+class Direct:
+    """GETs over http.client: one connection per origin, kept for the next
+    request once an answer was read whole."""
+
+    def __init__(self, timeout, insecure):
+        import http.client
+        import ssl
+        self._http, self._ssl = http.client, ssl
+        self.connect_timeout, self.stall_timeout = timeout
+        self.insecure = insecure
+        self.context = None  # the TLS context, made at the first HTTPS request
+        self.idle = {}  # origin -> a connection whose last answer was read whole
+
+    def get(self, url, headers):
+        parts = urlsplit(url)
+        try:
+            where = origin(url)
+        except ValueError:
+            raise TransferError(f"bad URL {url}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise TransferError(f"bad URL {url}")
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        kept = self.idle.pop(where, None)
+        if kept is not None:
+            try:
+                return self._ask(kept, where, target, headers, kept=True)
+            except _Closed:
+                pass  # the server closed the kept connection meanwhile: a new one
+        return self._ask(self._connection(where), where, target, headers)
+
+    def _connection(self, where):
+        scheme, host, port = where
+        if scheme == "http":
+            return self._http.HTTPConnection(host, port, timeout=self.connect_timeout)
+        return self._http.HTTPSConnection(host, port, timeout=self.connect_timeout,
+                                          context=self._tls())
+
+    def _tls(self):
+        if self.context is None:
+            ssl = self._ssl
+            if self.insecure:
+                context = ssl.create_default_context()
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            else:
+                where = ca_bundle()
+                try:
+                    context = ssl.create_default_context(
+                        capath=where if where and os.path.isdir(where) else None,
+                        cafile=where if where and not os.path.isdir(where) else None)
+                except (OSError, ssl.SSLError) as e:
+                    raise BerthError(f"CA certificates {where}: {reason(e)}") from None
+            self.context = context
+        return self.context
+
+    def _ask(self, connection, where, target, headers, kept=False):
+        try:
+            if connection.sock is None:
+                connection.connect()  # under the connect timeout, the TLS handshake included
+                connection.sock.settimeout(self.stall_timeout)
+            connection.request("GET", target, headers=headers)
+            answer = connection.getresponse()
+        except (self._http.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
+            connection.close()
+            if kept:
+                raise _Closed() from None
+            raise TransferError(reason(e)) from None
+        except self._ssl.SSLError as e:
+            connection.close()
+            raise TLSError(reason(e)) from None
+        except (OSError, self._http.HTTPException) as e:
+            connection.close()
+            raise TransferError(reason(e)) from None
+        return _DirectResponse(self, where, connection, answer)
+
+
+class _Closed(Exception):
+    """A kept connection the server had closed: ask again on a new one."""
+
+
+class _DirectResponse:
+    def __init__(self, transport, where, connection, answer):
+        self._transport, self._where = transport, where
+        self._connection, self._answer = connection, answer
+        self.status_code = answer.status
+        self.headers = answer.headers  # an email.message.Message: get() ignores case
+        self.received = 0  # body bytes read so far
+
+    def chunks(self, size):
+        errors = (OSError, self._transport._http.HTTPException)
+        while True:
+            try:
+                data = self._answer.read(size)
+            except errors as e:
+                self._drop()
+                raise TransferError(reason(e)) from None
+            if not data:
+                return
+            self.received += len(data)
+            yield data
+
+    def close(self):
+        if self._connection is None:
+            return
+        answer = self._answer
+        left = answer.length
+        if not answer.isclosed() and left is not None and left <= _IDLE_DRAIN:
+            try:
+                answer.read()  # a small body unread: read, so that the connection serves on
+            except (OSError, self._transport._http.HTTPException):
+                pass
+        if answer.isclosed() and not answer.will_close:
+            self._transport.idle[self._where] = self._connection
+            self._connection = None
+        else:
+            self._drop()
+
+    def _drop(self):
+        if self._connection is not None:
+            self._answer.close()
+            self._connection.close()
+            self._connection = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# -- requests -----------------------------------------------------------------------
+
+def _no_netrc(request):
+    """An auth that adds nothing: requests then leaves ~/.netrc unread."""
+    return request
+
+
+def _unredirected_session(requests):
+    class Session(requests.Session):
+        def get_redirect_target(self, response):
+            return None  # registry.py follows redirects; requests leaves Location unread
+    return Session()
+
+
+class Pooled:
+    """GETs over a requests session, its pool as large as the parallel downloads."""
+
+    def __init__(self, timeout, insecure, connections):
+        import requests
+        import urllib3
+        self._requests = requests
+        self.timeout = timeout
+        self.session = _unredirected_session(requests)
+        adapter = requests.adapters.HTTPAdapter(pool_maxsize=max(1, connections))
+        self.session.mount("https://", adapter)
+        self.session.mount("http://", adapter)
+        # Given per request: requests lets REQUESTS_CA_BUNDLE override a
+        # session's verify, never an argument's.
+        self.verify = False if insecure else (ca_bundle() or True)
+        if insecure:
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+
+    def get(self, url, headers):
+        requests = self._requests
+        try:
+            response = self.session.get(url, headers=headers, timeout=self.timeout,
+                                        stream=True, verify=self.verify, auth=_no_netrc)
+        except requests.exceptions.SSLError as e:
+            raise TLSError(reason(e)) from None
+        except (requests.RequestException, ValueError) as e:
+            raise TransferError(reason(e)) from None
+        return _PooledResponse(response, requests)
+
+
+class _PooledResponse:
+    def __init__(self, response, requests):
+        self._response, self._requests = response, requests
+        self.status_code = response.status_code
+        self.headers = response.headers
+
+    @property
+    def received(self):
+        """Body bytes taken off the wire (before any Content-Encoding is undone)."""
+        return self._response.raw.tell()
+
+    def chunks(self, size):
+        try:
+            yield from self._response.iter_content(size)
+        except self._requests.RequestException as e:
+            raise TransferError(reason(e)) from None
+
+    def close(self):
+        self._response.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
