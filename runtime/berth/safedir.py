@@ -4,7 +4,12 @@ before berth trusts what is in them.
 A directory berth keeps the caller's files in must be owned by the caller
 and writable by nobody else (the XDG rule), and its parent must not let
 anyone else rename or replace it (owned by the caller or root, and not
-writable by others unless sticky, like /tmp). What berth creates it creates
+writable by others unless sticky, like /tmp). Group write is no one else's
+when the group is the caller's private group: Debian 13 gives login
+sessions umask 002 (pam_umask, USERGROUPS_ENAB) exactly when the user's
+primary group has the user's name and number, so a user's own `mkdir
+~/.config` is 0775 there. Such a group is accepted if it lists no other
+member; any other group-writable directory is refused. What berth creates it creates
 0700 with mkdir, which never follows or reuses a symlink, then lstat checks
 what is there: a directory another user made first, or a planted symlink,
 is refused in one line naming it, never used. A symlink is followed only
@@ -14,7 +19,9 @@ Each check is one lstat of the directory and one stat of its parent:
 `berth start` pays for two or three directories.
 """
 
+import grp
 import os
+import pwd
 import stat
 
 from berth.errors import BerthError
@@ -23,6 +30,23 @@ from berth.errors import BerthError
 def _refuse(path, what, why):
     raise BerthError(f"{what} {path}: {why}; refusing to use it "
                      "(it must be owned by you and writable by nobody else)")
+
+
+def _others_may_write(st):
+    """Whether users other than the caller may write in a directory of mode
+    st: world write, or group write by a group that is not the caller's own
+    private group (same name and number as the caller, no other member)."""
+    if st.st_mode & 0o002:
+        return True
+    if not st.st_mode & 0o020:
+        return False
+    uid = os.getuid()
+    try:
+        user, group = pwd.getpwuid(uid), grp.getgrgid(st.st_gid)
+    except KeyError:
+        return True
+    return not (st.st_gid == uid == user.pw_gid and group.gr_name == user.pw_name
+                and set(group.gr_mem) <= {user.pw_name})
 
 
 def check(path, what, st=None):
@@ -42,7 +66,7 @@ def check(path, what, st=None):
         _refuse(path, what, "is not a directory")
     if st.st_uid != uid:
         _refuse(path, what, f"is owned by uid {st.st_uid}, not by you (uid {uid})")
-    if st.st_mode & 0o022:
+    if _others_may_write(st):
         _refuse(path, what, f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})")
     _check_parent(path, what)
     return path
@@ -59,7 +83,7 @@ def _check_parent(path, what):
             st = os.stat(parent)
     except OSError as e:
         raise BerthError(f"{what} {path}: {parent}: {e.strerror}") from None
-    if st.st_uid not in (os.getuid(), 0) or (st.st_mode & 0o022
+    if st.st_uid not in (os.getuid(), 0) or (_others_may_write(st)
                                              and not st.st_mode & stat.S_ISVTX):
         raise BerthError(f"{what} {path}: its parent {parent} lets others replace it "
                          f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}); "
