@@ -255,6 +255,9 @@ def main():
         if not dest_is_dir and os.path.islink(dest):
             os.unlink(dest)
         if not dest_is_dir:
+            # Missing parents 0755 whatever the umask: as a user on Debian 13
+            # it is 002, and a group-writable ~/.config is refused by berth.
+            os.umask(0o022)
             os.makedirs(dest, mode=made_mode)
             os.chmod(dest, made_mode)  # makedirs' mode passes through the umask
         elif dest_mode_wrong:

@@ -108,6 +108,19 @@ def test_dir_mode_makes_and_keeps_a_private_directory(tmp_path):
     assert not run(tmp_path, dest, files, mode="0600", dir_mode="0700", purge=False)["changed"]
 
 
+def test_missing_parents_are_made_0755_under_a_group_writable_umask(tmp_path):
+    # A user's umask on Debian 13 is 002: a ~/.config made with it would be
+    # group-writable, and berth refuses a config directory others may replace.
+    dest = tmp_path / "home" / ".config" / "enroot"
+    run_umask = ansible_module.run_module(
+        tmp_path, "berth_tree", {"dest": str(dest), "files": {".credentials": "x\n"},
+                                 "mode": "0600", "dir_mode": "0700", "purge": False},
+        umask=0o002)
+    assert run_umask["changed"]
+    assert [oct(p.stat().st_mode & 0o777) for p in (tmp_path / "home", dest.parent, dest)] \
+        == ["0o755", "0o755", "0o700"]
+
+
 def test_a_bad_dir_mode_is_refused_naming_it(tmp_path):
     dest = tmp_path / "d"
     result = run(tmp_path, dest, {"a": "1\n"}, dir_mode="rwx")
