@@ -34,6 +34,7 @@ real nodes do not.
 """
 
 import argparse
+import os
 import re
 import shlex
 import statistics
@@ -42,7 +43,9 @@ import tempfile
 import time
 from pathlib import Path
 
-IMAGES = Path(__file__).resolve().parents[1] / ".cache" / "images"
+# The demo cluster's release (scripts/demo.sh, BERTH_NODE_SUITE) and its test image.
+SUITE = os.environ.get("BERTH_NODE_SUITE", "bookworm")
+IMAGES = Path(__file__).resolve().parents[1] / ".cache" / "images" / SUITE
 SMALL = "/opt/berth-images/mpi-test.sqsh"
 BIG = "/opt/berth-images/mpi-test-big.sqsh"
 REGISTRY = "berth-ctl:5000#berth/mpi-test:1"  # the cluster's registry (scenario prepare)

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # Build the MPI test image the scenarios run in containers, offline: Debian
-# minbase (from scripts/base-image.sh) + Open MPI + MPICH + the allreduce test
-# program built against each, and an Open MPI ping-pong for bench/. Its /etc/os-release says VARIANT_ID=berth-mpi-test,
-# so a test can tell the image from the host. Writes, under .cache/images/:
+# minbase of one suite (BERTH_NODE_SUITE: bookworm, the default, or trixie;
+# from scripts/base-image.sh) + that suite's Open MPI + MPICH + the allreduce
+# test program built against each, and an Open MPI ping-pong for bench/. Its
+# /etc/os-release says VARIANT_ID=berth-mpi-test, so a test can tell the image
+# from the host. Writes, under .cache/images/SUITE/:
 #   mpi-test.tar   docker-archive, for pushing to a registry with skopeo
 #   mpi-test.sqsh  the same root as a squashfs, for --container-image=PATH.sqsh
 # Skips the build when both exist and the sources are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-IMAGE=berth/mpi-test:1
-BASE=${BERTH_NODE_IMAGE:-berth/node:bookworm}-minbase
-OUT=.cache/images
+SUITE=${BERTH_NODE_SUITE:-bookworm}
+case "$SUITE" in
+    bookworm|trixie) ;;
+    *) echo "test-image: BERTH_NODE_SUITE=$SUITE: not bookworm or trixie" >&2; exit 2 ;;
+esac
+IMAGE=berth/mpi-test:$SUITE
+BASE=berth/node:$SUITE-minbase
+OUT=.cache/images/$SUITE
 SRC=molecule/multinode/files
 stamp=$(cat "$0" "$SRC"/mpi_*.c | sha256sum | cut -c1-16)
+env -u BERTH_NODE_IMAGE bash scripts/base-image.sh
 
 if [[ -f $OUT/mpi-test.sqsh && -f $OUT/mpi-test.tar && "$(cat $OUT/stamp 2>/dev/null)" == "$stamp" ]]; then
     echo "test-image: $OUT/mpi-test.{tar,sqsh} present"
@@ -38,7 +46,7 @@ RUN apt-get update \
 ENV PATH=/opt/mpi-test:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 WORKDIR /opt/mpi-test
 DOCKERFILE
-echo "test-image: building $IMAGE (Open MPI, MPICH)"
+echo "test-image: building $IMAGE (Debian $SUITE: Open MPI, MPICH)"
 docker build -q -t "$IMAGE" "$work" >/dev/null
 
 echo "test-image: writing $OUT/mpi-test.tar and $OUT/mpi-test.sqsh"

@@ -13,8 +13,8 @@
 # the list below or the node image changes; the node image comes from
 # scripts/base-image.sh when missing). The checkout's runtime/, hooks/ and
 # spank/ are copied in, so nothing is written into the checkout; the MPI
-# test image (.cache/images/mpi-test.sqsh, from scripts/test-image.sh) is
-# bound read-only when present: the dpkg test starts it.
+# test image (.cache/images/bookworm/mpi-test.sqsh, from scripts/test-image.sh)
+# is bound read-only when present: the dpkg test starts it.
 # The container runs the tests as root, as close to the host as they expect,
 # without --privileged (it fails on the development machines; set
 # BERTH_PRIVILEGED=true where it works): every capability but SYS_RESOURCE,
@@ -61,8 +61,9 @@ else
             --device /dev/fuse --device /dev/loop-control --device-cgroup-rule 'a *:* rwm')
 fi
 mounts=()
-if [[ -f .cache/images/mpi-test.sqsh ]]; then
-    mounts=(-v "$PWD/.cache/images/mpi-test.sqsh:/src/.cache/images/mpi-test.sqsh:ro")
+debian_image=.cache/images/bookworm/mpi-test.sqsh
+if [[ -f $debian_image ]]; then
+    mounts=(-v "$PWD/$debian_image:/src/$debian_image:ro")
 fi
 
 docker rm -f "$NAME" >/dev/null 2>&1 || true

@@ -241,7 +241,7 @@ def test_unpacked_root_of_a_killed_start_is_removed_by_the_next(berth, images):
     assert list(data.iterdir()) == []
 
 
-DEBIAN_IMAGE = Path(__file__).resolve().parents[2] / ".cache/images/mpi-test.sqsh"
+DEBIAN_IMAGE = Path(__file__).resolve().parents[2] / ".cache/images/bookworm/mpi-test.sqsh"
 
 
 @pytest.fixture
