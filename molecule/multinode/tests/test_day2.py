@@ -51,10 +51,15 @@ def section(output, title):
 
 
 def daemons():
-    """Each Slurm daemon's main pid and start time: a restart changes both."""
+    """Each Slurm daemon's unit start time (a restart moves it) and, before
+    Slurm 24.05, its main pid. From 24.05 on `scontrol reconfigure` has each
+    daemon execute itself anew in place: a new pid that it tells systemd,
+    the unit not restarted, running jobs untouched."""
+    release = re.search(r"(\d+)\.(\d+)", ctl("sinfo --version").stdout).groups()
+    keys = "-p ActiveEnterTimestampMonotonic" + (" -p MainPID" if tuple(map(int, release)) < (24, 5) else "")
     units = [(CONTROLLER, "slurmctld")] + [(name, "slurmd") for name in COMPUTE]
-    return {(host, unit): node(host).check_output(
-        f"systemctl show -p MainPID -p ActiveEnterTimestampMonotonic {unit}") for host, unit in units}
+    return {(host, unit): node(host).check_output(f"systemctl show {keys} {unit}")
+            for host, unit in units}
 
 
 def state(name):

@@ -85,6 +85,33 @@ def test_mpich_pmi2_inherits_pmi_fd():
     assert "allreduce sum 3" in job.stdout
 
 
+# The Debian release of the nodes, and the other one, whose MPI test image
+# /opt/berth-test-images/OTHER/ holds (molecule.yml mounts every release's).
+OTHER_RELEASE = {"bookworm": "trixie", "trixie": "bookworm"}
+
+
+def other_release_image():
+    release = node(CONTROLLER).check_output(". /etc/os-release && echo $VERSION_CODENAME")
+    return OTHER_RELEASE[release], f"/opt/berth-test-images/{OTHER_RELEASE[release]}/mpi-test.sqsh"
+
+
+def test_image_of_the_other_debian_release_runs_mpi_across_nodes():
+    # What users do: run an image built on one release on nodes of another.
+    # On Debian 13 nodes a Debian 12 image's Open MPI 4.1 (a PMIx 4 client)
+    # wires up through Slurm 24.11's pmix_v5 server; on Debian 12 nodes a
+    # Debian 13 image's Open MPI 5 (PMIx 5) through 22.05's pmix_v4. PMI2
+    # is a wire protocol of its own, the same in both MPICH releases.
+    release, image = other_release_image()
+    seen = srun(f"-N2 --ntasks-per-node=1 --container-image={image} "
+                "sh -c '. /etc/os-release && echo $VERSION_CODENAME'")
+    assert seen.stdout.split() == [release] * 2, seen.stdout + seen.stderr
+    assert_mpi_ranks(srun(f"-N2 -n4 --mpi=pmix --container-image={image} {OPENMPI}"), 4)
+    mpich = srun(f"-N1 -n2 --mpi=pmi2 --container-image={image} {MPICH}")
+    assert mpich.rc == 0, mpich.stdout + mpich.stderr
+    assert "allreduce sum 3" in mpich.stdout
+    no_containers_left()
+
+
 def test_mounts_read_only_and_read_write():
     for name in COMPUTE:
         node(name).run("install -d -o alice /home/alice/data && echo host-file > /home/alice/data/in")
