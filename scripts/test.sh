@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, unit and integration tests, the runtime's suite
 # and the SPANK plugin's build on Debian 13, and the multi-node Molecule
-# scenario. Exits non-zero on the first failing stage.
+# scenario on Debian 12 and then on Debian 13 (one cluster at a time: two
+# would fight over two cores). Exits non-zero on the first failing stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -22,8 +23,9 @@ for module in library/*.py; do
     ansible-doc -M library "$name" >/dev/null || { echo "ansible-doc fails for $name" >&2; exit 1; }
 done
 
-stage "test image (Open MPI, MPICH): for the runtime's dpkg test and the cluster"
-bash scripts/test-image.sh
+stage "test images (Open MPI, MPICH) of Debian 12 and 13: the runtime's dpkg test, the clusters"
+BERTH_NODE_SUITE=bookworm bash scripts/test-image.sh
+BERTH_NODE_SUITE=trixie bash scripts/test-image.sh
 
 stage "unit and integration tests"
 python -m pytest -q -rs tests runtime/tests
@@ -31,6 +33,8 @@ python -m pytest -q -rs tests runtime/tests
 stage "runtime suite on Debian 13 (Python 3.13), SPANK plugin against its Slurm 24.11"
 bash scripts/test-runtime-suite.sh trixie
 
-stage "multi-node cluster (molecule test -s multinode)"
-molecule test -s multinode
+stage "multi-node cluster on Debian 12, Slurm 22.05 (molecule test -s multinode)"
+BERTH_NODE_SUITE=bookworm molecule test -s multinode
+stage "multi-node cluster on Debian 13, Slurm 24.11 (the same scenario and tests)"
+BERTH_NODE_SUITE=trixie molecule test -s multinode
 stage "done"
