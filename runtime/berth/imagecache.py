@@ -233,7 +233,7 @@ def _open_no_links(cache_path):
             except FileNotFoundError:
                 return None
             except OSError as e:
-                if _is_link(name, fd):
+                if is_link(name, fd):
                     raise BerthError(
                         f"ENROOT_CACHE_PATH={cache_path}: {current} is a symbolic link; as root, "
                         "berth cache prune follows none (give the resolved path)") from None
@@ -247,7 +247,8 @@ def _open_no_links(cache_path):
             os.close(fd)
 
 
-def _is_link(name, dir_fd):
+def is_link(name, dir_fd):
+    """Whether `name` in the directory open as dir_fd is a symbolic link."""
     try:
         return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
     except OSError:
@@ -289,7 +290,7 @@ class CacheDirs:
                 except FileNotFoundError:
                     new = None
                 except OSError as e:
-                    if strict and _is_link(name, fd):
+                    if strict and is_link(name, fd):
                         raise BerthError(f"{path}: a symbolic link; {self.PRUNE} follows "
                                          f"none in {self.PLACE}") from None
                     raise BerthError(f"{path}: {e.strerror}") from None

@@ -42,7 +42,8 @@ import types
 
 from berth import archive, reference, registries, safedir, squash
 from berth.errors import AccessDenied, BerthError, ImageNotFound, Terminated, raise_terminated
-from berth.imagecache import IMAGE_NAME, CacheDirs, ImageCache, human_size, open_followed, scan
+from berth.imagecache import (IMAGE_NAME, CacheDirs, ImageCache, human_size, is_link,
+                              open_followed, scan)
 
 REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
 REQUEST_TIMEOUT = 30  # seconds a connection has to send its request
@@ -307,7 +308,7 @@ def walk(directory, uid, refuse, make=False, strict_from=None):
             try:
                 new = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(name, fd):
+                if e.errno in (errno.ELOOP, errno.ENOTDIR) and is_link(name, fd):
                     raise refuse(f"{current} is a symbolic link (give the resolved "
                                  "path)") from None
                 raise refuse(f"{current}: {e.strerror}") from None
@@ -324,13 +325,6 @@ def walk(directory, uid, refuse, make=False, strict_from=None):
     finally:
         if fd is not None:
             os.close(fd)
-
-
-def _is_link(name, dir_fd):
-    try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
 
 
 # -- berth store serve | list | prune ----------------------------------------------

@@ -147,13 +147,19 @@ def test_the_pinned_uri_names_the_rules_registry_not_the_mirror(tmp_path, env, r
         mirror.stop()
 
 
+def alices_credentials(env, host):
+    """alice's login for `host` in the caller's .credentials (0600); its path."""
+    credentials = Path(env["ENROOT_CONFIG_PATH"]) / ".credentials"
+    credentials.parent.mkdir(parents=True, exist_ok=True)
+    credentials.write_text(f"machine {host} login alice password secret\n")
+    credentials.chmod(0o600)
+    return credentials
+
+
 def test_user_and_credentials_as_for_an_import(tmp_path, env, registry):
     guarded = Proxy(registry.url, auth="basic", login="alice", password="secret")
     try:
-        credentials = Path(env["ENROOT_CONFIG_PATH"]) / ".credentials"
-        credentials.parent.mkdir(parents=True, exist_ok=True)
-        credentials.write_text(f"machine {guarded.host} login alice password secret\n")
-        credentials.chmod(0o600)
+        credentials = alices_credentials(env, guarded.host)
         pinned = resolved(f"docker://alice@{guarded.host}#test/app:v1", env, tmp_path)
         assert pinned == f"docker://alice@{guarded.host}#test/app@{registry.app_digest}"
         credentials.unlink()
@@ -167,10 +173,7 @@ def test_user_and_credentials_as_for_an_import(tmp_path, env, registry):
 def test_a_bearer_token_from_the_token_service(tmp_path, env, registry):
     guarded = Proxy(registry.url, auth="bearer", login="alice", password="secret")
     try:
-        credentials = Path(env["ENROOT_CONFIG_PATH"]) / ".credentials"
-        credentials.parent.mkdir(parents=True, exist_ok=True)
-        credentials.write_text(f"machine {guarded.host} login alice password secret\n")
-        credentials.chmod(0o600)
+        credentials = alices_credentials(env, guarded.host)
         pinned = resolved(f"docker://{guarded.host}#test/app:v1", env, tmp_path)
         assert pinned == f"docker://{guarded.host}#test/app@{registry.app_digest}"
         assert guarded.requests == [

@@ -214,6 +214,14 @@ class FakeService(UnixServer):
             conn.sendall(self.line)
 
 
+def age_store(store, hours):
+    """Every image, layer and uris/ link of the store last used `hours` ago."""
+    then = time.time() - hours * 3600
+    for name in ("images", "blobs/sha256", "uris"):
+        for path in (store / name).iterdir():
+            os.utime(path, (then, then), follow_symlinks=False)
+
+
 def uri_of(proxy, image="test/app:v1"):
     return f"docker://{proxy.host}#{image}"
 
@@ -349,10 +357,7 @@ def test_prune_after_real_imports(site, service, proxy):
     assert fresh.stdout.startswith("freed 0B (0 bytes: images 0, layers 0, partial files 0, ")
     assert tree(site.store) == before  # a client may be about to mount it
 
-    hours_ago = time.time() - 2 * 3600
-    for name in ("images", "blobs/sha256", "uris"):
-        for path in (site.store / name).iterdir():
-            os.utime(path, (hours_ago, hours_ago), follow_symlinks=False)
+    age_store(site.store, hours=2)
     pruned = site.run(STORE_USER, "store", "prune", "--older-than", "1h")
     assert pruned.returncode == 0, pruned.stderr
     assert f"  {uri}  {first.stdout.strip()}\n" in pruned.stdout

@@ -20,8 +20,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_store import (  # noqa: E402,F401 (fixtures)
-    ALICE, BASE, BOB, KEY, STORE_USER, FakeService, _owned_dir, _squashfs, private, registry,
-    service, site, uri_of, users)
+    ALICE, BASE, BOB, KEY, STORE_USER, FakeService, _owned_dir, _squashfs, age_store, private,
+    registry, service, site, uri_of, users)
 
 from berth import config, store  # noqa: E402
 from berth.errors import BerthError  # noqa: E402
@@ -221,10 +221,7 @@ def test_a_pruned_entrys_copy_goes_at_the_next_serve(site, service, proxy, regis
     # a killed copy's file of another key, and its lock file
     store_user = site.users[STORE_USER]
     partial = _squashfs(local / f"{KEY}.sqsh.tmp-99", store_user)
-    hours_ago = time.time() - 2 * 3600
-    for name in ("images", "blobs/sha256", "uris"):
-        for path in (site.store / name).iterdir():
-            os.utime(path, (hours_ago, hours_ago), follow_symlinks=False)
+    age_store(site.store, hours=2)
     pruned = site.run(STORE_USER, "store", "prune", "--older-than", "1h")
     assert pruned.returncode == 0, pruned.stderr
     assert site.store_images() == [] and copy.exists()  # prune leaves the nodes' copies
