@@ -123,7 +123,7 @@ def slurm_conf(build, tmp_path):
                                        f"berth={stub}", *plugin_args]) + "\n")
         conf = tmp_path / "slurm.conf"
         conf.write_text(
-            "ClusterName=bspk\nSlurmctldHost=localhost\n"
+            "ClusterName=bspk\nSlurmctldHost=localhost\nMessageTimeout=1\n"
             f"PlugStackConfig={plugstack}\n"
             "NodeName=localhost CPUs=1 State=UNKNOWN\n"
             "PartitionName=p Nodes=localhost Default=YES\n")
