@@ -317,9 +317,13 @@ def test_bad_values_change_nothing(store, args, message):
     assert tree(store.path) == before
 
 
-@pytest.mark.parametrize("mode", [0o777, 0o775])
-def test_a_store_others_may_write_is_refused(store, mode):
+# Group write by the account's own private group (its name and number, no
+# other member) is the account's alone; by any other group it is not.
+@pytest.mark.parametrize("mode, group", [(0o777, None), (0o775, 65534)])
+def test_a_store_others_may_write_is_refused(store, mode, group):
     paths = [store.image(40 * DAY), store.layer(40 * DAY)]
+    if group is not None:
+        os.chown(store.path, -1, group)
     store.path.chmod(mode)
     result = store.prune("--max-size", "0")
     assert result.returncode == 1 and result.stdout == ""
