@@ -217,6 +217,9 @@ def main():
                         help="first steps of an image new to the cluster, with and without "
                              "the shared image store, instead of the warm rows")
     args = parser.parse_args()
+    release = on_login(shlex.split(args.login),
+                       "srun -N1 sh -c '. /etc/os-release; echo $PRETTY_NAME'; sinfo --version")
+    print("nodes: " + ", ".join(release.split("\n")[:2]) + "\n")
     if args.cold_start:
         cold_start(args.big_mb)
         return
