@@ -25,8 +25,8 @@ or digest than declared, an oversized manifest are each refused in one
 line naming the archive, before any output is written.
 """
 
+import collections
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -66,11 +66,10 @@ def is_archive(uri):
     return uri.partition(":")[0] in SCHEMES and ":" in uri
 
 
-@dataclasses.dataclass(frozen=True)
-class Archive:
-    kind: str  # one of SCHEMES
-    path: str  # absolute
-    selector: str  # NAME:TAG, @INDEX or REF; "" for the only image
+class Archive(collections.namedtuple("Archive", "kind path selector")):
+    """kind: one of SCHEMES; path: absolute; selector: NAME:TAG, @INDEX or
+    REF, "" for the only image."""
+    __slots__ = ()
 
     @property
     def uri(self):

@@ -9,7 +9,6 @@ runs once per job at submission, loads this and registry.py alone.
 """
 
 import collections
-import dataclasses
 import platform
 import re
 import sys
@@ -58,8 +57,8 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
     for endpoint, candidate in plan:
         # USER@ names an account on the registry of the URI: a mirror takes
         # the credentials file's entry for its own host.
-        endpoint_ref = dataclasses.replace(
-            candidate, registry=endpoint.host, repository=endpoint.repository,
+        endpoint_ref = candidate._replace(
+            registry=endpoint.host, repository=endpoint.repository,
             user="" if endpoint.mirror else candidate.user)
         # (a resolve's one manifest request over http.client: requests and
         # urllib3 would cost it more than its requests do)

@@ -1,7 +1,7 @@
 """Registry image references: docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]."""
 
+import collections
 import re
-from dataclasses import dataclass
 
 from berth.errors import BerthError
 
@@ -17,18 +17,15 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _USER = re.compile(r"[^\s@#/:]+")
 
 
-@dataclass(frozen=True)
-class Reference:
-    uri: str
-    user: str
-    registry: str
-    repository: str
-    tag: str
-    digest: str
-    explicit_registry: bool
-    # The image name as written, before Docker Hub's `library/`: what an
-    # unqualified-search registry (registries.py) is asked for.
-    name: str = ""
+# Named tuples, here and in registries.py and archive.py, not dataclasses:
+# importing dataclasses costs each `berth import` about 7 ms.
+class Reference(collections.namedtuple(
+        "Reference", "uri user registry repository tag digest explicit_registry name",
+        defaults=("",))):
+    """A parsed docker:// URI. `name` is the image name as written, before
+    Docker Hub's `library/`: what an unqualified-search registry
+    (registries.py) is asked for."""
+    __slots__ = ()
 
     @property
     def reference(self):

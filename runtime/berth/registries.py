@@ -28,7 +28,7 @@ mirrors in order, then its location; the matched prefix is replaced by
 each one's location. Docker Hub is `docker.io` here, as in those files.
 """
 
-import dataclasses
+import collections
 import os
 import re
 
@@ -69,39 +69,25 @@ _UNSUPPORTED = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Endpoint:
+class Endpoint(collections.namedtuple("Endpoint", "host repository insecure what mirror",
+                                      defaults=(False,))):
     """One place to ask for an image: host[:port] (connected to as is),
     repository there, whether plain HTTP or unverified TLS is allowed, and
     what it is, for messages ("mirror of PREFIX (FILE:LINE)")."""
-    host: str
-    repository: str
-    insecure: bool
-    what: str
-    mirror: bool = False
+    __slots__ = ()
 
     def name(self, ref):
         suffix = f"@{ref.digest}" if ref.digest else f":{ref.tag}"
         return f"{self.host}/{self.repository}{suffix}"
 
 
-@dataclasses.dataclass
-class _Mirror:
-    location: str
-    insecure: bool
-    pull_from: str
-    where: str
+_Mirror = collections.namedtuple("_Mirror", "location insecure pull_from where")
 
 
-@dataclasses.dataclass
-class _Rule:
-    prefix: str
-    location: str
-    insecure: bool
-    blocked: bool
-    digest_only: bool
-    mirrors: list
-    where: str  # FILE:LINE of its [[registry]]
+class _Rule(collections.namedtuple(
+        "_Rule", "prefix location insecure blocked digest_only mirrors where")):
+    """One [[registry]] table; `where` is FILE:LINE of it."""
+    __slots__ = ()
 
     @property
     def wildcard(self):
@@ -150,7 +136,7 @@ class Registries:
             repository = ref.name
             if host.lower() in _HUB_ALIASES and "/" not in repository:
                 repository = f"library/{repository}"
-            candidate = dataclasses.replace(ref, registry=host, repository=repository)
+            candidate = ref._replace(registry=host, repository=repository)
             out.append((candidate, self.rule_for(_full_name(host, repository))))
         return out
 
