@@ -70,9 +70,16 @@ def _add_start_options(p):
 
 
 def _add_start(sub):
-    p = sub.add_parser("start", help="run a command in a container or squashfs image")
+    p = sub.add_parser("start", help="run a command in a container, squashfs image or "
+                                     "registry image")
     _add_start_options(p)
-    p.add_argument("container", help="NAME or IMAGE.sqsh")
+    p.add_argument("--reuse", action="store_true",
+                   help="take the image last imported for this URI here without asking the "
+                        "registry; only with a docker:// target")
+    p.add_argument("container", help="NAME, IMAGE.sqsh or docker://URI (the image cache's "
+                                     "squashfs of URI, as `import --cache-only` gives it; "
+                                     "with --detach, the digest it was pulled by is a line "
+                                     "before the pid's)")
     p.add_argument("command", nargs=argparse.REMAINDER)
 
 

@@ -2,8 +2,13 @@
 
 A container is an unpacked root in $ENROOT_DATA_PATH/NAME; `start` also
 takes an IMAGE.sqsh (a path ending in .sqsh or containing '/') and mounts
-it with squashfuse instead of unpacking it. Every start works in a fresh
-directory under $ENROOT_RUNTIME_PATH that is removed when it ends.
+it with squashfuse instead of unpacking it, or a registry reference
+docker://URI: the image cache's squashfs of it, found or made as `berth
+import --cache-only [--reuse] URI` does (importer.cached_squashfs), then
+started as that IMAGE.sqsh; with --detach, the digest it was pulled by is
+a line on stdout before the pid's (the SPANK plugin's one Python start per
+node and step, where it ran an import and a start). Every start works in a
+fresh directory under $ENROOT_RUNTIME_PATH that is removed when it ends.
 
 Config files (`start -c CONF`, `batch CONF`), a small subset of enroot's
 batch format; every other line is shell:
@@ -197,17 +202,19 @@ def _entrypoint_timeout():
     return int(text)
 
 
-def _plan(args, cfg, container, conf):
-    """Check every input, then make the runtime directory: a launch.Plan."""
+def _plan(args, cfg, container, conf, uri=False):
+    """Check every input, then make the runtime directory: a launch.Plan.
+    With `uri`, `container` is a registry reference (docker://URI), its
+    image pulled (_pulled) once every other input is checked."""
     expand_env = {**os.environ, **dict(cfg.items())}
     # hooks.d, environ.d and mounts.d in there run as the caller or reach the container
     safedir.check_if_present(cfg["ENROOT_CONFIG_PATH"], "ENROOT_CONFIG_PATH")
-    is_image = container.endswith(".sqsh") or "/" in container
-    image = _check_image(container) if is_image else None
+    is_image = uri or container.endswith(".sqsh") or "/" in container
+    image = _check_image(container) if is_image and not uri else None
     root = None if is_image else _container_root(cfg, container)
     writable = args.rw or cfg.flag("ENROOT_ROOTFS_WRITABLE")
-    unpack = bool(image) and writable and _writable_image() == "unpack"
-    if image and not unpack and not os.access("/dev/fuse", os.R_OK | os.W_OK):
+    unpack = is_image and writable and _writable_image() == "unpack"
+    if is_image and not unpack and not os.access("/dev/fuse", os.R_OK | os.W_OK):
         raise BerthError(f"/dev/fuse is not usable by uid {os.getuid()}: starting {container} "
                          "without unpacking needs it with mode 0666 (or use berth create)")
     fstabs = []
@@ -247,6 +254,9 @@ def _plan(args, cfg, container, conf):
         entrypoint=args.entrypoint, entrypoint_timeout=_entrypoint_timeout(),
     )
     base = safedir.ensure(cfg["ENROOT_RUNTIME_PATH"], "ENROOT_RUNTIME_PATH")
+    if uri:  # from here on, as a start of the image cache's IMAGE.sqsh
+        container = _pulled(args, cfg, container)
+        plan.image = image = _check_image(container)
     # an image's file name, made a safe directory name (the start's, for berth list)
     label = "".join(c if c.isprintable() and c != "/" else "_"
                     for c in os.path.basename(container))[:NAME_MAX]
@@ -337,9 +347,27 @@ def _remove_abandoned_unpacks(data):
             os.close(fd)
 
 
+# A start's target that is a registry reference (a container name has no '/')
+URI_PREFIX = "docker://"
+
+
+def _pulled(args, cfg, uri):
+    """start docker://URI: the image cache's squashfs of URI, as `berth
+    import --cache-only [--reuse] URI` finds or makes it. With --detach, the
+    digest it was pulled by goes to stdout at once, a line before the pid's."""
+    from berth import importer  # (only here: starts of a name or a file need none of it)
+    image, digest = importer.cached_squashfs(cfg, uri, args.reuse, args.quiet)
+    if args.detach:
+        print(digest, flush=True)
+    return image
+
+
 def cmd_start(args, cfg):
+    uri = args.container.startswith(URI_PREFIX)
+    if args.reuse and not uri:
+        raise BerthError(f"--reuse: only with a {URI_PREFIX} target, not '{args.container}'")
     conf, cfg = _configs(args.conf, {**os.environ, **dict(cfg.items())}, cfg)
-    return launch.start(_plan(args, cfg, args.container, conf))
+    return launch.start(_plan(args, cfg, args.container, conf, uri))
 
 
 def cmd_batch(args, cfg):

@@ -20,8 +20,13 @@ takes the shared store's entry (store.py): with --reuse the one last
 imported there, else the one the store's socket answers; an image the store
 cannot pull without credentials, or no store service on this node, is
 imported into the caller's own cache as before, with a line saying why.
+
+cached_squashfs() is --cache-only's whole work, and what `berth start
+docker://URI` starts (container.py): the plugin's one Python start per node
+and step instead of an import and a start.
 """
 
+import argparse
 import contextlib
 import os
 import signal
@@ -34,15 +39,58 @@ from berth.errors import BerthError, Terminated, raise_terminated
 
 
 def cmd_import(args, cfg):
-    # scancel and Slurm step ends send SIGTERM: unwind, so that cleanups run.
-    signal.signal(signal.SIGTERM, raise_terminated)
-    try:
+    with _interruptible():
         return _import(args, cfg)
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """An import's SIGTERM (scancel, a Slurm step's end) unwinds, so that
+    cleanups run and partial files go, and ends in one BerthError, as does
+    an OSError (naming its file). The SIGTERM handler of before is back
+    afterwards (`berth start docker://URI` has its own for the container)."""
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
     except Terminated:
         raise BerthError("import interrupted by SIGTERM") from None
     except OSError as e:  # a path we could not use: say which, in one line
         where = f"{e.filename}: " if e.filename else ""
         raise BerthError(f"{where}{e.strerror or e}") from None
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def cached_squashfs(cfg, uri, reuse=False, quiet=False, arch=None, digest=True):
+    """(path, digest): the image cache's squashfs of `uri` (a registry
+    reference or an image archive), found or made as `berth import
+    --cache-only [--reuse] URI` does (the shared image store's entry where
+    it serves, registries.conf's rules, the cache's locks), and the digest
+    it was pulled by as its image.json records it (None unless `digest`).
+    What `import --cache-only` prints, and what `berth start docker://URI`
+    starts. Interruptible as an import is (see _interruptible)."""
+    args = argparse.Namespace(uri=uri, reuse=reuse, quiet=quiet, arch=arch, cache_only=True)
+    with _interruptible():
+        ref, rules = _source(args, cfg)
+        if rules is not None:
+            rules.endpoints(ref)  # blocked: refused (see _source)
+        from berth import squash
+        safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
+        with _cached_image(args, cfg, ref) as image:
+            return image, (squash.recorded_digest(image) if digest else None)
+
+
+def _source(args, cfg):
+    """(ref, rules) of args.uri: an archive (args.uri made its absolute
+    path: what the cache and image config record) and None, or a registry
+    reference and registries.conf's rules. Blocked, or a broken
+    registries.conf: refused by rules.endpoints() before any request, and
+    before --reuse serves what an earlier rule let in."""
+    if archive.is_archive(args.uri):
+        ref = archive.parse(args.uri)
+        args.uri = ref.uri
+        return ref, None
+    return reference.parse(args.uri), registries.load(cfg["ENROOT_SYSCONF_PATH"])
 
 
 def _import(args, cfg):
@@ -51,18 +99,20 @@ def _import(args, cfg):
                          "references have a digest to resolve")
     if args.resolve and (args.reuse or args.dry_run or args.digest):
         raise BerthError("--resolve: not with --reuse, --dry-run or --digest")
-    if archive.is_archive(args.uri):
-        ref = archive.parse(args.uri)
-        args.uri = ref.uri  # the absolute path: what the cache and image config record
+    if args.cache_only and not args.dry_run:
+        image, digest = cached_squashfs(cfg, args.uri, args.reuse, args.quiet, args.arch,
+                                        args.digest)
+        print(image)
+        if args.digest:
+            print(digest)
+        return 0
+    ref, rules = _source(args, cfg)
+    if rules is None:
         if args.dry_run:
             print(f"{ref} (a local archive: no registry is asked)")
             return 0
         default = archive.default_output(ref)
     else:
-        ref = reference.parse(args.uri)
-        # Blocked, or a broken registries.conf: refused before any request,
-        # and before --reuse serves what an earlier rule let in.
-        rules = registries.load(cfg["ENROOT_SYSCONF_PATH"])
         if args.dry_run:
             lines = rules.describe(ref)
             print("\n".join(lines))
@@ -71,26 +121,17 @@ def _import(args, cfg):
         if args.resolve:
             return _resolve(args, cfg, ref, plan)
         default = reference.default_output(args.uri)
-    if args.digest and not args.cache_only:
+    if args.digest:
         raise BerthError("--digest: only with --cache-only")
     from berth import squash
     safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
-    if args.cache_only:
-        output = replace = None
-    else:
-        output = os.path.abspath(args.output or default)
-        replace = cfg.flag("ENROOT_FORCE_OVERRIDE")
-        _check_output(output, replace)
-
+    output = os.path.abspath(args.output or default)
+    replace = cfg.flag("ENROOT_FORCE_OVERRIDE")
+    _check_output(output, replace)
     with _cached_image(args, cfg, ref) as image:
-        if output is None:
-            print(image)
-            if args.digest:
-                print(squash.recorded_digest(image))
-        else:
-            squash.require_space(os.path.dirname(output), os.path.getsize(image),
-                                 "the squashfs image")
-            squash.copy_image(image, output, replace)
+        squash.require_space(os.path.dirname(output), os.path.getsize(image),
+                             "the squashfs image")
+        squash.copy_image(image, output, replace)
     return 0
 
 

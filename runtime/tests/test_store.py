@@ -24,6 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
     Proxy, berth, berth_env, gzipped, layer_tar, throwaway_users)
+from test_container import usable_fuse  # noqa: E402, F401 (a fixture)
 
 pytestmark = [
     pytest.mark.skipif(not shutil.which("docker-registry"),
@@ -332,6 +333,42 @@ def test_reuse_takes_the_stores_entry_without_any_request(site, service, proxy, 
     service.join()
     assert len(service.results) == served + 1
     assert len(site.store_images()) == 2
+
+
+def test_start_of_a_registry_image_takes_the_stores_entry(site, service, proxy, registry,
+                                                         usable_fuse):
+    """`berth start docker://URI` finds its image as `import --cache-only` would."""
+    from test_start_uri import OS_RELEASE, push_busybox
+    digest = push_busybox(registry)
+    uri = uri_of(proxy, "test/busybox:v1")
+
+    def start(name, *args):
+        env = site.env(name, ENROOT_RUNTIME_PATH=str(site.homes[name] / "run"))
+        return site.run(name, "start", *args, env=env)
+
+    first = start(ALICE, uri, "cat", "/etc/os-release")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == OS_RELEASE and first.stderr == ""
+    service.join()
+    assert [code for code, _ in service.results] == [0]  # the store pulled it
+    [entry] = site.store_images()
+    assert site.own_images(ALICE) == []
+    imported = site.run(ALICE, "--quiet", "import", "--cache-only", "--digest", uri)
+    assert imported.stdout == f"{entry}\n{digest}\n"
+    service.join()
+    before, served = tree(site.store), len(service.results)
+    proxy.requests.clear()
+
+    # bob never imported it: with --reuse the store's entry serves, nobody is asked
+    # (stdin is /dev/null: the detached start ends once it printed its pid)
+    again = start(BOB, "--detach", "--reuse", uri)
+    assert again.returncode == 0, again.stderr
+    lines = again.stdout.splitlines()
+    assert len(lines) == 2 and lines[0] == digest and lines[1].isdigit(), again.stdout
+    assert proxy.requests == [] and len(service.results) == served
+    assert tree(site.store) == before
+    assert site.own_images(BOB) == []
+    assert list((site.homes[BOB] / "run").iterdir()) == []
 
 
 def test_store_list_shows_the_entries(site, service, proxy):
