@@ -153,57 +153,94 @@ static int import_with_importer(spank_t sp, const struct step *st, const struct 
 }
 
 /*
- * Registry image -> squashfs, imported once per user and node: berth keeps
- * it in the user's image cache (on disk, pruned by the admin's timer) and
- * prints that file, which the start mounts as it is. The submission
- * resolved the tag to a digest (submit_image): the node imports that pinned
- * URI, so every node of the job runs the same image and a moved tag is seen
- * by the next job. --reuse: a step asks the registry only when the node has
- * no image of that URI yet, which for a digest is exact. Without a pinned
- * URI (the submit host could not ask the registry) the tag's last import on
- * this node serves, as --reuse finds it.
+ * A registry image, imported once per user and node: berth keeps it in the
+ * user's image cache (on disk, pruned by the admin's timer) and mounts that
+ * file as it is. The submission resolved the tag to a digest
+ * (submit_image): the node imports that pinned URI, so every node of the
+ * job runs the same image and a moved tag is seen by the next job. --reuse:
+ * a step asks the registry only when the node has no image of that URI
+ * yet, which for a digest is exact. Without a pinned URI (the submit host
+ * could not ask the registry) the tag's last import on this node serves, as
+ * --reuse finds it. Fills in req: the URI to import and the lines logged
+ * while it takes long and when it fails. -1 (logged): too long.
+ */
+static int registry_request(spank_t sp, const struct container_flags *flags,
+			    struct image_request *req)
+{
+	int n;
+
+	if (image_uri(flags->image, req->uri, sizeof(req->uri)) < 0) {
+		slurm_error("spank_berth: --container-image: '%s' is too long", flags->image);
+		return -1;
+	}
+	req->target = node_image(sp, req->uri, req->pinned, sizeof(req->pinned))
+		? req->pinned : req->uri;
+	/* pyxis's words, which users grep for, then the runtime's reason */
+	snprintf(req->headline, sizeof(req->headline), "failed to import docker image: %s",
+		 req->uri);
+	n = req->target == req->pinned
+		? snprintf(req->notice, sizeof(req->notice), "importing %s into this node's image "
+			   "cache (%s, as resolved at submission)", req->uri,
+			   strstr(req->pinned, "@sha256:") + 1)
+		: snprintf(req->notice, sizeof(req->notice), "importing %s into this node's image "
+			   "cache", req->uri);
+	return n < 0 ? -1 : 0;
+}
+
+/* Whether berth imports --container-image from a registry: not a file, an archive or importer=. */
+static int registry_image(const struct plugin_conf *conf, const struct container_flags *flags)
+{
+	return !image_is_file(flags->image) && image_archive_prefix(flags->image) == 0 &&
+	       conf->importer[0] == '\0';
+}
+
+/*
+ * --container-image -> squashfs in the user's image cache ("berth import
+ * --cache-only"), for a step that creates a container from it: a registry
+ * image as registry_request says, an archive read again each step (a
+ * rebuilt archive must not be served stale).
  */
 static int import_image(spank_t sp, const struct step *st, const struct plugin_conf *conf,
 			const struct container_flags *flags, char *sqsh)
 {
-	char uri[PATH_MAX], out[PATH_MAX + 128], notice[PATH_MAX * 2 + 64], headline[PATH_MAX + 64];
-	char pinned[PATH_MAX];
+	struct image_request req;
+	char out[PATH_MAX + 128];
 	char *digest;
-	char *argv[] = { (char *)conf->berth, "import", "--cache-only", "--digest", "--reuse", uri,
-			 NULL };
+	char *argv[] = { (char *)conf->berth, "import", "--cache-only", "--digest", "--reuse",
+			 req.uri, NULL };
 	size_t len, archive = image_archive_prefix(flags->image);
 	char path[PATH_MAX];
-	int n;
+	int n, too_long;
 
-	if (archive > 0 && flags->image[archive] != '/') {
-		/* a relative archive path, from the step's directory as for files */
-		if (user_path(sp, "--container-image", flags->image + archive, path) < 0)
+	if (archive == 0 && conf->importer[0] == '\0') {
+		if (registry_request(sp, flags, &req) < 0)
 			return -1;
-		n = snprintf(uri, sizeof(uri), "%.*s%s", (int)archive, flags->image, path);
-		if (n < 0 || (size_t)n >= sizeof(uri)) {
+		argv[5] = (char *)req.target;
+	} else {
+		if (archive > 0 && flags->image[archive] != '/') {
+			/* a relative archive path, from the step's directory as for files */
+			if (user_path(sp, "--container-image", flags->image + archive, path) < 0)
+				return -1;
+			n = snprintf(req.uri, sizeof(req.uri), "%.*s%s", (int)archive,
+				     flags->image, path);
+			too_long = n < 0 || (size_t)n >= sizeof(req.uri);
+		} else
+			too_long = image_uri(flags->image, req.uri, sizeof(req.uri)) < 0;
+		if (too_long) {
 			slurm_error("spank_berth: --container-image: '%s' is too long", flags->image);
 			return -1;
 		}
-	} else if (image_uri(flags->image, uri, sizeof(uri)) < 0) {
-		slurm_error("spank_berth: --container-image: '%s' is too long", flags->image);
-		return -1;
-	}
-	if (archive > 0) { /* read again each step: a rebuilt archive must not be served stale */
-		argv[4] = uri;
+		if (conf->importer[0] != '\0')
+			return import_with_importer(sp, st, conf, flags, req.uri, sqsh);
+		argv[4] = req.uri;
 		argv[5] = NULL;
+		snprintf(req.headline, sizeof(req.headline), "failed to import docker image: %s",
+			 req.uri);
+		snprintf(req.notice, sizeof(req.notice), "importing %s into this node's image cache",
+			 req.uri);
 	}
-	if (conf->importer[0] != '\0')
-		return import_with_importer(sp, st, conf, flags, uri, sqsh);
-	if (archive == 0 && node_image(sp, uri, pinned, sizeof(pinned)))
-		argv[5] = pinned;
-	/* pyxis's words, which users grep for, then the runtime's reason */
-	snprintf(headline, sizeof(headline), "failed to import docker image: %s", uri);
-	n = argv[5] == pinned
-		? snprintf(notice, sizeof(notice), "importing %s into this node's image cache "
-			   "(%s, as resolved at submission)", uri, strstr(pinned, "@sha256:") + 1)
-		: snprintf(notice, sizeof(notice), "importing %s into this node's image cache", uri);
-	if (n < 0 ||
-	    run_cmd(sp, st, conf, "berth import", argv, out, sizeof(out), notice, headline) < 0)
+	if (run_cmd(sp, st, conf, "berth import", argv, out, sizeof(out), req.notice,
+		    req.headline) < 0)
 		return -1;
 	/* two lines: the cached squashfs, then the digest it was pulled by */
 	digest = strchr(out, '\n');
@@ -211,12 +248,12 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 		*digest++ = '\0';
 	len = strlen(out);
 	if (digest == NULL || out[0] != '/' || len >= PATH_MAX || !one_line(digest)) {
-		slurm_error("spank_berth: %s", headline);
-		slurm_error("spank_berth: berth import printed no path and digest for %s", uri);
+		slurm_error("spank_berth: %s", req.headline);
+		slurm_error("spank_berth: berth import printed no path and digest for %s", req.uri);
 		return -1;
 	}
 	memcpy(sqsh, out, len + 1);
-	log_image(st, uri, digest);
+	log_image(st, req.uri, digest);
 	return 0;
 }
 
@@ -354,7 +391,7 @@ static int prepare_named(spank_t sp, struct step *st, const struct plugin_conf *
 	 * Most steps find their container on disk: start it straight away, and
 	 * pay for "berth list" only when that fails (or to refuse mode create).
 	 */
-	if (flags->name_mode != NAME_CREATE && start_keeper(sp, st, conf, flags, st->container, 0) == 0)
+	if (flags->name_mode != NAME_CREATE && start_keeper(sp, st, conf, flags, st->container, NULL, 0) == 0)
 		goto started;
 	exists = container_exists(sp, st, conf, st->container);
 	if (exists < 0)
@@ -373,7 +410,7 @@ static int prepare_named(spank_t sp, struct step *st, const struct plugin_conf *
 			run(sp, st, conf, "berth create", argv, NULL, 0, NULL) < 0))
 		goto out;
 	/* again if it existed: now say why */
-	if (start_keeper(sp, st, conf, flags, st->container, 1) < 0)
+	if (start_keeper(sp, st, conf, flags, st->container, NULL, 1) < 0)
 		goto out;
 started:
 	if (running == 0) {
@@ -439,10 +476,20 @@ int setup_container(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		}
 		return prepare_named(sp, st, conf, flags);
 	}
+	if (flags->save == NULL && registry_image(conf, flags)) {
+		/* one runtime call: the keeper imports the image, then starts it */
+		struct image_request req;
+
+		if (registry_request(sp, flags, &req) < 0 ||
+		    start_keeper(sp, st, conf, flags, NULL, &req, 1) < 0)
+			return -1;
+		log_image(st, req.uri, req.digest);
+		return record_unnamed(st, conf);
+	}
 	if (resolve_image(sp, st, conf, flags, sqsh) < 0)
 		return -1;
 	if (flags->save == NULL) {
-		if (start_keeper(sp, st, conf, flags, sqsh, 1) < 0)
+		if (start_keeper(sp, st, conf, flags, sqsh, NULL, 1) < 0)
 			return -1;
 		return record_unnamed(st, conf);
 	}
@@ -452,7 +499,7 @@ int setup_container(spank_t sp, struct step *st, const struct plugin_conf *conf,
 	if (run(sp, st, conf, "berth create", create_argv, NULL, 0, NULL) < 0)
 		return -1;
 	st->remove_container = 1;
-	if (start_keeper(sp, st, conf, flags, st->container, 1) < 0)
+	if (start_keeper(sp, st, conf, flags, st->container, NULL, 1) < 0)
 		return -1;
 	return record_unnamed(st, conf);
 }

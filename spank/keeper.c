@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,9 +124,52 @@ static void set_override(char **env, int *n, char *storage, const char *key, enu
 	env[(*n)++] = storage;
 }
 
-/* "berth start --detach ... TARGET": wait for the pid line; report: log a failure. */
+/*
+ * One line of the keeper's stdout into line (len bytes, NUL-terminated,
+ * without its newline): its length, or 0 at EOF or a read error. With
+ * slow_notice, that is logged if nothing came within a few seconds, so that
+ * a long import shows.
+ */
+static size_t read_line(int fd, char *line, size_t len, const char *slow_notice)
+{
+	struct pollfd readable = { fd, POLLIN, 0 };
+	size_t used = 0;
+	int r;
+
+	if (slow_notice != NULL) {
+		while ((r = poll(&readable, 1, 3000)) < 0 && errno == EINTR)
+			;
+		if (r == 0)
+			slurm_spank_log("spank_berth: %s", slow_notice);
+	}
+	while (used < len - 1) {
+		ssize_t n = read(fd, line + used, 1);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0 || line[used] == '\n')
+			break;
+		used++;
+	}
+	line[used] = '\0';
+	return used;
+}
+
+/* A digest line as the runtime prints it: sha256:, then 64 hex digits. */
+static int is_digest(const char *line)
+{
+	return strncmp(line, "sha256:", 7) == 0 && strlen(line + 7) == 64 &&
+	       strspn(line + 7, "0123456789abcdef") == 64;
+}
+
+/*
+ * "berth start --detach ... TARGET" (or "--reuse URI" for an image to
+ * import first, whose digest line comes before the pid line): wait for the
+ * pid line; report: log a failure.
+ */
 int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
-		 const struct container_flags *flags, const char *target, int report)
+		 const struct container_flags *flags, const char *target,
+		 struct image_request *image, int report)
 {
 	char log_path[PATH_MAX], pmix_dir[PATH_MAX], pmix_mount[2 * PATH_MAX + 2];
 	char script_mount[2 * PATH_MAX + 2];
@@ -136,9 +180,9 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 	char **mount_args = NULL;
 	size_t nmount_args = 0;
 	int in_pipe[2] = { -1, -1 }, out_pipe[2] = { -1, -1 };
-	char line[32];
-	size_t used = 0;
-	int argc = 0, rc = -1, status;
+	char line[32] = "";
+	size_t used;
+	int argc = 0, rc = -1, status, imported;
 	size_t nmounts = 1, nenv = 1, nhooks = 1;
 
 	for (const char *p = flags->mounts; p && *p; p++)
@@ -201,6 +245,10 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		argv[argc++] = "-m";
 		argv[argc++] = script_mount;
 	}
+	if (image != NULL) {
+		argv[argc++] = "--reuse";
+		target = image->target;
+	}
 	argv[argc++] = (char *)target;
 	if (path_join(log_path, "%s/start.log", st->step_dir) < 0)
 		goto out;
@@ -219,16 +267,10 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		goto out;
 	st->keeper_stdin = in_pipe[1];
 	in_pipe[1] = -1;
-	while (used < sizeof(line) - 1) {
-		ssize_t n = read(out_pipe[0], line + used, 1);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0 || line[used] == '\n')
-			break;
-		used++;
-	}
-	line[used] = '\0';
+	imported = image == NULL ||
+		   (read_line(out_pipe[0], image->digest, sizeof(image->digest), image->notice) > 0 &&
+		    is_digest(image->digest));
+	used = imported ? read_line(out_pipe[0], line, sizeof(line), NULL) : 0;
 	st->container_pid = (pid_t)strtol(line, NULL, 10);
 	if (used == 0 || st->container_pid <= 0 || strspn(line, "0123456789") != used) {
 		st->container_pid = 0;
@@ -236,7 +278,10 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		st->keeper_stdin = -1;
 		if (child_wait(&st->keeper, -1, "berth start", 0, &status) < 0)
 			status = -1;
-		if (report)
+		/* no digest line: the import failed, in pyxis's words first */
+		if (!imported)
+			report_failure(st, "berth import", log_path, status, image->headline);
+		else if (report)
 			report_failure(st, "berth start", log_path, status, NULL);
 		goto out;
 	}

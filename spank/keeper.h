@@ -9,17 +9,31 @@
 #include "options.h"
 #include "step.h"
 
+#include <limits.h>
+
 #include <slurm/spank.h>
 
 #pragma GCC visibility push(hidden) /* the plugin's own: see step.h */
 
+/* A registry image that the keeper imports before it starts ("berth start --reuse URI"). */
+struct image_request {
+	char uri[PATH_MAX];                /* --container-image as a URI, for messages */
+	char pinned[PATH_MAX];             /* the URI resolved at submission, if any */
+	const char *target;                /* what is imported: pinned, or uri */
+	char notice[PATH_MAX * 2 + 64];    /* logged when the import takes a while */
+	char headline[PATH_MAX + 64];      /* logged first when it fails */
+	char digest[128];                  /* out: the digest it was pulled by */
+};
+
 /*
- * Start the keeper of target (a squashfs file or a container name) with the
- * step's flags; on success st holds it (keeper, keeper_stdin) and the
- * container's pid. report: log why it failed. 0, or -1.
+ * Start the keeper of target (a squashfs file or a container name), or of
+ * image's target imported first (target NULL), with the step's flags; on
+ * success st holds it (keeper, keeper_stdin) and the container's pid, and
+ * image->digest is filled in. report: log why it failed. 0, or -1.
  */
 int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
-		 const struct container_flags *flags, const char *target, int report);
+		 const struct container_flags *flags, const char *target,
+		 struct image_request *image, int report);
 
 /* Close the keeper's stdin and wait for it; signal it if it does not go. */
 void stop_keeper(struct step *st);

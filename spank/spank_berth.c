@@ -4,10 +4,11 @@
  * A thin caller of the berth runtime. Per step and node (slurmstepd):
  *   init_post_opt (root)  make runtime_path/<uid>/ for the user; the plugin
  *                         keeps its files in runtime_path/<uid>/spank/
- *   user_init (user)      berth import (registry images, into the user's image
- *                         cache on the node), berth create (named containers), then
+ *   user_init (user)      berth import and berth create (named containers), then
  *                         "berth start --detach", which prints the container
- *                         pid and lives until its stdin closes
+ *                         pid and lives until its stdin closes; an unnamed
+ *                         step's registry image it imports itself (--reuse URI)
+ *                         into the user's image cache on the node
  *   task_init (user)      join that pid's namespaces, chdir, merge env
  *   task_exit (root)      after the last local task: close the keeper's
  *                         stdin, berth export, berth remove

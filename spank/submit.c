@@ -250,6 +250,9 @@ void submit_image(const struct plugin_conf *conf, const struct container_flags *
 		return;
 	if (inherited != NULL && image_pin(inherited, uri) != NULL)
 		return;
+	/* named by its digest already: the nodes import that, with nothing to ask */
+	if (strstr(uri, "@sha256:") != NULL)
+		return;
 	if (capture(argv, pinned, sizeof(pinned), msg, sizeof(msg)) < 0) {
 		slurm_spank_log("spank_berth: warning: cannot resolve %s to a digest here (%s); "
 				"each node imports the tag as it finds it then", uri, msg);

@@ -198,8 +198,10 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     check "registry image reused" "srun $reg cat /etc/os-release" "ID=berth-test"
     check "each srun resolves the tag once, on the submit side" "grep -c '^import --resolve docker://registry.local#test/img:1\$' $calls" "2"
     img_digest=$(pin img:1 0)
-    check "each step asks the runtime's image cache for the pinned URI" "grep -c '^import --cache-only --digest --reuse docker://registry.local#test/img@$img_digest\$' $calls" "2"
+    check "each step has its keeper import the pinned URI" "grep -c '^start --detach .*--reuse docker://registry.local#test/img@$img_digest\$' $calls" "2"
     check "imported once" "grep -c test/img /var/tmp/fake-berth-1000/copies" "1"
+    check "an image named by its digest: not resolved, the nodes import that digest" "srun --container-image=registry.local#test/img@$img_digest cat /etc/os-release && grep -c '^import --resolve .*@sha256:' $calls" "ID=berth-test
+0"
     # which image a job ran, for the admin: a line per step in slurmd's log (root's to read)
     logged=$(on_node grep -c "spank_berth: step [0-9]*\.[0-9]* of uid 1000 runs image docker://registry.local#test/img:1 digest $img_digest\$" /var/log/slurm/slurmd.log || true)
     if [[ $logged == 2 ]]; then echo "ok   each step's image and digest in slurmd's log"
@@ -211,20 +213,20 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     check "concurrent steps import once" "(srun $other true & srun $other true; wait) >/dev/null 2>&1; grep -c other /var/tmp/fake-berth-1000/copies" "1"
     # the tag moves between two sruns: the second sees it, at its submission
     moving="--container-image=registry.local#test/moving:1"
-    check "a moved tag: the next srun runs the new digest" "srun $moving true && echo 1 >/var/tmp/fake-berth-1000/tags/docker___registry.local_test_moving_1 && srun $moving true && grep '^import --cache-only --digest --reuse .*test/moving@' $calls" "test/moving@$(pin moving:1 0)
-import --cache-only --digest --reuse docker://registry.local#test/moving@$(pin moving:1 1)"
+    check "a moved tag: the next srun runs the new digest" "srun $moving true && echo 1 >/var/tmp/fake-berth-1000/tags/docker___registry.local_test_moving_1 && srun $moving true && grep -o -- '--reuse docker://.*test/moving@.*' $calls" "--reuse docker://registry.local#test/moving@$(pin moving:1 0)
+--reuse docker://registry.local#test/moving@$(pin moving:1 1)"
     # salloc resolves; its steps (the flag reaches them from salloc) inherit that
     inherit="--container-image=registry.local#test/inherit:1"
-    check "steps inside an allocation run the allocation's digest" "salloc -Q $inherit sh -c 'echo 1 >/var/tmp/fake-berth-1000/tags/docker___registry.local_test_inherit_1; srun cat /etc/os-release; srun true' && grep -c '^import --cache-only --digest --reuse docker://registry.local#test/inherit@$(pin inherit:1 0)\$' $calls" "ID=berth-test
+    check "steps inside an allocation run the allocation's digest" "salloc -Q $inherit sh -c 'echo 1 >/var/tmp/fake-berth-1000/tags/docker___registry.local_test_inherit_1; srun cat /etc/os-release; srun true' && grep -c '^start --detach .*--reuse docker://registry.local#test/inherit@$(pin inherit:1 0)\$' $calls" "ID=berth-test
 2"
     check "an allocation resolves once" "grep -c '^import --resolve docker://registry.local#test/inherit:1\$' $calls" "1"
     batch="--container-image=registry.local#test/batch:1"
     check "sbatch resolves at submission; the batch step runs that digest" "sbatch -W -o pinned.txt $batch --wrap 'cat /etc/os-release' >/dev/null && cat pinned.txt && grep -c 'test/batch' $calls" "ID=berth-test
 2"
-    check "sbatch: the batch step imports the pinned URI" "grep -c '^import --cache-only --digest --reuse docker://registry.local#test/batch@$(pin batch:1 0)\$' $calls" "1"
+    check "sbatch: the batch step imports the pinned URI" "grep -c '^start --detach .*--reuse docker://registry.local#test/batch@$(pin batch:1 0)\$' $calls" "1"
     # a submit host that cannot ask the registry: a warning, and the node imports the tag
     check "a failed resolve warns naming the image and why" "FAKE_BERTH_RESOLVE=fail srun --container-image=registry.local#test/unresolved:1 true" "spank_berth: warning: cannot resolve docker://registry.local#test/unresolved:1 to a digest here (cannot get docker://registry.local#test/unresolved:1 from any of 1 places: no route to host)"
-    check "a failed resolve: the step runs the tag as the node finds it" "FAKE_BERTH_RESOLVE=fail srun --container-image=registry.local#test/unresolved:1 cat /etc/os-release && grep -c '^import --cache-only --digest --reuse docker://registry.local#test/unresolved:1\$' $calls" "ID=berth-test
+    check "a failed resolve: the step runs the tag as the node finds it" "FAKE_BERTH_RESOLVE=fail srun --container-image=registry.local#test/unresolved:1 cat /etc/os-release && grep -c '^start --detach .*--reuse docker://registry.local#test/unresolved:1\$' $calls" "ID=berth-test
 2"
     absent "no image copy under runtime_path" "ls /run/berth/1000/spank" "images"
     absent "a quick import is quiet" "srun --container-image=registry.local#test/quick:1 true" "importing"
