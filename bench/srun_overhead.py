@@ -24,8 +24,10 @@ instead: every berth cache on the nodes emptied, then alice's first
 same image, per node and user (no store) and with the shared image store on
 /shared (a site.yml run turns it on, another off again), for the small image
 and the one padded to MB: wall time, and the blob requests and bytes the
-registry served (its own log). Target: with the store, each blob once per
-cluster, and bob's first step within 150 ms of a bare step.
+registry served (its own log); then bob's next five steps, cached (the
+median), which his first step is compared with. Target: with the store,
+each blob once per cluster, and bob's first step no dearer than a cached
+step, and within 150 ms of a bare step.
 Targets: container MPI within 2% of bare; warm step overhead under 150 ms;
 unnamed step within 2x the warm one, small and big image alike. The one-node
 rows tell what a node pays: on the development machines both node containers
@@ -180,6 +182,17 @@ def first_step(user, image):
     return (seconds, *served_since(mark))
 
 
+def cached_steps(user, image, runs=5):
+    """The user's next steps of the image, now cached: median s, and what
+    the registry served meanwhile (nothing, if the cache holds)."""
+    mark = int(time.time())
+    time.sleep(1.1)
+    login = ["docker", "exec", "berth-ctl", "runuser", "-u", user, "--"]
+    median_ms = timings(login, [f"cd /tmp && srun -N2 --container-image={image} true"], runs)[0][1]
+    time.sleep(1.1)
+    return (median_ms / 1000, *served_since(mark))
+
+
 def cold_start(big_mb):
     images = [("small", REGISTRY), (f"+{big_mb} MB", f"berth-ctl:5000#{push_big_image(big_mb)}")]
     login = ["docker", "exec", "berth-ctl", "runuser", "-u", "alice", "--"]
@@ -191,20 +204,23 @@ def cold_start(big_mb):
         try:
             for size, image in images:
                 empty_caches()
+                where = "store" if store else "per node"
                 for user in ("alice", "bob"):
-                    rows.append((size, "store" if store else "per node", user,
-                                 *first_step(user, image)))
+                    rows.append((size, where, user, *first_step(user, image)))
+                # what the target compares bob's first step with
+                rows.append((size, where, "bob's next 5 (median)", *cached_steps("bob", image)))
         finally:
             if store:
                 play()
-    print(f"\n{'first srun -N2 of a new image':40} {'wall s':>7} {'over bare':>10} "
+    print(f"\n{'first srun -N2 of a new image':46} {'wall s':>7} {'over bare':>10} "
           f"{'blob GETs':>10} {'MB served':>10}")
     for size, where, user, seconds, gets, served in rows:
         label = f"{size}, {where}, {user}"
-        print(f"{label:40} {seconds:7.2f} {seconds - bare:+10.2f} {gets:10d} "
+        print(f"{label:46} {seconds:7.2f} {seconds - bare:+10.2f} {gets:10d} "
               f"{served / 2 ** 20:10.1f}")
     print(f"(bare srun -N2 true: {bare * 1000:.0f} ms; target with the store: each blob "
-          "served once per cluster, the second user's first step within 0.15 s of bare)")
+          "served once per cluster, the second user's first step no dearer than a cached "
+          "step, and within 0.15 s of bare)")
 
 
 def main():
