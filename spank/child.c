@@ -483,7 +483,7 @@ int run_cmd(spank_t sp, const struct step *st, const struct plugin_conf *conf, c
 		struct pollfd printed = { pipe_fds[0], POLLIN, 0 };
 
 		close(pipe_fds[1]);
-		if (slow_notice != NULL && rc == 0 && poll(&printed, 1, 3000) == 0)
+		if (slow_notice != NULL && rc == 0 && poll(&printed, 1, SLOW_NOTICE_MS) == 0)
 			slurm_spank_log("spank_berth: %s", slow_notice);
 		while (rc == 0) {
 			char sink[256];

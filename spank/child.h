@@ -20,6 +20,9 @@
 #define EXIT_NO_USER 126
 #define EXIT_NO_LOG 125
 
+/* A runtime command that has printed nothing for this long is said to be at work (an import). */
+#define SLOW_NOTICE_MS 3000
+
 /* CLOCK_MONOTONIC in milliseconds: the time of the deadlines below. */
 long long now_ms(void);
 

@@ -111,14 +111,14 @@ static int one_line(char *text)
 	return len > 0 && strchr(text, '\n') == NULL;
 }
 
-/* A custom importer's copy of a registry image in state_dir/images, made once per node. */
+/* A custom importer's copy of req->uri in state_dir/images, made once per node. */
 static int import_with_importer(spank_t sp, const struct step *st, const struct plugin_conf *conf,
-				const struct container_flags *flags, const char *uri, char *sqsh)
+				const struct container_flags *flags,
+				const struct image_request *req, char *sqsh)
 {
 	/* room in NAME_MAX for the ".<jobid>.<stepid>.tmp" of the download */
 	char images[PATH_MAX], name[NAME_MAX - 32], lock[PATH_MAX], tmp[PATH_MAX];
-	char headline[PATH_MAX + 64];
-	char *argv[] = { (char *)conf->importer, "import", "-o", tmp, (char *)uri, NULL };
+	char *argv[] = { (char *)conf->importer, "import", "-o", tmp, (char *)req->uri, NULL };
 	int lock_fd, rc = 0;
 
 	if (image_cache_name(flags->image, name, sizeof(name)) < 0) {
@@ -135,10 +135,9 @@ static int import_with_importer(spank_t sp, const struct step *st, const struct 
 	if (lock_fd < 0)
 		return -1;
 	if (faccessat(AT_FDCWD, sqsh, R_OK, AT_EACCESS) != 0) { /* as the user: real uid is root */
-		slurm_spank_log("spank_berth: importing %s", uri);
+		slurm_spank_log("spank_berth: importing %s", req->uri);
 		unlink(tmp);
-		snprintf(headline, sizeof(headline), "failed to import docker image: %s", uri);
-		rc = run_cmd(sp, st, conf, "importer", argv, NULL, 0, NULL, headline);
+		rc = run_cmd(sp, st, conf, "importer", argv, NULL, 0, NULL, req->headline);
 		if (rc == 0 && rename(tmp, sqsh) < 0) {
 			slurm_error("spank_berth: cannot rename %s to %s: %m", tmp, sqsh);
 			rc = -1;
@@ -148,8 +147,26 @@ static int import_with_importer(spank_t sp, const struct step *st, const struct 
 	}
 	close(lock_fd);
 	if (rc == 0)
-		log_image(st, uri, "(not known: the plugstack importer made it)");
+		log_image(st, req->uri, "(not known: the plugstack importer made it)");
 	return rc;
+}
+
+/*
+ * The lines logged about importing req->uri: the notice while it takes long
+ * (with the digest resolved at submission, if any), and the headline of a
+ * failure, in pyxis's words, which users grep for (the runtime's reason
+ * follows it).
+ */
+static void import_messages(struct image_request *req, const char *resolved)
+{
+	snprintf(req->headline, sizeof(req->headline), "failed to import docker image: %s",
+		 req->uri);
+	if (resolved != NULL)
+		snprintf(req->notice, sizeof(req->notice), "importing %s into this node's image "
+			 "cache (%s, as resolved at submission)", req->uri, resolved);
+	else
+		snprintf(req->notice, sizeof(req->notice), "importing %s into this node's image "
+			 "cache", req->uri);
 }
 
 /*
@@ -161,30 +178,21 @@ static int import_with_importer(spank_t sp, const struct step *st, const struct 
  * a step asks the registry only when the node has no image of that URI
  * yet, which for a digest is exact. Without a pinned URI (the submit host
  * could not ask the registry) the tag's last import on this node serves, as
- * --reuse finds it. Fills in req: the URI to import and the lines logged
- * while it takes long and when it fails. -1 (logged): too long.
+ * --reuse finds it. Fills in req: the URI to import and its messages.
+ * -1 (logged): too long.
  */
 static int registry_request(spank_t sp, const struct container_flags *flags,
 			    struct image_request *req)
 {
-	int n;
-
 	if (image_uri(flags->image, req->uri, sizeof(req->uri)) < 0) {
 		slurm_error("spank_berth: --container-image: '%s' is too long", flags->image);
 		return -1;
 	}
 	req->target = node_image(sp, req->uri, req->pinned, sizeof(req->pinned))
 		? req->pinned : req->uri;
-	/* pyxis's words, which users grep for, then the runtime's reason */
-	snprintf(req->headline, sizeof(req->headline), "failed to import docker image: %s",
-		 req->uri);
-	n = req->target == req->pinned
-		? snprintf(req->notice, sizeof(req->notice), "importing %s into this node's image "
-			   "cache (%s, as resolved at submission)", req->uri,
-			   strstr(req->pinned, "@sha256:") + 1)
-		: snprintf(req->notice, sizeof(req->notice), "importing %s into this node's image "
-			   "cache", req->uri);
-	return n < 0 ? -1 : 0;
+	import_messages(req, req->target == req->pinned ? strstr(req->pinned, "@sha256:") + 1
+							 : NULL);
+	return 0;
 }
 
 /* Whether berth imports --container-image from a registry: not a file, an archive or importer=. */
@@ -230,14 +238,11 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 			slurm_error("spank_berth: --container-image: '%s' is too long", flags->image);
 			return -1;
 		}
+		import_messages(&req, NULL);
 		if (conf->importer[0] != '\0')
-			return import_with_importer(sp, st, conf, flags, req.uri, sqsh);
+			return import_with_importer(sp, st, conf, flags, &req, sqsh);
 		argv[4] = req.uri;
 		argv[5] = NULL;
-		snprintf(req.headline, sizeof(req.headline), "failed to import docker image: %s",
-			 req.uri);
-		snprintf(req.notice, sizeof(req.notice), "importing %s into this node's image cache",
-			 req.uri);
 	}
 	if (run_cmd(sp, st, conf, "berth import", argv, out, sizeof(out), req.notice,
 		    req.headline) < 0)

@@ -137,7 +137,7 @@ static size_t read_line(int fd, char *line, size_t len, const char *slow_notice)
 	int r;
 
 	if (slow_notice != NULL) {
-		while ((r = poll(&readable, 1, 3000)) < 0 && errno == EINTR)
+		while ((r = poll(&readable, 1, SLOW_NOTICE_MS)) < 0 && errno == EINTR)
 			;
 		if (r == 0)
 			slurm_spank_log("spank_berth: %s", slow_notice);

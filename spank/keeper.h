@@ -15,7 +15,10 @@
 
 #pragma GCC visibility push(hidden) /* the plugin's own: see step.h */
 
-/* A registry image that the keeper imports before it starts ("berth start --reuse URI"). */
+/*
+ * An image to import, and the lines logged about it. The keeper imports a
+ * registry image itself before it starts ("berth start --reuse URI").
+ */
 struct image_request {
 	char uri[PATH_MAX];                /* --container-image as a URI, for messages */
 	char pinned[PATH_MAX];             /* the URI resolved at submission, if any */

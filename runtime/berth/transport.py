@@ -14,10 +14,11 @@ Both take the same settings: a connect timeout and a stall timeout (no byte
 for that long), certificates verified against the CA bundle requests would
 use (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE, else certifi's, which Debian points
 at /etc/ssl/certs/ca-certificates.crt; Direct reads that one's directory
-instead, see lazy_ca_path), or not at all for an `insecure` endpoint. Neither follows a redirect (registry.py does, keeping credentials
-to their own origin) nor adds credentials of its own: requests' lookup of
-~/.netrc is off, as the registry's credentials are
-$ENROOT_CONFIG_PATH/.credentials alone.
+instead, see lazy_ca_path), or not at all for an `insecure` endpoint.
+Neither follows a redirect (registry.py does, keeping credentials to their
+own origin) nor adds credentials of its own: requests' lookup of ~/.netrc
+is off, as the registry's credentials are $ENROOT_CONFIG_PATH/.credentials
+alone.
 
 Failures are TransferError (TLSError for a failed handshake), whose text is
 the reason alone: "Connection refused", "timed out",
