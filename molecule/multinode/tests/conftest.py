@@ -13,6 +13,8 @@ import testinfra
 CONTROLLER = "berth-ctl"
 COMPUTE = ["berth-cn1", "berth-cn2"]
 NODES = [CONTROLLER, *COMPUTE]
+# site.yml's layer of the runtime role (enroot.conf, the store, pre-staging, prune timers)
+RUNTIME_PLAY = "playbooks/containers.yml"
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).parents[3]))
 
 
@@ -36,10 +38,12 @@ def inventory_copy(tmp_path):
     return target
 
 
-def play(inventory, *args):
-    """Run site.yml; return (exit code, output, {host: changed count})."""
+def play(inventory, *args, playbook="site.yml"):
+    """Run site.yml, or one of its layers (`playbook`, e.g. playbooks/containers.yml:
+    a minute less than the whole where the test's subject is one role);
+    return (exit code, output, {host: changed count})."""
     result = subprocess.run(
-        ["ansible-playbook", "-i", str(inventory), "site.yml", *args],
+        ["ansible-playbook", "-i", str(inventory), playbook, *args],
         cwd=PROJECT, capture_output=True, text=True, timeout=1800,
         env={**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"},
     )

@@ -4,7 +4,7 @@ cluster, for every node and user; private images stay with their user.
 /shared is one host directory bind-mounted into every node (molecule.yml),
 standing in for the parallel filesystem. The scenario's inventory has no
 store (each node imports for itself, the default); this module turns it on
-with a site.yml run and off again with another."""
+with a site.yml run and off again with a run of the runtime's layer."""
 
 import collections
 import re
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import COMPUTE, CONTROLLER, NODES, inventory_copy, node, play
+from conftest import COMPUTE, CONTROLLER, NODES, RUNTIME_PLAY, inventory_copy, node, play
 
 STORE = "/shared/berth/images"
 PUBLIC_REPO = "berth/store-test"
@@ -66,7 +66,7 @@ def store(tmp_path_factory):
     assert rc == 0, output[-3000:]
     FIRST_PLAY["output"] = output
     yield STORE
-    rc, output, _ = play(inventory)
+    rc, output, _ = play(inventory, playbook=RUNTIME_PLAY)
     assert rc == 0, output[-3000:]
     for name in [CONTROLLER, *COMPUTE]:
         assert not node(name).file("/etc/systemd/system/berth-store.socket").exists
@@ -233,11 +233,11 @@ def test_prestaged_images_are_pulled_once_and_again_only_when_their_tag_moves(
 
     moved = push("berth/prestage", "oci")
     staged = store_images()
-    rc, output, _ = play(inventory, "--check", *STAGE)
+    rc, output, _ = play(inventory, "--check", *STAGE, playbook=RUNTIME_PLAY)
     assert rc == 0, output[-3000:]
     assert prestage_task(output) == "changed"  # the check run tells the pull ...
     assert store_images() == staged  # ... and pulls nothing
-    rc, output, _ = play(inventory, *STAGE)
+    rc, output, _ = play(inventory, *STAGE, playbook=RUNTIME_PLAY)
     assert rc == 0 and prestage_task(output) == "changed", output[-3000:]
     assert f"berth/prestage@{moved}" in listed_sources()
 

@@ -6,7 +6,7 @@ import os
 
 import yaml
 
-from conftest import COMPUTE, CONTROLLER, NODES, inventory_copy, node, play
+from conftest import COMPUTE, CONTROLLER, NODES, RUNTIME_PLAY, inventory_copy, node, play
 
 
 def slurm_conf_digests():
@@ -70,7 +70,7 @@ def test_unsetting_the_cache_limits_removes_the_prune_timer(tmp_path):
     inventory = inventory_copy(tmp_path)
     try:
         rc, output, recap = play(inventory, "--limit", COMPUTE[1],
-                                 "-e", "container_runtime_cache_max_age_days=0")
+                                 "-e", "container_runtime_cache_max_age_days=0", playbook=RUNTIME_PLAY)
         assert rc == 0, output[-3000:]
         assert recap[COMPUTE[1]] > 0
         for path in ("/etc/systemd/system/berth-cache-prune.timer",
@@ -79,6 +79,7 @@ def test_unsetting_the_cache_limits_removes_the_prune_timer(tmp_path):
             assert not host.file(path).exists, path
         assert host.run("systemctl is-active berth-cache-prune.timer").stdout.strip() != "active"
     finally:
-        rc, output, recap = play(inventory, "--limit", COMPUTE[1])  # the scenario's own settings
+        # the scenario's own settings
+        rc, output, recap = play(inventory, "--limit", COMPUTE[1], playbook=RUNTIME_PLAY)
         assert rc == 0, output[-3000:]
     assert host.service("berth-cache-prune.timer").is_running
