@@ -28,7 +28,10 @@ BERTH_NODE_SUITE=bookworm bash scripts/test-image.sh
 BERTH_NODE_SUITE=trixie bash scripts/test-image.sh
 
 stage "unit and integration tests"
-python -m pytest -q -rs tests runtime/tests
+# Two workers, a test file to each at a time (tests/conftest.py starts the
+# SPANK end-to-end file first): most tests wait on subprocesses, not the CPU.
+python -m pytest -q -rs -n 2 --dist loadfile --no-loadscope-reorder --durations=10 \
+    tests runtime/tests
 
 stage "runtime suite on Debian 13 (Python 3.13), SPANK plugin against its Slurm 24.11"
 bash scripts/test-runtime-suite.sh trixie

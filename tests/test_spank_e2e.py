@@ -4,8 +4,9 @@ create, start --detach, edf show --spank), tasks joining the container,
 workdir, env merge, mounts, PMIx dir, named containers, entrypoints, save,
 --environment (overrides, sbatch/salloc resolving once), teardown. Twice:
 with spank/tests/fake-berth playing the runtime (the contract alone), and
-with the real runtime. About 40 s each with bspk/slurm:bookworm built."""
+with the real runtime. About 2 min each with bspk/slurm:bookworm built."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,8 +28,9 @@ def _docker_ready():
                     reason="needs docker and berth/node:bookworm (scripts/base-image.sh)")
 @pytest.mark.parametrize("runtime", ["fake", "real"])
 def test_plugin_under_real_slurm(runtime):
+    # a container of its own per runtime: pytest -n runs both at once
     result = subprocess.run(["bash", str(E2E), runtime], capture_output=True, text=True,
-                            timeout=900)
+                            timeout=900, env={**os.environ, "BSPK_CONTAINER": f"bspk-e2e-{runtime}"})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "FAIL" not in result.stdout
     assert f"e2e: all checks passed ({runtime} runtime)" in result.stdout

@@ -34,7 +34,10 @@ pytestmark = [
 
 BASE = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=berth\n")))
 TOP = gzipped(layer_tar(("file", "etc/added", b"added\n")))
-STORE_USER, ALICE, BOB = "bdep-store", "bdep-alice", "bdep-bob"
+# test_store_local.py makes these accounts too: names of their own per
+# pytest-xdist worker (gw0, gw1, ...), as the two files may run at once
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+STORE_USER, ALICE, BOB = (f"bdep-{name}{_WORKER}" for name in ("store", "alice", "bob"))
 KEY = "ab" * 32  # an image's file name in images/: 64 hex digits
 
 
