@@ -6,7 +6,9 @@
 #   scripts/test-runtime-suite.sh trixie     Debian 13, Python 3.13, Slurm 24.11
 #   scripts/test-runtime-suite.sh bookworm   Debian 12, Python 3.11, Slurm 22.05
 # Further arguments go to pytest in place of runtime/tests (e.g.
-# runtime/tests/test_edf.py -x).
+# runtime/tests/test_edf.py -x); it runs two workers, a test file to each
+# (Python 3.13 warns of any fork beside the workers' threads: the tests that
+# fork do so on purpose, and exec or exit in the child).
 # The host's venv is not used: pytest, hypothesis, requests, tqdm, the tools
 # the tests call and the plugin's compiler and headers are the suite's own
 # Debian packages, installed once into berth/node:SUITE-tests (rebuilt when
@@ -35,7 +37,7 @@ NODE=berth/node:$SUITE
 IMAGE=berth/node:$SUITE-tests
 NAME=berth-$SUITE-runtime-suite
 PACKAGES=(
-    python3-pytest python3-hypothesis python3-requests python3-tqdm
+    python3-pytest python3-pytest-xdist python3-hypothesis python3-requests python3-tqdm
     squashfs-tools squashfuse fuse-overlayfs uidmap zstd pigz busybox-static
     docker-registry openssl tzdata
     gcc make libc6-dev libslurm-dev
@@ -81,5 +83,6 @@ tar -c --exclude=__pycache__ --exclude='*.egg-info' --exclude=.pytest_cache \
                      -f "\${Version}" libslurm-dev)" &&
                make -s --no-print-directory -C spank O=/tmp/spank all check &&
                echo "runtime-suite: runtime/tests, $PRETTY_NAME, $(python3 -V)" &&
-               exec python3 -m pytest -q -rs -p no:cacheprovider "$@"' \
+               exec python3 -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile \
+                   -W "ignore:This process:DeprecationWarning" "$@"' \
         sh "${@:-runtime/tests}"
