@@ -137,6 +137,11 @@ def _add_setup_user(sub):
     p.add_argument("user", help="user name or uid")
 
 
+# cache prune and store prune: imagecache.parse_duration reads it
+_OLDER_THAN_HELP = ("remove what was unused for DURATION: 30d, 12h, 90m, 2w "
+                    "(a number alone is days)")
+
+
 def _add_cache(sub):
     p = sub.add_parser("cache", help="show or prune the layer and image cache",
                        description="The layers and squashfs images in ENROOT_CACHE_PATH: "
@@ -146,12 +151,11 @@ def _add_cache(sub):
     cache_sub.add_parser("list", help="files and bytes of layers, images and partial files")
     prune = cache_sub.add_parser(
         "prune", help="remove the least recently used layers and images",
-        description="Removes layers and images unused for DAYS days, then the least recently "
+        description="Removes layers and images unused for DURATION, then the least recently "
         "used until the cache holds at most SIZE. Entries an import holds or uses meanwhile "
         "stay, and partial files (downloads and builds under way, or left by a killed import) "
         "go only by age. At least one limit is required; --max-size 0 empties the cache.")
-    prune.add_argument("--older-than", metavar="DAYS",
-                       help="remove what was unused for DAYS days")
+    prune.add_argument("--older-than", metavar="DURATION", help=_OLDER_THAN_HELP)
     prune.add_argument("--max-size", metavar="SIZE",
                        help="then keep at most SIZE: bytes, or with K, M, G, T (500M, 20G)")
 
@@ -174,9 +178,7 @@ def _add_store(sub):
         "that name no image. Each goes with its import's lock held: what an import holds, "
         "or what was used in the last hour, stays. One line per file removed (size, last "
         "use, URI, path), then the total. At least one limit is required.")
-    prune.add_argument("--older-than", metavar="DURATION",
-                       help="remove what was unused for DURATION: 30d, 12h, 90m, 2w "
-                            "(a number alone is days)")
+    prune.add_argument("--older-than", metavar="DURATION", help=_OLDER_THAN_HELP)
     prune.add_argument("--max-size", metavar="SIZE",
                        help="then keep at most SIZE: bytes, or with K, M, G, T (500G, 1.5T)")
     prune.add_argument("--dry-run", action="store_true",

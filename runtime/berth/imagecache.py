@@ -23,7 +23,6 @@ import errno
 import fcntl
 import hashlib
 import json
-import math
 import os
 import platform
 import pwd
@@ -43,6 +42,8 @@ FORMAT = 1
 _LAYER_NAME = re.compile(r"[0-9a-f]{64}")
 IMAGE_NAME = re.compile(r"[0-9a-f]{64}\.sqsh")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)([KMGT]?)(?:I?B)?", re.IGNORECASE)
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)", re.IGNORECASE)
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "": 86400}
 _KINDS = ("layers", "images", "partial")
 
 
@@ -157,29 +158,29 @@ def cmd_cache(args, cfg):
         safedir.check_if_present(cache_path, "ENROOT_CACHE_PATH")
     if args.cache_verb != "prune":
         return _show(cache_path)
-    days, limit = _days(args.older_than), parse_size(args.max_size)
-    if days is None and limit is None:
-        raise BerthError("cache prune: give --older-than DAYS, --max-size SIZE or both "
+    older, limit = parse_duration(args.older_than), parse_size(args.max_size)
+    if older is None and limit is None:
+        raise BerthError("cache prune: give --older-than DURATION, --max-size SIZE or both "
                          "(--max-size 0 empties the cache)")
     from berth.layers import remove_stale_unpack_dirs
     for path in remove_stale_unpack_dirs(cfg["ENROOT_TEMP_PATH"]):
         print(f"removed {path} (left by a killed import)", flush=True)  # (before a fork)
     if os.geteuid() == 0:
-        return _prune_as_owner(cache_path, days, limit)
+        return _prune_as_owner(cache_path, older, limit)
     with CacheDirs(cache_path, open_followed(cache_path), strict=True) as cache:
-        return _prune(cache, days, limit)
+        return _prune(cache, older, limit)
 
 
-def _days(text):
+def parse_duration(text):
+    """--older-than (cache and store prune) in seconds: a number with s, m, h,
+    d or w (alone: days); None stays None."""
     if text is None:
         return None
-    try:
-        days = float(text)
-    except ValueError:
-        days = -1.0
-    if not (math.isfinite(days) and days >= 0):
-        raise BerthError(f"--older-than: expected a number of days, 0 or more, got '{text}'")
-    return days
+    match = _DURATION.fullmatch(text)
+    if not match:
+        raise BerthError(f"--older-than: expected a duration such as 30d or 12h (s, m, h, d, "
+                         f"w; a number alone is days), got '{text}'")
+    return float(match[1]) * _SECONDS[match[2].lower()]
 
 
 def parse_size(text):
@@ -366,14 +367,14 @@ def _show(cache_path):
 
 # -- prune --------------------------------------------------------------------
 
-def _prune_as_owner(cache_path, days, limit):
+def _prune_as_owner(cache_path, older, limit):
     """As root: prune a user's cache as that user, in a child that became them
     (groups, gid, uid); root's own cache as root."""
     cache_fd = _open_no_links(cache_path)
     owner = os.fstat(cache_fd) if cache_fd is not None else None
     if owner is None or owner.st_uid == 0:
         with CacheDirs(cache_path, cache_fd, strict=True) as cache:
-            return _prune(cache, days, limit)
+            return _prune(cache, older, limit)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -382,7 +383,7 @@ def _prune_as_owner(cache_path, days, limit):
         try:
             _become(owner.st_uid, owner.st_gid)
             with CacheDirs(cache_path, cache_fd, strict=True) as cache:
-                status = _prune(cache, days, limit)
+                status = _prune(cache, older, limit)
         except BerthError as e:
             print(f"berth: error: {e}", file=sys.stderr)
         except BaseException:  # noqa: B036 - the child must reach os._exit
@@ -411,10 +412,10 @@ def _become(uid, gid):
     os.setresuid(uid, uid, uid)
 
 
-def _prune(cache, days, limit):
+def _prune(cache, older, limit):
     entries = scan(cache)
     total = sum(entry.size for entry in entries)
-    cutoff = time.time() - days * 86400 if days is not None else None
+    cutoff = time.time() - older if older is not None else None
     freed, kept = collections.Counter(), 0
     for entry in entries:  # least recently used first
         old = cutoff is not None and entry.used < cutoff

@@ -39,12 +39,11 @@ from berth import safedir
 from berth.blobs import PARTIAL_PREFIX
 from berth.errors import BerthError
 from berth.imagecache import (IMAGE_NAME, CacheDirs, Entry, ImageCache, files, holding,
-                              human_size, open_followed, parse_size, scan, unlink_unchanged)
+                              human_size, open_followed, parse_duration, parse_size, scan,
+                              unlink_unchanged)
 from berth.store import entry_line, owned_store, source
 
 RECENT = 3600  # seconds: what was used or written this recently stays
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)", re.IGNORECASE)
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "": 86400}
 # squash.make_squashfs's file beside the entry it builds, and
 # ImageCache.remember's link before its rename
 _BUILD_PARTIAL = re.compile(r"([0-9a-f]{64})\.sqsh\.tmp-.+")
@@ -70,18 +69,6 @@ def cmd_prune(args, cfg):
         _prune_links(dirs, gone, now, tally)
     tally.total(limit)
     return 0
-
-
-def parse_duration(text):
-    """--older-than in seconds: a number with s, m, h, d or w (alone: days);
-    None stays None."""
-    if text is None:
-        return None
-    match = _DURATION.fullmatch(text)
-    if not match:
-        raise BerthError(f"--older-than: expected a duration such as 30d or 12h (s, m, h, d, "
-                         f"w; a number alone is days), got '{text}'")
-    return float(match[1]) * _SECONDS[match[2].lower()]
 
 
 def _prune_lru(dirs, entries, now, older, limit, tally):

@@ -341,6 +341,14 @@ def test_prune_by_age(tmp_path, env):
             for name in os.listdir(tmp_path / "cache/locks")} == {0}
 
 
+@pytest.mark.parametrize("duration", ["72h", "4320m", "3d"])
+def test_prune_reads_the_age_as_store_prune_does(tmp_path, env, duration):
+    paths = fake_cache(tmp_path, {"layer1": 10, "image1": 2.9, "image2": 3.1})
+    result = berth(["cache", "prune", "--older-than", duration], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert left(paths) == ["image1"]
+
+
 def test_prune_keeps_the_lock_an_import_waits_on(tmp_path, env, proxy):
     """An import that opened an image's lock file before prune took it (and
     waits on it) builds that image once prune lets go; a later import of it
@@ -412,11 +420,13 @@ def test_prune_after_import_empties_the_cache(tmp_path, env, proxy):
     (["--max-size", "abc"], "--max-size: expected bytes or a size such as 500M or 20G, got 'abc'"),
     (["--older-than", "1", "--max-size=-5G"],
      "--max-size: expected bytes or a size such as 500M or 20G, got '-5G'"),
-    (["--older-than=-1"], "--older-than: expected a number of days, 0 or more, got '-1'"),
+    (["--older-than=-1"], "--older-than: expected a duration such as 30d or 12h (s, m, h, d, "
+                          "w; a number alone is days), got '-1'"),
     (["--older-than", "nan", "--max-size", "0"],
-     "--older-than: expected a number of days, 0 or more, got 'nan'"),
-    ([], "cache prune: give --older-than DAYS, --max-size SIZE or both (--max-size 0 empties "
-         "the cache)"),
+     "--older-than: expected a duration such as 30d or 12h (s, m, h, d, w; a number alone is "
+     "days), got 'nan'"),
+    ([], "cache prune: give --older-than DURATION, --max-size SIZE or both (--max-size 0 "
+         "empties the cache)"),
 ])
 def test_bad_prune_arguments_change_nothing(tmp_path, env, args, message):
     paths = fake_cache(tmp_path, {"layer1": 9, "image1": 9})
