@@ -77,6 +77,7 @@ resolved:
   sample: {"nvcr.io#nvidia/pytorch:24.01-py3": "docker://nvcr.io#nvidia/pytorch@sha256:4f2a..."}
 """
 
+import json
 import os
 import socket
 
@@ -99,15 +100,13 @@ def run_berth(module, *args):
 
 
 def stored_sources(module):
-    """The references the store's entries were imported from (berth store
-    list: SIZE DATE TIME SOURCE [(older)] PATH, one line each)."""
-    sources = set()
-    for line in run_berth(module, "store", "list").splitlines():
-        fields = line.split()
-        if len(fields) < 5:
-            continue
-        sources.add(fields[-3] if fields[-2] == "(older)" else fields[-2])
-    return sources
+    """The references the store's entries were imported from."""
+    out = run_berth(module, "store", "list", "--json")
+    try:
+        return {entry["source"] for entry in json.loads(out)}
+    except (ValueError, TypeError, KeyError) as e:
+        module.fail_json(msg=f"berth_store_image: berth store list --json: not a list of "
+                             f"entries ({e}): {out[:200]!r}")
 
 
 def ask_store(path, reference):

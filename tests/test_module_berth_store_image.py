@@ -30,9 +30,12 @@ FAKE_BERTH = textwrap.dedent("""\
         if image not in tags:
             sys.exit(f"berth: {image}: manifest unknown")
         print("docker://" + image.split(":")[0] + "@" + tags[image])
-    elif args == ["store", "list"]:
-        for source in entries:
-            print(f"  1.5 GiB  2026-11-25 01:00  {source}  /shared/images/x.sqsh")
+    elif args == ["store", "list", "--json"] and os.path.exists(os.path.join(here, "list.out")):
+        print(open(os.path.join(here, "list.out")).read())
+    elif args == ["store", "list", "--json"]:
+        print(json.dumps([{"path": f"/shared/images/{n}.sqsh", "size": 1, "used": 0,
+                           "source": source, "latest": True}
+                          for n, source in enumerate(entries)]))
     else:
         sys.exit("unexpected: " + " ".join(args))
 """)
@@ -123,6 +126,16 @@ def test_a_moved_tag_is_pulled_again_and_check_mode_only_lists_it(play_dir, stor
     assert moved not in store.requests
     result = run(play_dir, store, ["registry#a/b:1"])
     assert result["changed"] and store.requests[-1] == moved
+
+
+@pytest.mark.parametrize("listing", ["  1.5G  2026-11-25 01:00  docker://registry#a/b:1  /x.sqsh",
+                                     '{"source": "docker://registry#a/b:1"}', '[{"path": "/x"}]'])
+def test_a_listing_that_is_not_a_list_of_entries_fails_before_any_pull(play_dir, store, listing):
+    (play_dir / "list.out").write_text(listing)
+    result = run(play_dir, store, ["registry#a/b:1"])
+    assert result["failed"] and store.requests == []
+    assert result["msg"].startswith("berth_store_image: berth store list --json: not a list of "
+                                    "entries ("), result["msg"]
 
 
 def test_a_private_image_fails_naming_it(play_dir, store):

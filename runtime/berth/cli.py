@@ -169,7 +169,9 @@ def _add_store(sub):
     store_sub.add_parser(
         "serve", help="read a registry reference on stdin, import it into the store, "
         "answer 'ok PATH', 'private REASON' or 'error REASON' on stdout")
-    store_sub.add_parser("list", help="the store's images: size, last use, URI, path")
+    listing = store_sub.add_parser("list", help="the store's images: size, last use, URI, path")
+    listing.add_argument("--json", action="store_true",
+                         help="a JSON list of {path, size, used, source, latest}, for programs")
     prune = store_sub.add_parser(
         "prune", help="remove the least recently used images and layers",
         description="As the store's account (BERTH_IMAGE_STORE_OWNER): removes images and "

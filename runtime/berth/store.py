@@ -29,6 +29,7 @@ no removal.
 """
 
 import contextlib
+import json
 import errno
 import os
 import pwd
@@ -335,7 +336,7 @@ def cmd_store(args, cfg):
     if args.store_verb == "prune":
         from berth import storeprune
         return storeprune.cmd_prune(args, cfg)
-    return _list(cfg)
+    return _list(cfg, args.json)
 
 
 def _serve(cfg):
@@ -473,10 +474,13 @@ def _store_config(cfg, store):
                    "ENROOT_CONFIG_PATH": "/nonexistent/berth-store"})
 
 
-def _list(cfg):
+def _list(cfg, as_json):
     """One line per entry, least recently used first: size, last use, the
     URI it was imported from (image.json's source; "(older)" when the
-    store's latest for that URI is another entry), path."""
+    store's latest for that URI is another entry), path. As JSON (for
+    programs: the berth_store_image module): a list, in the same order, of
+    {"path", "size" (bytes), "used" (seconds since the epoch), "source",
+    "latest"}."""
     store = configured_path(cfg)
     uris = os.path.join(store, "uris")
     latest = set()
@@ -487,6 +491,11 @@ def _list(cfg):
     # The scan prune takes its order from: one meaning of "last use".
     with CacheDirs(store, open_followed(store), strict=False) as dirs:
         found = [entry for entry in scan(dirs) if entry.kind == "images"]
+    if as_json:
+        print(json.dumps([{"path": entry.path, "size": entry.size, "used": int(entry.used),
+                           "source": source(entry.path), "latest": entry.name in latest}
+                          for entry in found], indent=1))
+        return 0
     for entry in found:
         older = "" if entry.name in latest else " (older)"
         print(entry_line(entry, f"{source(entry.path)}{older}"))

@@ -171,6 +171,14 @@ def test_max_size_removes_the_least_recently_used_first(store):
     assert listed.returncode == 0, listed.stderr
     assert [line.split()[-1] for line in listed.stdout.splitlines()] == \
         [str(oldest), str(older), str(newest)]
+    # the same for programs: the newest entry of its URI or not, no "(older)" to parse
+    listed = store.run("store", "list", "--json", user="root")
+    assert listed.returncode == 0, listed.stderr
+    assert [(entry["path"], entry["size"], entry["latest"]) for entry in json.loads(listed.stdout)] \
+        == [(str(oldest), SIZE, True), (str(older), SIZE, False), (str(newest), SIZE, True)]
+    first = json.loads(listed.stdout)[0]
+    assert first["source"] == "docker://registry.example#test/oldest:v1"
+    assert abs(first["used"] - (time.time() - 9 * DAY)) < 600
 
     result = store.prune("--max-size", "10K")  # 20 KiB: three go
     assert result.returncode == 0, result.stderr
