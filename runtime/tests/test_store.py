@@ -8,6 +8,7 @@ store account (setpriv, keeping the environment), as systemd's
 berth-store.socket (Accept=yes) would.
 """
 
+import contextlib
 import os
 import shutil
 import socket
@@ -130,7 +131,8 @@ class UnixServer:
         os.chmod(path, 0o666)
         self.listener.listen(16)
         self.threads = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.acceptor = threading.Thread(target=self._accept, daemon=True)
+        self.acceptor.start()
 
     def _accept(self):
         while True:
@@ -141,6 +143,20 @@ class UnixServer:
             thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
             self.threads.append(thread)
             thread.start()
+
+    def join(self):
+        for thread in list(self.threads):
+            thread.join(120)
+
+    def stop(self):
+        """The accept thread ended before the socket is closed: an accept
+        under way past the close would take the next test's connections,
+        whose listener gets the same descriptor number."""
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # ends a blocked accept
+        self.acceptor.join(30)
+        self.listener.close()
+        self.join()
 
 
 class StoreService(UnixServer):
@@ -172,14 +188,6 @@ class StoreService(UnixServer):
         self.join()
         assert len(self.results) == before + 1
         return answer.decode(), self.results[-1]
-
-    def join(self):
-        for thread in list(self.threads):
-            thread.join(120)
-
-    def stop(self):
-        self.listener.close()
-        self.join()
 
 
 @pytest.fixture
@@ -357,7 +365,7 @@ def test_start_of_a_registry_image_takes_the_stores_entry(site, service, proxy, 
     [entry] = site.store_images()
     assert site.own_images(ALICE) == []
     imported = site.run(ALICE, "--quiet", "import", "--cache-only", "--digest", uri)
-    assert imported.stdout == f"{entry}\n{digest}\n"
+    assert imported.stdout == f"{entry}\n{digest}\n", imported.stderr
     service.join()
     before, served = tree(site.store), len(service.results)
     proxy.requests.clear()
