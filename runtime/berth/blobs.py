@@ -116,24 +116,44 @@ def locked(lock_path, waiting, quiet):
     """Hold the lock `lock_path`; say `waiting` when another process has it.
     In a cache this user may not write (a read-only mount, an admin's) there
     is no lock to take: the import only reads from it, and a missing entry
-    then fails where it would be written, naming the path."""
-    try:
-        fd = open_lock(lock_path)
-    except OSError as e:
-        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise
-        yield
-        return
-    try:
+    then fails where it would be written, naming the path. Prune removes the
+    lock file of an entry it removed, while holding it: a lock taken on a
+    file no longer at `lock_path` is let go and the file there taken
+    instead, so that this import and one that came after the removal never
+    build the same entry side by side."""
+    said = quiet
+    while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not quiet:
-                print(f"berth: {waiting}", file=sys.stderr)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+            fd = open_lock(lock_path)
+        except OSError as e:
+            if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            yield
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not said:
+                    print(f"berth: {waiting}", file=sys.stderr)
+                    said = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            if still_at(fd, lock_path):
+                yield
+                return
+        finally:
+            os.close(fd)
+
+
+def still_at(fd, path, dir_fd=None):
+    """Whether the file open as `fd` is still the one at `path` (a lock file
+    prune may have removed, or removed and another import made again)."""
+    try:
+        there = os.stat(path, dir_fd=dir_fd)  # followed, as open_lock follows
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def touch(path):

@@ -12,9 +12,9 @@ damaged one is built again, never copied out.
 Layers and images keep their last use as their mtime, or their atime where
 that is later (last_use); `berth cache prune` removes the least recently
 used first and skips what an import holds the lock of or used meanwhile;
-the empty lock files in locks/ stay. Locks only save duplicate work: every
-entry is written under a temporary name and renamed, so no writer corrupts
-another.
+an entry's empty lock file in locks/ goes with it. Locks only save
+duplicate work: every entry is written under a temporary name and renamed,
+so no writer corrupts another.
 """
 
 import collections
@@ -33,7 +33,7 @@ import time
 import traceback
 
 from berth import safedir, squash
-from berth.blobs import BlobCache, locked, make_dirs, touch
+from berth.blobs import BlobCache, locked, make_dirs, still_at, touch
 from berth.errors import BerthError
 
 # Bump when the same inputs would make another image: the image config
@@ -455,10 +455,17 @@ def _remove(entry, cache):
     if entry.lock is None:
         return unlink_unchanged(entry)
     with holding(cache, entry.lock) as held:
-        # The lock file stays: an import may have opened it and wait on it
-        # now, and one removed would let the next import make a new one and
-        # build the same entry beside the waiting one.
-        return held and unlink_unchanged(entry)
+        return held and unlink_unchanged(entry) and remove_lock(cache, entry.lock)
+
+
+def remove_lock(cache, lock):
+    """Remove the lock file of an entry just removed, with its lock held
+    (True). An import waiting on it finds it gone once it gets it, and takes
+    the file a later import made instead (blobs.locked)."""
+    if cache.fds["locks"] is not None:  # (None: no locks/, nothing locked)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock, dir_fd=cache.fds["locks"])
+    return True
 
 
 @contextlib.contextmanager
@@ -481,7 +488,9 @@ def holding(cache, lock):
         yield False  # not a lock file: what it locks stays
         return
     try:
-        yield stat.S_ISREG(os.fstat(fd).st_mode) and _try_lock(fd)
+        # and still the file in locks/: prune may have removed it meanwhile
+        yield stat.S_ISREG(os.fstat(fd).st_mode) and _try_lock(fd) \
+            and still_at(fd, lock, dir_fd=lock_fd)
     finally:
         os.close(fd)
 

@@ -20,9 +20,10 @@ An image or layer goes only with the lock an import of it takes held (flock
 in locks/, across nodes) and only if unused since the scan. Nothing used or
 written in the last hour goes, whatever the options: a client may be about
 to mount the image a serve just handed out, and an import under way still
-unpacks the layers it marked when it began. Lock files stay: one removed
-while an import waits on it would let the next import of that image run
-beside the waiting one.
+unpacks the layers it marked when it began. An entry's lock file goes with
+it, the lock held: an import that waited on it finds it gone once it gets
+it, and takes the file a later import made instead (blobs.locked), so the
+two never build the same image side by side.
 
 The store's directories are opened once, none through a symbolic link
 (imagecache.CacheDirs), and every unlink goes through them: a link in the
@@ -39,8 +40,8 @@ from berth import safedir
 from berth.blobs import PARTIAL_PREFIX
 from berth.errors import BerthError
 from berth.imagecache import (IMAGE_NAME, CacheDirs, Entry, ImageCache, files, holding,
-                              human_size, open_followed, parse_duration, parse_size, scan,
-                              unlink_unchanged)
+                              human_size, open_followed, parse_duration, parse_size,
+                              remove_lock, scan, unlink_unchanged)
 from berth.store import entry_line, owned_store, source
 
 RECENT = 3600  # seconds: what was used or written this recently stays
@@ -100,9 +101,9 @@ def _describe(entry):
 
 def _remove(dirs, entry):
     """Whether `entry` went: with its import's lock held, and unused since the
-    scan. The lock file stays (see the module's doc)."""
+    scan; its lock file with it (see the module's doc)."""
     with holding(dirs, entry.lock) as held:
-        return held and unlink_unchanged(entry)
+        return held and unlink_unchanged(entry) and remove_lock(dirs, entry.lock)
 
 
 def _prune_builds(dirs, store, entries, now, tally):

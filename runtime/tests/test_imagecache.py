@@ -1,6 +1,7 @@
 """The squashfs image cache of `berth import` (a real registry, real
 mksquashfs), and `berth cache` list and prune."""
 
+import contextlib
 import fcntl
 import os
 import pwd
@@ -334,11 +335,8 @@ def test_prune_by_age(tmp_path, env):
     assert result.stdout.splitlines()[-1] == \
         "freed 300B (300 bytes: layers 1, images 1, partial 1); 0 in use kept; 300B (300 " \
         "bytes) left"
-    # the lock files of what went stay (see the next test), empty
-    assert sorted(os.listdir(tmp_path / "cache/locks")) == [
-        f"image-{paths['image1'].name[:-5]}", f"sha256-{paths['layer1'].name}"]
-    assert {(tmp_path / "cache/locks" / name).stat().st_size
-            for name in os.listdir(tmp_path / "cache/locks")} == {0}
+    # the lock files of what went go with it (see the next test)
+    assert os.listdir(tmp_path / "cache/locks") == []
 
 
 @pytest.mark.parametrize("duration", ["72h", "4320m", "3d"])
@@ -349,30 +347,47 @@ def test_prune_reads_the_age_as_store_prune_does(tmp_path, env, duration):
     assert left(paths) == ["image1"]
 
 
-def test_prune_keeps_the_lock_an_import_waits_on(tmp_path, env, proxy):
-    """An import that opened an image's lock file before prune took it (and
-    waits on it) builds that image once prune lets go; a later import of it
-    must wait for that one, not lock a new file of the same name and build
-    the same image beside it."""
+def test_an_import_waiting_on_a_lock_prune_removed_takes_the_new_one(tmp_path, env, proxy):
+    """Prune removes an entry's lock file with the entry, the lock held. An
+    import that waited on that file gets it once prune lets go: it must then
+    wait for the import that made the file anew meanwhile, not build the
+    same image beside it on the old file."""
     uri = uri_of(proxy)
     assert berth(["-q", "import", "-o", "a.sqsh", uri], env, tmp_path).returncode == 0
     [lock] = (tmp_path / "cache/locks").glob("image-*")
-    with open(lock) as waiting:  # opened; it would block in flock while prune holds it
-        result = berth(["cache", "prune", "--max-size", "0"], env, tmp_path)
-        assert result.returncode == 0 and entries(tmp_path) == [], result.stderr
-        assert lock.stat().st_ino == os.fstat(waiting.fileno()).st_ino  # the same file
-        fcntl.flock(waiting, fcntl.LOCK_EX)  # prune let go: the waiting import has it
-        later = subprocess.Popen([sys.executable, "-m", "berth.cli", "import", "-o", "b.sqsh",
-                                  uri], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
+    removed = open(lock)  # noqa: SIM115 (prune's hold, let go below)
+    fcntl.flock(removed, fcntl.LOCK_EX)
+    waiting = subprocess.Popen([sys.executable, "-m", "berth.cli", "import", "-o", "b.sqsh", uri],
+                               env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while str(lock) not in _open_files(waiting.pid):
+            assert time.monotonic() < deadline, "the import never opened the lock file"
+            time.sleep(0.05)
+        lock.unlink()  # as prune does, holding it
+        with open(lock, "w") as made_anew:  # by a later import, which now builds
+            fcntl.flock(made_anew, fcntl.LOCK_EX)
+            removed.close()  # prune lets go: the waiting import gets the removed file
             with pytest.raises(subprocess.TimeoutExpired):
-                later.wait(3)  # blocked behind the waiting import
-        finally:
-            fcntl.flock(waiting, fcntl.LOCK_UN)
-        _, stderr = later.communicate(timeout=60)
-    assert later.returncode == 0, stderr
-    assert stderr.startswith(f"berth: waiting for another import of {proxy.host}/test/app:v1\n")
+                waiting.wait(3)  # ... and waits on the new one
+        _, stderr = waiting.communicate(timeout=60)
+    finally:
+        removed.close()
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+    assert waiting.returncode == 0, stderr
+    assert stderr.count("berth: waiting for another import of ") == 1, stderr
+
+
+def _open_files(pid):
+    """The paths a process has open."""
+    paths = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            paths.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return paths
 
 
 def test_prune_by_size_removes_the_least_recently_used(tmp_path, env):
@@ -410,7 +425,7 @@ def test_prune_after_import_empties_the_cache(tmp_path, env, proxy):
         in result.stdout
     for directory in ("blobs/sha256", "images", "uris"):
         assert os.listdir(tmp_path / "cache" / directory) == []
-    assert len(os.listdir(tmp_path / "cache/locks")) == 3  # (they stay, empty)
+    assert os.listdir(tmp_path / "cache/locks") == []  # (gone with their entries)
     assert table(berth(["cache"], env, tmp_path).stdout)["total"] == (0, 0)
     result = berth(["import", "-o", "b.sqsh", uri_of(proxy)], env, tmp_path)
     assert result.returncode == 0 and "cached" not in result.stderr
