@@ -28,7 +28,8 @@ def _docker_ready():
                     reason="needs docker and berth/node:bookworm (scripts/base-image.sh)")
 @pytest.mark.parametrize("runtime", ["fake", "real"])
 def test_plugin_under_real_slurm(runtime):
-    # a container of its own per runtime: pytest -n runs both at once
+    # a container of its own per runtime: `pytest -n` with the default --dist
+    # (test by test) may run both at once; scripts/test.sh's loadfile does not
     result = subprocess.run(["bash", str(E2E), runtime], capture_output=True, text=True,
                             timeout=900, env={**os.environ, "BSPK_CONTAINER": f"bspk-e2e-{runtime}"})
     assert result.returncode == 0, result.stdout + result.stderr

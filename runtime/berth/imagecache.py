@@ -471,7 +471,8 @@ def remove_lock(cache, lock):
 @contextlib.contextmanager
 def holding(cache, lock):
     """Whether the lock file `lock` of locks/ (made when missing) is ours for
-    the body: False while an import holds it, or when it is no lock file.
+    the body: False while an import holds it, when it is no lock file, or
+    when it left locks/ while we took it.
     With no locks/ no import ever locked anything: True."""
     lock_fd = cache.fds["locks"]
     if lock_fd is None:

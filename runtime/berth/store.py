@@ -29,8 +29,8 @@ no removal.
 """
 
 import contextlib
-import json
 import errno
+import json
 import os
 import pwd
 import select

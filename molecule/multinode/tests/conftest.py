@@ -15,6 +15,8 @@ COMPUTE = ["berth-cn1", "berth-cn2"]
 NODES = [CONTROLLER, *COMPUTE]
 # site.yml's layer of the runtime role (enroot.conf, the store, pre-staging, prune timers)
 RUNTIME_PLAY = "playbooks/containers.yml"
+# site.yml's layer of the slurm role (slurm.conf and its daemons)
+SLURM_PLAY = "playbooks/slurm.yml"
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).parents[3]))
 
 

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import COMPUTE, CONTROLLER, NODES, PROJECT, inventory_copy, node, play
+from conftest import COMPUTE, CONTROLLER, NODES, PROJECT, SLURM_PLAY, inventory_copy, node, play
 
 IMAGE_SQSH = "/opt/berth-images/mpi-test.sqsh"
 RELEASE_DIR = "/var/tmp/berth-day2"
@@ -168,7 +168,7 @@ def test_slurm_conf_change_and_plugin_rebuild_under_a_running_job_restart_nothin
             assert wait_job(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, 120) \
                 == ("COMPLETED", "0:0")
     finally:  # the scenario's own slurm.conf (the rebuilt plugin stays)
-        rc, output, recap = play(inventory, playbook="playbooks/slurm.yml")
+        rc, output, recap = play(inventory, playbook=SLURM_PLAY)
         assert rc == 0, output[-3000:]
     assert "KillWait" not in node(COMPUTE[0]).file("/etc/slurm/slurm.conf").content_string
 
