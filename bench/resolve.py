@@ -5,8 +5,8 @@
 
 Pushes one image to a local docker-registry, then times `berth import
 --resolve` of its tag, median of N runs, interleaved: against the registry
-as it is (anonymous: /v2/ and the manifest) and behind a proxy asking for a
-Bearer token (/v2/, the token, /v2/ again, the manifest), with the working
+as it is (anonymous: the manifest alone) and behind a proxy asking for a
+Bearer token (the manifest refused, the token, the manifest), with the working
 tree's berth and with REV's (default HEAD~1), each installed as deployed (a
 venv of /usr/bin/python3 with the system's site packages, byte-compiled),
 against `berth version` of the working tree: the interpreter and the CLI, the

@@ -9,7 +9,7 @@ runs once per job at submission, loads this and registry.py alone.
 """
 
 import collections
-import platform
+import os
 import re
 import sys
 
@@ -65,7 +65,6 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
         registry = Registry(endpoint_ref, cfg, credentials, credentials_path,
                             insecure=endpoint.insecure, direct=not pick_platform)
         try:
-            registry.connect()
             try:
                 if pick_platform:
                     found = _platform_manifest(registry, endpoint_ref, arch)
@@ -130,7 +129,7 @@ def _check_type(media_type, expected, ref):
 
 
 def _pick_platform(entries, arch, ref):
-    wanted = arch or platform.machine()
+    wanted = arch or os.uname().machine
     name, _, variant = wanted.partition("/")
     name = _ARCHES.get(name, name)
     available = []

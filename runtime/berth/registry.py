@@ -96,29 +96,28 @@ class Registry:
 
     # -- connection and authentication ------------------------------------
 
-    def connect(self):
-        """Find the scheme the registry speaks and authenticate against it."""
+    def _first_get(self, path, headers):
+        """GET `path` as the first request to the registry: it finds the
+        scheme the registry speaks (HTTPS, else plain HTTP where allowed) and,
+        on a 401, authenticates as its challenge says and asks again. The
+        first request is the one wanted, not a /v2/ probe before it: a round
+        trip less to a registry across the WAN."""
         host = self.ref.registry
         try:
-            response = self._get(f"https://{host}/v2/")
+            response = self._get(f"https://{host}{path}", headers)
             self.base = f"https://{host}"
         except TLSError as e:
             if not self.allow_http:
                 raise BerthError(
                     f"registry {host} does not speak HTTPS ({e}); if it is a plain "
                     "HTTP registry, set ENROOT_ALLOW_HTTP=yes in enroot.conf") from None
-            response = self._get(f"http://{host}/v2/")
+            response = self._get(f"http://{host}{path}", headers)
             self.base = f"http://{host}"
-        response.close()  # only its status and headers count: its body is never read
-        if response.status_code == 401:
+        if response.status_code == 401 and not self.authenticated:
+            response.close()  # only its challenge counts: its body is never read
             self._authenticate(response.headers.get("WWW-Authenticate", ""))
-            response = self._get(f"{self.base}/v2/")
-            response.close()
-            if response.status_code == 401:
-                raise self._denied()
-        if response.status_code != 200:
-            raise BerthError(f"registry {host}: /v2/ answered {response.status_code}; "
-                             "is it a registry (API v2)?")
+            response = self._get(f"{self.base}{path}", headers)
+        return response
 
     def _login(self, *hosts):
         """(login, password) from the credentials file; for USER@ without an
@@ -215,7 +214,7 @@ class Registry:
                                         f"registry {self.ref.registry}")
             except TLSError as e:
                 if not self.base:
-                    raise  # connect() is finding out whether the registry speaks TLS
+                    raise  # _first_get is finding out whether the registry speaks TLS
                 raise BerthError(f"registry {self.ref.registry}: {e}") from None
             except TransferError as e:
                 if last:
@@ -261,9 +260,12 @@ class Registry:
     # -- manifests and blobs ------------------------------------------------
 
     def manifest(self, reference, accept):
-        """(parsed manifest, media type, digest) for a tag or digest."""
-        url = f"{self.base}/v2/{self.ref.repository}/manifests/{reference}"
-        response = self._get(url, headers={"Accept": ", ".join(accept)})
+        """(parsed manifest, media type, digest) for a tag or digest; the
+        first manifest asked for connects (see _first_get)."""
+        path = f"/v2/{self.ref.repository}/manifests/{reference}"
+        headers = {"Accept": ", ".join(accept)}
+        response = (self._get(f"{self.base}{path}", headers) if self.base
+                    else self._first_get(path, headers))
         if response.status_code != 200:
             response.close()
         if response.status_code == 404:

@@ -73,7 +73,7 @@ def test_one_manifest_request_no_blob_no_cache(tmp_path, env, proxy, registry):
     uri = f"docker://{proxy.host}#test/app:v1"
     pinned = resolved(uri, env, tmp_path)
     assert pinned == f"docker://{proxy.host}#test/app@{registry.app_digest}"
-    assert proxy.requests == ["/v2/", "/v2/test/app/manifests/v1"]
+    assert proxy.requests == ["/v2/test/app/manifests/v1"]
     assert proxy.blob_requests() == []
     assert not (tmp_path / "cache").exists() and list(tmp_path.iterdir()) == [tmp_path / "temp"]
 
@@ -107,7 +107,7 @@ def test_a_multi_arch_image_resolves_to_its_index(tmp_path, env, proxy, registry
         result = berth(["import", "--resolve", "--arch", arch, uri], env, tmp_path)
         assert result.returncode == 0, result.stderr
         assert result.stdout == f"docker://{proxy.host}#test/multi@{registry.multi_digest}\n"
-        assert proxy.requests == ["/v2/", "/v2/test/multi/manifests/v1"]
+        assert proxy.requests == ["/v2/test/multi/manifests/v1"]
     pinned = result.stdout.strip()
     assert imported_digest(pinned, env, tmp_path)[1] == registry.multi_digest
 
@@ -137,7 +137,7 @@ def test_the_pinned_uri_names_the_rules_registry_not_the_mirror(tmp_path, env, r
         pinned = resolved(f"docker://{origin.host}#test/app:v1", env, tmp_path)
         assert pinned == f"docker://{origin.host}#test/app@{registry.app_digest}"
         assert origin.requests == []
-        assert mirror.requests == ["/v2/", "/v2/mirrored/test/app/manifests/v1"]
+        assert mirror.requests == ["/v2/mirrored/test/app/manifests/v1"]
         # and the node's import of it goes through the same rule: the mirror again
         assert imported_digest(pinned, env, tmp_path)[1] == registry.app_digest
         assert origin.requests == []
@@ -177,7 +177,7 @@ def test_a_bearer_token_from_the_token_service(tmp_path, env, registry):
         pinned = resolved(f"docker://{guarded.host}#test/app:v1", env, tmp_path)
         assert pinned == f"docker://{guarded.host}#test/app@{registry.app_digest}"
         assert guarded.requests == [
-            "/v2/", "/token?scope=repository%3Atest%2Fapp%3Apull&service=test", "/v2/",
+            "/v2/test/app/manifests/v1", "/token?scope=repository%3Atest%2Fapp%3Apull&service=test",
             "/v2/test/app/manifests/v1"]
         credentials.unlink()  # the token service then refuses: one line
         result = resolve(f"docker://{guarded.host}#test/app:v1", env, tmp_path)
@@ -231,10 +231,9 @@ def test_a_proxy_in_the_environment_is_honoured(tmp_path, env, proxy, registry, 
         env = {k: v for k, v in env.items() if not k.lower().endswith("_proxy")}
         pinned = resolved(uri, dict(env, **{name: forward.url}), tmp_path)
         assert pinned == f"docker://{proxy.host}#test/app@{registry.app_digest}"
-        assert forward.urls == [f"http://{proxy.host}/v2/",
-                                f"http://{proxy.host}/v2/test/app/manifests/v1"]
+        assert forward.urls == [f"http://{proxy.host}/v2/test/app/manifests/v1"]
         resolved(uri, dict(env, **{name: forward.url, "NO_PROXY": "127.0.0.1"}), tmp_path)
-        assert len(forward.urls) == 2 and len(proxy.requests) == 4
+        assert len(forward.urls) == 1 and len(proxy.requests) == 2
     finally:
         forward.stop()
 

@@ -158,7 +158,7 @@ def test_start_with_reuse_asks_no_registry(pulling, proxy, registry):
     # without --reuse the registry is asked (a moved tag shows), nothing is downloaded
     again = berth("--quiet", "start", uri_of(proxy), "true")
     assert again.returncode == 0 and again.stdout == "" and again.stderr == ""
-    assert proxy.requests == ["/v2/", "/v2/test/busybox/manifests/v1"]
+    assert proxy.requests == ["/v2/test/busybox/manifests/v1"]
 
 
 def test_an_unreachable_registry_fails_before_anything_starts(pulling):
