@@ -18,7 +18,6 @@ import fcntl
 import os
 import re
 import sys
-import tempfile
 import threading
 
 from berth.errors import BerthError
@@ -73,6 +72,7 @@ class BlobCache:
             with self._guard:
                 if self._cancelled:
                     raise BerthError("download cancelled")
+                import tempfile  # (only for a download: not on a cached step's way)
                 fd, partial = tempfile.mkstemp(dir=self.blob_dir, prefix=PARTIAL_PREFIX)
                 self._partials.add(partial)
             try:

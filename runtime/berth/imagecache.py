@@ -24,13 +24,11 @@ import fcntl
 import hashlib
 import json
 import os
-import platform
 import pwd
 import re
 import stat
 import sys
 import time
-import traceback
 
 from berth import safedir, squash
 from berth.blobs import BlobCache, locked, make_dirs, still_at, touch
@@ -75,7 +73,7 @@ class ImageCache:
         # The platform too: nodes of two architectures sharing a cache or a
         # store each have their own latest of a multi-arch URI.
         name = hashlib.sha256(json.dumps(
-            [FORMAT, uri, squash_options, arch or platform.machine()]).encode()).hexdigest()
+            [FORMAT, uri, squash_options, arch or os.uname().machine]).encode()).hexdigest()
         return os.path.join(self.uri_dir, name)
 
     def remember(self, uri, squash_options, arch, key):
@@ -387,6 +385,7 @@ def _prune_as_owner(cache_path, older, limit):
         except BerthError as e:
             print(f"berth: error: {e}", file=sys.stderr)
         except BaseException:  # noqa: B036 - the child must reach os._exit
+            import traceback  # (only here: its import costs every cached step)
             traceback.print_exc()
         finally:
             with contextlib.suppress(BaseException):

@@ -35,7 +35,6 @@ import os
 import pwd
 import select
 import signal
-import socket
 import stat
 import sys
 import time
@@ -176,6 +175,7 @@ def ask(cfg, uri, quiet):
     """The store's entry of `uri`, asked of the store's socket; None when
     the caller must import into its own cache (said on stderr unless
     quiet). Waits as long as the import takes: SIGTERM ends the wait."""
+    import socket  # (only here: not on a cached step's way)
     path = cfg["BERTH_IMAGE_STORE_SOCKET"]
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
         try:
