@@ -14,7 +14,8 @@
  *                         stdin, berth export, berth remove
  * Flag values are checked on the submission side (options.c) so a bad flag
  * fails srun/sbatch before anything runs; there too, --environment and a
- * registry image's tag are resolved once for the job (submit.c).
+ * registry image's tag are resolved once for the job (submit.c): srun
+ * collects that resolve in local_user_init, after its allocation.
  *
  * This file holds the SPANK entry points and the option table only; each
  * entry point hands its work to one module (see README.md, "Source layout").
@@ -49,6 +50,7 @@ SPANK_PLUGIN(pyxis, 1);
 static struct plugin_conf conf;
 static struct container_flags flags;
 static struct step step = STEP_INIT;
+static struct image_resolve image_resolve = IMAGE_RESOLVE_INIT;
 
 enum opt_id {
 	OPT_IMAGE, OPT_MOUNTS, OPT_WORKDIR, OPT_NAME, OPT_SAVE,
@@ -234,7 +236,10 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 			slurm_error("spank_berth: %s", err);
 			return -1;
 		}
-		submit_image(&conf, &flags); /* the tag's digest now, for every node */
+		/* the tag's digest now, for every node; srun's allocation meanwhile */
+		submit_image_start(&conf, &flags, &image_resolve);
+		if (spank_context() != S_CTX_LOCAL)
+			submit_image_finish(&conf, &image_resolve);
 		return 0;
 	}
 	if (spank_get_item(sp, S_JOB_STEPID, &step.stepid) != ESPANK_SUCCESS) {
@@ -248,6 +253,16 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	if (!flags_want_container(&flags) && flags.environment == NULL)
 		return 0;
 	return step_init(sp, &step, &conf, &flags);
+}
+
+/* srun, allocation granted, the step not launched yet: its environment is still ours to set. */
+int slurm_spank_local_user_init(spank_t sp, int ac, char **av)
+{
+	(void)sp;
+	(void)ac;
+	(void)av;
+	submit_image_finish(&conf, &image_resolve);
+	return 0;
 }
 
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
@@ -315,6 +330,8 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 	/* steps whose tasks never started */
 	if (spank_context() == S_CTX_REMOTE && step.active)
 		rc = finish_step(sp, &step, &conf, &flags);
+	/* an srun that ends before its launch (no allocation) */
+	submit_image_cancel(&image_resolve);
 	flags_free(&flags);
 	return rc;
 }

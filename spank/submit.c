@@ -6,9 +6,11 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,40 +57,77 @@ static void last_line(const char *text, size_t used, char *msg, size_t msglen)
 }
 
 /*
- * Run argv as the submitting user in its environment: stdout into out (NUL
- * terminated), on failure the last stderr line into msg. 0: exit status 0.
+ * Start argv as the submitting user in its environment, stdout and stderr
+ * into c's pipes (collect with capture_finish). The child ends with this
+ * process: a resolve left running by an srun that failed to allocate.
  */
-static int capture(char *const argv[], char *out, size_t outlen, char *msg, size_t msglen)
+static int capture_start(char *const argv[], struct capture *c, char *msg, size_t msglen)
 {
-	char errbuf[4096];
-	size_t used = 0, errused = 0;
 	int out_pipe[2] = { -1, -1 }, err_pipe[2] = { -1, -1 };
-	int status = 0, overflow = 0, rc = -1;
-	pid_t pid = -1;
+	pid_t parent = getpid();
 
+	c->pid = -1;
 	if (pipe2(out_pipe, O_CLOEXEC) < 0 || pipe2(err_pipe, O_CLOEXEC) < 0) {
 		snprintf(msg, msglen, "pipe: %s", strerror(errno));
-		goto out;
+		goto fail;
 	}
-	pid = fork();
-	if (pid == 0) {
+	c->pid = fork();
+	if (c->pid == 0) {
 		int null_fd = open("/dev/null", O_RDONLY);
 
-		if (null_fd < 0 || dup2(null_fd, 0) < 0 || dup2(out_pipe[1], 1) < 0 ||
-		    dup2(err_pipe[1], 2) < 0)
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent || null_fd < 0 ||
+		    dup2(null_fd, 0) < 0 || dup2(out_pipe[1], 1) < 0 || dup2(err_pipe[1], 2) < 0)
 			_exit(126);
 		execv(argv[0], argv);
 		_exit(127);
 	}
-	if (pid < 0) {
+	if (c->pid < 0) {
 		snprintf(msg, msglen, "fork: %s", strerror(errno));
-		goto out;
+		goto fail;
 	}
 	close(out_pipe[1]);
 	close(err_pipe[1]);
-	out_pipe[1] = err_pipe[1] = -1;
+	c->out_fd = out_pipe[0];
+	c->err_fd = err_pipe[0];
+	return 0;
+fail:
+	for (int i = 0; i < 2; i++) {
+		if (out_pipe[i] >= 0)
+			close(out_pipe[i]);
+		if (err_pipe[i] >= 0)
+			close(err_pipe[i]);
+	}
+	c->pid = -1;
+	return -1;
+}
+
+/* A started capture not to be collected: its child killed and reaped. */
+static void capture_cancel(struct capture *c)
+{
+	int status;
+
+	if (c->pid <= 0)
+		return;
+	close(c->out_fd);
+	close(c->err_fd);
+	kill(c->pid, SIGKILL);
+	wait_child(c->pid, &status);
+	c->pid = -1;
+}
+
+/*
+ * Collect a started capture of program: stdout into out (NUL terminated),
+ * on failure the last stderr line into msg. 0: exit status 0.
+ */
+static int capture_finish(const char *program, struct capture *c, char *out, size_t outlen,
+			  char *msg, size_t msglen)
+{
+	char errbuf[4096];
+	size_t used = 0, errused = 0;
+	int status = 0, overflow = 0, rc = -1;
+
 	/* both pipes at once: a child blocked on a full one would never exit */
-	for (struct pollfd fds[2] = { { out_pipe[0], POLLIN, 0 }, { err_pipe[0], POLLIN, 0 } };
+	for (struct pollfd fds[2] = { { c->out_fd, POLLIN, 0 }, { c->err_fd, POLLIN, 0 } };
 	     fds[0].fd >= 0 || fds[1].fd >= 0;) {
 		char sink[4096];
 		ssize_t n;
@@ -97,7 +136,8 @@ static int capture(char *const argv[], char *out, size_t outlen, char *msg, size
 			if (errno == EINTR)
 				continue;
 			snprintf(msg, msglen, "poll: %s", strerror(errno));
-			goto out;
+			capture_cancel(c);
+			return -1;
 		}
 		if (fds[0].revents) {
 			n = used + 1 < outlen ? read(fds[0].fd, out + used, outlen - 1 - used)
@@ -122,30 +162,32 @@ static int capture(char *const argv[], char *out, size_t outlen, char *msg, size
 		}
 	}
 	out[used] = '\0';
-	if (wait_child(pid, &status) < 0)
+	close(c->out_fd);
+	close(c->err_fd);
+	if (wait_child(c->pid, &status) < 0)
 		snprintf(msg, msglen, "waitpid: %s", strerror(errno));
 	else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !overflow)
 		rc = 0;
 	else if (overflow)
-		snprintf(msg, msglen, "%s printed more than %zu bytes", argv[0], outlen - 1);
+		snprintf(msg, msglen, "%s printed more than %zu bytes", program, outlen - 1);
 	else if (errused > 0)
 		last_line(errbuf, errused, msg, msglen);
 	else if (WIFEXITED(status) && WEXITSTATUS(status) >= 126)
-		snprintf(msg, msglen, "cannot execute %s", argv[0]);
+		snprintf(msg, msglen, "cannot execute %s", program);
 	else
-		snprintf(msg, msglen, "%s failed with status %d", argv[0], status);
-	pid = -1;
-out:
-	/* closed before the wait: a child writing to a full pipe gets EPIPE, not stuck */
-	for (int i = 0; i < 2; i++) {
-		if (out_pipe[i] >= 0)
-			close(out_pipe[i]);
-		if (err_pipe[i] >= 0)
-			close(err_pipe[i]);
-	}
-	if (pid > 0)
-		wait_child(pid, &status);
+		snprintf(msg, msglen, "%s failed with status %d", program, status);
+	c->pid = -1;
 	return rc;
+}
+
+/* Run argv as the submitting user and collect it (see capture_finish). */
+static int capture(char *const argv[], char *out, size_t outlen, char *msg, size_t msglen)
+{
+	struct capture c;
+
+	if (capture_start(argv, &c, msg, msglen) < 0)
+		return -1;
+	return capture_finish(argv[0], &c, out, outlen, msg, msglen);
 }
 
 /*
@@ -233,27 +275,44 @@ int node_environment(spank_t sp, struct container_flags *flags)
  * hand to the job. A step inside an sbatch/salloc of the same image finds
  * it there already: resolved once per job. Best effort: when the registry
  * cannot be asked from here, one line says so and the nodes import the tag
- * as they find it, as without this.
+ * as they find it, as without this. Started here, collected by
+ * submit_image_finish: srun collects it after its allocation is granted,
+ * so that the request and the allocation overlap.
  */
-void submit_image(const struct plugin_conf *conf, const struct container_flags *flags)
+void submit_image_start(const struct plugin_conf *conf, const struct container_flags *flags,
+			struct image_resolve *resolve)
 {
-	char uri[PATH_MAX], pinned[PATH_MAX], msg[ERR_LEN];
-	char *argv[] = { (char *)conf->berth, "import", "--resolve", uri, NULL };
+	char *argv[] = { (char *)conf->berth, "import", "--resolve", resolve->uri, NULL };
 	const char *inherited = getenv(IMAGE_VAR);
-	char *text = NULL;
-	size_t len;
+	char msg[ERR_LEN];
 
 	/* files and archives have no tag; a plugstack importer= imports by name */
 	if (flags->image == NULL || conf->importer[0] != '\0' || image_is_file(flags->image) ||
 	    image_archive_prefix(flags->image) > 0 ||
-	    image_uri(flags->image, uri, sizeof(uri)) < 0 || strncmp(uri, "docker://", 9) != 0)
+	    image_uri(flags->image, resolve->uri, sizeof(resolve->uri)) < 0 ||
+	    strncmp(resolve->uri, "docker://", 9) != 0)
 		return;
-	if (inherited != NULL && image_pin(inherited, uri) != NULL)
+	if (inherited != NULL && image_pin(inherited, resolve->uri) != NULL)
 		return;
 	/* named by its digest already: the nodes import that, with nothing to ask */
-	if (strstr(uri, "@sha256:") != NULL)
+	if (strstr(resolve->uri, "@sha256:") != NULL)
 		return;
-	if (capture(argv, pinned, sizeof(pinned), msg, sizeof(msg)) < 0) {
+	if (capture_start(argv, &resolve->child, msg, sizeof(msg)) < 0)
+		slurm_spank_log("spank_berth: warning: cannot resolve %s to a digest here (%s); "
+				"each node imports the tag as it finds it then", resolve->uri, msg);
+}
+
+void submit_image_finish(const struct plugin_conf *conf, struct image_resolve *resolve)
+{
+	char pinned[PATH_MAX], msg[ERR_LEN];
+	const char *uri = resolve->uri;
+	char *text = NULL;
+	size_t len;
+
+	if (resolve->child.pid <= 0)
+		return;
+	if (capture_finish(conf->berth, &resolve->child, pinned, sizeof(pinned), msg,
+			   sizeof(msg)) < 0) {
 		slurm_spank_log("spank_berth: warning: cannot resolve %s to a digest here (%s); "
 				"each node imports the tag as it finds it then", uri, msg);
 		return;
@@ -273,6 +332,11 @@ void submit_image(const struct plugin_conf *conf, const struct container_flags *
 	else if (setenv(IMAGE_VAR, text, 1) < 0)
 		slurm_spank_log("spank_berth: warning: cannot set %s: %m", IMAGE_VAR);
 	free(text);
+}
+
+void submit_image_cancel(struct image_resolve *resolve)
+{
+	capture_cancel(&resolve->child);
 }
 
 /* On the node: the URI this step's image was pinned to at submission, if any. */

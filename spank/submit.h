@@ -9,6 +9,8 @@
 
 #include "options.h"
 
+#include <sys/types.h>
+
 #include <slurm/spank.h>
 
 #pragma GCC visibility push(hidden) /* the plugin's own: see step.h */
@@ -28,12 +30,30 @@ int submit_environment(const struct plugin_conf *conf, struct container_flags *f
 /* On the node: the values resolved at submission, from the job's environment. */
 int node_environment(spank_t sp, struct container_flags *flags);
 
+/* A runtime command started as the submitting user, its output not yet read. */
+struct capture {
+	pid_t pid; /* -1: none */
+	int out_fd, err_fd;
+};
+
+/* A registry image's tag being resolved to a digest (uri: the image's URI). */
+struct image_resolve {
+	struct capture child;
+	char uri[PATH_MAX];
+};
+#define IMAGE_RESOLVE_INIT { { -1, -1, -1 }, "" }
+
 /*
  * A registry image's tag resolved to a digest through the runtime, once
  * per job, into this process's environment for the job (best effort: a
- * failure is a warning, and the job goes on).
+ * failure is a warning, and the job goes on). start begins it when there
+ * is a tag to resolve; finish waits for it and sets the environment;
+ * cancel kills one that will not be collected.
  */
-void submit_image(const struct plugin_conf *conf, const struct container_flags *flags);
+void submit_image_start(const struct plugin_conf *conf, const struct container_flags *flags,
+			struct image_resolve *resolve);
+void submit_image_finish(const struct plugin_conf *conf, struct image_resolve *resolve);
+void submit_image_cancel(struct image_resolve *resolve);
 
 /*
  * On the node: 1 and the pinned URI (docker://...@sha256:...) in pinned

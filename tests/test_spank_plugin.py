@@ -6,8 +6,10 @@ import ctypes
 import os
 import re
 import shutil
+import socket
 import sys
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,7 @@ echo "$*" >>{calls}
 case "$1 $2" in
 "import --resolve")
     case $3 in *fail*) echo "berth: error: cannot reach the registry" >&2; exit 1 ;; esac
+    case $3 in *slow*) echo $$ >{calls}.pid; exec sleep 60 ;; esac
     echo "$3@sha256:{zeros}" ;;
 *) echo "stub berth: $*" >&2; exit 1 ;;
 esac
@@ -117,7 +120,7 @@ def slurm_conf(build, tmp_path):
     stub.write_text(RESOLVE_STUB.format(calls=tmp_path / "calls", zeros="0" * 64))
     stub.chmod(0o755)
 
-    def write(*plugin_args):
+    def write(*plugin_args, conf_lines=""):
         plugstack = tmp_path / "plugstack.conf"
         plugstack.write_text(" ".join(["required", str(build / "spank_berth.so"),
                                        f"berth={stub}", *plugin_args]) + "\n")
@@ -126,7 +129,7 @@ def slurm_conf(build, tmp_path):
             "ClusterName=bspk\nSlurmctldHost=localhost\nMessageTimeout=1\n"
             f"PlugStackConfig={plugstack}\n"
             "NodeName=localhost CPUs=1 State=UNKNOWN\n"
-            "PartitionName=p Nodes=localhost Default=YES\n")
+            "PartitionName=p Nodes=localhost Default=YES\n" + conf_lines)
         return {**os.environ, "SLURM_CONF": str(conf)}
     return write
 
@@ -353,10 +356,12 @@ def _calls(tmp_path):
     return path.read_text().splitlines() if path.exists() else []
 
 
+# srun collects its resolve once slurmctld has granted the allocation, which
+# no slurmctld here ever does: spank/tests/e2e.sh runs srun's under a real Slurm.
 @needs_srun
-@pytest.mark.parametrize("command", ["srun", "sbatch", "salloc"])
+@pytest.mark.parametrize("command", ["sbatch", "salloc"])
 def test_a_registry_image_is_resolved_once_at_submission(slurm_conf, tmp_path, command):
-    argv = {"srun": ["true"], "sbatch": ["--wrap=true"], "salloc": ["true"]}[command]
+    argv = {"sbatch": ["--wrap=true"], "salloc": ["true"]}[command]
     result = _run(slurm_conf(), command, "--container-image=nvcr.io#nvidia/cuda:12.9", *argv)
     assert _reached_the_controller(result), result.stderr
     assert _calls(tmp_path) == ["import --resolve docker://nvcr.io#nvidia/cuda:12.9"]
@@ -390,13 +395,37 @@ def test_files_archives_and_an_importer_are_not_resolved(slurm_conf, tmp_path):
 @needs_srun
 @pytest.mark.parametrize("plugstack", [[], ["berth=/nonexistent/berth"]])
 def test_a_failed_resolve_warns_and_the_job_goes_on(slurm_conf, plugstack):
-    result = _run(slurm_conf(*plugstack), "srun", "--container-image=fail.example#x:1", "true")
+    result = _run(slurm_conf(*plugstack), "sbatch", "--container-image=fail.example#x:1",
+                  "--wrap=true")
     reason = ("cannot reach the registry" if not plugstack
               else "cannot execute /nonexistent/berth")
     warning = (f"spank_berth: warning: cannot resolve docker://fail.example#x:1 to a digest "
                f"here ({reason}); each node imports the tag as it finds it then\n")
     assert result.stderr.count("spank_berth") == 1 and warning in result.stderr
     assert "slurm controller" in result.stderr  # submitted all the same
+
+
+@needs_srun
+def test_srun_resolves_during_its_allocation_and_leaves_none_behind(slurm_conf, tmp_path):
+    # The stub's resolve of a *slow* tag takes 60 s: srun asks slurmctld
+    # meanwhile (a listener that never answers: MessageTimeout=1), and when
+    # no allocation comes, the resolve ends with srun. (Waiting for the
+    # resolve first, srun would outlast _run's 30 s.)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        env = slurm_conf(conf_lines=f"SlurmctldPort={silent.getsockname()[1]}\n")
+        result = _run(env, "srun", "--container-image=slow.example#x:1", "true")
+    assert result.returncode != 0 and "spank_berth" not in result.stderr, result.stderr
+    assert _calls(tmp_path) == ["import --resolve docker://slow.example#x:1"]
+    pid = int((tmp_path / "calls.pid").read_text())
+    for _ in range(50):
+        if not Path(f"/proc/{pid}").exists() or \
+                Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the resolve (pid {pid}) outlived srun")
 
 
 # ---- --environment: resolved by the runtime at submission, refused there

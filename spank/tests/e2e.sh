@@ -228,6 +228,13 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     check "a failed resolve warns naming the image and why" "FAKE_BERTH_RESOLVE=fail srun --container-image=registry.local#test/unresolved:1 true" "spank_berth: warning: cannot resolve docker://registry.local#test/unresolved:1 to a digest here (cannot get docker://registry.local#test/unresolved:1 from any of 1 places: no route to host)"
     check "a failed resolve: the step runs the tag as the node finds it" "FAKE_BERTH_RESOLVE=fail srun --container-image=registry.local#test/unresolved:1 cat /etc/os-release && grep -c '^start --detach .*--reuse docker://registry.local#test/unresolved:1\$' $calls" "ID=berth-test
 2"
+    # srun asks the registry while slurmctld allocates: the resolve answers
+    # only once the job runs, and the step still gets its digest
+    check "srun resolves while its job is allocated" "FAKE_BERTH_RESOLVE_AFTER_JOB=overlap srun -J overlap --container-image=registry.local#test/overlap:1 cat /etc/os-release && grep -c '^start --detach .*--reuse docker://registry.local#test/overlap@$(pin overlap:1 0)\$' $calls" "ID=berth-test
+1"
+    # an srun that gets no allocation leaves no resolve behind
+    check "an srun refused its allocation fails" "FAKE_BERTH_RESOLVE_AFTER_JOB=never srun -p no-such-partition --container-image=registry.local#test/refused:1 true" "Invalid partition name"
+    absent "... and leaves no resolve running" "sleep 0.5; pgrep -a -f 'import --resolve docker://registry.local#test/refuse[d]'" "refused"
     absent "no image copy under runtime_path" "ls /run/berth/1000/spank" "images"
     absent "a quick import is quiet" "srun --container-image=registry.local#test/quick:1 true" "importing"
     check "a slow import says so" "FAKE_BERTH_IMPORT_SECONDS=5 srun --container-image=registry.local#test/slow:1 true" "spank_berth: importing docker://registry.local#test/slow:1 into this node's image cache"
