@@ -374,8 +374,9 @@ def test_a_step_of_a_job_of_the_same_image_keeps_its_resolution(slurm_conf, tmp_
     result = _run(job, "srun", "--container-image=nvcr.io#nvidia/cuda:12.9", "true")
     assert _reached_the_controller(result), result.stderr
     assert _calls(tmp_path) == []
-    # another image than the job's: resolved for this step
-    result = _run(job, "srun", "--container-image=ubuntu:24.04", "true")
+    # another image than the job's: resolved for this submission (sbatch, which
+    # waits for it; srun collects it after an allocation that never comes here)
+    result = _run(job, "sbatch", "--container-image=ubuntu:24.04", "--wrap=true")
     assert _reached_the_controller(result), result.stderr
     assert _calls(tmp_path) == ["import --resolve docker://ubuntu:24.04"]
 
