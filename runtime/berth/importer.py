@@ -77,7 +77,12 @@ def cached_squashfs(cfg, uri, reuse=False, quiet=False, arch=None, digest=True):
         from berth import squash
         safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
         with _cached_image(args, cfg, ref) as image:
-            return image, (squash.recorded_digest(image) if digest else None)
+            if not digest:
+                return image, None
+            # a pinned URI's entry was pulled by that digest (the cache key
+            # holds the URI): not opened to read it, on every cached step
+            pinned = ref.digest if isinstance(ref, reference.Reference) else ""
+            return image, pinned or squash.recorded_digest(image)
 
 
 def _source(args, cfg):

@@ -651,6 +651,18 @@ def test_cache_only_digest_names_what_the_image_was_pulled_by(tmp_path, env, pro
     assert plain.returncode == 1 and "--digest: only with --cache-only" in plain.stderr
     assert not (tmp_path / "x.sqsh").exists()
 
+    # a URI pinned to a digest names it: its cached entry is not opened to
+    # read it (no unsquashfs on a cached step's way)
+    pinned = f"docker://{proxy.host}#test/app@{registry.app_digest}"
+    first = berth(["--quiet", "import", "--cache-only", "--digest", pinned], env, tmp_path)
+    assert first.returncode == 0, first.stderr
+    no_unsquashfs = dict(failing_mksquashfs(tmp_path, env))
+    (tmp_path / "fakebin" / "unsquashfs").symlink_to(tmp_path / "fakebin" / "mksquashfs")
+    again = berth(["--quiet", "import", "--cache-only", "--reuse", "--digest", pinned],
+                  no_unsquashfs, tmp_path)
+    assert again.returncode == 0 and again.stdout == first.stdout, again.stderr
+    assert again.stdout.endswith(f"\n{registry.app_digest}\n")
+
 
 
 def test_a_squashfs_without_image_json_has_no_digest(tmp_path):
