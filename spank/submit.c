@@ -286,6 +286,7 @@ void submit_image_start(const struct plugin_conf *conf, const struct container_f
 	const char *inherited = getenv(IMAGE_VAR);
 	char msg[ERR_LEN];
 
+	submit_image_finish(conf, resolve); /* one still pending: collected first */
 	/* files and archives have no tag; a plugstack importer= imports by name */
 	if (flags->image == NULL || conf->importer[0] != '\0' || image_is_file(flags->image) ||
 	    image_archive_prefix(flags->image) > 0 ||
