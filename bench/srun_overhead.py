@@ -13,7 +13,8 @@ images are those scripts/test-image.sh made, seen by the compute nodes under
   srun -N2 --container-image=big.sqsh true          the same, image padded to MB
   srun -N2 --container-image=REGISTRY#IMAGE true    a registry image the nodes have in
                                                     their image cache (berth import --reuse)
-  srun -N1 true, and with the warm named container   the same on one node
+  srun -N1 true, and with the warm named container,   the same on one node
+    a small squashfs and the cached registry image
 and an MPI ping-pong between the two nodes and within one (shared memory),
 bare and in the container (latency of 8 bytes, bandwidth of 4 MiB). The steps
 run in turns, one of each per round, so that the machine's changing speed hits
@@ -41,6 +42,7 @@ import re
 import shlex
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -151,7 +153,10 @@ def play(*args):
     from site_noop import inventory
     with tempfile.TemporaryDirectory(prefix="berth-bench-") as work:
         hosts = inventory(Path(work) / "docker", "docker")
-        result = subprocess.run(["ansible-playbook", "-i", str(hosts), "site.yml", *args],
+        # (the venv's, beside this interpreter, when run as the README says)
+        beside = Path(sys.executable).parent / "ansible-playbook"
+        playbook = str(beside) if beside.exists() else "ansible-playbook"
+        result = subprocess.run([playbook, "-i", str(hosts), "site.yml", *args],
                                 cwd=PROJECT, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"srun_overhead: site.yml {' '.join(args)} failed:\n"
@@ -252,6 +257,8 @@ def main():
         ("unnamed, registry image (cached)", f"srun -N2 --container-image={REGISTRY} true"),
         ("srun -N1 true (bare, one node)", "srun -N1 true"),
         ("named container, warm, one node", "srun -N1 --container-name=bench true"),
+        ("unnamed, small squashfs, one node", f"srun -N1 --container-image={SMALL} true"),
+        ("registry image (cached), one node", f"srun -N1 --container-image={REGISTRY} true"),
     ]
     rows = [(label, *row) for (label, _), row
             in zip(steps, timings(login, [command for _, command in steps], args.runs))]
@@ -272,6 +279,8 @@ def main():
     print(f"\nwarm container overhead {warm:.0f} ms, {rows[6][2] - rows[5][2]:.0f} ms on one node "
           f"(target < 150 ms); unnamed/warm: small {rows[2][2] / rows[1][2]:.2f}x, "
           f"big {rows[3][2] / rows[1][2]:.2f}x (target <= 2x)")
+    print(f"cached registry image {rows[4][2] - rows[0][2]:+.0f} ms, "
+          f"{rows[8][2] - rows[5][2]:+.0f} ms on one node (target +150 ms)")
     print(f"\n{'MPI ping-pong':48} {'bare':>10} {'container':>10} {'ratio':>8}")
     for nodes, bare, contained in mpi:
         where = "2 nodes (TCP)" if nodes == 2 else "1 node (shared memory)"
