@@ -60,8 +60,8 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
         endpoint_ref = candidate._replace(
             registry=endpoint.host, repository=endpoint.repository,
             user="" if endpoint.mirror else candidate.user)
-        # (a resolve's one manifest request over http.client: requests and
-        # urllib3 would cost it more than its requests do)
+        # (a resolve's one manifest request over transport.Direct: requests
+        # and urllib3 would cost it more than its requests do)
         registry = Registry(endpoint_ref, cfg, credentials, credentials_path,
                             insecure=endpoint.insecure, direct=not pick_platform)
         try:

@@ -2,9 +2,10 @@
 protocol (authentication, redirects, retries, size limits), the same over
 either transport here.
 
-- Direct, on http.client: the few requests of `berth import --resolve`,
-  which the SPANK plugin runs once per job at submission. requests and
-  urllib3 cost such a resolve more than its requests do.
+- Direct, HTTP/1.1 over a socket: the few requests of `berth import
+  --resolve`, which the SPANK plugin runs once per job at submission.
+  requests and urllib3, or http.client, cost such a resolve more than its
+  requests do.
 - Pooled, on requests: pulls (one connection pool for the parallel
   downloads), and every request while a proxy is set in the environment
   (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, any case; requests honours them
@@ -107,16 +108,20 @@ def origin(url):
     return parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
 
 
-# -- http.client -------------------------------------------------------------------
+# -- HTTP/1.1 over a socket ---------------------------------------------------------
+
+_MAX_LINE = 65536  # a status or header line longer than this is a broken answer
+_MAX_HEADERS = 100
+_BODYLESS = (204, 304)
+
 
 class Direct:
-    """GETs over http.client: one connection per origin, kept for the next
-    request once an answer was read whole."""
+    """GETs in HTTP/1.1 over a socket of its own: one connection per origin,
+    kept for the next request once an answer was read whole. Not http.client:
+    that loads the email package to parse headers, which was half of what a
+    resolve cost on a node, its requests included."""
 
     def __init__(self, timeout, insecure):
-        import http.client
-        import ssl
-        self._http, self._ssl = http.client, ssl
         self.connect_timeout, self.stall_timeout = timeout
         self.insecure = insecure
         self.context = None  # the TLS context, made at the first HTTPS request
@@ -128,27 +133,43 @@ class Direct:
             where = origin(url)
         except ValueError:
             raise TransferError(f"bad URL {url}") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise TransferError(f"bad URL {url}")
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        if parts.scheme not in ("http", "https") or not parts.hostname or \
+                _UNSAFE.search(target):
+            raise TransferError(f"bad URL {url}")
+        request = _request(where, target, headers)
         kept = self.idle.pop(where, None)
         if kept is not None:
             try:
-                return self._ask(kept, where, target, headers, kept=True)
+                return self._ask(kept, where, request, kept=True)
             except _Closed:
                 pass  # the server closed the kept connection meanwhile: a new one
-        return self._ask(self._connection(where), where, target, headers)
+        return self._ask(self._connect(where), where, request)
 
-    def _connection(self, where):
+    def _connect(self, where):
+        import socket
         scheme, host, port = where
-        if scheme == "http":
-            return self._http.HTTPConnection(host, port, timeout=self.connect_timeout)
-        return self._http.HTTPSConnection(host, port, timeout=self.connect_timeout,
-                                          context=self._tls())
+        context = self._tls() if scheme == "https" else None
+        try:
+            sock = socket.create_connection((host, port), timeout=self.connect_timeout)
+        except OSError as e:
+            raise TransferError(reason(e)) from None
+        if context is not None:
+            import ssl
+            try:  # the handshake under the connect timeout, as the connection itself
+                sock = context.wrap_socket(sock, server_hostname=host)
+            except ssl.SSLError as e:
+                sock.close()
+                raise TLSError(reason(e)) from None
+            except OSError as e:
+                sock.close()
+                raise TransferError(reason(e)) from None
+        sock.settimeout(self.stall_timeout)
+        return _Connection(sock)
 
     def _tls(self):
         if self.context is None:
-            ssl = self._ssl
+            import ssl
             if self.insecure:
                 # nothing is verified: no certificates to load (20 ms for a bundle)
                 context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -165,63 +186,173 @@ class Direct:
             self.context = context
         return self.context
 
-    def _ask(self, connection, where, target, headers, kept=False):
+    def _ask(self, connection, where, request, kept=False):
         try:
-            if connection.sock is None:
-                connection.connect()  # under the connect timeout, the TLS handshake included
-                connection.sock.settimeout(self.stall_timeout)
-            connection.request("GET", target, headers=headers)
-            answer = connection.getresponse()
-        except (self._http.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
+            connection.sock.sendall(request)
+            status, headers, will_close = connection.read_head()
+        except (_Closed, ConnectionResetError, BrokenPipeError) as e:
             connection.close()
             if kept:
                 raise _Closed() from None
-            raise TransferError(reason(e)) from None
-        except self._ssl.SSLError as e:
-            connection.close()
-            raise TLSError(reason(e)) from None
-        except (OSError, self._http.HTTPException) as e:
+            raise TransferError(reason(e) if not isinstance(e, _Closed)
+                                else "Remote end closed connection without response") from None
+        except (OSError, TransferError) as e:
             connection.close()
             raise TransferError(reason(e)) from None
-        return _DirectResponse(self, where, connection, answer)
+        return _DirectResponse(self, where, connection, status, headers, will_close)
+
+
+# what may not be in a request target or a header: a second line, or a space
+_UNSAFE = re.compile(r"[\x00-\x20\x7f]")
+_UNSAFE_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _request(where, target, headers):
+    """The bytes of a GET: Host as the origin names it, the default port left out."""
+    scheme, host, port = where
+    name = f"[{host}]" if ":" in host else host
+    if port != (443 if scheme == "https" else 80):
+        name = f"{name}:{port}"
+    lines = [f"GET {target} HTTP/1.1", f"Host: {name}", "Accept-Encoding: identity"]
+    for key, value in headers.items():
+        value = str(value)
+        if _UNSAFE.search(key) or _UNSAFE_VALUE.search(value):
+            raise TransferError(f"header {key!r} holds a line break or a control character")
+        lines.append(f"{key}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 class _Closed(Exception):
     """A kept connection the server had closed: ask again on a new one."""
 
 
+class _Headers(dict):
+    """Header names to their first value, whatever the case they are asked in."""
+
+    def get(self, name, default=None):
+        return super().get(name.lower(), default)
+
+
+class _Connection:
+    """A socket and its buffered reader; what the last answer left unread of
+    its body: `left` bytes (None: until the chunks or the connection end)."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.reader = sock.makefile("rb")
+
+    def line(self, what):
+        line = self.reader.readline(_MAX_LINE + 1)
+        if len(line) > _MAX_LINE:
+            raise TransferError(f"got more than {_MAX_LINE} bytes when reading {what}")
+        return line
+
+    def read_head(self):
+        """(status, headers, will_close) of the next answer, informational ones skipped."""
+        while True:
+            line = self.line("status line")
+            if not line:
+                raise _Closed()
+            parts = line.decode("latin-1").rstrip("\r\n").split(None, 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/") or \
+                    not (parts[1].isdigit() and len(parts[1]) == 3):
+                raise TransferError(f"bad status line {line[:80]!r}")
+            version, status = parts[0], int(parts[1])
+            headers = self.read_headers()
+            if status >= 200:
+                break
+        connection = headers.get("Connection", "").lower()
+        will_close = "close" in connection or \
+            (version == "HTTP/1.0" and "keep-alive" not in connection)
+        return status, headers, will_close
+
+    def read_headers(self):
+        headers = _Headers()
+        for _ in range(_MAX_HEADERS + 1):
+            line = self.line("header line")
+            if line in (b"\r\n", b"\n", b""):
+                return headers
+            name, colon, value = line.decode("latin-1").partition(":")
+            if colon:
+                headers.setdefault(name.strip().lower(), value.strip())
+        raise TransferError(f"got more than {_MAX_HEADERS} headers")
+
+    def close(self):
+        self.reader.close()
+        self.sock.close()
+
+
 class _DirectResponse:
-    def __init__(self, transport, where, connection, answer):
-        self._transport, self._where = transport, where
-        self._connection, self._answer = connection, answer
-        self.status_code = answer.status
-        self.headers = answer.headers  # an email.message.Message: get() ignores case
+    def __init__(self, transport, where, connection, status, headers, will_close):
+        self._transport, self._where, self._connection = transport, where, connection
+        self.status_code = status
+        self.headers = headers  # get() ignores case
         self.received = 0  # body bytes read so far
+        self._chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+        length = headers.get("Content-Length", "")
+        if status in _BODYLESS:
+            self._left = 0
+        elif self._chunked:
+            self._left = None
+        elif length.isdigit():
+            self._left = int(length)
+        else:  # no length (or none that is a number): the body ends with the connection
+            self._left, will_close = None, True
+        self._will_close = will_close
+        self._chunk_left = 0  # bytes of the current chunk not yet read
+        self._done = self._left == 0
 
     def chunks(self, size):
-        errors = (OSError, self._transport._http.HTTPException)
-        while True:
+        while not self._done:
             try:
-                data = self._answer.read(size)
-            except errors as e:
+                data = self._read(size)
+            except (OSError, ValueError, TransferError) as e:
                 self._drop()
                 raise TransferError(reason(e)) from None
             if not data:
+                self._done = True
+                if self._left:  # cut short: registry.py tells it by the Content-Length
+                    self._will_close = True
                 return
             self.received += len(data)
             yield data
 
+    def _read(self, size):
+        reader = self._connection.reader
+        if not self._chunked:
+            data = reader.read1(size if self._left is None else min(size, self._left))
+            if self._left is not None:
+                self._left -= len(data)
+                self._done = self._left == 0
+            return data
+        if self._chunk_left == 0:
+            line = self._connection.line("chunk size")
+            try:
+                self._chunk_left = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise TransferError("Connection broken: IncompleteRead") from None
+            if self._chunk_left == 0:  # the last chunk: trailers, then the end
+                self._connection.read_headers()
+                self._done = True
+                return b""
+        data = reader.read1(min(size, self._chunk_left))
+        if not data:
+            raise TransferError("Connection broken: IncompleteRead")
+        self._chunk_left -= len(data)
+        if self._chunk_left == 0 and self._connection.line("chunk end") not in (b"\r\n", b"\n"):
+            raise TransferError("Connection broken: IncompleteRead")
+        return data
+
     def close(self):
         if self._connection is None:
             return
-        answer = self._answer
-        left = answer.length
-        if not answer.isclosed() and left is not None and left <= _IDLE_DRAIN:
+        if not self._done and self._left is not None and self._left <= _IDLE_DRAIN:
             try:
-                answer.read()  # a small body unread: read, so that the connection serves on
-            except (OSError, self._transport._http.HTTPException):
-                pass
-        if answer.isclosed() and not answer.will_close:
+                for _ in self.chunks(_IDLE_DRAIN):
+                    pass  # a small body unread: read, so that the connection serves on
+            except TransferError:
+                return
+        if self._done and not self._will_close:
             self._transport.idle[self._where] = self._connection
             self._connection = None
         else:
@@ -229,7 +360,6 @@ class _DirectResponse:
 
     def _drop(self):
         if self._connection is not None:
-            self._answer.close()
             self._connection.close()
             self._connection = None
 

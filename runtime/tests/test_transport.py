@@ -1,10 +1,15 @@
-"""transport.py's Direct (http.client) TLS: what it trusts, and what it loads."""
+"""transport.py's Direct: its TLS (what it trusts, what it loads) and its
+HTTP/1.1 (framing, kept connections, what it refuses to send)."""
 
 import http.server
+import os
 import shutil
+import socket
 import ssl
 import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +116,175 @@ def test_an_insecure_endpoint_loads_no_certificates(tmp_path, monkeypatch, tls_s
     with direct.get(url, {}) as answer:
         assert answer.status_code == 200
     assert direct.context.cert_store_stats() == {"crl": 0, "x509": 0, "x509_ca": 0}
+
+
+
+@needs_openssl
+def test_http_allowed_still_speaks_https_to_a_registry_that_has_it(tls_server):
+    """ENROOT_ALLOW_HTTP=yes lets a registry without TLS be reached over
+    plain HTTP; one with TLS is still asked over HTTPS (enroot would speak
+    plain HTTP to it: the README's compatibility table says so)."""
+    from berth import config
+    from berth.reference import parse
+    from berth.registry import Registry
+    url, _ = tls_server
+    host = url.split("/")[2]
+    cfg = config.load({"HOME": "/nonexistent", "ENROOT_SYSCONF_PATH": "/nonexistent",
+                       "ENROOT_ALLOW_HTTP": "yes"})
+    registry = Registry(parse(f"docker://{host}#test/app"), cfg, insecure=True, direct=True)
+    with registry._first_get("/v2/", {}) as answer:
+        assert answer.status_code == 200
+    assert registry.base == f"https://{host}"
+
+# -- HTTP/1.1: answers scripted byte by byte ------------------------------------------
+
+class Scripted:
+    """A server on 127.0.0.1 that reads a request's head and answers each
+    with the next of `answers` (bytes), on one connection until those run
+    out or one is followed by None (then it hangs up). What it was asked is
+    in `requests`, one head each; `connections` counts connections taken."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.requests, self.connections = [], 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while self.answers:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                reader = conn.makefile("rb")
+                while self.answers:
+                    head = b""
+                    while not head.endswith(b"\r\n\r\n"):
+                        line = reader.readline()
+                        if not line:
+                            break
+                        head += line
+                    if not head:
+                        break
+                    self.requests.append(head.decode("latin-1"))
+                    conn.sendall(self.answers.pop(0))
+                    if self.answers and self.answers[0] is None:
+                        self.answers.pop(0)
+                        break
+                reader.close()  # (the socket closes with its last reference)
+
+    def stop(self):
+        self.listener.close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def scripted():
+    servers = []
+
+    def start(*answers):
+        servers.append(Scripted(*answers))
+        return servers[-1]
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def fetch(direct, url, size=3):
+    with direct.get(url, {}) as answer:
+        return answer.status_code, b"".join(answer.chunks(size)), answer.headers
+
+
+def test_a_chunked_body_is_read_whole_and_its_connection_kept(scripted):
+    server = scripted(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nX-Trailer: t\r\n\r\n",
+                      b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    direct = transport.Direct((5, 5), False)
+    assert fetch(direct, f"{server.url}/a")[:2] == (200, b"hello, world")
+    assert fetch(direct, f"{server.url}/b")[:2] == (200, b"ok")
+    assert server.connections == 1
+
+
+def test_a_body_without_a_length_ends_with_its_connection(scripted):
+    server = scripted(b"HTTP/1.0 200 OK\r\n\r\nuntil the end", None,
+                      b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    direct = transport.Direct((5, 5), False)
+    assert fetch(direct, f"{server.url}/a")[:2] == (200, b"until the end")
+    assert fetch(direct, f"{server.url}/b")[:2] == (200, b"")
+    assert server.connections == 2
+
+
+def test_informational_answers_are_skipped_and_header_names_ignore_case(scripted):
+    server = scripted(b"HTTP/1.1 100 Continue\r\n\r\n"
+                      b"HTTP/1.1 401 Unauthorized\r\nwww-authenticate: Bearer realm=\"a\"\r\n"
+                      b"WWW-Authenticate: Basic\r\nContent-Length: 0\r\n\r\n")
+    status, body, headers = fetch(transport.Direct((5, 5), False), f"{server.url}/v2/")
+    assert (status, body) == (401, b"")
+    assert headers.get("WWW-Authenticate") == 'Bearer realm="a"'  # the first, as before
+    assert headers.get("Location") is None
+
+
+def test_the_request_names_its_host_and_port(scripted):
+    server = scripted(b"HTTP/1.1 204 No Content\r\n\r\n")
+    direct = transport.Direct((5, 5), False)
+    with direct.get(f"{server.url}/v2/x/manifests/1?n=1", {"Accept": "a, b"}) as answer:
+        assert answer.status_code == 204 and b"".join(answer.chunks(9)) == b""
+    port = server.url.rsplit(":", 1)[1]
+    assert server.requests[0].split("\r\n")[:4] == [
+        "GET /v2/x/manifests/1?n=1 HTTP/1.1", f"Host: 127.0.0.1:{port}",
+        "Accept-Encoding: identity", "Accept: a, b"]
+
+
+@pytest.mark.parametrize("url, headers, needle", [
+    ("/v2/a b", {}, "bad URL"),
+    ("/v2/a\r\nX-Injected: 1", {}, "bad URL"),
+    ("/v2/", {"Authorization": "Bearer x\r\nX-Injected: 1"},
+     "header 'Authorization' holds a line break"),
+], ids=["space", "crlf-in-path", "crlf-in-header"])
+def test_a_request_that_would_smuggle_a_line_is_refused_unsent(scripted, url, headers, needle):
+    """A token or a redirect comes from the registry, which is not trusted:
+    what it says never becomes a header line of its own."""
+    server = scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    with pytest.raises(transport.TransferError, match=needle):
+        transport.Direct((5, 5), False).get(f"{server.url}{url}", headers)
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("answer, needle", [
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "bad status line"),
+    (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n", "more than 65536 bytes"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "IncompleteRead"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nabc", "IncompleteRead"),
+], ids=["not-http", "long-header", "bad-chunk-size", "chunk-cut-short"])
+def test_a_broken_answer_is_a_transfer_error(scripted, answer, needle):
+    server = scripted(answer, None)
+    with pytest.raises(transport.TransferError, match=needle):
+        fetch(transport.Direct((5, 5), False), f"{server.url}/v2/")
+
+
+def test_a_length_cut_short_ends_quietly_for_the_registry_to_tell(scripted):
+    """As http.client did: the body ends; registry.py compares what came
+    (`received`) with the Content-Length and calls it a broken transfer."""
+    server = scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", None)
+    direct = transport.Direct((5, 5), False)
+    with direct.get(f"{server.url}/v2/", {}) as answer:
+        assert b"".join(answer.chunks(4)) == b"abc" and answer.received == 3
+    assert direct.idle == {}
+
+
+def test_a_resolve_loads_neither_http_client_nor_email(scripted):
+    """What the transport is for: a GET without http.client, whose email
+    package was half a resolve's time on a node."""
+    server = scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    runtime = Path(transport.__file__).resolve().parents[1]
+    code = ("import sys; from berth import transport\n"
+            f"with transport.Direct((5, 5), False).get('{server.url}/v2/', {{}}) as a:\n"
+            "    assert b''.join(a.chunks(9)) == b'{}'\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('http', 'email')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(runtime)), check=True)
+    assert result.stdout.strip() == "[]"
