@@ -199,23 +199,23 @@ def fetch(direct, url, size=3):
         return answer.status_code, b"".join(answer.chunks(size)), answer.headers
 
 
-def test_a_chunked_body_is_read_whole_and_its_connection_kept(scripted):
-    server = scripted(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                      b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nX-Trailer: t\r\n\r\n",
-                      b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+@pytest.mark.parametrize("first, body, connections", [
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nX-Trailer: t\r\n\r\n", b"hello, world", 1),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", b"hello", 1),
+    (b"HTTP/1.0 200 OK\r\n\r\nuntil the end", b"until the end", 2),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", b"ok", 2),
+], ids=["chunked", "length", "until-close", "connection-close"])
+def test_a_body_is_read_whole_and_its_connection_kept_where_it_may_be(
+        scripted, first, body, connections):
+    """A second request goes on the first's connection, unless that one
+    ends with its body or says it closes."""
+    answers = [first] if connections == 1 else [first, None]
+    server = scripted(*answers, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
     direct = transport.Direct((5, 5), False)
-    assert fetch(direct, f"{server.url}/a")[:2] == (200, b"hello, world")
+    assert fetch(direct, f"{server.url}/a")[:2] == (200, body)
     assert fetch(direct, f"{server.url}/b")[:2] == (200, b"ok")
-    assert server.connections == 1
-
-
-def test_a_body_without_a_length_ends_with_its_connection(scripted):
-    server = scripted(b"HTTP/1.0 200 OK\r\n\r\nuntil the end", None,
-                      b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-    direct = transport.Direct((5, 5), False)
-    assert fetch(direct, f"{server.url}/a")[:2] == (200, b"until the end")
-    assert fetch(direct, f"{server.url}/b")[:2] == (200, b"")
-    assert server.connections == 2
+    assert server.connections == connections
 
 
 def test_informational_answers_are_skipped_and_header_names_ignore_case(scripted):
