@@ -27,7 +27,7 @@ import sys
 from urllib.parse import urlencode, urljoin, urlsplit
 
 from berth.errors import AccessDenied, BerthError, ImageNotFound
-from berth.transport import TLSError, TransferError, open_transport, origin
+from berth.transport import TLSError, TransferError, UntrustedCertificate, open_transport, origin
 
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -101,11 +101,17 @@ class Registry:
         scheme the registry speaks (HTTPS, else plain HTTP where allowed) and,
         on a 401, authenticates as its challenge says and asks again. The
         first request is the one wanted, not a /v2/ probe before it: a round
-        trip less to a registry across the WAN."""
+        trip less to a registry across the WAN. A registry whose TLS
+        certificate is refused has TLS: never asked over plain HTTP then."""
         host = self.ref.registry
         try:
             response = self._get(f"https://{host}{path}", headers)
             self.base = f"https://{host}"
+        except UntrustedCertificate as e:
+            raise BerthError(
+                f"registry {host}: its TLS certificate is not trusted ({e}); add its CA to "
+                "the system's CA certificates, or mark the registry insecure in "
+                "registries.conf") from None
         except TLSError as e:
             if not self.allow_http:
                 raise BerthError(

@@ -21,8 +21,9 @@ own origin) nor adds credentials of its own: requests' lookup of ~/.netrc
 is off, as the registry's credentials are $ENROOT_CONFIG_PATH/.credentials
 alone.
 
-Failures are TransferError (TLSError for a failed handshake), whose text is
-the reason alone: "Connection refused", "timed out",
+Failures are TransferError (TLSError for a failed handshake, and of that
+UntrustedCertificate where TLS is there but its certificate is refused),
+whose text is the reason alone: "Connection refused", "timed out",
 "[SSL: CERTIFICATE_VERIFY_FAILED] ...".
 """
 
@@ -47,6 +48,17 @@ class TransferError(Exception):
 
 class TLSError(TransferError):
     """The TLS handshake failed: no TLS there, or a certificate not trusted."""
+
+
+class UntrustedCertificate(TLSError):
+    """TLS is there, but its certificate is not one the CA certificates vouch for."""
+
+
+def tls_error(error):
+    """The TLSError of a failed handshake (ssl's, or requests' around it)."""
+    text = reason(error)
+    # (ssl names a refused certificate, or one for another host, so)
+    return UntrustedCertificate(text) if "CERTIFICATE_VERIFY_FAILED" in text else TLSError(text)
 
 
 def reason(error):
@@ -160,7 +172,7 @@ class Direct:
                 sock = context.wrap_socket(sock, server_hostname=host)
             except ssl.SSLError as e:
                 sock.close()
-                raise TLSError(reason(e)) from None
+                raise tls_error(e) from None
             except OSError as e:
                 sock.close()
                 raise TransferError(reason(e)) from None
@@ -408,7 +420,7 @@ class Pooled:
             response = self.session.get(url, headers=headers, timeout=self.timeout,
                                         stream=True, verify=self.verify, auth=_no_netrc)
         except requests.exceptions.SSLError as e:
-            raise TLSError(reason(e)) from None
+            raise tls_error(e) from None
         except (requests.RequestException, ValueError) as e:
             raise TransferError(reason(e)) from None
         return _PooledResponse(response, requests)

@@ -464,8 +464,8 @@ def test_short_name_through_the_search_registries(tmp_path, env, origin, mirror)
 def test_insecure_skips_tls_verification_of_that_endpoint(tmp_path, env, registry, origin,
                                                           verb):
     """A mirror with a self-signed certificate: refused unless `insecure`, or
-    unless REQUESTS_CA_BUNDLE names it (requests for an import, http.client
-    for a resolve: the same rules)."""
+    unless REQUESTS_CA_BUNDLE names it (requests for an import, Direct for a
+    resolve: the same rules), and never tried over plain HTTP instead."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
@@ -490,9 +490,20 @@ def test_insecure_skips_tls_verification_of_that_endpoint(tmp_path, env, registr
             result = berth(["-q", "import", verb, uri], run_env, tmp_path)
             if insecure == "false" and not bundle:
                 assert result.returncode == 1, result.stderr
-                assert f"{tls.host}/mirrored/test/app:v1: registry {tls.host} does not speak " \
-                       "HTTPS ([SSL: CERTIFICATE_VERIFY_FAILED]" in result.stderr
+                assert f"{tls.host}/mirrored/test/app:v1: registry {tls.host}: its TLS " \
+                       "certificate is not trusted ([SSL: CERTIFICATE_VERIFY_FAILED]" in \
+                       result.stderr
                 assert tls.requests == []
+                # HTTP allowed: the mirror, which has TLS, is still not asked over
+                # plain HTTP (that would fail on its TLS port, saying something
+                # else); the origin, plain HTTP, serves instead
+                result = berth(["import", verb, uri], dict(run_env, ENROOT_ALLOW_HTTP="yes"),
+                               tmp_path)
+                assert result.returncode == 0, result.stderr
+                assert f"{tls.host}/mirrored/test/app:v1 failed (registry {tls.host}: its TLS " \
+                       "certificate is not trusted" in result.stderr
+                assert tls.requests == []
+                origin.requests.clear()
             else:
                 assert result.returncode == 0, result.stderr
                 assert manifests(tls) == ["/v2/mirrored/test/app/manifests/v1"]
