@@ -269,9 +269,8 @@ def main():
     ]
     rows = [(label, *row) for (label, _), row
             in zip(steps, timings(login, [command for _, command in steps], args.runs))]
-    one_node = 6  # rows from here on are one-node steps
-    over = {label: median - rows[one_node if index >= one_node else 0][2]
-            for index, (label, _, median, _) in enumerate(rows)}
+    bare = {"one node" in label: median for label, _, median, _ in rows if "bare" in label}
+    over = {label: median - bare["one node" in label] for label, _, median, _ in rows}
     # the named step's container (pyxis_NAME) is on one node only; remove -f of a
     # missing container is an error, as in enroot
     on_login(login, "srun -N2 sh -c 'berth list | grep -qx pyxis_bench || exit 0; "

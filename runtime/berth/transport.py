@@ -113,11 +113,14 @@ def open_transport(timeout, insecure, connections, direct):
     return Pooled(timeout, insecure, connections)
 
 
+_DEFAULT_PORTS = {"https": 443, "http": 80}
+
+
 def origin(url):
     """(scheme, host, port) of a URL: where its connection goes, and where
     credentials may go; ValueError for a port that is no number."""
     parts = urlsplit(url)
-    return parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, parts.hostname, parts.port or _DEFAULT_PORTS.get(parts.scheme, 80)
 
 
 # -- HTTP/1.1 over a socket ---------------------------------------------------------
@@ -130,8 +133,8 @@ _BODYLESS = (204, 304)
 class Direct:
     """GETs in HTTP/1.1 over a socket of its own: one connection per origin,
     kept for the next request once an answer was read whole. Not http.client:
-    that loads the email package to parse headers, which was half of what a
-    resolve cost on a node, its requests included."""
+    that loads the email package to parse headers, about a tenth of a
+    resolve's time on a node (7 of 71 ms)."""
 
     def __init__(self, timeout, insecure):
         self.connect_timeout, self.stall_timeout = timeout
@@ -202,12 +205,16 @@ class Direct:
         try:
             connection.sock.sendall(request)
             status, headers, will_close = connection.read_head()
-        except (_Closed, ConnectionResetError, BrokenPipeError) as e:
+        except _Closed:
+            connection.close()
+            if kept:
+                raise
+            raise TransferError("Remote end closed connection without response") from None
+        except (ConnectionResetError, BrokenPipeError) as e:
             connection.close()
             if kept:
                 raise _Closed() from None
-            raise TransferError(reason(e) if not isinstance(e, _Closed)
-                                else "Remote end closed connection without response") from None
+            raise TransferError(reason(e)) from None
         except (OSError, TransferError) as e:
             connection.close()
             raise TransferError(reason(e)) from None
@@ -223,7 +230,7 @@ def _request(where, target, headers):
     """The bytes of a GET: Host as the origin names it, the default port left out."""
     scheme, host, port = where
     name = f"[{host}]" if ":" in host else host
-    if port != (443 if scheme == "https" else 80):
+    if port != _DEFAULT_PORTS[scheme]:
         name = f"{name}:{port}"
     lines = [f"GET {target} HTTP/1.1", f"Host: {name}", "Accept-Encoding: identity"]
     for key, value in headers.items():
@@ -246,8 +253,7 @@ class _Headers(dict):
 
 
 class _Connection:
-    """A socket and its buffered reader; what the last answer left unread of
-    its body: `left` bytes (None: until the chunks or the connection end)."""
+    """A socket and its buffered reader, from which answers are read."""
 
     def __init__(self, sock):
         self.sock = sock
