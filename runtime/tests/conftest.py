@@ -1,4 +1,8 @@
-"""Fixtures shared by the import tests; each module brings its own `registry`."""
+"""Fixtures shared by the import tests; each module brings its own `registry`.
+The machine-wide state the container tests need is set here, once per run."""
+
+import os
+import stat
 
 import pytest
 
@@ -16,3 +20,25 @@ def proxy(registry):
 @pytest.fixture
 def env(tmp_path):
     return berth_env(tmp_path)
+
+
+_FUSE_MODE = pytest.StashKey[int]()
+
+
+def _controller(config):
+    """The process that starts and outlives every xdist worker (or the only one)."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    """/dev/fuse at 0666 (users mount images with FUSE) for the whole run, set
+    before any worker starts and restored after the last one ends."""
+    if os.geteuid() == 0 and _controller(session.config) and os.path.exists("/dev/fuse"):
+        session.config.stash[_FUSE_MODE] = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
+        os.chmod("/dev/fuse", 0o666)
+
+
+def pytest_sessionfinish(session):
+    mode = session.config.stash.get(_FUSE_MODE, None)
+    if mode is not None:
+        os.chmod("/dev/fuse", mode)
