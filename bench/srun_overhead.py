@@ -131,16 +131,20 @@ def docker(*args):
 
 
 def push_big_image(megabytes):
-    """The test image plus a layer of MB random bytes, in the cluster's
-    registry as berth/mpi-test-big:1 (once: its tag stays)."""
+    """The test image (berth/mpi-test:SUITE, which scripts/test-image.sh builds
+    for scripts/demo.sh) plus a layer of MB random bytes, in the cluster's
+    registry as berth/mpi-test-big:MB (once: its tag stays)."""
     tag = f"{BIG_REPO}:{megabytes}"
     probe = subprocess.run(["docker", "exec", "berth-ctl", "skopeo", "inspect", "--tls-verify=false",
                             f"docker://localhost:5000/{tag}"], capture_output=True)
     if probe.returncode == 0:
         return tag
+    base = f"berth/mpi-test:{SUITE}"
+    if subprocess.run(["docker", "image", "inspect", base], capture_output=True).returncode:
+        docker("load", "-q", "-i", str(IMAGES / "mpi-test.tar"))  # the same image, saved
     with tempfile.TemporaryDirectory(prefix="berth-bench-") as work:
         Path(work, "Dockerfile").write_text(
-            f"FROM berth/mpi-test:1\nRUN head -c {megabytes}M /dev/urandom > /opt/padding\n")
+            f"FROM {base}\nRUN head -c {megabytes}M /dev/urandom > /opt/padding\n")
         docker("build", "-q", "-t", tag, work)
         docker("save", "-o", f"{work}/big.tar", tag)
         # (/var/tmp: the node's /tmp is a tmpfs, which docker cp does not write into)
