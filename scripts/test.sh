@@ -2,42 +2,189 @@
 # The whole test suite: lint, unit and integration tests, the runtime's suite
 # and the SPANK plugin's build on Debian 13, and the multi-node Molecule
 # scenario on Debian 12 and then on Debian 13 (one cluster at a time: two
-# would fight over two cores). Exits non-zero on the first failing stage.
+# would fight over two cores; the host's tests run beside them). Exits
+# non-zero on the first failing stage.
+#
+#   bash scripts/test.sh          everything, as CI runs it
+#   bash scripts/test.sh --fast   a developer's loop: lint, pytest, and the
+#                                 cluster's idempotence and verify steps on the
+#                                 demo cluster already running (scripts/demo.sh)
+#
+# Each stage has a budget in seconds (STAGES below, measured on the 2-core
+# machines CI runs on); the run ends with one table of each stage's seconds
+# against its budget and the whole against CI's limit. A stage over its
+# budget by half is marked there: a warning, not a failure (machines of one
+# kind differ by a third). Each stage's output is kept in .cache/test-logs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+CI_LIMIT=5400  # CI stops a run after 90 minutes: past it, nothing lands
+# key|budget in seconds|what it runs
+STAGES=(
+    "bootstrap|420|host bootstrap (packages, Docker daemon, venv, node images)"
+    "lint|90|ansible-lint (production profile), syntax check, module documentation"
+    "images|300|test images (Open MPI, MPICH) of Debian 12 and 13"
+    "pytest|420|unit and integration tests (tests, runtime/tests)"
+    "runtime-trixie|150|runtime suite on Debian 13 (Python 3.13), SPANK plugin against Slurm 24.11"
+    "cluster-bookworm|720|multi-node cluster on Debian 12, Slurm 22.05 (molecule test -s multinode)"
+    "cluster-trixie|780|multi-node cluster on Debian 13, Slurm 24.11 (the same scenario and tests)"
+    "fast-cluster|480|the running demo cluster: idempotence and verify (molecule)"
+)
+
+mode=full
+case "${1:-}" in
+    "") ;;
+    --fast) mode=fast ;;
+    *) echo "usage: $0 [--fast]" >&2; exit 2 ;;
+esac
+
+LOGS=.cache/test-logs
+mkdir -p "$LOGS"
 started=$SECONDS
-stage() { printf '\n=== %s (at %d s)\n' "$*" $((SECONDS - started)); }
+ran=()  # key|seconds|passed, in order
 
-stage "host bootstrap (packages, Docker daemon, venv, node image)"
-bash scripts/bootstrap-host.sh
+budget_of() {
+    local entry
+    for entry in "${STAGES[@]}"; do
+        [[ ${entry%%|*} == "$1" ]] && { entry=${entry#*|}; echo "${entry%%|*}"; return; }
+    done
+    echo "test.sh: no budget for stage $1" >&2; exit 2
+}
+
+title_of() {
+    local entry
+    for entry in "${STAGES[@]}"; do
+        [[ ${entry%%|*} == "$1" ]] && { echo "${entry##*|}"; return; }
+    done
+}
+
+# The closing table: stage, seconds, budget, tests passed, and a mark for a
+# stage over its budget by half; then the whole run against CI's limit.
+summary() {
+    local entry key seconds passed budget mark total=$((SECONDS - started))
+    printf '\n=== stages (seconds; a stage over its budget by half is marked)\n'
+    printf '%-18s %8s %8s %8s  %s\n' stage seconds budget passed ""
+    for entry in "${ran[@]}"; do
+        IFS='|' read -r key seconds passed <<<"$entry"
+        budget=$(budget_of "$key")
+        mark=""
+        ((seconds * 2 > budget * 3)) && mark="OVER BUDGET by $((seconds * 100 / budget - 100)) %"
+        printf '%-18s %8d %8d %8s  %s\n' "$key" "$seconds" "$budget" "${passed:--}" "$mark"
+    done
+    printf '%-18s %8d %8d %8s  %s\n' total "$total" "$CI_LIMIT" "" "CI's limit: 90 minutes"
+}
+
+# record KEY SECONDS EXIT: note a stage that ended, and the tests its pytest
+# runs passed (their summary lines, "== 96 passed, 1 warning in 52.1s ==" or
+# without the rules under -q, summed); on failure, the table and the exit.
+record() {
+    local key=$1 seconds=$2 rc=$3 passed
+    passed=$(grep -aoE '^(=+ )?([0-9]+ [a-z]+, )*[0-9]+ passed.* in [0-9.]+s' "$LOGS/$key.log" \
+             | grep -oE '[0-9]+ passed' | awk '{n += $1} END {if (NR) print n}' || true)
+    ran+=("$key|$seconds|$passed")
+    if ((rc != 0)); then
+        summary
+        echo "test.sh: stage $key failed (exit $rc); its output: $LOGS/$key.log" >&2
+        exit "$rc"
+    fi
+}
+
+announce() {
+    printf '\n=== %s (at %d s, budget %d s%s)\n' "$(title_of "$1")" $((SECONDS - started)) \
+        "$(budget_of "$1")" "${2:-}"
+}
+
+# stage KEY COMMAND...: run one stage, its output on the terminal and in
+# $LOGS/KEY.log.
+stage() {
+    local key=$1 begin=$SECONDS rc
+    shift
+    announce "$key"
+    # not `|| rc=$?`: that would switch off -e inside the stage's functions
+    set +e
+    (set -e; "$@") 2>&1 | tee "$LOGS/$key.log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    record "$key" $((SECONDS - begin)) "$rc"
+}
+
+# beside KEY COMMAND...: start a stage in the background, beside the stages
+# that follow, its output in $LOGS/KEY.log only; `collect KEY` waits for it,
+# then shows that output and notes the stage.
+declare -A beside_pids=()
+beside() {
+    local key=$1
+    shift
+    announce "$key" ", beside the next stage: its output when it ends"
+    (
+        begin=$(date +%s)
+        set +e
+        (set -e; "$@") >"$LOGS/$key.log" 2>&1
+        echo "$? $(($(date +%s) - begin))" >"$LOGS/$key.status"
+    ) &
+    beside_pids[$key]=$!
+}
+
+collect() {
+    local key=$1 rc seconds
+    wait "${beside_pids[$key]}"
+    read -r rc seconds <"$LOGS/$key.status"
+    printf '\n=== %s: ended after %d s, at %d s; its output:\n' "$(title_of "$key")" \
+        "$seconds" $((SECONDS - started))
+    cat "$LOGS/$key.log"
+    record "$key" "$seconds" "$rc"
+}
+
+lint() {
+    ansible-lint --profile production --offline
+    ansible-playbook --syntax-check -i inventories/example/hosts.yml site.yml
+    ansible-playbook --syntax-check -i inventories/example/hosts.yml playbooks/upgrade.yml
+    local module name
+    for module in library/*.py; do
+        name=$(basename "$module" .py)
+        ansible-doc -M library "$name" >/dev/null \
+            || { echo "ansible-doc fails for $name" >&2; return 1; }
+    done
+}
+
+images() {
+    BERTH_NODE_SUITE=bookworm bash scripts/test-image.sh
+    BERTH_NODE_SUITE=trixie bash scripts/test-image.sh
+}
+
+unit_tests() {
+    # Two workers, a test file to each at a time (tests/conftest.py starts
+    # the SPANK end-to-end file first): most tests wait on subprocesses, not
+    # the CPU. runtime/tests/conftest.py sets the machine-wide state once.
+    python -m pytest -q -rs -n 2 --dist loadfile --no-loadscope-reorder --durations=10 \
+        tests runtime/tests
+}
+
+fast_cluster() {
+    docker inspect berth-ctl >/dev/null 2>&1 \
+        || { echo "test.sh --fast: no demo cluster runs (bash scripts/demo.sh)" >&2; return 1; }
+    molecule idempotence -s multinode
+    molecule verify -s multinode
+}
+
+stage bootstrap bash scripts/bootstrap-host.sh
 export PATH="${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin:$PATH" ANSIBLE_FORCE_COLOR=0 PY_COLORS=0
-
-stage "ansible-lint (production profile)"
-ansible-lint --profile production --offline
-stage "syntax check"
-ansible-playbook --syntax-check -i inventories/example/hosts.yml site.yml
-ansible-playbook --syntax-check -i inventories/example/hosts.yml playbooks/upgrade.yml
-stage "module documentation"
-for module in library/*.py; do
-    name=$(basename "$module" .py)
-    ansible-doc -M library "$name" >/dev/null || { echo "ansible-doc fails for $name" >&2; exit 1; }
-done
-
-stage "test images (Open MPI, MPICH) of Debian 12 and 13: the runtime's dpkg test, the clusters"
-BERTH_NODE_SUITE=bookworm bash scripts/test-image.sh
-BERTH_NODE_SUITE=trixie bash scripts/test-image.sh
-
-stage "unit and integration tests"
-# Two workers, a test file to each at a time (tests/conftest.py starts the
-# SPANK end-to-end file first): most tests wait on subprocesses, not the CPU.
-python -m pytest -q -rs -n 2 --dist loadfile --no-loadscope-reorder --durations=10 \
-    tests runtime/tests
-
-stage "runtime suite on Debian 13 (Python 3.13), SPANK plugin against its Slurm 24.11"
-bash scripts/test-runtime-suite.sh trixie
-
-stage "multi-node cluster on Debian 12, Slurm 22.05 (molecule test -s multinode)"
-BERTH_NODE_SUITE=bookworm molecule test -s multinode
-stage "multi-node cluster on Debian 13, Slurm 24.11 (the same scenario and tests)"
-BERTH_NODE_SUITE=trixie molecule test -s multinode
-stage "done"
+stage lint lint
+if [[ $mode == fast ]]; then
+    stage pytest unit_tests
+    stage fast-cluster fast_cluster
+else
+    stage images images
+    # The host's tests beside the clusters: each of the four leaves a share of
+    # the two cores idle (pytest's workers and the cluster wait on
+    # subprocesses, jobs and services), and nothing one changes is seen by the
+    # other (the nodes have their own /dev, users, network and Docker names;
+    # the runtime suite runs in a container of its own).
+    beside pytest unit_tests
+    stage cluster-bookworm env BERTH_NODE_SUITE=bookworm molecule test -s multinode
+    collect pytest
+    beside runtime-trixie bash scripts/test-runtime-suite.sh trixie
+    stage cluster-trixie env BERTH_NODE_SUITE=trixie molecule test -s multinode
+    collect runtime-trixie
+fi
+summary
