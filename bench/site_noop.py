@@ -6,11 +6,14 @@
 Runs on the converged demo cluster (`bash scripts/demo.sh`): berth-ctl,
 berth-cn1, berth-cn2. Every run must report changed=0 on every host, or the
 benchmark stops. Rows, N runs each, min / median in seconds:
-  docker, 3 hosts                      the baseline: what the test bed runs
+  docker, 3 hosts                      the baseline: Ansible's own strategy
   docker, 3 hosts, berth_validate=false   without the validation play's MPI job
   docker, --limit 1 host / 2 hosts     how the run grows with the hosts it manages
+  docker, 3 hosts, Mitogen             strategy mitogen_linear (plugins/strategy):
+                                       one Python per host for the whole run
   ssh, 3 hosts                         OpenSSH, as on real nodes: pipelining and
-                                       ControlPersist, as ansible.cfg sets them
+                                       ControlPersist, as ansible.cfg sets them;
+                                       and the same with Mitogen
 For the ssh row the benchmark installs openssh-server into the three node
 containers (from the node's package mirror), authorizes a key it makes for
 root, and reaches the nodes at their addresses on the Docker network.
@@ -46,7 +49,8 @@ def inventory(directory, connection, key=None):
                 lines.append(f"        {name}:")
     lines += ["  vars:"]
     if connection == "docker":
-        lines.append("    ansible_connection: community.docker.docker")
+        # the short name: Mitogen takes over only connections it knows by it
+        lines.append("    ansible_connection: docker")
     else:
         lines += ["    ansible_connection: ssh", "    ansible_user: root",
                   f"    ansible_ssh_private_key_file: {key}",
@@ -85,8 +89,8 @@ def enable_ssh(work):
     return key
 
 
-def run(hosts_file, *args):
-    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+def run(hosts_file, *args, strategy="linear"):
+    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", ANSIBLE_STRATEGY=strategy)
     started = time.perf_counter()
     result = subprocess.run(["ansible-playbook", "-i", str(hosts_file), "site.yml", *args],
                             cwd=PROJECT, capture_output=True, text=True, env=env)
@@ -112,19 +116,22 @@ def main():
     with tempfile.TemporaryDirectory(prefix="berth-noop-") as tmp:
         work = Path(tmp)
         docker = inventory(work / "docker", "docker")
-        rows = [("docker, 3 hosts (baseline)", docker, ()),
-                ("docker, 3 hosts, berth_validate=false", docker, ("-e", "berth_validate=false")),
-                ("docker, --limit berth-ctl (1 host)", docker, ("--limit", "berth-ctl")),
-                ("docker, --limit berth-ctl,berth-cn1 (2)", docker, ("--limit", "berth-ctl,berth-cn1"))]
+        mitogen = {"strategy": "mitogen_linear"}  # plugins/strategy, mitogen in the venv
+        rows = [("docker, 3 hosts (baseline)", docker, (), {}),
+                ("docker, 3 hosts, berth_validate=false", docker, ("-e", "berth_validate=false"), {}),
+                ("docker, --limit berth-ctl (1 host)", docker, ("--limit", "berth-ctl"), {}),
+                ("docker, --limit berth-ctl,berth-cn1 (2)", docker, ("--limit", "berth-ctl,berth-cn1"), {}),
+                ("docker, 3 hosts, Mitogen", docker, (), mitogen)]
         if not options.no_ssh:
-            rows.append(("ssh, 3 hosts", inventory(work / "ssh", "ssh", enable_ssh(work)), ()))
-        samples = {label: [] for label, _, _ in rows}
+            ssh = inventory(work / "ssh", "ssh", enable_ssh(work))
+            rows += [("ssh, 3 hosts", ssh, (), {}), ("ssh, 3 hosts, Mitogen", ssh, (), mitogen)]
+        samples = {label: [] for label, *_ in rows}
         for _ in range(options.runs):  # in turns: a change in the machine's speed hits all rows
-            for label, hosts_file, args in rows:
-                samples[label].append(run(hosts_file, *args))
+            for label, hosts_file, args, settings in rows:
+                samples[label].append(run(hosts_file, *args, **settings))
     baseline = statistics.median(samples[rows[0][0]])
     print(f"{'no-op site.yml run':44} {'min s':>7} {'median s':>9} {'vs baseline':>12}")
-    for label, _, _ in rows:
+    for label, *_ in rows:
         times = samples[label]
         median = statistics.median(times)
         print(f"{label:44} {min(times):7.1f} {median:9.1f} {median / baseline:11.2f}x")
