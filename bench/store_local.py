@@ -201,6 +201,29 @@ def print_table(rows):
                         for i, (cell, width) in enumerate(zip(line, widths))).rstrip())
 
 
+def install_missing_tools():
+    """sshfs and sshd, which scripts/bootstrap-host.sh does not install: from
+    Debian's mirror, with every service start refused while dpkg runs (the
+    package would start the host's own sshd on port 22; this script runs its
+    own)."""
+    if shutil.which("sshfs") and os.path.exists("/usr/sbin/sshd"):
+        return
+    policy = Path("/usr/sbin/policy-rc.d")
+    made = not policy.exists()
+    if made:
+        policy.write_text("#!/bin/sh\nexit 101\n")  # invoke-rc.d: "action forbidden"
+        policy.chmod(0o755)
+    try:
+        for command in (["apt-get", "update", "-qq"],
+                        ["apt-get", "install", "-y", "-qq", "--no-install-recommends",
+                         "sshfs", "openssh-server"]):
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL,
+                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    finally:
+        if made:
+            policy.unlink()
+
+
 def main():
     if len(sys.argv) == 4 and sys.argv[1] == "--relay":
         relay(int(sys.argv[2]), float(sys.argv[3]) / 2000)
@@ -212,6 +235,7 @@ def main():
     delays = [d for d in (args.delay_ms if args.delay_ms is not None else [1.0]) if d > 0]
     if os.geteuid() != 0:
         raise SystemExit("run as root: squashfuse, sshfs and an sshd")
+    install_missing_tools()
     top = Path(tempfile.mkdtemp(prefix="berth-bench-store-", dir="/var/tmp"))
     sshd, mounts = None, []
     try:
