@@ -3,4 +3,11 @@
 # `pip install mitogen` beside Ansible, not the path of its installed plugins.
 # Mitogen keeps one Python interpreter per host for the whole run instead of
 # starting one per task: the test bed's playbook runs take about half as long.
+import ansible_mitogen.strategy
 from ansible_mitogen.plugins.strategy.mitogen_linear import StrategyModule  # noqa: F401
+
+# Plays on the control host keep Ansible's own local connection: async tasks
+# started there (Molecule's create and destroy run docker_container so) never
+# finish under Mitogen's, and a local task gains nothing from it.
+ansible_mitogen.strategy.REDIRECTED_CONNECTION_PLUGINS = tuple(
+    name for name in ansible_mitogen.strategy.REDIRECTED_CONNECTION_PLUGINS if name != "local")
