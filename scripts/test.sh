@@ -107,27 +107,44 @@ stage() {
     record "$key" $((SECONDS - begin)) "$rc"
 }
 
-# beside KEY COMMAND...: start a stage in the background, beside the stages
-# that follow, its output in $LOGS/KEY.log only; `collect KEY` waits for it,
-# then shows that output and notes the stage.
+# beside KEY FUNCTION [then KEY FUNCTION]...: start stages in the background,
+# one after the other, beside the stages that follow; their output goes to
+# $LOGS/KEY.log only. `collect KEY` waits for one, then shows its output and
+# notes it; a stage after one that failed does not run.
 declare -A beside_pids=()
 beside() {
-    local key=$1
-    shift
-    announce "$key" ", beside the next stage: its output when it ends"
+    local -a chain=("$@") keys=()
+    local i
+    for ((i = 0; i < ${#chain[@]}; i += 3)); do
+        keys+=("${chain[i]}")
+        rm -f "$LOGS/${chain[i]}.status"
+    done
+    announce "${keys[0]}" ", beside the next stages${keys[1]:+, then ${keys[*]:1}}; its output when it ends"
     (
-        begin=$(date +%s)
-        set +e
-        (set -e; "$@") >"$LOGS/$key.log" 2>&1
-        echo "$? $(($(date +%s) - begin))" >"$LOGS/$key.status"
+        for ((i = 0; i < ${#chain[@]}; i += 3)); do
+            ((i == 0)) || printf '\n=== %s (at %d s, beside)\n' "$(title_of "${chain[i]}")" \
+                $((SECONDS - started))
+            begin=$(date +%s)
+            set +e
+            (set -e; "${chain[i + 1]}") >"$LOGS/${chain[i]}.log" 2>&1
+            rc=$?
+            echo "$rc $(($(date +%s) - begin))" >"$LOGS/${chain[i]}.status"
+            ((rc == 0)) || break
+        done
     ) &
-    beside_pids[$key]=$!
+    for i in "${keys[@]}"; do
+        beside_pids[$i]=$!
+    done
 }
 
 collect() {
-    local key=$1 rc seconds
-    wait "${beside_pids[$key]}"
-    read -r rc seconds <"$LOGS/$key.status"
+    local key=$1 rc=1 seconds=0
+    wait "${beside_pids[$key]}" 2>/dev/null || true  # (a chain's second collect finds it reaped)
+    if [[ -f $LOGS/$key.status ]]; then
+        read -r rc seconds <"$LOGS/$key.status"
+    else
+        echo "(not run: a stage before it in its chain failed)" >"$LOGS/$key.log"
+    fi
     printf '\n=== %s: ended after %d s, at %d s; its output:\n' "$(title_of "$key")" \
         "$seconds" $((SECONDS - started))
     cat "$LOGS/$key.log"
@@ -157,6 +174,10 @@ unit_tests() {
     # the CPU. runtime/tests/conftest.py sets the machine-wide state once.
     python -m pytest -q -rs -n 2 --dist loadfile --no-loadscope-reorder --durations=10 \
         tests runtime/tests
+}
+
+runtime_suite_trixie() {
+    bash scripts/test-runtime-suite.sh trixie
 }
 
 # The Debian 13 cluster on a second Docker daemon, in a network namespace of
@@ -194,15 +215,16 @@ if [[ $mode == fast ]]; then
 else
     stage images images
     # The two clusters at once, each on a Docker daemon of its own, and the
-    # host's tests beside them: each leaves a share of the two cores idle
-    # (waiting on jobs, services and subprocesses), and nothing one changes
-    # is seen by another (the nodes have their own /dev, users, network and
-    # /shared; the runtime suite runs in a container of its own).
+    # host's tests beside them, then the Debian 13 runtime suite: each leaves
+    # a share of the two cores idle (waiting on jobs, services and
+    # subprocesses), and nothing one changes is seen by another (the nodes
+    # have their own /dev, users, network and /shared; the runtime suite runs
+    # in a container of its own).
     beside cluster-trixie cluster_beside
-    beside pytest unit_tests
+    beside pytest unit_tests then runtime-trixie runtime_suite_trixie
     stage cluster-bookworm env BERTH_NODE_SUITE=bookworm molecule test -s multinode
     collect pytest
-    stage runtime-trixie bash scripts/test-runtime-suite.sh trixie
+    collect runtime-trixie
     collect cluster-trixie
 fi
 summary

@@ -52,3 +52,32 @@ stage lint sh -c 'echo "== 3 passed, 1 warning in 0.1s =="; exit 7'
     assert re.search(r"^total +\d+ +5400 ", rows["total"]), rows
     assert "test.sh: stage lint failed (exit 7)" in result.stderr
     assert (tmp_path / ".cache/test-logs/lint.log").read_text().startswith("== 3 passed")
+
+
+def test_stages_beside_run_in_turn_and_stop_at_the_first_failure(tmp_path):
+    """A chain of background stages: each one's log, seconds and passed tests
+    noted when it is collected; a failed one fails the run at its collect,
+    and the stage after it never runs."""
+    text = SCRIPT.read_text()
+    functions = text[:text.index("\nstage bootstrap ")]
+    functions = functions.replace('cd "$(dirname "$0")/.."', f'cd "{tmp_path}"')
+    script = functions + """
+passes() { echo "== 5 passed in 0.1s =="; }
+fails() { echo "== 7 passed, 1 failed in 0.1s =="; exit 3; echo "not reached"; }
+beside pytest passes then runtime-trixie fails then cluster-trixie passes
+stage lint sh -c 'echo "the foreground stage"'
+collect pytest
+collect runtime-trixie
+echo "not reached either"
+"""
+    result = subprocess.run(["bash", "-c", script, str(SCRIPT)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 3, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if re.match(r"^[a-z-]+ +\d+ ", line)]
+    assert [(row[0], row[3]) for row in rows[:3]] == [("lint", "-"), ("pytest", "5"),
+                                                        ("runtime-trixie", "7")], rows
+    assert "test.sh: stage runtime-trixie failed (exit 3)" in result.stderr
+    logs = tmp_path / ".cache/test-logs"
+    assert "not reached" not in (logs / "runtime-trixie.log").read_text()
+    assert not (logs / "cluster-trixie.status").exists()  # the chain stopped before it
+    assert "not reached either" not in result.stdout
