@@ -20,14 +20,14 @@ cd "$(dirname "$0")/.."
 CI_LIMIT=5400  # CI stops a run after 90 minutes: past it, nothing lands
 # key|budget in seconds|what it runs
 STAGES=(
-    "bootstrap|420|host bootstrap (packages, Docker daemon, venv, node images)"
-    "lint|90|ansible-lint (production profile), syntax check, module documentation"
-    "images|300|test images (Open MPI, MPICH) of Debian 12 and 13"
-    "pytest|420|unit and integration tests (tests, runtime/tests)"
-    "runtime-trixie|150|runtime suite on Debian 13 (Python 3.13), SPANK plugin against Slurm 24.11"
-    "cluster-bookworm|720|multi-node cluster on Debian 12, Slurm 22.05 (molecule test -s multinode)"
-    "cluster-trixie|780|multi-node cluster on Debian 13, Slurm 24.11 (the same scenario and tests)"
-    "fast-cluster|480|the running demo cluster: idempotence and verify (molecule)"
+    "bootstrap|180|host bootstrap (packages, Docker daemon, venv, node images)"
+    "lint|45|ansible-lint (production profile), syntax check, module documentation"
+    "images|240|test images (Open MPI, MPICH) of Debian 12 and 13"
+    "pytest|600|unit and integration tests (tests, runtime/tests)"
+    "runtime-trixie|180|runtime suite on Debian 13 (Python 3.13), SPANK plugin against Slurm 24.11"
+    "cluster-bookworm|1380|multi-node cluster on Debian 12, Slurm 22.05 (molecule test -s multinode)"
+    "cluster-trixie|1270|multi-node cluster on Debian 13, Slurm 24.11 (the same scenario and tests)"
+    "fast-cluster|1080|the running demo cluster: idempotence and verify (molecule)"
 )
 
 mode=full
