@@ -42,20 +42,12 @@ mkdir -p "$LOGS"
 started=$SECONDS
 ran=()  # key|seconds|passed, in order
 
-budget_of() {
-    local entry
-    for entry in "${STAGES[@]}"; do
-        [[ ${entry%%|*} == "$1" ]] && { entry=${entry#*|}; echo "${entry%%|*}"; return; }
-    done
-    echo "test.sh: no budget for stage $1" >&2; exit 2
-}
-
-title_of() {
-    local entry
-    for entry in "${STAGES[@]}"; do
-        [[ ${entry%%|*} == "$1" ]] && { echo "${entry##*|}"; return; }
-    done
-}
+declare -A STAGE_BUDGET=() STAGE_TITLE=()
+for entry in "${STAGES[@]}"; do
+    IFS='|' read -r key seconds title <<<"$entry"
+    STAGE_BUDGET[$key]=$seconds
+    STAGE_TITLE[$key]=$title
+done
 
 # The closing table: stage, seconds, budget, tests passed, and a mark for a
 # stage over its budget by half; then the whole run against CI's limit.
@@ -65,7 +57,7 @@ summary() {
     printf '%-18s %8s %8s %8s  %s\n' stage seconds budget passed ""
     for entry in "${ran[@]}"; do
         IFS='|' read -r key seconds passed <<<"$entry"
-        budget=$(budget_of "$key")
+        budget=${STAGE_BUDGET[$key]}
         mark=""
         ((seconds * 2 > budget * 3)) && mark="OVER BUDGET by $((seconds * 100 / budget - 100)) %"
         printf '%-18s %8d %8d %8s  %s\n' "$key" "$seconds" "$budget" "${passed:--}" "$mark"
@@ -89,8 +81,8 @@ record() {
 }
 
 announce() {
-    printf '\n=== %s (at %d s, budget %d s%s)\n' "$(title_of "$1")" $((SECONDS - started)) \
-        "$(budget_of "$1")" "${2:-}"
+    printf '\n=== %s (at %d s, budget %d s%s)\n' "${STAGE_TITLE[$1]}" $((SECONDS - started)) \
+        "${STAGE_BUDGET[$1]}" "${2:-}"
 }
 
 # stage KEY COMMAND...: run one stage, its output on the terminal and in
@@ -122,7 +114,7 @@ beside() {
     announce "${keys[0]}" ", beside the next stages${keys[1]:+, then ${keys[*]:1}}; its output when it ends"
     (
         for ((i = 0; i < ${#chain[@]}; i += 3)); do
-            ((i == 0)) || printf '\n=== %s (at %d s, beside)\n' "$(title_of "${chain[i]}")" \
+            ((i == 0)) || printf '\n=== %s (at %d s, beside)\n' "${STAGE_TITLE[${chain[i]}]}" \
                 $((SECONDS - started))
             begin=$(date +%s)
             set +e
@@ -145,7 +137,7 @@ collect() {
     else
         echo "(not run: a stage before it in its chain failed)" >"$LOGS/$key.log"
     fi
-    printf '\n=== %s: ended after %d s, at %d s; its output:\n' "$(title_of "$key")" \
+    printf '\n=== %s: ended after %d s, at %d s; its output:\n' "${STAGE_TITLE[$key]}" \
         "$seconds" $((SECONDS - started))
     cat "$LOGS/$key.log"
     record "$key" "$seconds" "$rc"
