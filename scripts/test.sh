@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, unit and integration tests, the runtime's suite
 # and the SPANK plugin's build on Debian 13, and the multi-node Molecule
-# scenario on Debian 12 and then on Debian 13 (one cluster at a time, the
-# host's tests beside the first). Exits non-zero on the first failing stage.
+# scenario on Debian 12 and on Debian 13 (both clusters at once, each on a
+# Docker daemon of its own, the host's tests beside them). Exits non-zero on
+# the first failing stage.
 #
 #   bash scripts/test.sh          everything, as CI runs it
 #   bash scripts/test.sh --fast   a developer's loop: lint, pytest, and the
@@ -172,6 +173,25 @@ runtime_suite_trixie() {
     bash scripts/test-runtime-suite.sh trixie
 }
 
+# The Debian 13 cluster on a second Docker daemon, in a network namespace of
+# its own (scripts/start-dockerd.sh --beside): the same container and network
+# names as the Debian 12 cluster's, which runs at the same time on the host's.
+cluster_beside() {
+    local host_image beside_image
+    DOCKER_HOST=$(bash scripts/start-dockerd.sh --beside)
+    export DOCKER_HOST
+    host_image=$(env -u DOCKER_HOST docker image inspect -f '{{.Id}}' berth/node:trixie)
+    beside_image=$(docker image inspect -f '{{.Id}}' berth/node:trixie 2>/dev/null || true)
+    if [[ $host_image != "$beside_image" ]]; then
+        env -u DOCKER_HOST docker save berth/node:trixie | docker load -q
+    fi
+    # Molecule's state and the verify step's tmp_path, apart from the other cluster's
+    export MOLECULE_EPHEMERAL_DIRECTORY=$PWD/.cache/molecule-beside
+    export PYTEST_DEBUG_TEMPROOT=$PWD/.cache/pytest-beside
+    mkdir -p "$PYTEST_DEBUG_TEMPROOT"
+    BERTH_NODE_SUITE=trixie molecule test -s multinode
+}
+
 fast_cluster() {
     docker inspect berth-ctl >/dev/null 2>&1 \
         || { echo "test.sh --fast: no demo cluster runs (bash scripts/demo.sh)" >&2; return 1; }
@@ -187,17 +207,17 @@ if [[ $mode == fast ]]; then
     stage fast-cluster fast_cluster
 else
     stage images images
-    # The host's tests beside the Debian 12 cluster, then the Debian 13
-    # runtime suite: each leaves a share of the two cores idle (waiting on
-    # jobs, services and subprocesses), and nothing one changes is seen by
-    # the other (the nodes have their own /dev, users and network; the
-    # runtime suite runs in a container of its own). The clusters run one at
-    # a time: on a cgroup v1 host both clusters' slurmd put their jobs under
-    # the same /sys/fs/cgroup/*/slurm_berth-cn1, and take each other's away.
+    # The two clusters at once, each on a Docker daemon of its own, and the
+    # host's tests beside them, then the Debian 13 runtime suite: each leaves
+    # a share of the two cores idle (waiting on jobs, services and
+    # subprocesses), and nothing one changes is seen by another (the nodes
+    # have their own /dev, users, network, /shared and cgroup namespace; the
+    # runtime suite runs in a container of its own).
+    beside cluster-trixie cluster_beside
     beside pytest unit_tests then runtime-trixie runtime_suite_trixie
     stage cluster-bookworm env BERTH_NODE_SUITE=bookworm molecule test -s multinode
     collect pytest
     collect runtime-trixie
-    stage cluster-trixie env BERTH_NODE_SUITE=trixie molecule test -s multinode
+    collect cluster-trixie
 fi
 summary
