@@ -1,0 +1,2 @@
+"""What the site runs for users: EDFs, the prolog's `setup-user`. Imports
+container/, store/, image/ and the ground floor."""
