@@ -358,8 +358,9 @@ int set_image(struct container_flags *flags, const char *value,
 static int known_mount_flag(const char *flag, size_t len)
 {
 	/*
-	 * enroot's fstab flags that berth start -m takes (runtime/berth/mounts.py;
-	 * tests/test_spank_plugin.py holds the two lists equal)
+	 * enroot's fstab flags that berth start -m takes
+	 * (runtime/berth/container/mounts.py; tests/test_spank_plugin.py holds
+	 * the two lists equal)
 	 */
 	static const char *const known[] = {
 		"ro", "rw", "bind", "rbind", "defaults",

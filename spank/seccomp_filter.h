@@ -1,8 +1,8 @@
 /*
- * The seccomp filter of every container process (runtime/berth/seccomp.py):
+ * The seccomp filter of every container process (runtime/berth/container/seccomp.py):
  * tasks join the container with setns, so they are no children of its
  * keeper and install the same filter themselves. Made by
- *   python3 -m berth.seccomp x86_64; python3 -m berth.seccomp aarch64
+ *   python3 -m berth.container.seccomp x86_64; python3 -m berth.container.seccomp aarch64
  * and held equal to those by tests/test_spank_plugin.py.
  */
 #ifndef BERTH_SECCOMP_FILTER_H

@@ -11,7 +11,7 @@ from ansible.errors import AnsibleFilterError
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "runtime"))
-from berth import reference, registries  # noqa: E402
+from berth.image import reference, registries  # noqa: E402
 
 
 def _filters(path, name):

@@ -185,7 +185,7 @@ def test_mount_flags_are_the_runtimes():
     plugin = set(re.findall(r'"([^"]+)"', table))
     sys.path.insert(0, str(SPANK.parent / "runtime"))
     try:
-        from berth import mounts
+        from berth.container import mounts
         from berth.errors import BerthError
     finally:
         sys.path.pop(0)
@@ -208,7 +208,7 @@ def test_archive_image_forms_are_the_runtimes():
     plugin = set(re.findall(r'"([^"]+):"', table))
     sys.path.insert(0, str(SPANK.parent / "runtime"))
     try:
-        from berth import archive
+        from berth.image import archive
     finally:
         sys.path.pop(0)
     assert plugin == set(archive.SCHEMES)
@@ -220,7 +220,7 @@ def test_tasks_install_the_runtimes_seccomp_filter():
     header = (SPANK / "seccomp_filter.h").read_text()
     sys.path.insert(0, str(SPANK.parent / "runtime"))
     try:
-        from berth import seccomp
+        from berth.container import seccomp
     finally:
         sys.path.pop(0)
     for machine, guard in (("x86_64", "__x86_64__"), ("aarch64", "__aarch64__")):

@@ -15,7 +15,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "runtime"))
 
-from berth import cli, userdirs  # noqa: E402
+from berth import cli  # noqa: E402
+from berth.site import userdirs  # noqa: E402
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="setup-user runs as root")
 NOBODY = pwd.getpwnam("nobody")

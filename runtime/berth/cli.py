@@ -137,7 +137,7 @@ def _add_setup_user(sub):
     p.add_argument("user", help="user name or uid")
 
 
-# cache prune and store prune: imagecache.parse_duration reads it
+# cache prune and store prune: image.cache.parse_duration reads it
 _OLDER_THAN_HELP = ("remove what was unused for DURATION: 30d, 12h, 90m, 2w "
                     "(a number alone is days)")
 
@@ -196,18 +196,18 @@ def _add_version(sub):
 
 # verb -> (adds its sub-parser, "module:function" run with (args, cfg) -> exit status)
 VERBS = {
-    "import": (_add_import, "berth.importer:cmd_import"),
-    "create": (_add_create, "berth.container:cmd_create"),
-    "start": (_add_start, "berth.container:cmd_start"),
-    "exec": (_add_exec, "berth.container:cmd_exec"),
-    "list": (_add_list, "berth.container:cmd_list"),
-    "remove": (_add_remove, "berth.container:cmd_remove"),
-    "export": (_add_export, "berth.container:cmd_export"),
-    "batch": (_add_batch, "berth.container:cmd_batch"),
-    "edf": (_add_edf, "berth.edf:cmd_edf"),
-    "setup-user": (_add_setup_user, "berth.userdirs:cmd_setup_user"),
-    "cache": (_add_cache, "berth.imagecache:cmd_cache"),
-    "store": (_add_store, "berth.store:cmd_store"),
+    "import": (_add_import, "berth.image.importer:cmd_import"),
+    "create": (_add_create, "berth.container.verbs:cmd_create"),
+    "start": (_add_start, "berth.container.verbs:cmd_start"),
+    "exec": (_add_exec, "berth.container.verbs:cmd_exec"),
+    "list": (_add_list, "berth.container.verbs:cmd_list"),
+    "remove": (_add_remove, "berth.container.verbs:cmd_remove"),
+    "export": (_add_export, "berth.container.verbs:cmd_export"),
+    "batch": (_add_batch, "berth.container.verbs:cmd_batch"),
+    "edf": (_add_edf, "berth.site.edf:cmd_edf"),
+    "setup-user": (_add_setup_user, "berth.site.userdirs:cmd_setup_user"),
+    "cache": (_add_cache, "berth.image.cache:cmd_cache"),
+    "store": (_add_store, "berth.store.service:cmd_store"),
     "version": (_add_version, "berth.cli:cmd_version"),
 }
 

@@ -58,7 +58,7 @@ def _defaults(env):
         "ENROOT_MOUNT_HOME": "no",
         "ENROOT_RESTRICT_DEV": "no",
         "ENROOT_FORCE_OVERRIDE": "no",
-        # Berth's own: the shared image store (store.py); an empty path is none.
+        # Berth's own: the shared image store (store/); an empty path is none.
         "BERTH_IMAGE_STORE": "",
         "BERTH_IMAGE_STORE_SOCKET": "/run/berth-store.sock",
         "BERTH_IMAGE_STORE_OWNER": "berth-store",

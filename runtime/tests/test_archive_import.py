@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import berth, berth_env, gzipped, layer_tar, unsquash  # noqa: E402
 
-from berth.imageconfig import read_image_config  # noqa: E402
+from berth.image.imageconfig import read_image_config  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not shutil.which("mksquashfs"), reason="needs squashfs-tools")
 

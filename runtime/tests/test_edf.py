@@ -5,7 +5,8 @@ import tomllib
 
 import pytest
 
-from berth import cli, edf
+from berth import cli
+from berth.site import edf
 from berth.errors import BerthError
 
 

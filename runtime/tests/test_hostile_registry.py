@@ -27,10 +27,10 @@ from registry_fixture import (  # noqa: E402
 
 from berth import config  # noqa: E402
 from berth.errors import BerthError  # noqa: E402
-from berth.reference import parse  # noqa: E402
-from berth.registry import (  # noqa: E402
+from berth.image.reference import parse  # noqa: E402
+from berth.image.registry import (  # noqa: E402
     MAX_CONFIG, MAX_MANIFEST, Registry, _check_complete, _CutShort)
-from berth.transport import Direct, reason  # noqa: E402
+from berth.image.transport import Direct, reason  # noqa: E402
 
 LAYER = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=hostile\n")))
 BIG = 64 << 20  # what a flood sends at most: far past every limit, bounded for the old code
@@ -422,7 +422,7 @@ def test_a_resolve_loads_neither_requests_nor_urllib3(tmp_path, env, hostile):
     image = hostile.image("test/app", "v1", [LAYER])
     script = ("import sys\nfrom berth import cli\nstatus = cli.main(sys.argv[1:])\n"
               "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
-              "('requests', 'urllib3', 'tqdm', 'tarfile', 'berth.pull'))\n"
+              "('requests', 'urllib3', 'tqdm', 'tarfile', 'berth.image.pull'))\n"
               "print('loaded:', heavy)\nsys.exit(status)\n")
     result = subprocess.run(
         [sys.executable, "-c", script, "import", "--resolve",

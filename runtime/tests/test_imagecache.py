@@ -21,7 +21,7 @@ from registry_fixture import (  # noqa: E402
     Registry, berth, berth_env, gzipped, imports_at_once, layer_tar, unsquash)
 
 from berth.errors import BerthError  # noqa: E402
-from berth.imageconfig import read_image_config  # noqa: E402
+from berth.image.imageconfig import read_image_config  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
                                 reason="needs docker-registry (Debian package docker-registry)")
@@ -666,7 +666,7 @@ def test_cache_only_digest_names_what_the_image_was_pulled_by(tmp_path, env, pro
 
 
 def test_a_squashfs_without_image_json_has_no_digest(tmp_path):
-    from berth import squash
+    from berth.image import squash
     (tmp_path / "root/etc").mkdir(parents=True)
     image = tmp_path / "plain.sqsh"
     subprocess.run(["mksquashfs", tmp_path / "root", image, "-quiet", "-no-progress"], check=True)

@@ -25,7 +25,7 @@ from registry_fixture import (  # noqa: E402
     DOCKER_MANIFEST, Proxy, Registry, berth, berth_env, gzipped, imports_at_once, layer_tar,
     unsquash, zstd_compressed)
 
-from berth.imageconfig import read_image_config  # noqa: E402
+from berth.image.imageconfig import read_image_config  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
                                 reason="needs docker-registry (Debian package docker-registry)")

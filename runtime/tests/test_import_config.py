@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from berth.errors import BerthError
-from berth.imageconfig import from_oci, read_image_config, write_image_config
+from berth.image.imageconfig import from_oci, read_image_config, write_image_config
 
 DIGEST = "sha256:" + "cd" * 32
 
@@ -82,7 +82,7 @@ def test_missing_or_broken_image_json(tmp_path):
 def test_image_json_entries_of_the_wrong_type_are_one_error(tmp_path, key, value, needle):
     """image.json is read at every start (rootfs.image_config): a squashfs made
     elsewhere may hold anything there."""
-    from berth.rootfs import image_config
+    from berth.container.rootfs import image_config
     write_image_config(tmp_path, image())
     path = tmp_path / "etc/berth/image.json"
     path.write_text(json.dumps(dict(image(), **{key: value})))

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import gzipped, layer_tar, zstd_compressed  # noqa: E402
 
 from berth.errors import BerthError  # noqa: E402
-from berth.layers import apply_layer, resolve  # noqa: E402
+from berth.image.layers import apply_layer, resolve  # noqa: E402
 
 
 @pytest.fixture

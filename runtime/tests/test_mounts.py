@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from berth import mounts
+from berth.container import mounts
 from test_container import (  # noqa: F401 (fixtures)
     AS_ROOT, app, berth, berth_pid, images, library, squash, start_detached, usable_fuse, user)
 

@@ -3,7 +3,7 @@
 import pytest
 
 from berth.errors import BerthError
-from berth.reference import default_output, parse
+from berth.image.reference import default_output, parse
 
 DIGEST = "sha256:" + "ab" * 32
 

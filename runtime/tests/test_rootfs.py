@@ -2,7 +2,7 @@
 
 import os
 
-from berth import rootfs
+from berth.container import rootfs
 
 
 def test_remove_tree_with_links_to_directories_and_locked_dirs(tmp_path):

@@ -23,7 +23,8 @@ from test_store import (  # noqa: E402,F401 (fixtures)
     ALICE, BASE, BOB, KEY, STORE_USER, FakeService, _owned_dir, _squashfs, age_store, private,
     registry, service, site, uri_of, users)
 
-from berth import config, store  # noqa: E402
+from berth import config  # noqa: E402
+from berth.store import service as store  # noqa: E402
 from berth.errors import BerthError  # noqa: E402
 
 pytestmark = [
@@ -261,7 +262,8 @@ def test_a_copy_whose_entry_is_gone_is_not_taken(site, service, proxy, local):
 
 _SLOW_COPY = """
 import os, sys, time
-from berth import config, storelocal
+from berth import config
+from berth.store import local as storelocal
 real = os.write
 def write(fd, data):
     done = real(fd, data)

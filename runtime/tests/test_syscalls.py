@@ -113,7 +113,7 @@ def test_seccomp_filter_fakes_ownership_and_id_calls(tmp_path):
     """In a user namespace where only our uid exists, chown and setuid to
     another id fail (EINVAL); under the filter they return 0 and change
     nothing, setfsuid(-1) still answers, and the process shows Seccomp: 2."""
-    from berth import seccomp
+    from berth.container import seccomp
     probe = tmp_path / "probe"
     probe.write_text("")
     os.chmod(tmp_path, 0o777)
@@ -146,7 +146,7 @@ def test_seccomp_filter_fakes_ownership_and_id_calls(tmp_path):
 
 
 def test_seccomp_program_is_known_for_two_architectures_only():
-    from berth import seccomp
+    from berth.container import seccomp
     for machine in ("x86_64", "aarch64"):
         code = seccomp.program(machine)
         assert code[-1] == (0x06, 0, 0, 0x7FFF0000) and len(code) < 40
@@ -159,8 +159,8 @@ def test_seccomp_program_prints_as_c_initializers():
     """What the SPANK plugin's C array must equal (a contract test there can run this)."""
     import subprocess
     import sys
-    from berth import seccomp
-    out = subprocess.run([sys.executable, "-m", "berth.seccomp", "aarch64"], capture_output=True,
+    from berth.container import seccomp
+    out = subprocess.run([sys.executable, "-m", "berth.container.seccomp", "aarch64"], capture_output=True,
                          text=True, check=True, cwd=os.path.dirname(os.path.dirname(sc.__file__)))
     rows = [tuple(int(v, 0) for v in line.strip("{}, ").split(", "))
             for line in out.stdout.splitlines()]

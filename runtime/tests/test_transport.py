@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from berth import transport
+from berth.image import transport
 
 needs_openssl = pytest.mark.skipif(not shutil.which("openssl"), reason="needs openssl")
 
@@ -125,8 +125,8 @@ def test_http_allowed_still_speaks_https_to_a_registry_that_has_it(tls_server):
     plain HTTP; one with TLS is still asked over HTTPS (enroot would speak
     plain HTTP to it: the README's compatibility table says so)."""
     from berth import config
-    from berth.reference import parse
-    from berth.registry import Registry
+    from berth.image.reference import parse
+    from berth.image.registry import Registry
     url, _ = tls_server
     host = url.split("/")[2]
     cfg = config.load({"HOME": "/nonexistent", "ENROOT_SYSCONF_PATH": "/nonexistent",

@@ -7,7 +7,8 @@ they use only what is imported already.
 import os
 import signal
 
-from berth import mounts, syscalls as sc
+from berth import syscalls as sc
+from berth.container import mounts
 from berth.errors import BerthError
 
 

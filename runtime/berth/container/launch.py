@@ -49,7 +49,8 @@ import select
 import signal
 import sys
 
-from berth import entry, environ, hooks, mounts, rootfs, rootpath, seccomp, syscalls as sc
+from berth import rootpath, syscalls as sc
+from berth.container import entry, environ, hooks, mounts, rootfs, seccomp
 from berth.errors import BerthError
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)

@@ -39,9 +39,9 @@ import re
 
 from berth import syscalls as sc
 from berth.config import text_lines
-from berth.imageconfig import SQUASHFS_MAGIC
-from berth.rootpath import resolve
 from berth.errors import BerthError
+from berth.image.imageconfig import SQUASHFS_MAGIC
+from berth.rootpath import resolve
 
 _MS_SYNCHRONOUS, _MS_MANDLOCK, _MS_DIRSYNC, _MS_NOSYMFOLLOW = 0x10, 0x40, 0x80, 0x100
 _MS_SILENT, _MS_UNBINDABLE, _MS_MOVE = 0x8000, 0x20000, 0x2000
@@ -293,7 +293,7 @@ def apply(root, mount):
                 _move(root, mount.source, fd)
                 return None
             if mount.is_squashfs:
-                from berth import rootfs  # (it imports this module)
+                from berth.container import rootfs  # (it imports this module)
                 server = rootfs.mount_squashfs(mount.source, f"/proc/self/fd/{fd}")
                 # Wait until it serves: until then it may still be loading its
                 # libraries, from a root pivot_root would soon swap for the container's.

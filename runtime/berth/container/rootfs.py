@@ -4,7 +4,9 @@ import os
 import signal
 import time
 
-from berth import environ, imageconfig, mounts, rootpath, syscalls as sc
+from berth import rootpath, syscalls as sc
+from berth.container import environ, mounts
+from berth.image import imageconfig
 from berth.errors import BerthError
 
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")

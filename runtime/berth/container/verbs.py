@@ -26,8 +26,9 @@ import fcntl
 import os
 import sys
 
-from berth import (config, environ, hooks, imageconfig, launch, mounts, rootfs, safedir,
-                   syscalls as sc)
+from berth import config, safedir, syscalls as sc
+from berth.container import environ, hooks, launch, mounts, rootfs
+from berth.image import imageconfig
 from berth.errors import BerthError
 
 
@@ -355,7 +356,7 @@ def _pulled(args, cfg, uri):
     """start docker://URI: the image cache's squashfs of URI, as `berth
     import --cache-only [--reuse] URI` finds or makes it. With --detach, the
     digest it was pulled by goes to stdout at once, a line before the pid's."""
-    from berth import importer  # (only here: starts of a name or a file need none of it)
+    from berth.image import importer  # (only here: starts of a name or a file need none of it)
     image, digest = importer.cached_squashfs(cfg, uri, args.reuse, args.quiet)
     if args.detach:
         print(digest, flush=True)
@@ -487,7 +488,7 @@ def cmd_remove(args, cfg):
 
 
 def cmd_export(args, cfg):
-    from berth import squash  # (its imports would slow every start)
+    from berth.image import squash  # (its imports would slow every start)
     root = _container_root(cfg, args.name)
     output = os.path.abspath(args.output or f"{args.name}.sqsh")
     if os.path.exists(output) and not args.force:

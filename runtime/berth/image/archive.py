@@ -58,7 +58,7 @@ def _load_modules():
     global registry, tarfile
     import tarfile as tar_module
 
-    from berth import registry as registry_module
+    from berth.image import registry as registry_module
     registry, tarfile = registry_module, tar_module
 
 
@@ -110,7 +110,7 @@ def default_output(archive):
 @contextlib.contextmanager
 def cached_image(args, cfg, archive, images, options):
     """The image cache's squashfs of the archive's image, built when missing."""
-    from berth import pull  # (the image build is shared with registry imports)
+    from berth.image import pull  # (the image build is shared with registry imports)
     _load_modules()
     with contextlib.ExitStack() as stack:
         try:
@@ -385,7 +385,7 @@ def _descriptor(entry, what):
 
 
 def _oci(layout, archive, arch):
-    from berth.manifests import _pick_platform
+    from berth.image.manifests import _pick_platform
     layout_file = _read(layout, "oci-layout", registry.MAX_MANIFEST, "oci-layout")
     if layout_file is not None:
         version = _json(layout_file, "oci-layout")
@@ -455,7 +455,7 @@ def _choose(entries, archive, arch):
         return entries[0]
     if not any(named) and all(isinstance(e.get("platform"), dict) for e in entries):
         # One image, its platforms listed in index.json itself.
-        from berth.manifests import _pick_platform
+        from berth.image.manifests import _pick_platform
         digest = _pick_platform(entries, arch, archive)
         return next(e for e in entries if e.get("digest") == digest)
     raise BerthError(f"holds {len(entries)} images "

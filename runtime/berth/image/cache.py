@@ -30,8 +30,9 @@ import stat
 import sys
 import time
 
-from berth import safedir, squash
-from berth.blobs import BlobCache, locked, make_dirs, still_at, touch
+from berth import safedir
+from berth.image import squash
+from berth.image.blobs import BlobCache, locked, make_dirs, still_at, touch
 from berth.errors import BerthError
 
 # Bump when the same inputs would make another image: the image config
@@ -160,7 +161,7 @@ def cmd_cache(args, cfg):
     if older is None and limit is None:
         raise BerthError("cache prune: give --older-than DURATION, --max-size SIZE or both "
                          "(--max-size 0 empties the cache)")
-    from berth.layers import remove_stale_unpack_dirs
+    from berth.image.layers import remove_stale_unpack_dirs
     for path in remove_stale_unpack_dirs(cfg["ENROOT_TEMP_PATH"]):
         print(f"removed {path} (left by a killed import)", flush=True)  # (before a fork)
     if os.geteuid() == 0:

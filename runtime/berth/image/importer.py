@@ -16,13 +16,13 @@ pinned to it: what the plugin resolves once per job at submission, so that
 every node imports that digest (with --reuse: a digest never moves).
 
 With BERTH_IMAGE_STORE set, --cache-only of a registry image without USER@
-takes the shared store's entry (store.py): with --reuse the one last
+takes the shared store's entry (store/client.py): with --reuse the one last
 imported there, else the one the store's socket answers; an image the store
 cannot pull without credentials, or no store service on this node, is
 imported into the caller's own cache as before, with a line saying why.
 
 cached_squashfs() is --cache-only's whole work, and what `berth start
-docker://URI` starts (container.py): the plugin's one Python start per node
+docker://URI` starts (container/verbs.py): the plugin's one Python start per node
 and step instead of an import and a start.
 """
 
@@ -31,7 +31,8 @@ import contextlib
 import os
 import signal
 
-from berth import archive, reference, registries, safedir
+from berth import safedir
+from berth.image import archive, reference, registries
 from berth.errors import BerthError, Terminated, raise_terminated
 
 # squash, store and imagecache are imported where they are used: --resolve,
@@ -74,7 +75,7 @@ def cached_squashfs(cfg, uri, reuse=False, quiet=False, arch=None, digest=True):
         ref, rules = _source(args, cfg)
         if rules is not None:
             rules.endpoints(ref)  # blocked: refused (see _source)
-        from berth import squash
+        from berth.image import squash
         safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
         with _cached_image(args, cfg, ref) as image:
             if not digest:
@@ -128,7 +129,7 @@ def _import(args, cfg):
         default = reference.default_output(args.uri)
     if args.digest:
         raise BerthError("--digest: only with --cache-only")
-    from berth import squash
+    from berth.image import squash
     safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
     output = os.path.abspath(args.output or default)
     replace = cfg.flag("ENROOT_FORCE_OVERRIDE")
@@ -146,7 +147,7 @@ def _resolve(args, cfg, ref, plan):
     if ref.digest:
         print(args.uri)  # pinned already: no request
         return 0
-    from berth import manifests  # (only where a request is made)
+    from berth.image import manifests  # (only where a request is made)
     print(manifests.pinned(args, cfg, ref, plan))
     return 0
 
@@ -154,10 +155,11 @@ def _resolve(args, cfg, ref, plan):
 @contextlib.contextmanager
 def _cached_image(args, cfg, ref):
     """The image cache's squashfs for this import, locked (against prune) while
-    in use; with a shared image store (store.py), the store's entry when it
+    in use; with a shared image store (store/client.py), the store's entry when it
     has or makes one."""
-    from berth import squash, store
-    from berth.imagecache import ImageCache
+    from berth.image import squash
+    from berth.image.cache import ImageCache
+    from berth.store import service as store
     images = ImageCache(cfg["ENROOT_CACHE_PATH"])
     options = squash.options(cfg)
     shared = store.serves(args, cfg, ref)
@@ -182,7 +184,7 @@ def _cached_image(args, cfg, ref):
         with archive.cached_image(args, cfg, ref, images, options) as image:
             yield image
         return
-    from berth import pull  # (only now: its imports are most of a reuse's time)
+    from berth.image import pull  # (only now: its imports are most of a reuse's time)
     with pull.cached_image(args, cfg, ref, images, options) as image:
         yield image
 

@@ -14,7 +14,7 @@ import re
 import sys
 
 from berth.errors import AccessDenied, BerthError, ImageNotFound
-from berth.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_credentials
+from berth.image.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_credentials
 
 # uname -m names to the GOARCH names registries use.
 _ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386",

@@ -15,14 +15,14 @@ import threading
 
 from tqdm import tqdm
 
-from berth import registries, squash
-from berth.blobs import BlobCache
 from berth.errors import BerthError
-from berth.imageconfig import from_oci, write_image_config
-from berth.layers import apply_layer, remove_stale_unpack_dirs, unpack_dir
-# (first_answer: store.py takes it from here too)
-from berth.manifests import _descriptor, _malformed, first_answer
-from berth.registry import load_credentials
+from berth.image import registries, squash
+from berth.image.blobs import BlobCache
+from berth.image.imageconfig import from_oci, write_image_config
+from berth.image.layers import apply_layer, remove_stale_unpack_dirs, unpack_dir
+# (first_answer: store/service.py takes it from here too)
+from berth.image.manifests import _descriptor, _malformed, first_answer
+from berth.image.registry import load_credentials
 
 
 @contextlib.contextmanager

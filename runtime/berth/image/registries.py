@@ -34,7 +34,7 @@ import re
 
 from berth.config import files_in
 from berth.errors import BerthError
-from berth.reference import DEFAULT_REGISTRY
+from berth.image.reference import DEFAULT_REGISTRY
 
 try:
     import tomllib

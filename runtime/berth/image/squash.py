@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from berth.errors import BerthError
-from berth.imageconfig import DIGEST, IMAGE_JSON, SQUASHFS_MAGIC
+from berth.image.imageconfig import DIGEST, IMAGE_JSON, SQUASHFS_MAGIC
 
 
 def free_bytes(path):

@@ -43,7 +43,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from berth import mounts as mounts_module
+from berth.container import mounts as mounts_module
 from berth.errors import BerthError
 
 # base_environment nests at most this deep (the CSCS engine's limit)

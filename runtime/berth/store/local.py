@@ -24,9 +24,9 @@ import stat
 import sys
 import time
 
-from berth import squash
 from berth.errors import BerthError
-from berth.store import local_path, walk
+from berth.image import squash
+from berth.store.service import local_path, walk
 
 _COPY_NAME = re.compile(r"([0-9a-f]{64})\.sqsh(\.tmp-.+)?")
 _KEY = re.compile(r"[0-9a-f]{64}")

@@ -6,8 +6,8 @@ In this order:
 
 1. images and layers, least recently used first: those unused for
    --older-than, then more until images and layers together hold at most
-   --max-size. Last use is imagecache.last_use, the order of `berth store list`
-   (imagecache.scan): a serve marks the image it hands out, an import the
+   --max-size. Last use is image.cache.last_use, the order of `berth store list`
+   (image.cache.scan): a serve marks the image it hands out, an import the
    layers it uses. A built image needs no layer and records none, so layers
    are only an import's cache and go by the same rule.
 2. partial files not written for an hour: the squashfs of a killed build
@@ -26,7 +26,7 @@ it, and takes the file a later import made instead (blobs.locked), so the
 two never build the same image side by side.
 
 The store's directories are opened once, none through a symbolic link
-(imagecache.CacheDirs), and every unlink goes through them: a link in the
+(image.cache.CacheDirs), and every unlink goes through them: a link in the
 store is removed as a link, never followed.
 """
 
@@ -37,12 +37,12 @@ import stat
 import time
 
 from berth import safedir
-from berth.blobs import PARTIAL_PREFIX
 from berth.errors import BerthError
-from berth.imagecache import (IMAGE_NAME, CacheDirs, Entry, ImageCache, files, holding,
+from berth.image.blobs import PARTIAL_PREFIX
+from berth.image.cache import (IMAGE_NAME, CacheDirs, Entry, ImageCache, files, holding,
                               human_size, open_followed, parse_duration, parse_size,
                               remove_lock, scan, unlink_unchanged)
-from berth.store import entry_line, owned_store, source
+from berth.store.service import entry_line, owned_store, source
 
 RECENT = 3600  # seconds: what was used or written this recently stays
 # squash.make_squashfs's file beside the entry it builds, and

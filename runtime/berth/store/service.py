@@ -11,13 +11,13 @@ answers one line:
 
     ok PATH            the store's entry (images/<key>.sqsh), or this
                        node's copy of it with BERTH_IMAGE_STORE_LOCAL
-                       (storelocal.py)
+                       (local.py)
     private REASON     the registry wants credentials (401, 403, or a 404
                        that may hide a private repository)
     error REASON       anything else (a refused request, a blocked registry,
                        a broken image)
 
-The user's side is in `berth import --cache-only` (importer.py): ask(),
+The user's side is in `berth import --cache-only` (image/importer.py): ask(),
 reused() and entry(), which accepts a path only if it is an entry of the
 store (or this node's copy of one) owned by its account and writable by
 nobody else, in directories nobody else may write (checked()). Nothing on
@@ -25,7 +25,7 @@ the user's side writes in the store: no lock, no mark of use but a read,
 no removal.
 
 `berth store list` shows the entries, reading only; `berth store prune`
-(storeprune.py) removes the least recently used, as the store's account.
+(prune.py) removes the least recently used, as the store's account.
 """
 
 import contextlib
@@ -40,10 +40,11 @@ import sys
 import time
 import types
 
-from berth import archive, reference, registries, safedir, squash
+from berth import safedir
 from berth.errors import AccessDenied, BerthError, ImageNotFound, Terminated, raise_terminated
-from berth.imagecache import (IMAGE_NAME, CacheDirs, ImageCache, human_size, is_link,
-                              open_followed, scan)
+from berth.image import archive, reference, registries, squash
+from berth.image.cache import (IMAGE_NAME, CacheDirs, ImageCache, human_size, is_link,
+                               open_followed, scan)
 
 REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
 REQUEST_TIMEOUT = 30  # seconds a connection has to send its request
@@ -334,8 +335,8 @@ def cmd_store(args, cfg):
     if args.store_verb == "serve":
         return _serve(cfg)
     if args.store_verb == "prune":
-        from berth import storeprune
-        return storeprune.cmd_prune(args, cfg)
+        from berth.store import prune
+        return prune.cmd_prune(args, cfg)
     return _list(cfg, args.json)
 
 
@@ -368,10 +369,10 @@ def _serve(cfg):
 
 def _sweep(cfg):
     """Once the client has its answer: this node's copies of entries the
-    store no longer holds go (storelocal.sweep)."""
-    from berth import storelocal
+    store no longer holds go (local.sweep)."""
+    from berth.store import local
     try:
-        storelocal.sweep(cfg, configured_path(cfg))
+        local.sweep(cfg, configured_path(cfg))
     except (BerthError, OSError) as e:
         print(f"berth: store serve: the node-local copies: {e}", file=sys.stderr)
 
@@ -394,8 +395,8 @@ def _serve_request(cfg):
     _make_store(store)
     local_path(cfg)  # a wrong BERTH_IMAGE_STORE_LOCAL: before any import
     image = _import(cfg, store, uri, ref)
-    from berth import storelocal
-    return storelocal.copied(cfg, image)
+    from berth.store import local
+    return local.copied(cfg, image)
 
 
 def _request(fd):
@@ -454,7 +455,7 @@ def _make_store(store):
 
 def _import(cfg, store, uri, ref):
     """`berth import --cache-only --quiet URI` into the store, anonymously."""
-    from berth import pull  # (the HTTP stack: only where a request is made)
+    from berth.image import pull  # (the HTTP stack: only where a request is made)
     store_cfg = _store_config(cfg, store)
     plan = registries.load(cfg["ENROOT_SYSCONF_PATH"]).endpoints(ref)  # blocked: refused
     # no credentials: only what the registry gives anyone goes into the store
