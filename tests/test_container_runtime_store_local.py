@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 ROLE = REPO / "roles" / "container_runtime"
 sys.path.insert(0, str(REPO / "runtime"))
 from berth import config  # noqa: E402
-from berth.store import service as store  # noqa: E402
+from berth.store import paths as store  # noqa: E402
 
 
 def _preflight_task():

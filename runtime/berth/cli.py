@@ -207,7 +207,7 @@ VERBS = {
     "edf": (_add_edf, "berth.site.edf:cmd_edf"),
     "setup-user": (_add_setup_user, "berth.site.userdirs:cmd_setup_user"),
     "cache": (_add_cache, "berth.image.cache:cmd_cache"),
-    "store": (_add_store, "berth.store.service:cmd_store"),
+    "store": (_add_store, "berth.store.verbs:cmd_store"),
     "version": (_add_version, "berth.cli:cmd_version"),
 }
 

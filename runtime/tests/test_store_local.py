@@ -24,7 +24,7 @@ from test_store import (  # noqa: E402,F401 (fixtures)
     registry, service, site, uri_of, users)
 
 from berth import config  # noqa: E402
-from berth.store import service as store  # noqa: E402
+from berth.store import paths as store  # noqa: E402
 from berth.errors import BerthError  # noqa: E402
 
 pytestmark = [

@@ -159,7 +159,7 @@ def _cached_image(args, cfg, ref):
     has or makes one."""
     from berth.image import squash
     from berth.image.cache import ImageCache
-    from berth.store import service as store
+    from berth.store import client as store
     images = ImageCache(cfg["ENROOT_CACHE_PATH"])
     options = squash.options(cfg)
     shared = store.serves(args, cfg, ref)

@@ -26,7 +26,7 @@ import time
 
 from berth.errors import BerthError
 from berth.image import squash
-from berth.store.service import local_path, walk
+from berth.store.paths import local_path, walk
 
 _COPY_NAME = re.compile(r"([0-9a-f]{64})\.sqsh(\.tmp-.+)?")
 _KEY = re.compile(r"[0-9a-f]{64}")

@@ -42,7 +42,7 @@ from berth.image.blobs import PARTIAL_PREFIX
 from berth.image.cache import (IMAGE_NAME, CacheDirs, Entry, ImageCache, files, holding,
                               human_size, open_followed, parse_duration, parse_size,
                               remove_lock, scan, unlink_unchanged)
-from berth.store.service import entry_line, owned_store, source
+from berth.store.paths import entry_line, owned_store, source
 
 RECENT = 3600  # seconds: what was used or written this recently stays
 # squash.make_squashfs's file beside the entry it builds, and
