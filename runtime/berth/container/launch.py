@@ -148,7 +148,7 @@ def _build(plan, status):
         # Always an overlay, read-only at the end unless --rw: mount points
         # missing in the image can then be created (in the tmpfs upper dir).
         root = f"{plan.runtime}/root"
-        _send(status, f"fuse {rootfs.mount_squashfs(plan.image, f'{plan.runtime}/lower')}")
+        _send(status, f"fuse {mounts.mount_squashfs(plan.image, f'{plan.runtime}/lower')}")
         server = rootfs.mount_overlay(f"{plan.runtime}/lower", root, f"{plan.runtime}/rw")
         if server:
             _send(status, f"fuse {server}")

@@ -1,8 +1,6 @@
 """A container root inside the new mount namespace: build it, read it, enter it."""
 
 import os
-import signal
-import time
 
 from berth import rootpath, syscalls as sc
 from berth.container import environ, mounts
@@ -41,93 +39,6 @@ def image_config(root):
     return config
 
 
-def mount_fuse(target, fstype, flags, server):
-    """Mount a FUSE filesystem at `target` and start `server` for it; return its pid.
-
-    The /dev/fuse connection is opened and mounted here, in the new user
-    namespace (the kernel requires both there), and handed to the server as
-    /dev/fd/N (libfuse 3). The server is started through a short-lived
-    middle process so that it is no child of the container command; the
-    subreaper berth adopts and reaps it, and it dies with berth.
-    """
-    try:
-        fuse = os.open("/dev/fuse", os.O_RDWR)
-    except OSError as e:
-        raise BerthError(f"/dev/fuse: {e.strerror}: starting an image without unpacking it "
-                         "needs /dev/fuse usable by this user (mode 0666)") from None
-    sc.mount(fstype, target, f"fuse.{fstype}", flags,
-             f"fd={fuse},rootmode=40000,user_id={os.getuid()},group_id={os.getgid()}")
-    report_r, report_w = os.pipe()
-    failed_r, failed_w = os.pipe()  # close-on-exec: end of file once the server runs
-    starter = os.getppid()  # berth, the subreaper that adopts the server
-    middle = os.fork()
-    if middle == 0:
-        try:
-            _close_all_but((fuse, report_w, failed_w))  # the server holds nothing else of ours
-            os.set_inheritable(fuse, True)
-            me = os.getpid()
-            server_pid = os.fork()
-            if server_pid == 0:
-                _exec_server(server, fuse, failed_w, me, starter)
-            os.write(report_w, str(server_pid).encode())
-        finally:
-            os._exit(0)
-    os.close(report_w)
-    os.close(failed_w)
-    os.close(fuse)
-    os.waitpid(middle, 0)
-    with os.fdopen(report_r, "rb") as f:
-        pid = f.read()
-    with os.fdopen(failed_r, "rb") as f:
-        failed = f.read()
-    if not pid or failed:
-        raise BerthError(f"{server[0]}: cannot be started (is it installed?)")
-    return int(pid)
-
-
-def _close_all_but(keep):
-    last = -1
-    for fd in sorted(keep):
-        os.closerange(max(last + 1, 3), fd)
-        last = fd
-    os.closerange(max(last + 1, 3), os.sysconf("SC_OPEN_MAX"))
-
-
-def _exec_server(server, fuse, failed_w, middle, starter):
-    """In the server's process: once berth has adopted it, die with berth
-    (PR_SET_PDEATHSIG: a SIGKILLed start leaves no FUSE server behind),
-    then exec the server; a failure is written to failed_w."""
-    try:
-        while os.getppid() == middle:  # the middle process exits at once
-            time.sleep(0.001)
-        sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != starter and not sc.pid_alive(starter):  # berth died before that
-            os._exit(1)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(sig, signal.SIG_DFL)
-        os.execvp(server[0], [*server, f"/dev/fd/{fuse}"])
-    except OSError:
-        os.write(failed_w, b"x")
-    finally:
-        os._exit(127)
-
-
-def mount_squashfs(image, target):
-    """Serve `image` read-only at `target` with squashfuse; return its pid.
-
-    In a user namespace that maps one uid (a container's), every file is
-    shown as that uid and gid, as an unpacked image's files are the
-    caller's: the image's owners (root, mostly) do not exist there."""
-    with open("/proc/self/uid_map", "rb") as f:
-        single = f.read().split()[2:3] == [b"1"]
-    owner = ["-o", f"uid={os.getuid()},gid={os.getgid()}"] if single else []
-    return mount_fuse(target, "squashfuse", sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV,
-                      ["squashfuse", "-f", image, *owner])
-
-
 def mount_overlay(lower, target, scratch):
     """A writable overlay over `lower`, upper and work dirs on a private tmpfs.
 
@@ -146,7 +57,7 @@ def mount_overlay(lower, target, scratch):
     except OSError as e:
         refused = e.strerror
     try:
-        return mount_fuse(target, "fuse-overlayfs", sc.MS_NOSUID | sc.MS_NODEV,
+        return mounts.mount_fuse(target, "fuse-overlayfs", sc.MS_NOSUID | sc.MS_NODEV,
                           ["fuse-overlayfs", "-f", "-o", options])
     except (OSError, BerthError) as e:
         raise BerthError(f"writable overlay on {target}: the kernel refused ({refused}) "
