@@ -385,7 +385,7 @@ def _descriptor(entry, what):
 
 
 def _oci(layout, archive, arch):
-    from berth.image.manifests import _pick_platform
+    from berth.image.manifests import platform_digest
     layout_file = _read(layout, "oci-layout", registry.MAX_MANIFEST, "oci-layout")
     if layout_file is not None:
         version = _json(layout_file, "oci-layout")
@@ -409,7 +409,7 @@ def _oci(layout, archive, arch):
         inner = manifest.get("manifests")
         if not isinstance(inner, list) or not all(isinstance(e, dict) for e in inner):
             raise BerthError(f"index {digest} lists no manifests")
-        chosen = _pick_platform(inner, arch, archive)
+        chosen = platform_digest(inner, arch, archive)
         entry = next(e for e in inner if e.get("digest") == chosen)
         digest, size = _descriptor(entry, f"the entry {chosen} of index {digest}")
     else:
@@ -455,8 +455,8 @@ def _choose(entries, archive, arch):
         return entries[0]
     if not any(named) and all(isinstance(e.get("platform"), dict) for e in entries):
         # One image, its platforms listed in index.json itself.
-        from berth.image.manifests import _pick_platform
-        digest = _pick_platform(entries, arch, archive)
+        from berth.image.manifests import platform_digest
+        digest = platform_digest(entries, arch, archive)
         return next(e for e in entries if e.get("digest") == digest)
     raise BerthError(f"holds {len(entries)} images "
                      f"({', '.join(repr(n) for n in named if n) or 'without names'}); "

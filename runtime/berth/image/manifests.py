@@ -74,7 +74,7 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
                     _check_type(media_type, INDEX_TYPES + MANIFEST_TYPES, endpoint_ref)
                     found = manifest, digest, digest
             except (KeyError, TypeError, ValueError, AttributeError):
-                raise _malformed(endpoint_ref) from None
+                raise malformed(endpoint_ref) from None
         except BerthError as e:
             if len(plan) == 1:
                 raise
@@ -95,11 +95,11 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
     raise kind(f"cannot get {ref} from any of {len(plan)} places: {'; '.join(failures)}")
 
 
-def _malformed(ref):
+def malformed(ref):
     return BerthError(f"the manifest or image config of {ref} is malformed")
 
 
-def _descriptor(entry):
+def descriptor(entry):
     """(digest, size) of a manifest's config or layer entry, both checked."""
     digest, size = entry["digest"], entry["size"]
     if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
@@ -116,7 +116,7 @@ def _platform_manifest(registry, ref, arch):
                                                      INDEX_TYPES + MANIFEST_TYPES)
     manifest_digest = digest
     if media_type in INDEX_TYPES:
-        choice = _pick_platform(manifest.get("manifests") or [], arch, ref)
+        choice = platform_digest(manifest.get("manifests") or [], arch, ref)
         manifest, media_type, manifest_digest = registry.manifest(choice, MANIFEST_TYPES)
     _check_type(media_type, MANIFEST_TYPES, ref)
     return manifest, digest, manifest_digest
@@ -128,7 +128,7 @@ def _check_type(media_type, expected, ref):
                          "schema 2 or OCI image expected)")
 
 
-def _pick_platform(entries, arch, ref):
+def platform_digest(entries, arch, ref):
     wanted = arch or os.uname().machine
     name, _, variant = wanted.partition("/")
     name = _ARCHES.get(name, name)
@@ -140,6 +140,6 @@ def _pick_platform(entries, arch, ref):
         available.append("/".join(filter(None, (plat.get("architecture"),
                                                 plat.get("variant")))))
         if plat.get("architecture") == name and variant in ("", plat.get("variant")):
-            return _descriptor(dict(entry, size=0))[0]
+            return descriptor(dict(entry, size=0))[0]
     raise BerthError(f"{ref} has no image for architecture {wanted}; available: "
                      f"{', '.join(sorted(available)) or 'none'} (choose one with --arch)")

@@ -21,7 +21,7 @@ from berth.image.blobs import BlobCache
 from berth.image.imageconfig import from_oci, write_image_config
 from berth.image.layers import apply_layer, remove_stale_unpack_dirs, unpack_dir
 # (first_answer: store/service.py takes it from here too)
-from berth.image.manifests import _descriptor, _malformed, first_answer
+from berth.image.manifests import descriptor, first_answer, malformed
 from berth.image.registry import load_credentials
 
 
@@ -69,10 +69,10 @@ def _build(args, cfg, registry, ref, manifest, digest, image):
     """Fetch the missing layers and the image config, then make `image` of them."""
     show_progress = not args.quiet and sys.stderr.isatty()
     try:
-        config_digest, config_size = _descriptor(manifest["config"])
-        layers = [_descriptor(layer) for layer in manifest["layers"]]
+        config_digest, config_size = descriptor(manifest["config"])
+        layers = [descriptor(layer) for layer in manifest["layers"]]
     except (KeyError, TypeError, ValueError, AttributeError):
-        raise _malformed(ref) from None
+        raise malformed(ref) from None
     try:
         config = json.loads(registry.blob(config_digest, config_size))
     except (ValueError, RecursionError):
