@@ -18,6 +18,15 @@ def cmd_version(args, cfg):
     return 0
 
 
+def store_client():
+    """The shared image store's client (store/client.py), handed to the
+    verbs that import (import, start docker://URI) as args.store_client:
+    the image import may not import the store, which stands beside the
+    container verbs, above image/. Imported only when an import asks."""
+    from berth.store import client
+    return client
+
+
 def _add_import(sub):
     p = sub.add_parser("import", help="import a container image into a squashfs file")
     p.add_argument("-a", "--arch", help="architecture to pick from a multi-arch image")
@@ -40,6 +49,7 @@ def _add_import(sub):
     p.add_argument("uri", help="docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], "
                                "docker-archive:PATH[:NAME:TAG|:@N], oci-archive:PATH[:REF] "
                                "or oci:DIR[:REF]")
+    p.set_defaults(store_client=store_client)
 
 
 def _add_create(sub):
@@ -81,6 +91,7 @@ def _add_start(sub):
                                      "with --detach, the digest it was pulled by is a line "
                                      "before the pid's)")
     p.add_argument("command", nargs=argparse.REMAINDER)
+    p.set_defaults(store_client=store_client)
 
 
 def _add_exec(sub):

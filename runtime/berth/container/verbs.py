@@ -357,7 +357,8 @@ def _pulled(args, cfg, uri):
     import --cache-only [--reuse] URI` finds or makes it. With --detach, the
     digest it was pulled by goes to stdout at once, a line before the pid's."""
     from berth.image import importer  # (only here: starts of a name or a file need none of it)
-    image, digest = importer.cached_squashfs(cfg, uri, args.reuse, args.quiet)
+    image, digest = importer.cached_squashfs(cfg, uri, args.reuse, args.quiet,
+                                             store_client=args.store_client)
     if args.detach:
         print(digest, flush=True)
     return image

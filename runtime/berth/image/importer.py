@@ -20,6 +20,8 @@ takes the shared store's entry (store/client.py): with --reuse the one last
 imported there, else the one the store's socket answers; an image the store
 cannot pull without credentials, or no store service on this node, is
 imported into the caller's own cache as before, with a line saying why.
+The store's client is handed in (store_client, from cli.py): the store
+stands above image/, which does not import it.
 
 cached_squashfs() is --cache-only's whole work, and what `berth start
 docker://URI` starts (container/verbs.py): the plugin's one Python start per node
@@ -32,11 +34,12 @@ import os
 import signal
 
 from berth import safedir
-from berth.image import archive, reference, registries
 from berth.errors import BerthError, Terminated, raise_terminated
+from berth.image import archive, reference, registries
 
-# squash, store and imagecache are imported where they are used: --resolve,
-# which the SPANK plugin runs once per job at submission, needs none of them.
+# squash, the store's client and the image cache are imported where they are
+# used: --resolve, which the SPANK plugin runs once per job at submission,
+# needs none of them.
 
 
 def cmd_import(args, cfg):
@@ -62,15 +65,19 @@ def _interruptible():
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
-def cached_squashfs(cfg, uri, reuse=False, quiet=False, arch=None, digest=True):
+def cached_squashfs(cfg, uri, reuse=False, quiet=False, arch=None, digest=True,
+                    store_client=None):
     """(path, digest): the image cache's squashfs of `uri` (a registry
     reference or an image archive), found or made as `berth import
     --cache-only [--reuse] URI` does (the shared image store's entry where
     it serves, registries.conf's rules, the cache's locks), and the digest
     it was pulled by as its image.json records it (None unless `digest`).
     What `import --cache-only` prints, and what `berth start docker://URI`
-    starts. Interruptible as an import is (see _interruptible)."""
-    args = argparse.Namespace(uri=uri, reuse=reuse, quiet=quiet, arch=arch, cache_only=True)
+    starts. Interruptible as an import is (see _interruptible).
+    store_client: a function that gives the shared image store's client
+    (cli.store_client); None: no store."""
+    args = argparse.Namespace(uri=uri, reuse=reuse, quiet=quiet, arch=arch, cache_only=True,
+                              store_client=store_client)
     with _interruptible():
         ref, rules = _source(args, cfg)
         if rules is not None:
@@ -107,7 +114,7 @@ def _import(args, cfg):
         raise BerthError("--resolve: not with --reuse, --dry-run or --digest")
     if args.cache_only and not args.dry_run:
         image, digest = cached_squashfs(cfg, args.uri, args.reuse, args.quiet, args.arch,
-                                        args.digest)
+                                        args.digest, args.store_client)
         print(image)
         if args.digest:
             print(digest)
@@ -155,14 +162,14 @@ def _resolve(args, cfg, ref, plan):
 @contextlib.contextmanager
 def _cached_image(args, cfg, ref):
     """The image cache's squashfs for this import, locked (against prune) while
-    in use; with a shared image store (store/client.py), the store's entry when it
-    has or makes one."""
+    in use; with a shared image store (args.store_client), the store's entry
+    when it has or makes one."""
     from berth.image import squash
     from berth.image.cache import ImageCache
-    from berth.store import client as store
+    store = args.store_client() if args.store_client else None
     images = ImageCache(cfg["ENROOT_CACHE_PATH"])
     options = squash.options(cfg)
-    shared = store.serves(args, cfg, ref)
+    shared = store is not None and store.serves(args, cfg, ref)
     if shared and args.reuse:
         image = store.reused(cfg, args.uri, options, args.quiet)
         if image is not None:

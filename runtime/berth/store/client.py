@@ -1,8 +1,8 @@
 """The user's side of the shared image store (paths.py), in `berth import
---cache-only` (image/importer.py): ask() the store's socket for an entry,
-or take the one last imported there with --reuse (reused()). Nothing on
-the user's side writes in the store: no lock, no mark of use but a read,
-no removal.
+--cache-only` (image/importer.py, which cli.py hands this module): ask()
+the store's socket for an entry, or take the one last imported there with
+--reuse (reused()). Nothing on the user's side writes in the store: no
+lock, no mark of use but a read, no removal.
 """
 
 import contextlib
