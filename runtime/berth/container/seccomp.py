@@ -109,7 +109,8 @@ def install():
     return True
 
 
-if __name__ == "__main__":  # `python3 -m berth.container.seccomp [MACHINE]`: the program as C initializers
+# `python3 -m berth.container.seccomp [MACHINE]`: the program as C initializers
+if __name__ == "__main__":
     import sys
     listing = program(sys.argv[1] if len(sys.argv) > 1 else os.uname().machine)
     if listing is None:

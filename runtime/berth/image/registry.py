@@ -27,7 +27,8 @@ import sys
 from urllib.parse import urlencode, urljoin, urlsplit
 
 from berth.errors import AccessDenied, BerthError, ImageNotFound
-from berth.image.transport import TLSError, TransferError, UntrustedCertificate, open_transport, origin
+from berth.image.transport import (TLSError, TransferError, UntrustedCertificate, open_transport,
+                                   origin)
 
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
