@@ -1,0 +1,141 @@
+"""The runtime's layout (runtime/README.md, "Package layout"): the parts of
+runtime/berth import only downward, no module imports itself round a
+circle, and no module takes another's private (_x) names. Read from the
+source with ast, module-level and function-level imports alike; nothing
+is imported."""
+
+import ast
+from pathlib import Path
+
+BERTH = Path(__file__).resolve().parents[1] / "berth"
+
+# The parts and their floors (0 the lowest). A module may import from its
+# own part and from the parts of lower floors; two parts on one floor do not
+# import each other. A part holds packages (every module below them) and
+# single modules.
+PARTS = {
+    "ground": (0, ("berth", "berth.config", "berth.errors", "berth.safedir",
+                   "berth.rootpath", "berth.syscalls")),
+    "image": (1, ("berth.image",)),
+    "container": (2, ("berth.container",)),
+    "store": (2, ("berth.store",)),
+    "site": (3, ("berth.site",)),
+    "cli": (4, ("berth.cli",)),
+}
+
+
+def modules():
+    """{module name: path} of every module under runtime/berth."""
+    found = {}
+    for path in sorted(BERTH.rglob("*.py")):
+        parts = path.relative_to(BERTH.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def part_of(module):
+    """(floor, part) of a module, or None when no part holds it."""
+    for part, (floor, names) in PARTS.items():
+        for name in names:
+            if module == name or name != "berth" and module.startswith(name + "."):
+                return floor, part
+    return None
+
+
+def imports(module, path, known):
+    """(line, imported module, name or None, read) of each berth import of a
+    module; `name` is what a `from X import name` takes that is no module.
+    With read true, no import but a name read off an imported module
+    (module.name), for the private names' test alone."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found = []
+    bound = {}  # local name -> module, for attribute reads (module._x)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "berth" or alias.name.startswith("berth."):
+                    found.append((node.lineno, alias.name, None, False))
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, one level up per dot past the first
+                up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            if base != "berth" and not base.startswith("berth."):
+                continue
+            for alias in node.names:
+                if f"{base}.{alias.name}" in known:
+                    found.append((node.lineno, f"{base}.{alias.name}", None, False))
+                    bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+                else:
+                    found.append((node.lineno, base, alias.name, False))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in bound:
+            found.append((node.lineno, bound[node.value.id], node.attr, True))
+    return found
+
+
+def private(name):
+    return name is not None and name.startswith("_") \
+        and not (name.startswith("__") and name.endswith("__"))
+
+
+def graph():
+    known = modules()
+    return known, {module: imports(module, path, known) for module, path in known.items()}
+
+
+def test_every_module_belongs_to_a_part():
+    known, _ = graph()
+    loose = [module for module in known if part_of(module) is None]
+    assert not loose, "in no part of PARTS: " + ", ".join(loose)
+
+
+def test_imports_go_only_downward():
+    _, edges = graph()
+    wrong = []
+    for module, found in edges.items():
+        here = part_of(module)
+        for line, target, _, read in found:
+            there = part_of(target)
+            if read or here is None or there is None:
+                continue  # (the test above names them)
+            if there[1] != here[1] and there[0] >= here[0]:
+                wrong.append(f"{module}:{line} imports {target} ({there[1]} is not below "
+                             f"{here[1]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_private_name_is_taken_from_another_module():
+    _, edges = graph()
+    wrong = [f"{module}:{line} takes {target}.{name}"
+             for module, found in edges.items() for line, target, name, _ in found
+             if private(name) and target != module]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_circle():
+    known, edges = graph()
+    follows = {module: sorted({target for _, target, _, read in found
+                               if not read and target in known and target != module})
+               for module, found in edges.items()}
+    circles = []
+    for start in sorted(follows):
+        # a path from a module's imports back to itself, found depth first
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            module, way = stack.pop()
+            for target in follows[module]:
+                if target == start:
+                    circles.append(" -> ".join([*way, start]))
+                    stack.clear()
+                    break
+                if target not in seen:
+                    seen.add(target)
+                    stack.append((target, [*way, target]))
+    assert not circles, "\n".join(circles)
