@@ -280,8 +280,8 @@ def test_a_resolve_loads_neither_http_client_nor_email(scripted):
     """What the transport is for: a GET without http.client, whose email
     package was half a resolve's time on a node."""
     server = scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
-    runtime = Path(transport.__file__).resolve().parents[1]
-    code = ("import sys; from berth import transport\n"
+    runtime = Path(transport.__file__).resolve().parents[2]
+    code = ("import sys; from berth.image import transport\n"
             f"with transport.Direct((5, 5), False).get('{server.url}/v2/', {{}}) as a:\n"
             "    assert b''.join(a.chunks(9)) == b'{}'\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('http', 'email')))")
