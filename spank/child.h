@@ -6,7 +6,7 @@
 #ifndef BERTH_SPANK_CHILD_H
 #define BERTH_SPANK_CHILD_H
 
-#include "options.h"
+#include "plugstack.h"
 #include "step.h"
 
 #include <stddef.h>

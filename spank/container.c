@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "container.h"
 #include "child.h"
+#include "image_ref.h"
 #include "keeper.h"
 #include "paths.h"
 #include "submit.h"

@@ -6,7 +6,8 @@
 #ifndef BERTH_SPANK_CONTAINER_H
 #define BERTH_SPANK_CONTAINER_H
 
-#include "options.h"
+#include "container_flags.h"
+#include "plugstack.h"
 #include "step.h"
 
 #include <slurm/spank.h>

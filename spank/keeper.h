@@ -6,7 +6,8 @@
 #ifndef BERTH_SPANK_KEEPER_H
 #define BERTH_SPANK_KEEPER_H
 
-#include "options.h"
+#include "container_flags.h"
+#include "plugstack.h"
 #include "step.h"
 
 #include <limits.h>

@@ -12,8 +12,8 @@
  *   task_init (user)      join that pid's namespaces, chdir, merge env
  *   task_exit (root)      after the last local task: close the keeper's
  *                         stdin, berth export, berth remove
- * Flag values are checked on the submission side (options.c) so a bad flag
- * fails srun/sbatch before anything runs; there too, --environment and a
+ * Flag values are checked on the submission side (container_flags.c) so a
+ * bad flag fails srun/sbatch before anything runs; there too, --environment and a
  * registry image's tag are resolved once for the job (submit.c): srun
  * collects that resolve in local_user_init, after its allocation.
  *
@@ -21,7 +21,8 @@
  * entry point hands its work to one module (see README.md, "Source layout").
  */
 #define _GNU_SOURCE
-#include "options.h"
+#include "container_flags.h"
+#include "plugstack.h"
 #include "container.h"
 #include "step.h"
 #include "stepend.h"

@@ -1,6 +1,9 @@
 /* See submit.h. */
 #define _GNU_SOURCE
 #include "submit.h"
+#include "edf.h"
+#include "image_ref.h"
+#include "pyxis_env.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,7 +20,7 @@
 /*
  * The EDF is resolved once, at submission (the submitting environment
  * expands its ${VAR}s), and its values reach the nodes in the job's
- * environment under this name: see edf_body() in options.h. SLURM_* names
+ * environment under this name: see edf_body() in edf.h. SLURM_* names
  * survive sbatch --export=NONE, so a containerized batch step finds it too.
  */
 #define EDF_VAR "SLURM_BERTH_EDF"
@@ -25,7 +28,7 @@
 
 /*
  * A registry image's tag, resolved to its digest once at submission, the
- * same way: "URI\nPINNED" (image_pin() in options.h). Every node of the
+ * same way: "URI\nPINNED" (image_pin() in image_ref.h). Every node of the
  * job imports PINNED, so a tag that moves meanwhile changes nothing, and
  * the next job sees where it points then.
  */

@@ -7,7 +7,8 @@
 #ifndef BERTH_SPANK_SUBMIT_H
 #define BERTH_SPANK_SUBMIT_H
 
-#include "options.h"
+#include "container_flags.h"
+#include "plugstack.h"
 
 #include <sys/types.h>
 

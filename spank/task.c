@@ -1,6 +1,7 @@
 /* See task.h. */
 #define _GNU_SOURCE
 #include "task.h"
+#include "env_merge.h"
 #include "paths.h"
 #include "seccomp_filter.h"
 

@@ -6,7 +6,7 @@
 #ifndef BERTH_SPANK_TASK_H
 #define BERTH_SPANK_TASK_H
 
-#include "options.h"
+#include "container_flags.h"
 #include "step.h"
 
 #include <slurm/spank.h>

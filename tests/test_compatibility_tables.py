@@ -45,14 +45,14 @@ def test_every_plugin_flag_is_in_the_table():
 
 
 def test_every_pyxis_variable_is_in_the_table():
-    names = set(re.findall(r"PYXIS_CONTAINER_[A-Z_]+", (ROOT / "spank" / "options.c").read_text()))
+    names = set(re.findall(r"PYXIS_CONTAINER_[A-Z_]+", (ROOT / "spank" / "pyxis_env.c").read_text()))
     names.discard("PYXIS_CONTAINER_")  # a prefix built at run time, if any
     assert len(names) == 13, sorted(names)
     assert names == _tables()["pyxis variable"]
 
 
 def test_every_plugstack_key_is_in_the_table():
-    keys = set(re.findall(r'strcmp\(key, "([a-z_]+)"\)', (ROOT / "spank" / "options.c").read_text()))
+    keys = set(re.findall(r'strcmp\(key, "([a-z_]+)"\)', (ROOT / "spank" / "plugstack.c").read_text()))
     assert "runtime_path" in keys
     assert keys == _tables()["plugstack key"]
 

@@ -126,10 +126,10 @@ def test_version_mismatch_fails_naming_both_versions(tmp_path, setup):
 
 def test_missing_sources_are_named(tmp_path, setup):
     src, _, dest, args = setup
-    (src / "options.c").unlink()
+    (src / "plugstack.c").unlink()
     result = run_module(tmp_path, args)
     assert result["failed"] is True
-    assert result["msg"] == f"src: {src} lacks options.c"
+    assert result["msg"] == f"src: {src} lacks plugstack.c"
     assert not dest.exists()
 
 
@@ -138,10 +138,10 @@ def test_compile_error_leaves_the_installed_plugin_alone(tmp_path, setup):
     assert run_module(tmp_path, args)["changed"] is True
     installed = dest.read_bytes()
     stamp = Path(f"{dest}.stamp").read_text()
-    (src / "options.c").write_text((src / "options.c").read_text() + "\nint broken(void) { return }\n")
+    (src / "plugstack.c").write_text((src / "plugstack.c").read_text() + "\nint broken(void) { return }\n")
     result = run_module(tmp_path, args)
     assert result["failed"] is True
-    assert "building spank_berth.so failed" in result["msg"] and "options.c" in result["msg"]
+    assert "building spank_berth.so failed" in result["msg"] and "plugstack.c" in result["msg"]
     assert dest.read_bytes() == installed
     assert Path(f"{dest}.stamp").read_text() == stamp
 

@@ -68,16 +68,20 @@ def test_plugin_exports_spank_entry_points(build):
 
 def test_plugin_keeps_its_modules_functions_to_itself(build):
     """The functions the plugin's modules share (their headers, all but
-    options.h) are not exported: an exported one would be bound to the
-    loading program's symbol of the same name, and slurmstepd exports a
-    setup_container of its own."""
+    those of the option parser, PARSER_SRC in the Makefile) are not
+    exported: an exported one would be bound to the loading program's symbol
+    of the same name, and slurmstepd exports a setup_container of its own."""
     exported = set(subprocess.run(
         ["nm", "-D", "--defined-only", build / "spank_berth.so"],
         check=True, capture_output=True, text=True,
     ).stdout.split())
+    makefile = (SPANK / "Makefile").read_text()
+    parser = {Path(c).with_suffix(".h").name
+              for c in re.search(r"^PARSER_SRC = (.*)$", makefile, re.M).group(1).split()}
+    assert "plugstack.h" in parser
     shared = set()
     for header in SPANK.glob("*.h"):
-        if header.name != "options.h":
+        if header.name not in parser:
             shared |= set(re.findall(r"^[a-z][\w ]*?[ *]+(\w+)\(", header.read_text(), re.M))
     assert "setup_container" in shared and "run_cmd" in shared
     assert not shared & exported
@@ -178,9 +182,9 @@ def test_srun_refuses_bad_flags_before_submission(slurm_conf, flag, message):
 
 
 def test_mount_flags_are_the_runtimes():
-    """options.c's known mount flags are exactly those berth start -m takes:
+    """container_flags.c's known mount flags are exactly those berth start -m takes:
     none that fails the job on the node, none that srun refuses needlessly."""
-    text = (SPANK / "options.c").read_text()
+    text = (SPANK / "container_flags.c").read_text()
     table = re.search(r"known_mount_flag.*?known\[\] = \{(.*?)\};", text, re.S).group(1)
     plugin = set(re.findall(r'"([^"]+)"', table))
     sys.path.insert(0, str(SPANK.parent / "runtime"))
@@ -200,10 +204,10 @@ def test_mount_flags_are_the_runtimes():
 
 
 def test_archive_image_forms_are_the_runtimes():
-    """--container-image's archive prefixes (options.c) are the archive
+    """--container-image's archive prefixes (image_ref.c) are the archive
     schemes berth import reads: one the plugin lacked would be sent to a
     registry as docker://; one the runtime lacked would fail on the node."""
-    text = (SPANK / "options.c").read_text()
+    text = (SPANK / "image_ref.c").read_text()
     table = re.search(r"image_archive_prefix.*?prefixes\[\] = \{(.*?)\};", text, re.S).group(1)
     plugin = set(re.findall(r'"([^"]+):"', table))
     sys.path.insert(0, str(SPANK.parent / "runtime"))

@@ -119,8 +119,8 @@ BAD_OPTIONS = {
 
 
 def test_the_role_knows_exactly_the_plugins_plugstack_keys():
-    """The plugin's parser (options.c) and the role's checks name the same keys."""
-    c_keys = set(re.findall(r'strcmp\(key, "(\w+)"\) == 0', (REPO / "spank/options.c").read_text()))
+    """The plugin's parser (plugstack.c) and the role's checks name the same keys."""
+    c_keys = set(re.findall(r'strcmp\(key, "(\w+)"\) == 0', (REPO / "spank/plugstack.c").read_text()))
     role = yaml.safe_load((REPO / "roles/spank_plugin/vars/main.yml").read_text())
     role_keys = {*role["spank_plugin_path_keys"], *role["spank_plugin_bool_keys"],
                  *role["spank_plugin_seconds_keys"], *role["spank_plugin_name_keys"],
@@ -131,9 +131,11 @@ def test_the_role_knows_exactly_the_plugins_plugstack_keys():
 
 
 def _makefile_list(name):
-    """A `NAME = a b \\` list of spank/Makefile, continuation lines included."""
+    """A `NAME = a b \\` list of spank/Makefile, continuation lines and $(LIST)s included."""
     text = (REPO / "spank/Makefile").read_text().replace("\\\n", " ")
-    return re.search(rf"^{name} = (.*)$", text, re.M).group(1).split()
+    words = re.search(rf"^{name} = (.*)$", text, re.M).group(1).split()
+    return [w for word in words
+            for w in (_makefile_list(word[2:-1]) if word.startswith("$(") else [word])]
 
 
 def test_every_build_of_the_plugin_takes_the_same_sources():
@@ -152,8 +154,8 @@ def test_every_build_of_the_plugin_takes_the_same_sources():
 
 
 def _c_default(key):
-    """The plugin's built-in value of a plugstack key (conf_defaults in options.c)."""
-    text = (REPO / "spank/options.c").read_text()
+    """The plugin's built-in value of a plugstack key (conf_defaults in plugstack.c)."""
+    text = (REPO / "spank/plugstack.c").read_text()
     return re.search(rf'strcpy\(conf->{key}, "([^"]+)"\);', text).group(1)
 
 
@@ -182,9 +184,9 @@ def test_plugin_and_runtime_role_share_the_run_root_and_the_runtime():
 
 
 def test_plugin_role_and_runtime_take_the_same_booleans():
-    """parse_bool (options.c), the role's check of plugstack booleans and the
+    """parse_bool (plugstack.c), the role's check of plugstack booleans and the
     runtime's enroot.conf booleans accept the same words."""
-    text = (REPO / "spank/options.c").read_text()
+    text = (REPO / "spank/plugstack.c").read_text()
     c_words = {kind: re.findall(r'"([^"]+)"', re.search(
         rf"static const char \*const {kind}\[\] = \{{(.*?)\}};", text).group(1))
         for kind in ("yes", "no")}

@@ -1,9 +1,15 @@
 /*
- * Tests for options.c: plugstack options, flag values, env merge rules.
+ * Tests for the option parser (PARSER_SRC in the Makefile): plugstack
+ * options, flag values, EDF lines, PYXIS_CONTAINER_*, env merge rules.
  * Prints one line per failed check and exits 1 if any failed.
  * Run under valgrind by tests/test_spank_plugin.py.
  */
-#include "../options.h"
+#include "../container_flags.h"
+#include "../edf.h"
+#include "../env_merge.h"
+#include "../image_ref.h"
+#include "../plugstack.h"
+#include "../pyxis_env.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,0 +1,68 @@
+/* See image_ref.h. Pure string work: no Slurm, no side effects. */
+#include "image_ref.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int image_is_file(const char *image)
+{
+	size_t n = strlen(image);
+
+	return image[0] == '/' || image[0] == '.' ||
+	       (n > 5 && strcmp(image + n - 5, ".sqsh") == 0);
+}
+
+size_t image_archive_prefix(const char *image)
+{
+	/* the archive forms berth import reads, named as skopeo names them */
+	static const char *const prefixes[] = { "docker-archive:", "oci-archive:", "oci:" };
+
+	for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++)
+		if (strncmp(image, prefixes[i], strlen(prefixes[i])) == 0)
+			return strlen(prefixes[i]);
+	return 0;
+}
+
+int image_uri(const char *image, char *out, size_t outlen)
+{
+	int n;
+
+	if (strstr(image, "://") != NULL || image_archive_prefix(image) > 0)
+		n = snprintf(out, outlen, "%s", image);
+	else
+		n = snprintf(out, outlen, "docker://%s", image);
+	return (n < 0 || (size_t)n >= outlen) ? -1 : 0;
+}
+
+const char *image_pin(const char *text, const char *uri)
+{
+	static const char scheme[] = "docker://";
+	size_t n = strlen(uri);
+	const char *pin;
+
+	if (n == 0 || strncmp(text, uri, n) != 0 || text[n] != '\n')
+		return NULL;
+	pin = text + n + 1;
+	if (strncmp(pin, scheme, sizeof(scheme) - 1) != 0 || strstr(pin, "@sha256:") == NULL ||
+	    strchr(pin, '\n') != NULL)
+		return NULL;
+	return pin;
+}
+
+int image_cache_name(const char *image, char *out, size_t outlen)
+{
+	const char *scheme = strstr(image, "://");
+	size_t i = 0;
+
+	if (scheme != NULL)
+		image = scheme + 3;
+	for (; *image != '\0'; image++) {
+		if (i + 1 >= outlen)
+			return -1;
+		out[i++] = strchr("/:#@", *image) ? '+' : *image;
+	}
+	if (i == 0 || i + sizeof(".sqsh") > outlen)
+		return -1;
+	memcpy(out + i, ".sqsh", sizeof(".sqsh"));
+	return 0;
+}

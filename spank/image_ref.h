@@ -1,0 +1,27 @@
+/*
+ * --container-image as the runtime and the node's files name it: a
+ * squashfs file, an archive, or a registry reference and its URI, the
+ * digest it was pinned to at submission, a custom importer's cache name.
+ */
+#ifndef BERTH_SPANK_IMAGE_REF_H
+#define BERTH_SPANK_IMAGE_REF_H
+
+#include <stddef.h>
+
+/* Is the image a squashfs file rather than a registry reference? */
+int image_is_file(const char *image);
+/* Length of a docker-archive:, oci-archive: or oci: prefix, else 0. */
+size_t image_archive_prefix(const char *image);
+/* URI handed to "berth import": docker:// unless a scheme is given */
+int image_uri(const char *image, char *out, size_t outlen);
+/*
+ * A registry image's tag, resolved once per job at submission, reaches the
+ * nodes as "URI\nPINNED" (URI as image_uri gives it, PINNED the runtime's
+ * docker://...@sha256:... of it). image_pin: PINNED when text is for uri
+ * and PINNED is one such line, else NULL.
+ */
+const char *image_pin(const char *text, const char *uri);
+/* Cache file name for a registry image: '/', ':', '#', '@' become '+' */
+int image_cache_name(const char *image, char *out, size_t outlen);
+
+#endif
