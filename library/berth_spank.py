@@ -100,9 +100,9 @@ from ansible.module_utils.basic import AnsibleModule
 # holds this list, the Makefile's and roles/spank_plugin's equal).
 SOURCES = ("Makefile", "spank_berth.c", "plugstack.c", "container_flags.c", "image_ref.c",
            "edf.c", "pyxis_env.c", "env_merge.c", "submit.c", "container.c", "keeper.c",
-           "child.c", "task.c", "stepend.c", "paths.c", "parse_error.h", "plugstack.h",
+           "berth_cmd.c", "child.c", "task.c", "stepend.c", "paths.c", "parse_error.h", "plugstack.h",
            "container_flags.h", "image_ref.h", "edf.h", "pyxis_env.h", "env_merge.h", "submit.h",
-           "container.h", "keeper.h", "child.h", "task.h", "stepend.h", "paths.h", "step.h",
+           "container.h", "keeper.h", "berth_cmd.h", "child.h", "task.h", "stepend.h", "paths.h", "step.h",
            "seccomp_filter.h")
 SLURM_PROGRAMS = ("slurmd", "slurmctld", "srun")
 

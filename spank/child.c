@@ -1,11 +1,10 @@
 /*
  * See child.h. Every process the plugin forks on the node is the job user's
  * (fork_user) and is held by a pidfd; the runtime is started one way only
- * (spawn, and run_cmd to completion).
+ * (spawn).
  */
 #define _GNU_SOURCE
 #include "child.h"
-#include "paths.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -93,7 +92,7 @@ long long now_ms(void)
 }
 
 /* Milliseconds until deadline (now_ms() time; -1: none) as a poll timeout. */
-static int ms_left(long long deadline)
+int ms_left(long long deadline)
 {
 	long long left;
 
@@ -344,7 +343,7 @@ int spawn(spank_t sp, const struct step *st, char *const argv[], char **env, int
  * NUL-terminated; "" when there is none. Root reads it through a child that
  * is the user: any directory on the way may be a link the user put there.
  */
-static void read_user_tail(const struct step *st, const char *path, char *buf, size_t len)
+void read_user_tail(const struct step *st, const char *path, char *buf, size_t len)
 {
 	int pipe_fds[2] = { -1, -1 };
 	struct child reader;
@@ -403,122 +402,4 @@ static void read_user_tail(const struct step *st, const char *path, char *buf, s
 	close(pipe_fds[0]);
 	child_wait(&reader, deadline, "reading a log as the user",
 		   READ_TIMEOUT_MS / 1000, &status);
-}
-
-/*
- * Report why a runtime command failed: headline (if any) first, then its last
- * stderr line ("spank_berth: WHAT: LINE" after a headline).
- */
-void report_failure(const struct step *st, const char *what, const char *log_path, int status,
-		    const char *headline)
-{
-	char buf[4096];
-	char *line;
-	size_t n;
-
-	if (strcmp(log_path, "/dev/null") == 0)
-		buf[0] = '\0';
-	else
-		read_user_tail(st, log_path, buf, sizeof(buf));
-	n = strlen(buf);
-	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
-		buf[--n] = '\0';
-	line = strrchr(buf, '\n');
-	line = line ? line + 1 : buf;
-	if (headline != NULL && strncmp(line, "berth: error: ", 14) == 0)
-		line += 14;
-	if (headline != NULL)
-		slurm_error("spank_berth: %s", headline);
-	if (headline != NULL && *line != '\0')
-		slurm_error("spank_berth: %s: %s", what, line);
-	else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_NO_USER)
-		slurm_error("spank_berth: %s: cannot become uid %u", what, (unsigned)st->uid);
-	else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_NO_LOG)
-		slurm_error("spank_berth: %s: cannot write %s as uid %u", what, log_path,
-			    (unsigned)st->uid);
-	else if (WIFEXITED(status) && WEXITSTATUS(status) == 127 && line[0] == '\0')
-		slurm_error("spank_berth: %s: cannot execute the runtime", what);
-	else if (*line != '\0')
-		slurm_error("spank_berth: %s failed: %s", what, line);
-	else
-		slurm_error("spank_berth: %s failed with status %d (log: %s)", what, status, log_path);
-}
-
-/*
- * Run a runtime command to completion. out: its stdout (up to outlen - 1
- * bytes, NUL-terminated), or NULL. slow_notice (with out): logged when the
- * command has printed nothing after a few seconds, so a long import shows.
- * As root (task_exit, exit, job_epilog) the wait is bounded by
- * cleanup_timeout: the command runs as the user, who can stall it.
- * Logs and returns -1 on failure.
- */
-int run_cmd(spank_t sp, const struct step *st, const struct plugin_conf *conf, const char *what,
-	    char *const argv[], char *out, size_t outlen, const char *slow_notice,
-	    const char *headline)
-{
-	int timeout_s = geteuid() == 0 ? conf->cleanup_timeout : 0;
-	long long deadline = timeout_s > 0 ? now_ms() + 1000LL * timeout_s : -1;
-	char log_path[PATH_MAX];
-	char **env;
-	int pipe_fds[2] = { -1, -1 };
-	struct child cmd;
-	size_t used = 0;
-	int status = 0, rc;
-
-	if (st->step_dir[0] == '\0')
-		strcpy(log_path, "/dev/null");
-	else if (path_join(log_path, "%s/%s.log", st->step_dir, argv[1]) < 0)
-		return -1;
-	env = child_env(sp, st, NULL, 0);
-	if (env == NULL)
-		return -1;
-	if (out != NULL && pipe2(pipe_fds, O_CLOEXEC) < 0) {
-		slurm_error("spank_berth: pipe: %m");
-		free(env);
-		return -1;
-	}
-	rc = spawn(sp, st, argv, env, -1, pipe_fds[1], log_path, &cmd);
-	free(env);
-	if (out != NULL) {
-		struct pollfd printed = { pipe_fds[0], POLLIN, 0 };
-
-		close(pipe_fds[1]);
-		if (slow_notice != NULL && rc == 0 && poll(&printed, 1, SLOW_NOTICE_MS) == 0)
-			slurm_spank_log("spank_berth: %s", slow_notice);
-		while (rc == 0) {
-			char sink[256];
-			ssize_t n;
-			int r = poll(&printed, 1, ms_left(deadline));
-
-			if (r < 0 && errno == EINTR)
-				continue;
-			if (r <= 0) /* past the deadline: child_wait says so */
-				break;
-			n = used + 1 < outlen ? read(pipe_fds[0], out + used, outlen - 1 - used)
-					      : read(pipe_fds[0], sink, sizeof(sink));
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n <= 0)
-				break;
-			if (used + 1 < outlen)
-				used += (size_t)n;
-		}
-		out[used] = '\0';
-		close(pipe_fds[0]);
-	}
-	if (rc < 0)
-		return -1;
-	if (child_wait(&cmd, deadline, what, timeout_s, &status) < 0)
-		return -1;
-	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-		report_failure(st, what, log_path, status, headline);
-		return -1;
-	}
-	return 0;
-}
-
-int run(spank_t sp, const struct step *st, const struct plugin_conf *conf, const char *what,
-	char *const argv[], char *out, size_t outlen, const char *slow_notice)
-{
-	return run_cmd(sp, st, conf, what, argv, out, outlen, slow_notice, NULL);
 }

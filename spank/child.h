@@ -1,12 +1,12 @@
 /*
  * Processes the plugin forks on the node, all as the job user and held by a
- * pidfd (struct child, step.h): the runtime's commands (spawn, run_cmd),
- * and the helpers that read or remove the user's files for root.
+ * pidfd (struct child, step.h): the runtime's commands (spawn; their
+ * command lines are berth_cmd.c's), and the helpers that read or remove the
+ * user's files for root.
  */
 #ifndef BERTH_SPANK_CHILD_H
 #define BERTH_SPANK_CHILD_H
 
-#include "plugstack.h"
 #include "step.h"
 
 #include <stddef.h>
@@ -25,6 +25,8 @@
 
 /* CLOCK_MONOTONIC in milliseconds: the time of the deadlines below. */
 long long now_ms(void);
+/* Milliseconds until deadline (now_ms() time; -1: none) as a poll timeout. */
+int ms_left(long long deadline);
 
 /* Has the child exited within timeout_ms (-1: no limit)? 1: yes, 0: not yet. */
 int child_exited(const struct child *c, int timeout_ms);
@@ -58,21 +60,11 @@ char **child_env(spank_t sp, const struct step *st, char **overrides, int noverr
 int spawn(spank_t sp, const struct step *st, char *const argv[], char **env, int in_fd, int out_fd,
 	  const char *log_path, struct child *c);
 
-/* Log why a runtime command failed (headline first), from its log's last line. */
-void report_failure(const struct step *st, const char *what, const char *log_path, int status,
-		    const char *headline);
-
 /*
- * Run a runtime command as the job user to completion, its log in the step
- * dir. out: its stdout (NUL-terminated) or NULL; slow_notice: logged when
- * it is slow to print; headline: logged first on failure. 0, or -1 (logged).
+ * The last (up to len - 1) bytes of a regular file below the user's tree,
+ * NUL-terminated, read as the user; "" when there is none.
  */
-int run_cmd(spank_t sp, const struct step *st, const struct plugin_conf *conf, const char *what,
-	    char *const argv[], char *out, size_t outlen, const char *slow_notice,
-	    const char *headline);
-/* run_cmd without a headline. */
-int run(spank_t sp, const struct step *st, const struct plugin_conf *conf, const char *what,
-	char *const argv[], char *out, size_t outlen, const char *slow_notice);
+void read_user_tail(const struct step *st, const char *path, char *buf, size_t len);
 
 #pragma GCC visibility pop
 

@@ -1,7 +1,7 @@
 /* See container.h. */
 #define _GNU_SOURCE
 #include "container.h"
-#include "child.h"
+#include "berth_cmd.h"
 #include "image_ref.h"
 #include "keeper.h"
 #include "paths.h"
@@ -119,7 +119,6 @@ static int import_with_importer(spank_t sp, const struct step *st, const struct 
 {
 	/* room in NAME_MAX for the ".<jobid>.<stepid>.tmp" of the download */
 	char images[PATH_MAX], name[NAME_MAX - 32], lock[PATH_MAX], tmp[PATH_MAX];
-	char *argv[] = { (char *)conf->importer, "import", "-o", tmp, (char *)req->uri, NULL };
 	int lock_fd, rc = 0;
 
 	if (image_cache_name(flags->image, name, sizeof(name)) < 0) {
@@ -138,7 +137,7 @@ static int import_with_importer(spank_t sp, const struct step *st, const struct 
 	if (faccessat(AT_FDCWD, sqsh, R_OK, AT_EACCESS) != 0) { /* as the user: real uid is root */
 		slurm_spank_log("spank_berth: importing %s", req->uri);
 		unlink(tmp);
-		rc = run_cmd(sp, st, conf, "importer", argv, NULL, 0, NULL, req->headline);
+		rc = importer_import(sp, st, conf, tmp, req->uri, req->headline);
 		if (rc == 0 && rename(tmp, sqsh) < 0) {
 			slurm_error("spank_berth: cannot rename %s to %s: %m", tmp, sqsh);
 			rc = -1;
@@ -215,8 +214,8 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 	struct image_request req;
 	char out[PATH_MAX + 128];
 	char *digest;
-	char *argv[] = { (char *)conf->berth, "import", "--cache-only", "--digest", "--reuse",
-			 req.uri, NULL };
+	const char *uri = req.uri;
+	int reuse = 0;
 	size_t len, archive = image_archive_prefix(flags->image);
 	char path[PATH_MAX];
 	int n, too_long;
@@ -224,7 +223,8 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 	if (archive == 0 && conf->importer[0] == '\0') {
 		if (registry_request(sp, flags, &req) < 0)
 			return -1;
-		argv[5] = (char *)req.target;
+		uri = req.target;
+		reuse = 1;
 	} else {
 		if (archive > 0 && flags->image[archive] != '/') {
 			/* a relative archive path, from the step's directory as for files */
@@ -242,11 +242,8 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 		import_messages(&req, NULL);
 		if (conf->importer[0] != '\0')
 			return import_with_importer(sp, st, conf, flags, &req, sqsh);
-		argv[4] = req.uri;
-		argv[5] = NULL;
 	}
-	if (run_cmd(sp, st, conf, "berth import", argv, out, sizeof(out), req.notice,
-		    req.headline) < 0)
+	if (berth_import(sp, st, conf, uri, reuse, out, sizeof(out), req.notice, req.headline) < 0)
 		return -1;
 	/* two lines: the cached squashfs, then the digest it was pulled by */
 	digest = strchr(out, '\n');
@@ -280,10 +277,9 @@ int container_exists(spank_t sp, const struct step *st, const struct plugin_conf
 		     const char *name)
 {
 	char out[65536];
-	char *argv[] = { (char *)conf->berth, "list", NULL };
 	size_t len = strlen(name);
 
-	if (run(sp, st, conf, "berth list", argv, out, sizeof(out), NULL) < 0)
+	if (berth_list(sp, st, conf, out, sizeof(out)) < 0)
 		return -1;
 	for (char *line = out; *line != '\0'; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != '\0'))
 		if (strncmp(line, name, len) == 0 && (line[len] == '\n' || line[len] == '\0'))
@@ -367,7 +363,6 @@ static int prepare_named(spank_t sp, struct step *st, const struct plugin_conf *
 	char named[PATH_MAX], lock[PATH_MAX], pidfile[PATH_MAX], sqsh[PATH_MAX];
 	int lock_fd, exists, rc = -1;
 	pid_t running;
-	char *argv[] = { (char *)conf->berth, "create", "-n", st->container, sqsh, NULL };
 
 	if (path_join(named, "%s/named", st->state_dir) < 0 ||
 	    make_dir(named, 0700, st->uid, st->gid) < 0 ||
@@ -413,7 +408,7 @@ static int prepare_named(spank_t sp, struct step *st, const struct plugin_conf *
 		goto out;
 	}
 	if (!exists && (resolve_image(sp, st, conf, flags, sqsh) < 0 ||
-			run(sp, st, conf, "berth create", argv, NULL, 0, NULL) < 0))
+			berth_create(sp, st, conf, st->container, sqsh) < 0))
 		goto out;
 	/* again if it existed: now say why */
 	if (start_keeper(sp, st, conf, flags, st->container, NULL, 1) < 0)
@@ -463,7 +458,6 @@ int setup_container(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		    const struct container_flags *flags)
 {
 	char sqsh[PATH_MAX];
-	char *create_argv[] = { (char *)conf->berth, "create", "-n", st->container, sqsh, NULL };
 	int n;
 
 	if (make_dir(st->state_dir, 0700, st->uid, st->gid) < 0 ||
@@ -502,7 +496,7 @@ int setup_container(spank_t sp, struct step *st, const struct plugin_conf *conf,
 	/* Saving needs a container on disk; a mounted image leaves nothing to save. */
 	snprintf(st->container, sizeof(st->container), "%s_%s", conf->container_prefix,
 		 st->label);
-	if (run(sp, st, conf, "berth create", create_argv, NULL, 0, NULL) < 0)
+	if (berth_create(sp, st, conf, st->container, sqsh) < 0)
 		return -1;
 	st->remove_container = 1;
 	if (start_keeper(sp, st, conf, flags, st->container, NULL, 1) < 0)

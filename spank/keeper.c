@@ -1,6 +1,7 @@
 /* See keeper.h. */
 #define _GNU_SOURCE
 #include "keeper.h"
+#include "berth_cmd.h"
 #include "child.h"
 #include "paths.h"
 
@@ -56,39 +57,6 @@ static int find_pmix_dir(spank_t sp, uint32_t jobid, uint32_t stepid, char *dir)
 }
 
 /*
- * One --container-mounts entry as "berth start -m" takes it: a relative
- * source from the step's working directory (as srun's PWD), SRC alone as
- * SRC:SRC; tmpfs: and umount: entries as given. malloc'ed, or NULL (logged).
- */
-static char *mount_arg(spank_t sp, const char *entry)
-{
-	size_t srclen = strcspn(entry, ":");
-	const char *rest = entry + srclen; /* "" or ":DST[:FLAGS]" */
-	char src[PATH_MAX], path[PATH_MAX];
-	char *out = NULL;
-	int n;
-
-	if (mount_is_special(entry, strlen(entry)))
-		n = asprintf(&out, "%s", entry);
-	else if (srclen >= sizeof(src)) {
-		slurm_error("spank_berth: --container-mounts: source too long in '%s'", entry);
-		return NULL;
-	} else {
-		memcpy(src, entry, srclen);
-		src[srclen] = '\0';
-		if (user_path(sp, "--container-mounts", src, path) < 0)
-			return NULL;
-		n = rest[0] == '\0' ? asprintf(&out, "%s:%s", path, src)
-				    : asprintf(&out, "%s%s", path, rest);
-	}
-	if (n < 0) {
-		slurm_error("spank_berth: out of memory");
-		return NULL;
-	}
-	return out;
-}
-
-/*
  * slurmstepd execs the batch script from its spool dir (argv[0]) after
  * task_init, by then inside the container: "DIR:DIR" of that dir, or "" for
  * other steps. -1 (logged) when the batch step has no script path.
@@ -114,14 +82,6 @@ static int batch_script_mount(spank_t sp, const struct step *st, char *out, size
 		return -1;
 	}
 	return 0;
-}
-
-static void set_override(char **env, int *n, char *storage, const char *key, enum tristate value)
-{
-	if (value == UNSET)
-		return;
-	sprintf(storage, "%s=%s", key, value == ON ? "yes" : "no");
-	env[(*n)++] = storage;
 }
 
 /*
@@ -171,95 +131,34 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		 const struct container_flags *flags, const char *target,
 		 struct image_request *image, int report)
 {
-	char log_path[PATH_MAX], pmix_dir[PATH_MAX], pmix_mount[2 * PATH_MAX + 2];
+	char log_path[PATH_MAX], pmix_dir[PATH_MAX], pmix_mount[2 * PATH_MAX + 2] = "";
 	char script_mount[2 * PATH_MAX + 2];
-	char home[64], remap[64], writable[64];
-	char **overrides = NULL;
-	int noverrides = 0;
-	char *mounts = NULL, *env_set = NULL, *hook_env = NULL, **argv = NULL, **env = NULL;
-	char **mount_args = NULL;
-	size_t nmount_args = 0;
+	struct start_cmd cmd;
+	char **env = NULL;
 	int in_pipe[2] = { -1, -1 }, out_pipe[2] = { -1, -1 };
 	char line[32] = "";
 	size_t used;
-	int argc = 0, rc = -1, status, imported;
-	size_t nmounts = 1, nenv = 1, nhooks = 1;
+	int rc = -1, status, imported;
 
-	for (const char *p = flags->mounts; p && *p; p++)
-		nmounts += *p == ',';
-	for (const char *p = flags->env_set; p && *p; p++)
-		nenv += *p == '\n';
-	for (const char *p = flags->hook_env; p && *p; p++)
-		nhooks += *p == '\n';
-	argv = calloc(2 * nmounts + 2 * nenv + 15, sizeof(*argv));
-	overrides = calloc(nhooks + 3, sizeof(*overrides));
-	mount_args = calloc(nmounts, sizeof(*mount_args));
-	if (argv == NULL || overrides == NULL || mount_args == NULL ||
-	    (flags->mounts && (mounts = strdup(flags->mounts)) == NULL) ||
-	    (flags->env_set && (env_set = strdup(flags->env_set)) == NULL) ||
-	    (flags->hook_env && (hook_env = strdup(flags->hook_env)) == NULL)) {
-		slurm_error("spank_berth: out of memory");
+	if (start_cmd_begin(&cmd, sp, conf, flags) < 0)
 		goto out;
-	}
-	set_override(overrides, &noverrides, home, "ENROOT_MOUNT_HOME", flags->mount_home);
-	set_override(overrides, &noverrides, remap, "ENROOT_REMAP_ROOT", flags->remap_root);
-	set_override(overrides, &noverrides, writable, "ENROOT_ROOTFS_WRITABLE", flags->writable);
-	/* hooks run in the caller's environment: the EDF's annotations go there */
-	for (char *save = NULL, *e = hook_env ? strtok_r(hook_env, "\n", &save) : NULL; e;
-	     e = strtok_r(NULL, "\n", &save))
-		overrides[noverrides++] = e;
-	argv[argc++] = (char *)conf->berth;
-	argv[argc++] = "start";
-	argv[argc++] = "--detach";
-	if (flags->entrypoint != UNSET ? flags->entrypoint == ON : conf->execute_entrypoint)
-		argv[argc++] = "--entrypoint";
-	for (const char *const *ns = (const char *const[]){ "net", "ipc", "uts", NULL }; *ns; ns++)
-		if (unshare_has(flags, *ns))
-			argv[argc++] = strcmp(*ns, "net") == 0 ? "--net" :
-				       strcmp(*ns, "ipc") == 0 ? "--ipc" : "--uts";
-	for (char *save = NULL, *m = mounts ? strtok_r(mounts, ",", &save) : NULL; m;
-	     m = strtok_r(NULL, ",", &save)) {
-		char *arg = mount_arg(sp, m);
-
-		if (arg == NULL)
-			goto out;
-		mount_args[nmount_args++] = arg;
-		argv[argc++] = "-m";
-		argv[argc++] = arg;
-	}
-	/* --environment's env: the container's, over its image's */
-	for (char *save = NULL, *e = env_set ? strtok_r(env_set, "\n", &save) : NULL; e;
-	     e = strtok_r(NULL, "\n", &save)) {
-		argv[argc++] = "-e";
-		argv[argc++] = e;
-	}
 	/* PMIx clients find their server through this dir: same path inside. */
-	if (find_pmix_dir(sp, st->jobid, st->stepid, pmix_dir) == 0) {
+	if (find_pmix_dir(sp, st->jobid, st->stepid, pmix_dir) == 0)
 		snprintf(pmix_mount, sizeof(pmix_mount), "%s:%s", pmix_dir, pmix_dir);
-		argv[argc++] = "-m";
-		argv[argc++] = pmix_mount;
-	}
 	if (batch_script_mount(sp, st, script_mount, sizeof(script_mount)) < 0)
 		goto out;
-	if (script_mount[0] != '\0') {
-		argv[argc++] = "-m";
-		argv[argc++] = script_mount;
-	}
-	if (image != NULL) {
-		argv[argc++] = "--reuse";
-		target = image->target;
-	}
-	argv[argc++] = (char *)target;
+	start_cmd_end(&cmd, (const char *const[]){ pmix_mount, script_mount, NULL },
+		      image != NULL ? image->target : target, image != NULL);
 	if (path_join(log_path, "%s/start.log", st->step_dir) < 0)
 		goto out;
-	env = child_env(sp, st, overrides, noverrides);
+	env = child_env(sp, st, cmd.env, cmd.nenv);
 	if (env == NULL)
 		goto out;
 	if (pipe2(in_pipe, O_CLOEXEC) < 0 || pipe2(out_pipe, O_CLOEXEC) < 0) {
 		slurm_error("spank_berth: pipe: %m");
 		goto out;
 	}
-	status = spawn(sp, st, argv, env, in_pipe[0], out_pipe[1], log_path, &st->keeper);
+	status = spawn(sp, st, cmd.argv, env, in_pipe[0], out_pipe[1], log_path, &st->keeper);
 	close(in_pipe[0]);
 	close(out_pipe[1]);
 	in_pipe[0] = out_pipe[1] = -1;
@@ -294,14 +193,7 @@ out:
 			close(out_pipe[i]);
 	}
 	free(env);
-	free(argv);
-	for (size_t i = 0; i < nmount_args; i++)
-		free(mount_args[i]);
-	free(mount_args);
-	free(mounts);
-	free(env_set);
-	free(hook_env);
-	free(overrides);
+	start_cmd_free(&cmd);
 	return rc;
 }
 

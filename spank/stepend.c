@@ -1,6 +1,7 @@
 /* See stepend.h. */
 #define _GNU_SOURCE
 #include "stepend.h"
+#include "berth_cmd.h"
 #include "child.h"
 #include "container.h"
 #include "keeper.h"
@@ -86,19 +87,13 @@ int finish_step(spank_t sp, struct step *st, const struct plugin_conf *conf,
 	stop_keeper(st);
 	if (flags->save != NULL && st->container[0] != '\0') {
 		char save[PATH_MAX];
-		char *argv[] = { (char *)conf->berth, "export", "-f", "-o", save, st->container,
-				 NULL };
 
 		rc = user_path(sp, "--container-save", flags->save, save);
 		if (rc == 0)
-			rc = run(sp, st, conf, "berth export", argv, NULL, 0, NULL);
+			rc = berth_export(sp, st, conf, save, st->container);
 	}
-	if (st->remove_container) {
-		char *argv[] = { (char *)conf->berth, "remove", "-f", st->container, NULL };
-
-		if (run(sp, st, conf, "berth remove", argv, NULL, 0, NULL) < 0)
-			rc = -1;
-	}
+	if (st->remove_container && berth_remove(sp, st, conf, st->container) < 0)
+		rc = -1;
 	remove_user_files(st, conf, rc == 0); /* on failure the logs stay for the admin */
 	st->active = 0;
 	return rc;
@@ -108,7 +103,6 @@ int epilog_remove(spank_t sp, struct step *st, const struct plugin_conf *conf)
 {
 	char out[65536], prefix[CONTAINER_PREFIX_MAX + 16], steps[CONTAINER_PREFIX_MAX + 16];
 	char *line, *save = NULL;
-	char *list_argv[] = { (char *)conf->berth, "list", NULL };
 	int rc = 0;
 
 	if (spank_get_item(sp, S_JOB_UID, &st->uid) != ESPANK_SUCCESS ||
@@ -117,18 +111,16 @@ int epilog_remove(spank_t sp, struct step *st, const struct plugin_conf *conf)
 		slurm_error("spank_berth: epilog: cannot read the job's uid, gid or id");
 		return -1;
 	}
-	if (run(sp, st, conf, "berth list", list_argv, out, sizeof(out), NULL) < 0)
+	if (berth_list(sp, st, conf, out, sizeof(out)) < 0)
 		return -1;
 	/* NAME, and JOBID.STEPID made by attaching to a step that was gone */
 	snprintf(prefix, sizeof(prefix), "%s_%u_", conf->container_prefix, st->jobid);
 	snprintf(steps, sizeof(steps), "%s_%u.", conf->container_prefix, st->jobid);
 	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		char *remove_argv[] = { (char *)conf->berth, "remove", "-f", line, NULL };
-
 		/* gone meanwhile (the user removed it): nothing left to do */
 		if ((strncmp(line, prefix, strlen(prefix)) == 0 ||
 		     strncmp(line, steps, strlen(steps)) == 0) &&
-		    run(sp, st, conf, "berth remove", remove_argv, NULL, 0, NULL) < 0 &&
+		    berth_remove(sp, st, conf, line) < 0 &&
 		    container_exists(sp, st, conf, line) != 0)
 			rc = -1;
 	}

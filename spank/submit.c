@@ -1,21 +1,15 @@
 /* See submit.h. */
 #define _GNU_SOURCE
 #include "submit.h"
+#include "berth_cmd.h"
 #include "edf.h"
 #include "image_ref.h"
 #include "pyxis_env.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 /*
  * The EDF is resolved once, at submission (the submitting environment
@@ -34,165 +28,6 @@
  */
 #define IMAGE_VAR "SLURM_BERTH_IMAGE"
 
-static int wait_child(pid_t pid, int *status)
-{
-	while (waitpid(pid, status, 0) < 0) {
-		if (errno != EINTR)
-			return -1;
-	}
-	return 0;
-}
-
-/* Keep the last line of text (of used bytes) in msg, without "berth: error: ". */
-static void last_line(const char *text, size_t used, char *msg, size_t msglen)
-{
-	static const char prefix[] = "berth: error: ";
-	const char *end = text + used, *start;
-
-	while (end > text && (end[-1] == '\n' || end[-1] == '\r'))
-		end--;
-	for (start = end; start > text && start[-1] != '\n'; start--)
-		;
-	if ((size_t)(end - start) >= sizeof(prefix) - 1 &&
-	    strncmp(start, prefix, sizeof(prefix) - 1) == 0)
-		start += sizeof(prefix) - 1;
-	snprintf(msg, msglen, "%.*s", (int)(end - start), start);
-}
-
-/*
- * Start argv as the submitting user in its environment, stdout and stderr
- * into c's pipes (collect with capture_finish). The child ends with this
- * process: a resolve left running by an srun that failed to allocate.
- */
-static int capture_start(char *const argv[], struct capture *c, char *msg, size_t msglen)
-{
-	int out_pipe[2] = { -1, -1 }, err_pipe[2] = { -1, -1 };
-	pid_t parent = getpid();
-
-	c->pid = -1;
-	if (pipe2(out_pipe, O_CLOEXEC) < 0 || pipe2(err_pipe, O_CLOEXEC) < 0) {
-		snprintf(msg, msglen, "pipe: %s", strerror(errno));
-		goto fail;
-	}
-	c->pid = fork();
-	if (c->pid == 0) {
-		int null_fd = open("/dev/null", O_RDONLY);
-
-		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent || null_fd < 0 ||
-		    dup2(null_fd, 0) < 0 || dup2(out_pipe[1], 1) < 0 || dup2(err_pipe[1], 2) < 0)
-			_exit(126);
-		execv(argv[0], argv);
-		_exit(127);
-	}
-	if (c->pid < 0) {
-		snprintf(msg, msglen, "fork: %s", strerror(errno));
-		goto fail;
-	}
-	close(out_pipe[1]);
-	close(err_pipe[1]);
-	c->out_fd = out_pipe[0];
-	c->err_fd = err_pipe[0];
-	return 0;
-fail:
-	for (int i = 0; i < 2; i++) {
-		if (out_pipe[i] >= 0)
-			close(out_pipe[i]);
-		if (err_pipe[i] >= 0)
-			close(err_pipe[i]);
-	}
-	c->pid = -1;
-	return -1;
-}
-
-/* A started capture not to be collected: its child killed and reaped. */
-static void capture_cancel(struct capture *c)
-{
-	int status;
-
-	if (c->pid <= 0)
-		return;
-	close(c->out_fd);
-	close(c->err_fd);
-	kill(c->pid, SIGKILL);
-	wait_child(c->pid, &status);
-	c->pid = -1;
-}
-
-/*
- * Collect a started capture of program: stdout into out (NUL terminated),
- * on failure the last stderr line into msg. 0: exit status 0.
- */
-static int capture_finish(const char *program, struct capture *c, char *out, size_t outlen,
-			  char *msg, size_t msglen)
-{
-	char errbuf[4096];
-	size_t used = 0, errused = 0;
-	int status = 0, overflow = 0, rc = -1;
-
-	/* both pipes at once: a child blocked on a full one would never exit */
-	for (struct pollfd fds[2] = { { c->out_fd, POLLIN, 0 }, { c->err_fd, POLLIN, 0 } };
-	     fds[0].fd >= 0 || fds[1].fd >= 0;) {
-		char sink[4096];
-		ssize_t n;
-
-		if (poll(fds, 2, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			snprintf(msg, msglen, "poll: %s", strerror(errno));
-			capture_cancel(c);
-			return -1;
-		}
-		if (fds[0].revents) {
-			n = used + 1 < outlen ? read(fds[0].fd, out + used, outlen - 1 - used)
-					      : read(fds[0].fd, sink, sizeof(sink));
-			if (n > 0 && used + 1 < outlen)
-				used += (size_t)n;
-			else if (n > 0)
-				overflow = 1;
-			else if (n == 0 || errno != EINTR)
-				fds[0].fd = -1;
-		}
-		if (fds[1].revents) {
-			if (errused > sizeof(errbuf) / 2) { /* keep the tail: the last line counts */
-				memmove(errbuf, errbuf + errused - sizeof(errbuf) / 2, sizeof(errbuf) / 2);
-				errused = sizeof(errbuf) / 2;
-			}
-			n = read(fds[1].fd, errbuf + errused, sizeof(errbuf) - errused);
-			if (n > 0)
-				errused += (size_t)n;
-			else if (n == 0 || errno != EINTR)
-				fds[1].fd = -1;
-		}
-	}
-	out[used] = '\0';
-	close(c->out_fd);
-	close(c->err_fd);
-	if (wait_child(c->pid, &status) < 0)
-		snprintf(msg, msglen, "waitpid: %s", strerror(errno));
-	else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !overflow)
-		rc = 0;
-	else if (overflow)
-		snprintf(msg, msglen, "%s printed more than %zu bytes", program, outlen - 1);
-	else if (errused > 0)
-		last_line(errbuf, errused, msg, msglen);
-	else if (WIFEXITED(status) && WEXITSTATUS(status) >= 126)
-		snprintf(msg, msglen, "cannot execute %s", program);
-	else
-		snprintf(msg, msglen, "%s failed with status %d", program, status);
-	c->pid = -1;
-	return rc;
-}
-
-/* Run argv as the submitting user and collect it (see capture_finish). */
-static int capture(char *const argv[], char *out, size_t outlen, char *msg, size_t msglen)
-{
-	struct capture c;
-
-	if (capture_start(argv, &c, msg, msglen) < 0)
-		return -1;
-	return capture_finish(argv[0], &c, out, outlen, msg, msglen);
-}
-
 /*
  * Resolve --environment through the runtime and put the result into this
  * process's environment, which srun/sbatch/salloc hand to the job. A job
@@ -201,7 +36,6 @@ static int capture(char *const argv[], char *out, size_t outlen, char *msg, size
  */
 int submit_environment(const struct plugin_conf *conf, struct container_flags *flags)
 {
-	char *argv[] = { (char *)conf->berth, "edf", "show", "--spank", flags->environment, NULL };
 	const char *inherited = getenv(EDF_VAR);
 	char msg[ERR_LEN], err[ERR_LEN];
 	char *text = NULL;
@@ -225,7 +59,8 @@ int submit_environment(const struct plugin_conf *conf, struct container_flags *f
 		slurm_error("spank_berth: --environment: the name is too long");
 		goto out;
 	}
-	if (capture(argv, text + header, EDF_MAX - (size_t)header, msg, sizeof(msg)) < 0) {
+	if (berth_edf_show(conf, flags->environment, text + header, EDF_MAX - (size_t)header, msg,
+			   sizeof(msg)) < 0) {
 		slurm_error("spank_berth: --environment: %s", msg);
 		goto out;
 	}
@@ -285,7 +120,6 @@ int node_environment(spank_t sp, struct container_flags *flags)
 void submit_image_start(const struct plugin_conf *conf, const struct container_flags *flags,
 			struct image_resolve *resolve)
 {
-	char *argv[] = { (char *)conf->berth, "import", "--resolve", resolve->uri, NULL };
 	const char *inherited = getenv(IMAGE_VAR);
 	char msg[ERR_LEN];
 
@@ -301,7 +135,7 @@ void submit_image_start(const struct plugin_conf *conf, const struct container_f
 	/* named by its digest already: the nodes import that, with nothing to ask */
 	if (strstr(resolve->uri, "@sha256:") != NULL)
 		return;
-	if (capture_start(argv, &resolve->child, msg, sizeof(msg)) < 0)
+	if (berth_resolve_start(conf, resolve->uri, &resolve->child, msg, sizeof(msg)) < 0)
 		slurm_spank_log("spank_berth: warning: cannot resolve %s to a digest here (%s); "
 				"each node imports the tag as it finds it then", resolve->uri, msg);
 }
@@ -315,8 +149,8 @@ void submit_image_finish(const struct plugin_conf *conf, struct image_resolve *r
 
 	if (resolve->child.pid <= 0)
 		return;
-	if (capture_finish(conf->berth, &resolve->child, pinned, sizeof(pinned), msg,
-			   sizeof(msg)) < 0) {
+	if (berth_resolve_finish(conf, &resolve->child, pinned, sizeof(pinned), msg,
+				 sizeof(msg)) < 0) {
 		slurm_spank_log("spank_berth: warning: cannot resolve %s to a digest here (%s); "
 				"each node imports the tag as it finds it then", uri, msg);
 		return;
@@ -340,7 +174,7 @@ void submit_image_finish(const struct plugin_conf *conf, struct image_resolve *r
 
 void submit_image_cancel(struct image_resolve *resolve)
 {
-	capture_cancel(&resolve->child);
+	berth_resolve_cancel(&resolve->child);
 }
 
 /* On the node: the URI this step's image was pinned to at submission, if any. */

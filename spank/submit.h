@@ -7,6 +7,7 @@
 #ifndef BERTH_SPANK_SUBMIT_H
 #define BERTH_SPANK_SUBMIT_H
 
+#include "berth_cmd.h"
 #include "container_flags.h"
 #include "plugstack.h"
 
@@ -30,12 +31,6 @@ int submit_environment(const struct plugin_conf *conf, struct container_flags *f
 
 /* On the node: the values resolved at submission, from the job's environment. */
 int node_environment(spank_t sp, struct container_flags *flags);
-
-/* A runtime command started as the submitting user, its output not yet read. */
-struct capture {
-	pid_t pid; /* -1: none */
-	int out_fd, err_fd;
-};
 
 /* A registry image's tag being resolved to a digest (uri: the image's URI). */
 struct image_resolve {
