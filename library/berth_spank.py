@@ -23,7 +23,7 @@ description:
 version_added: "0.1.0"
 options:
   src:
-    description: Directory with the plugin's sources (the C(.c) and C(.h) files of C(spank/) and its C(Makefile)), on the managed node.
+    description: Directory with the plugin's sources on the managed node, as in C(spank/) (C(sources.txt), the files it names one a line, and the C(Makefile)).
     type: path
     required: true
   dest:
@@ -96,14 +96,9 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
-# spank/Makefile's PLUGIN_SRC and HEADERS, and the Makefile (tests/test_spank_role.py
-# holds this list, the Makefile's and roles/spank_plugin's equal).
-SOURCES = ("Makefile", "spank_berth.c", "plugstack.c", "container_flags.c", "image_ref.c",
-           "edf.c", "pyxis_env.c", "env_merge.c", "submit.c", "container.c", "keeper.c",
-           "berth_cmd.c", "child.c", "task.c", "stepend.c", "paths.c", "parse_error.h", "plugstack.h",
-           "container_flags.h", "image_ref.h", "edf.h", "pyxis_env.h", "env_merge.h", "submit.h",
-           "container.h", "keeper.h", "berth_cmd.h", "child.h", "task.h", "stepend.h", "paths.h", "step.h",
-           "seccomp_filter.h")
+# The list of the plugin's sources, one a line, in O(src) as in spank/: the
+# Makefile builds from it, and the role copies what it names.
+SOURCE_LIST = "sources.txt"
 SLURM_PROGRAMS = ("slurmd", "slurmctld", "srun")
 
 
@@ -112,10 +107,17 @@ def file_sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def source_sha256(src):
+def plugin_files(src):
+    """The files the plugin is built from: the Makefile, the source list and
+    the sources it names."""
+    with open(os.path.join(src, SOURCE_LIST), encoding="utf-8") as f:
+        return ("Makefile", SOURCE_LIST, *f.read().split())
+
+
+def source_sha256(src, files):
     """Hash of the files the plugin is built from (names and contents, in order)."""
     digest = hashlib.sha256()
-    for name in SOURCES:
+    for name in files:
         digest.update(name.encode() + b"\0" + bytes.fromhex(file_sha256(os.path.join(src, name))))
     return digest.hexdigest()
 
@@ -220,14 +222,14 @@ def install_file(write, dest, mode):
     fsync_dir(os.path.dirname(dest))
 
 
-def build_and_install(module, src, include, dest):
+def build_and_install(module, src, files, include, dest):
     """Build in a temporary copy; install atomically; return the plugin's hash.
     A failed build or install leaves the installed plugin as it was."""
     with tempfile.TemporaryDirectory(prefix="berth-spank-") as tmp:
         build_src = os.path.join(tmp, "src")
         out = os.path.join(tmp, "out")
         os.mkdir(build_src)
-        for name in SOURCES:
+        for name in files:
             shutil.copy(os.path.join(src, name), build_src)
         rc, stdout, stderr = module.run_command(
             ["make", "-C", build_src, f"O={out}", f"SLURM_INCLUDE={include}", "all"])
@@ -262,7 +264,10 @@ def main():
         supports_check_mode=True,
     )
     src, dest, include = (module.params[k] for k in ("src", "dest", "slurm_include"))
-    missing = [n for n in SOURCES if not os.path.isfile(os.path.join(src, n))]
+    if not os.path.isfile(os.path.join(src, SOURCE_LIST)):
+        module.fail_json(msg=f"src: {src} lacks {SOURCE_LIST}")
+    files = plugin_files(src)
+    missing = [n for n in files if not os.path.isfile(os.path.join(src, n))]
     if missing:
         module.fail_json(msg=f"src: {src} lacks {', '.join(missing)}")
     try:
@@ -279,11 +284,11 @@ def main():
 
     stamp = dest + ".stamp"
     previous = read_stamp(stamp)
-    wanted = dict(source_sha256=source_sha256(src), slurm_version=slurm)
+    wanted = dict(source_sha256=source_sha256(src, files), slurm_version=slurm)
     reason = rebuild_reason(previous, wanted, dest)
     after = dict(wanted, plugin_sha256=previous.get("plugin_sha256", ""))
     if reason and not module.check_mode:
-        after["plugin_sha256"] = build_and_install(module, src, include, dest)
+        after["plugin_sha256"] = build_and_install(module, src, files, include, dest)
         try:
             write_stamp(stamp, after)
         except OSError as e:

@@ -133,6 +133,15 @@ def test_missing_sources_are_named(tmp_path, setup):
     assert not dest.exists()
 
 
+def test_a_missing_source_list_is_named(tmp_path, setup):
+    src, _, dest, args = setup
+    (src / "sources.txt").unlink()
+    result = run_module(tmp_path, args)
+    assert result["failed"] is True
+    assert result["msg"] == f"src: {src} lacks sources.txt"
+    assert not dest.exists()
+
+
 def test_compile_error_leaves_the_installed_plugin_alone(tmp_path, setup):
     src, _, dest, args = setup
     assert run_module(tmp_path, args)["changed"] is True

@@ -31,22 +31,24 @@ PLAY = """
 """
 
 
-def run_role(tmp_path, cases, check=False, plugin_dir="/usr/lib/slurm"):
+def run_role(tmp_path, cases, check=False, plugin_dir="/usr/lib/slurm", play=PLAY,
+             host_vars=None):
     """Run the play once; each case (name -> spank_plugin_options) is a local
     host of its own writing below tmp_path/name. Returns ansible's JSON report."""
     hosts = {
         name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                "spank_plugin_options": options, "spank_plugin_dir": plugin_dir,
-               "spank_plugin_slurm_config_dir": str(tmp_path / name / "etc")}
+               "spank_plugin_slurm_config_dir": str(tmp_path / name / "etc"),
+               **(host_vars or {})}
         for name, options in cases.items()}
     inventory = tmp_path / "inventory.json"
     inventory.write_text(json.dumps({"all": {"hosts": hosts}}))
-    play = tmp_path / "play.yml"
-    play.write_text(PLAY)
+    play_file = tmp_path / "play.yml"
+    play_file.write_text(play)
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(REPO / "roles"),
                ANSIBLE_LIBRARY=str(REPO / "library"), ANSIBLE_DEPRECATION_WARNINGS="false",
                ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="json")
-    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory), str(play)]
+    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory), str(play_file)]
     if check:
         cmd += ["--check", "--diff"]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -130,27 +132,65 @@ def test_the_role_knows_exactly_the_plugins_plugstack_keys():
         assert f"spank_plugin_{kind}_keys" in role["spank_plugin_known_keys"]
 
 
-def _makefile_list(name):
-    """A `NAME = a b \\` list of spank/Makefile, continuation lines and $(LIST)s included."""
-    text = (REPO / "spank/Makefile").read_text().replace("\\\n", " ")
-    words = re.search(rf"^{name} = (.*)$", text, re.M).group(1).split()
-    return [w for word in words
-            for w in (_makefile_list(word[2:-1]) if word.startswith("$(") else [word])]
+def _listed_sources():
+    return (REPO / "spank/sources.txt").read_text().split()
 
 
-def test_every_build_of_the_plugin_takes_the_same_sources():
-    """spank/Makefile, the module that builds on each node and the role that
-    copies the sources there name the same files, and every .c and .h of
-    spank/ is one of them: a file added to the plugin reaches the nodes."""
-    makefile = {"Makefile", *_makefile_list("PLUGIN_SRC"), *_makefile_list("HEADERS")}
-    module = ast.parse((REPO / "library/berth_spank.py").read_text())
-    sources = next(node.value for node in module.body if isinstance(node, ast.Assign)
-                   and node.targets[0].id == "SOURCES")
-    role = yaml.safe_load((REPO / "roles/spank_plugin/vars/main.yml").read_text())
+def test_one_list_names_the_plugins_sources():
+    """spank/sources.txt names every .c and .h of spank/ once, and the
+    Makefile builds from exactly those: a file added to the plugin is on the
+    list that the role copies to the nodes (next test) and the module builds
+    from there."""
+    listed = _listed_sources()
     on_disk = {p.name for p in (REPO / "spank").iterdir() if p.suffix in (".c", ".h")}
-    assert set(ast.literal_eval(sources)) == makefile
-    assert set(role["spank_plugin_sources"]) == makefile
-    assert on_disk | {"Makefile"} == makefile
+    assert len(listed) == len(set(listed))
+    assert set(listed) == on_disk
+    made = subprocess.run(
+        ["make", "-s", "--no-print-directory", "-C", str(REPO / "spank"),
+         "--eval", "print-%: ; @echo $($*)", "print-PLUGIN_SRC", "print-HEADERS"],
+        check=True, capture_output=True, text=True).stdout.split()
+    assert sorted(made) == sorted(listed)
+
+
+BUILD_PLAY = """
+- hosts: all
+  gather_facts: false
+  tasks:
+    - name: Copy the sources and build the plugin
+      ansible.builtin.include_role:
+        name: spank_plugin
+        tasks_from: build.yml
+"""
+
+
+@pytest.mark.skipif(not shutil.which("srun") or not Path("/usr/include/slurm/spank.h").exists(),
+                    reason="needs slurm-client and libslurm-dev")
+def test_the_role_copies_the_listed_sources_and_builds_once(tmp_path, monkeypatch):
+    """The role copies what spank/sources.txt names, the list and the
+    Makefile (nothing else) and builds there; a second run and --check
+    change nothing."""
+    conf = tmp_path / "slurm.conf"  # for `srun -V`, which names the installed Slurm
+    conf.write_text("ClusterName=bspk\nSlurmctldHost=localhost\n"
+                    "NodeName=localhost CPUs=1 State=UNKNOWN\n"
+                    "PartitionName=p Nodes=localhost Default=YES\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    build_dir = tmp_path / "case" / "src"
+    plugins = tmp_path / "case" / "plugins"
+    extra = {"spank_plugin_build_dir": str(build_dir)}
+
+    report = run_role(tmp_path, {"case": {}}, plugin_dir=str(plugins), play=BUILD_PLAY,
+                      host_vars=extra)
+    assert report["stats"]["case"]["failures"] == 0, report
+    copied = {p.name for p in build_dir.iterdir()}
+    assert copied == {"Makefile", "sources.txt", *_listed_sources()}
+    assert (plugins / "spank_berth.so").exists()
+
+    again = run_role(tmp_path, {"case": {}}, plugin_dir=str(plugins), play=BUILD_PLAY,
+                     host_vars=extra)
+    assert again["stats"]["case"]["failures"] == 0 and changed(again) == 0, again
+    checked = run_role(tmp_path, {"case": {}}, check=True, plugin_dir=str(plugins),
+                       play=BUILD_PLAY, host_vars=extra)
+    assert checked["stats"]["case"]["failures"] == 0 and changed(checked) == 0, checked
 
 
 def _c_default(key):
