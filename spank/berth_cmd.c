@@ -78,9 +78,9 @@ void report_failure(const struct step *st, const char *what, const char *log_pat
  * cleanup_timeout: the command runs as the user, who can stall it.
  * Logs and returns -1 on failure.
  */
-static int run_cmd(spank_t sp, const struct step *st, const struct plugin_conf *conf, const char *what,
-		   char *const argv[], char *out, size_t outlen, const char *slow_notice,
-		   const char *headline)
+static int run_cmd(spank_t sp, const struct step *st, const struct plugin_conf *conf,
+		   const char *what, char *const argv[], char *out, size_t outlen,
+		   const char *slow_notice, const char *headline)
 {
 	int timeout_s = geteuid() == 0 ? conf->cleanup_timeout : 0;
 	long long deadline = timeout_s > 0 ? now_ms() + 1000LL * timeout_s : -1;
