@@ -35,6 +35,7 @@ import re
 import stat
 
 from berth.errors import BerthError
+from berth.image.reference import DIGEST
 
 # berth.registry (whose limits and media types apply here too) imports
 # requests, and tarfile is no light import either: both are loaded once an
@@ -42,7 +43,6 @@ from berth.errors import BerthError
 
 SCHEMES = ("docker-archive", "oci-archive", "oci")
 REF_NAME = "org.opencontainers.image.ref.name"
-_HEX = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 20
 _MAX_ENTRIES = 1 << 20  # entries in an outer tar: images hold tens to thousands
 _MAX_LINKS = 16
@@ -317,10 +317,9 @@ def _json(data, what):
 
 
 def _blob_name(digest):
-    algorithm, _, hexdigest = digest.partition(":") if isinstance(digest, str) else ("", "", "")
-    if algorithm != "sha256" or not _HEX.fullmatch(hexdigest):
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
         raise BerthError(f"unsupported digest '{str(digest)[:100]}' (expected sha256:<64 hex>)")
-    return f"blobs/sha256/{hexdigest}"
+    return f"blobs/sha256/{digest.partition(':')[2]}"
 
 
 class _Source:

@@ -16,13 +16,12 @@ import contextlib
 import errno
 import fcntl
 import os
-import re
 import sys
 import threading
 
 from berth.errors import BerthError
+from berth.image.reference import DIGEST
 
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 PARTIAL_PREFIX = ".partial-"  # a download's temporary file, beside the blobs
 
 
@@ -45,7 +44,7 @@ class BlobCache:
 
     def path(self, digest):
         # The digest comes from a manifest: never let it name another path.
-        if not _DIGEST.fullmatch(digest):
+        if not DIGEST.fullmatch(digest):
             raise BerthError(f"unsupported layer digest '{digest}' (expected sha256:<64 hex>)")
         return os.path.join(self.blob_dir, digest.split(":", 1)[1])
 

@@ -8,14 +8,12 @@ so a plain squashfs is self-describing for enroot users too.
 
 import json
 import os
-import re
 import shlex
 
 from berth.errors import BerthError
 from berth.rootpath import resolve
 
 IMAGE_JSON = "etc/berth/image.json"
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # the form of image.json's "digest"
 SQUASHFS_MAGIC = b"hsqs"  # the first four bytes of every squashfs, so of every image
 _KEYS = {"env": list, "entrypoint": (list, type(None)), "cmd": (list, type(None)),
          "workdir": str, "user": str, "source": str, "digest": str}

@@ -10,16 +10,15 @@ runs once per job at submission, loads this and registry.py alone.
 
 import collections
 import os
-import re
 import sys
 
 from berth.errors import AccessDenied, BerthError, ImageNotFound
+from berth.image.reference import DIGEST
 from berth.image.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_credentials
 
 # uname -m names to the GOARCH names registries use.
 _ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386",
            "i386": "386"}
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def pinned(args, cfg, ref, plan):
@@ -102,7 +101,7 @@ def malformed(ref):
 def descriptor(entry):
     """(digest, size) of a manifest's config or layer entry, both checked."""
     digest, size = entry["digest"], entry["size"]
-    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
         raise ValueError(f"digest {digest!r}")
     if type(size) is not int or size < 0:
         raise ValueError(f"size {size!r}")

@@ -13,7 +13,8 @@ _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]+)?")
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+# A digest as berth takes it, everywhere: sha256 only, lowercase hex.
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _USER = re.compile(r"[^\s@#/:]+")
 
 
@@ -59,7 +60,7 @@ def parse(uri):
     digest = ""
     head, at, tail = rest.rpartition("@")
     if at and tail.startswith("sha256:"):
-        if not _DIGEST.fullmatch(tail):
+        if not DIGEST.fullmatch(tail):
             raise _bad(uri, f"digest '{tail}' is not sha256: and 64 lowercase hex digits")
         rest, digest = head, tail
     user = ""

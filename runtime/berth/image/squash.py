@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 from berth.errors import BerthError
-from berth.image.imageconfig import DIGEST, IMAGE_JSON, SQUASHFS_MAGIC
+from berth.image.imageconfig import IMAGE_JSON, SQUASHFS_MAGIC
+from berth.image.reference import DIGEST  # (the form of image.json's "digest")
 
 
 def free_bytes(path):
