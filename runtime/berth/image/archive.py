@@ -38,8 +38,9 @@ from berth.errors import BerthError
 from berth.image.reference import DIGEST
 
 # berth.registry (whose limits and media types apply here too) imports
-# requests, and tarfile is no light import either: both are loaded once an
-# archive is read, not by every `berth import --reuse` that imports this.
+# requests, and tarfile is no light import either (nor berth.image.layers,
+# which tells compressed tars): they are loaded once an archive is read, not
+# by every `berth import --reuse` that imports this.
 
 SCHEMES = ("docker-archive", "oci-archive", "oci")
 REF_NAME = "org.opencontainers.image.ref.name"
@@ -47,19 +48,18 @@ _CHUNK = 1 << 20
 _MAX_ENTRIES = 1 << 20  # entries in an outer tar: images hold tens to thousands
 _MAX_LINKS = 16
 _MAX_NESTING = 4  # index within index within ...
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
-registry = tarfile = None
+registry = tarfile = layers = None
 
 
 def _load_modules():
-    global registry, tarfile
+    global registry, tarfile, layers
     import tarfile as tar_module
 
+    from berth.image import layers as layers_module
     from berth.image import registry as registry_module
-    registry, tarfile = registry_module, tar_module
+    registry, tarfile, layers = registry_module, tar_module, layers_module
 
 
 def is_archive(uri):
@@ -146,19 +146,11 @@ def _open(archive, cfg):
         stack.callback(os.close, fd)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise BerthError(f"{archive.path} is not a file")
-        command = _decompressor(os.pread(fd, 4, 0), cfg)
+        command = layers.decompressor(os.pread(fd, 4, 0), cfg["ENROOT_GZIP_PROGRAM"])
         if command:
             fd = _decompressed(fd, command, cfg["ENROOT_TEMP_PATH"], archive)
             stack.callback(os.close, fd)
         yield _Tar(fd, archive)
-
-
-def _decompressor(magic, cfg):
-    if magic.startswith(_GZIP_MAGIC):
-        return [cfg["ENROOT_GZIP_PROGRAM"], "-d", "-c"]
-    if magic == _ZSTD_MAGIC:
-        return ["zstd", "-d", "-c", "-q"]
-    return None
 
 
 def _decompressed(fd, command, temp, archive):
@@ -484,7 +476,7 @@ def _docker(layout, archive):
                      f"the image config '{config_name}'", follow=True)
         config_digest = "sha256:" + hashlib.sha256(data).hexdigest()
     names = {config_digest: config_name}
-    layers = []
+    descriptors = []
     diff_ids = None
     for number, name in enumerate(layer_names):
         name = _clean_name(name, " (manifest.json Layers)")
@@ -505,12 +497,12 @@ def _docker(layout, archive):
             digest = diff_ids[number]
             _blob_name(digest)
             head = next(layout.chunks(name), b"")[:4]
-            if head.startswith(_GZIP_MAGIC) or head == _ZSTD_MAGIC:
+            if layers.compression(head):
                 raise BerthError(f"layer '{name}' is compressed and named by no digest: "
                                  "nothing to check it against")
         names[digest] = name
-        layers.append({"digest": digest, "size": size})
-    manifest = {"config": {"digest": config_digest, "size": config_size}, "layers": layers}
+        descriptors.append({"digest": digest, "size": size})
+    manifest = {"config": {"digest": config_digest, "size": config_size}, "layers": descriptors}
     return manifest, config_digest, config_digest, _Source(layout, archive, names)
 
 

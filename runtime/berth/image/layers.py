@@ -49,19 +49,25 @@ _UNPACK_PREFIX = "berth-import-"
 _UNPACK_NAME = re.compile(r"berth-import-([1-9][0-9]{0,9})-[a-z0-9_]{8}")
 
 
-def _decompressor(path, gzip_program):
-    with open(path, "rb") as f:
-        magic = f.read(4)
+def compression(magic):
+    """What a layer or an image archive whose first four bytes are `magic` is
+    compressed with: "gzip" or "zstd"; None for a plain tar."""
     if magic.startswith(_GZIP_MAGIC):
-        return [gzip_program, "-d", "-c"]
-    if magic == _ZSTD_MAGIC:
-        return ["zstd", "-d", "-c", "-q"]
-    return None
+        return "gzip"
+    return "zstd" if magic == _ZSTD_MAGIC else None
+
+
+def decompressor(magic, gzip_program):
+    """The command that writes out decompressed what compression(magic)
+    names; None for a plain tar."""
+    return {"gzip": [gzip_program, "-d", "-c"], "zstd": ["zstd", "-d", "-c", "-q"],
+            None: None}[compression(magic)]
 
 
 def apply_layer(root, path, digest, gzip_program):
     """Apply the layer file `path` (tar, gzip or zstd) to `root`."""
-    command = _decompressor(path, gzip_program)
+    with open(path, "rb") as f:
+        command = decompressor(f.read(4), gzip_program)
     with open(path, "rb") as raw:
         if command is None:
             _apply_tar(root, raw, digest)
