@@ -310,8 +310,12 @@ def _json(data, what):
 
 def _blob_name(digest):
     if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
-        raise BerthError(f"unsupported digest '{str(digest)[:100]}' (expected sha256:<64 hex>)")
+        raise _unsupported(digest)
     return f"blobs/sha256/{digest.partition(':')[2]}"
+
+
+def _unsupported(digest):
+    return BerthError(f"unsupported digest '{str(digest)[:100]}' (expected sha256:<64 hex>)")
 
 
 class _Source:
@@ -366,13 +370,15 @@ def _resolve(layout, archive, arch):
 
 
 def _descriptor(entry, what):
+    """manifests.descriptor, in the words of an archive's errors."""
+    from berth.image.manifests import descriptor
     if not isinstance(entry, dict):
         raise BerthError(f"{what} is not a JSON object")
-    digest, size = entry.get("digest"), entry.get("size")
-    _blob_name(digest)
-    if type(size) is not int or size < 0:
-        raise BerthError(f"{what} has no valid size")
-    return digest, size
+
+    def invalid(field, value):
+        return _unsupported(value) if field == "digest" else \
+            BerthError(f"{what} has no valid size")
+    return descriptor({"digest": None, "size": None, **entry}, invalid)
 
 
 def _oci(layout, archive, arch):

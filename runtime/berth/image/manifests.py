@@ -98,13 +98,20 @@ def malformed(ref):
     return BerthError(f"the manifest or image config of {ref} is malformed")
 
 
-def descriptor(entry):
-    """(digest, size) of a manifest's config or layer entry, both checked."""
+def _invalid(field, value):
+    return ValueError(f"{field} {value!r}")
+
+
+def descriptor(entry, invalid=_invalid):
+    """(digest, size) of a descriptor (a manifest's config or layer, an
+    index's entry, a registry's or an OCI layout's), both checked: a DIGEST
+    and a whole number of bytes. A field that is not is raised as
+    invalid(field, value), so that each caller keeps its own words."""
     digest, size = entry["digest"], entry["size"]
     if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
-        raise ValueError(f"digest {digest!r}")
+        raise invalid("digest", digest)
     if type(size) is not int or size < 0:
-        raise ValueError(f"size {size!r}")
+        raise invalid("size", size)
     return digest, size
 
 
