@@ -17,6 +17,11 @@ when the caller or root owns it (then it is theirs, not a plant).
 
 Each check is one lstat of the directory and one stat of its parent:
 `berth start` pays for two or three directories.
+
+A directory berth must reach without following any symbolic link (root
+pruning a user's cache, the image store's entries) is opened from / one
+name at a time by open_no_links(), the one such walk: each caller checks
+what it finds on the way and words the refusal its own way.
 """
 
 import grp
@@ -25,6 +30,18 @@ import pwd
 import stat
 
 from berth.errors import BerthError
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+class Unreachable(BerthError):
+    """A directory on open_no_links's way that could not be made or opened:
+    `path` (from / to it), the OSError, and whether it is a symbolic link."""
+
+    def __init__(self, path, error, link=False, making=False):
+        super().__init__(f"cannot create {path}: {error.strerror}" if making
+                         else f"{path}: {error.strerror}")
+        self.path, self.error, self.link = path, error, link
 
 
 def _refuse(path, what, why):
@@ -126,3 +143,50 @@ def check_if_present(path, what):
     except OSError as e:
         raise BerthError(f"{what} {path}: {e.strerror}") from None
     return check(path, what, st)
+
+
+def open_no_links(path, check=None, make_mode=None):
+    """The absolute directory `path` open, reached from / one name at a time
+    without following a symbolic link, so that no link (a user's) can lead
+    the caller into another tree. check(current, fd, last) is called on each
+    directory on the way once it is open, and may refuse it by raising. With
+    make_mode, a missing last directory is made first, with that mode. What
+    cannot be made or opened is raised as Unreachable."""
+    fd, current = os.open("/", _DIR), "/"
+    try:
+        names = [name for name in path.split("/") if name]
+        for i, name in enumerate(names):
+            last = i == len(names) - 1
+            current = os.path.join(current, name)
+            if last and make_mode is not None:
+                _make(name, fd, current, make_mode)
+            try:
+                new = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                raise Unreachable(current, e, link=is_link(name, fd)) from None
+            os.close(fd)
+            fd = new
+            if check is not None:
+                check(current, fd, last)
+        fd, opened = None, fd
+        return opened
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _make(name, dir_fd, path, mode):
+    try:
+        os.mkdir(name, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise Unreachable(path, e, making=True) from None
+
+
+def is_link(name, dir_fd):
+    """Whether `name` in the directory open as dir_fd is a symbolic link."""
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False

@@ -218,41 +218,20 @@ def open_followed(cache_path):
 
 def _open_no_links(cache_path):
     """As root: the cache directory reached from / without following any
-    symbolic link, so a user's link cannot lead root into another tree; None
-    when it does not exist."""
+    symbolic link (safedir.open_no_links), so a user's link cannot lead root
+    into another tree; None when it does not exist."""
     if not os.path.isabs(cache_path):
         raise BerthError(f"ENROOT_CACHE_PATH={cache_path}: not an absolute path")
-    fd, current = os.open("/", _DIR), "/"
     try:
-        for name in os.path.normpath(cache_path).split("/"):
-            if not name:
-                continue
-            current = os.path.join(current, name)
-            try:
-                new = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=fd)
-            except FileNotFoundError:
-                return None
-            except OSError as e:
-                if is_link(name, fd):
-                    raise BerthError(
-                        f"ENROOT_CACHE_PATH={cache_path}: {current} is a symbolic link; as root, "
-                        "berth cache prune follows none (give the resolved path)") from None
-                raise BerthError(f"{current}: {e.strerror}") from None
-            os.close(fd)
-            fd = new
-        fd, opened = None, fd
-        return opened
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def is_link(name, dir_fd):
-    """Whether `name` in the directory open as dir_fd is a symbolic link."""
-    try:
-        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
+        return safedir.open_no_links(os.path.normpath(cache_path))
+    except safedir.Unreachable as e:
+        if isinstance(e.error, FileNotFoundError):
+            return None
+        if e.link:
+            raise BerthError(
+                f"ENROOT_CACHE_PATH={cache_path}: {e.path} is a symbolic link; as root, "
+                "berth cache prune follows none (give the resolved path)") from None
+        raise
 
 
 class CacheDirs:
@@ -290,7 +269,7 @@ class CacheDirs:
                 except FileNotFoundError:
                     new = None
                 except OSError as e:
-                    if strict and is_link(name, fd):
+                    if strict and safedir.is_link(name, fd):
                         raise BerthError(f"{path}: a symbolic link; {self.PRUNE} follows "
                                          f"none in {self.PLACE}") from None
                     raise BerthError(f"{path}: {e.strerror}") from None

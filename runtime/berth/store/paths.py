@@ -6,9 +6,9 @@ Where it is and who owns it (BERTH_IMAGE_STORE, BERTH_IMAGE_STORE_LOCAL,
 BERTH_IMAGE_STORE_OWNER), its entries (entry(), which accepts a path only
 if it is an entry of the store, or this node's copy of one, owned by its
 account and writable by nobody else, in directories nobody else may write:
-checked()), the one safe walk to them (walk()), and an entry's line in
-`store list` and `store prune`. Used by every side: client.py, service.py,
-local.py, prune.py, verbs.py.
+checked()), the walk to them (walk(): safedir.open_no_links with the
+store's checks), and an entry's line in `store list` and `store prune`.
+Used by every side: client.py, service.py, local.py, prune.py, verbs.py.
 """
 
 import contextlib
@@ -18,9 +18,10 @@ import pwd
 import stat
 import time
 
+from berth import safedir
 from berth.errors import BerthError
 from berth.image import squash
-from berth.image.cache import IMAGE_NAME, human_size, is_link
+from berth.image.cache import IMAGE_NAME, human_size
 
 
 def path_of(cfg):
@@ -105,9 +106,6 @@ def entry(cfg, path):
     return checked(cfg, directory, name, refuse, strict_from=store)
 
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-
-
 def checked(cfg, directory, name, refuse, strict_from=None):
     """directory/name if it is a regular file of the store's account that
     nobody else may write and a whole squashfs, in `directory` reached from
@@ -144,46 +142,28 @@ def checked(cfg, directory, name, refuse, strict_from=None):
 
 def walk(directory, uid, refuse, make=False, strict_from=None):
     """The absolute `directory` open, reached from / without following a
-    symbolic link: each directory on the way owned by root or `uid` and
-    writable by nobody else (sticky ones such as /tmp aside: what is in
-    them is checked next), `directory` itself and those from `strict_from`
-    on not even sticky. With `make`, a missing last directory is made
-    0755. Else refuse(why)."""
+    symbolic link (safedir.open_no_links): each directory on the way owned
+    by root or `uid` and writable by nobody else (sticky ones such as /tmp
+    aside: what is in them is checked next), `directory` itself and those
+    from `strict_from` on not even sticky. With `make`, a missing last
+    directory is made 0755. Else refuse(why)."""
     strict_from = os.path.join(strict_from, "") if strict_from else None
-    fd, current = os.open("/", _DIR), "/"
+
+    def check(current, fd, last):
+        strict = last or bool(strict_from) and os.path.join(current, "").startswith(strict_from)
+        st = os.fstat(fd)
+        writable = st.st_mode & 0o022 and (strict or not st.st_mode & stat.S_ISVTX)
+        if st.st_uid not in (uid, 0) or writable:
+            mode = f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}"
+            raise refuse(f"{current} is not the store account's alone ({mode})" if strict
+                         else f"{current} lets others replace what is in it ({mode})")
+
     try:
-        names = [name for name in directory.split("/") if name]
-        for i, name in enumerate(names):
-            last = i == len(names) - 1
-            current = os.path.join(current, name)
-            strict = last or bool(strict_from) and os.path.join(current, "").startswith(strict_from)
-            if last and make:
-                try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                except OSError as e:
-                    raise refuse(f"cannot create {current}: {e.strerror}") from None
-            try:
-                new = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR) and is_link(name, fd):
-                    raise refuse(f"{current} is a symbolic link (give the resolved "
-                                 "path)") from None
-                raise refuse(f"{current}: {e.strerror}") from None
-            os.close(fd)
-            fd = new
-            st = os.fstat(fd)
-            writable = st.st_mode & 0o022 and (strict or not st.st_mode & stat.S_ISVTX)
-            if st.st_uid not in (uid, 0) or writable:
-                mode = f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}"
-                raise refuse(f"{current} is not the store account's alone ({mode})" if strict
-                             else f"{current} lets others replace what is in it ({mode})")
-        fd, opened = None, fd
-        return opened
-    finally:
-        if fd is not None:
-            os.close(fd)
+        return safedir.open_no_links(directory, check, make_mode=0o755 if make else None)
+    except safedir.Unreachable as e:
+        if e.link and e.error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise refuse(f"{e.path} is a symbolic link (give the resolved path)") from None
+        raise refuse(str(e)) from None
 
 
 def entry_line(entry, what):
