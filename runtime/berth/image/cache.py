@@ -30,7 +30,7 @@ import stat
 import sys
 import time
 
-from berth import safedir
+from berth import safedir, units
 from berth.image import squash
 from berth.image.blobs import BlobCache, locked, make_dirs, still_at, touch
 from berth.errors import BerthError
@@ -40,9 +40,6 @@ from berth.errors import BerthError
 FORMAT = 1
 _LAYER_NAME = re.compile(r"[0-9a-f]{64}")
 IMAGE_NAME = re.compile(r"[0-9a-f]{64}\.sqsh")
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)([KMGT]?)(?:I?B)?", re.IGNORECASE)
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)", re.IGNORECASE)
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "": 86400}
 _KINDS = ("layers", "images", "partial")
 
 
@@ -171,26 +168,26 @@ def cmd_cache(args, cfg):
 
 
 def parse_duration(text):
-    """--older-than (cache and store prune) in seconds: a number with s, m, h,
-    d or w (alone: days); None stays None."""
+    """--older-than (cache and store prune) in seconds (units.seconds); None
+    stays None."""
     if text is None:
         return None
-    match = _DURATION.fullmatch(text)
-    if not match:
+    seconds = units.seconds(text)
+    if seconds is None:
         raise BerthError(f"--older-than: expected a duration such as 30d or 12h (s, m, h, d, "
                          f"w; a number alone is days), got '{text}'")
-    return float(match[1]) * _SECONDS[match[2].lower()]
+    return seconds
 
 
 def parse_size(text):
-    """--max-size: bytes, or a number with K, M, G or T (powers of 1024); None stays None."""
+    """--max-size in bytes (units.size); None stays None."""
     if text is None:
         return None
-    match = _SIZE.fullmatch(text)
-    if not match:
+    size = units.size(text)
+    if size is None:
         raise BerthError(f"--max-size: expected bytes or a size such as 500M or 20G, "
                          f"got '{text}'")
-    return int(float(match[1]) * 1024 ** " KMGT".index(match[2].upper() or " "))
+    return size
 
 
 def human_size(size):
