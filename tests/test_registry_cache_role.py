@@ -150,3 +150,12 @@ def test_size_and_tls_knobs():
     assert CACHE["registry_cache_problems"]([], "", "/c.pem", "") == [
         "registry_cache_tls_certificate, registry_cache_tls_key: set both or neither"]
     assert [CACHE["registry_cache_bytes"](size) for size in ("", "512", "2K", "3g")] == [0, 512, 2048, 3 << 30]
+
+
+def test_the_size_is_read_as_berths_max_size():
+    """The runtime's grammar (berth/units.py): decimals and a B or iB too."""
+    assert [CACHE["registry_cache_bytes"](size) for size in ("1.5T", "500GB", "500GiB")] == [
+        3 << 39, 500 << 30, 500 << 30]
+    assert CACHE["registry_cache_problems"]([], "1.5T") == []
+    assert CACHE["registry_cache_problems"]([], "20 G") == [
+        "registry_cache_max_size: '20 G' is not bytes or a size such as 200G"]

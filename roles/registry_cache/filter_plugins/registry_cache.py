@@ -1,15 +1,22 @@
 """Checks of the registry_cache role's variables, one message per problem,
 each naming the variable, so the play can refuse bad input before any host
-changes."""
+changes. registry_cache_max_size is a size as berth's --max-size takes it:
+runtime/berth/units.py of this checkout, loaded alone, is its one grammar
+(as plugins/filter/berth_units.py loads it)."""
 
+import importlib.util
 import re
+from pathlib import Path
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _PREFIX = re.compile(rf"(?:{_LABEL}\.)*{_LABEL}(?::[0-9]{{1,5}})?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
 _URL = re.compile(rf"https?://(?:{_LABEL}\.)*{_LABEL}(?::[0-9]{{1,5}})?/?")
-_SIZE = re.compile(r"([0-9]+)([KMGT]?)", re.I)
 _KEYS = {"name", "prefix", "remoteurl", "port", "username", "password"}
+_SPEC = importlib.util.spec_from_file_location(
+    "berth_units_of_the_runtime", Path(__file__).resolve().parents[3] / "runtime/berth/units.py")
+units = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(units)
 
 
 def registry_cache_problems(upstreams, max_size="", certificate="", key=""):
@@ -47,7 +54,7 @@ def registry_cache_problems(upstreams, max_size="", certificate="", key=""):
             ports[port] = index
         if ("username" in upstream) != ("password" in upstream):
             problems.append(f"{where}: give both username and password, or neither")
-    if max_size not in ("", None) and not _SIZE.fullmatch(str(max_size)):
+    if max_size not in ("", None) and units.size(str(max_size)) is None:
         problems.append(f"registry_cache_max_size: {max_size!r} is not bytes or a size such as 200G")
     if bool(certificate) != bool(key):
         problems.append("registry_cache_tls_certificate, registry_cache_tls_key: set both or neither")
@@ -56,10 +63,10 @@ def registry_cache_problems(upstreams, max_size="", certificate="", key=""):
 
 def registry_cache_bytes(size):
     """'200G' -> bytes (powers of 1024); '' -> 0."""
-    match = _SIZE.fullmatch(str(size or "0"))
-    if not match:
+    value = units.size(str(size or "0"))
+    if value is None:
         raise ValueError(f"registry_cache_max_size: {size!r} is not bytes or a size such as 200G")
-    return int(match.group(1)) * 1024 ** "_KMGT".index(match.group(2).upper() or "_")
+    return value
 
 
 class FilterModule:
