@@ -170,24 +170,22 @@ def cmd_cache(args, cfg):
 def parse_duration(text):
     """--older-than (cache and store prune) in seconds (units.seconds); None
     stays None."""
-    if text is None:
-        return None
-    seconds = units.seconds(text)
-    if seconds is None:
-        raise BerthError(f"--older-than: expected a duration such as 30d or 12h (s, m, h, d, "
-                         f"w; a number alone is days), got '{text}'")
-    return seconds
+    return _parsed(text, units.seconds, "--older-than: expected a duration such as 30d or "
+                   "12h (s, m, h, d, w; a number alone is days)")
 
 
 def parse_size(text):
     """--max-size in bytes (units.size); None stays None."""
+    return _parsed(text, units.size, "--max-size: expected bytes or a size such as 500M or 20G")
+
+
+def _parsed(text, parse, expected):
     if text is None:
         return None
-    size = units.size(text)
-    if size is None:
-        raise BerthError(f"--max-size: expected bytes or a size such as 500M or 20G, "
-                         f"got '{text}'")
-    return size
+    value = parse(text)
+    if value is None:
+        raise BerthError(f"{expected}, got '{text}'")
+    return value
 
 
 def human_size(size):
