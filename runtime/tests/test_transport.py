@@ -1,5 +1,6 @@
 """transport.py's Direct: its TLS (what it trusts, what it loads) and its
-HTTP/1.1 (framing, kept connections, what it refuses to send)."""
+HTTP/1.1 over http.client (framing, kept connections, broken answers in
+one line, what it refuses to send)."""
 
 import http.server
 import os
@@ -256,10 +257,11 @@ def test_a_request_that_would_smuggle_a_line_is_refused_unsent(scripted, url, he
 
 @pytest.mark.parametrize("answer, needle", [
     (b"SSH-2.0-OpenSSH\r\n\r\n", "bad status line"),
+    (b"HTTP/2 200 OK\r\n\r\n", "bad status line: unknown protocol 'HTTP/2'"),
     (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000 + b"\r\n\r\n", "more than 65536 bytes"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "IncompleteRead"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nabc", "IncompleteRead"),
-], ids=["not-http", "long-header", "bad-chunk-size", "chunk-cut-short"])
+], ids=["not-http", "http-2", "long-header", "bad-chunk-size", "chunk-cut-short"])
 def test_a_broken_answer_is_a_transfer_error(scripted, answer, needle):
     server = scripted(answer, None)
     with pytest.raises(transport.TransferError, match=needle):
@@ -276,15 +278,17 @@ def test_a_length_cut_short_ends_quietly_for_the_registry_to_tell(scripted):
     assert direct.idle == {}
 
 
-def test_a_resolve_loads_neither_http_client_nor_email(scripted):
-    """What the transport is for: a GET without http.client, whose email
-    package was half a resolve's time on a node."""
+def test_a_resolve_loads_neither_requests_nor_urllib3(scripted):
+    """What the transport is for: a GET without requests and urllib3, whose
+    import alone cost a resolve more than its requests; and the answer read
+    by http.client, the one parser of every registry answer."""
     server = scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
     runtime = Path(transport.__file__).resolve().parents[2]
     code = ("import sys; from berth.image import transport\n"
             f"with transport.Direct((5, 5), False).get('{server.url}/v2/', {{}}) as a:\n"
             "    assert b''.join(a.chunks(9)) == b'{}'\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('http', 'email')))")
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('requests', 'urllib3')), 'http.client' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=dict(os.environ, PYTHONPATH=str(runtime)), check=True)
-    assert result.stdout.strip() == "[]"
+    assert result.stdout.strip() == "[] True"

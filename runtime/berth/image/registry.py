@@ -13,8 +13,8 @@ MAX_CONFIG), a blob is cut at the size its manifest declares and refused
 past it, and ENROOT_TRANSFER_TIMEOUT is a stall timeout: a connection on
 which no byte arrives for that many seconds (answer or body) fails.
 
-The requests go over a transport of transport.py: HTTP/1.1 over a
-socket for a resolve (direct=True), requests for pulls.
+The requests go over a transport of transport.py: http.client for a
+resolve (direct=True), requests for pulls.
 """
 
 import base64
@@ -69,7 +69,7 @@ def load_credentials(config_path):
 
 class Registry:
     """One registry and repository, with its authentication and timeouts.
-    direct=True: over a socket (transport.Direct), for a resolve's few requests."""
+    direct=True: over http.client (transport.Direct), for a resolve's few requests."""
 
     def __init__(self, ref, cfg, credentials=None, credentials_path="", insecure=False,
                  direct=False):

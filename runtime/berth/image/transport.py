@@ -2,10 +2,9 @@
 protocol (authentication, redirects, retries, size limits), the same over
 either transport here.
 
-- Direct, HTTP/1.1 over a socket: the few requests of `berth import
-  --resolve`, which the SPANK plugin runs once per job at submission.
-  requests and urllib3, or http.client, cost such a resolve more than its
-  requests do.
+- Direct, on http.client: the few requests of `berth import --resolve`,
+  which the SPANK plugin runs once per job at submission. Importing
+  requests and urllib3 costs such a resolve more than its requests do.
 - Pooled, on requests: pulls (one connection pool for the parallel
   downloads), and every request while a proxy is set in the environment
   (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, any case; requests honours them
@@ -25,6 +24,9 @@ Failures are TransferError (TLSError for a failed handshake, and of that
 UntrustedCertificate where TLS is there but its certificate is refused),
 whose text is the reason alone: "Connection refused", "timed out",
 "[SSL: CERTIFICATE_VERIFY_FAILED] ...".
+
+Either way the answers are parsed by http.client (urllib3 builds on it):
+no HTTP parser of the runtime's own reads what a registry sends.
 """
 
 import os
@@ -123,18 +125,14 @@ def origin(url):
     return parts.scheme, parts.hostname, parts.port or _DEFAULT_PORTS.get(parts.scheme, 80)
 
 
-# -- HTTP/1.1 over a socket ---------------------------------------------------------
-
-_MAX_LINE = 65536  # a status or header line longer than this is a broken answer
-_MAX_HEADERS = 100
-_BODYLESS = (204, 304)
-
+# -- http.client -------------------------------------------------------------------
 
 class Direct:
-    """GETs in HTTP/1.1 over a socket of its own: one connection per origin,
-    kept for the next request once an answer was read whole. Not http.client:
-    that loads the email package to parse headers, about a tenth of a
-    resolve's time on a node (7 of 71 ms)."""
+    """GETs over http.client, one connection per origin, kept for the next
+    request once an answer was read whole. Not requests: importing it and
+    urllib3 costs a resolve more than its requests do. urllib3 reads its
+    answers with http.client too, so every registry answer, a resolve's or
+    a pull's, goes through the standard library's one parser."""
 
     def __init__(self, timeout, insecure):
         self.connect_timeout, self.stall_timeout = timeout
@@ -152,35 +150,34 @@ class Direct:
         if parts.scheme not in ("http", "https") or not parts.hostname or \
                 _UNSAFE.search(target):
             raise TransferError(f"bad URL {url}")
-        request = _request(where, target, headers)
+        _check_headers(headers)
         kept = self.idle.pop(where, None)
         if kept is not None:
             try:
-                return self._ask(kept, where, request, kept=True)
+                return self._ask(kept, where, target, headers, kept=True)
             except _Closed:
                 pass  # the server closed the kept connection meanwhile: a new one
-        return self._ask(self._connect(where), where, request)
+        return self._ask(self._connect(where), where, target, headers)
 
     def _connect(self, where):
-        import socket
+        import http.client
+        import ssl
         scheme, host, port = where
-        context = self._tls() if scheme == "https" else None
-        try:
-            sock = socket.create_connection((host, port), timeout=self.connect_timeout)
+        if scheme == "https":
+            connection = http.client.HTTPSConnection(
+                host, port, timeout=self.connect_timeout, context=self._tls())
+        else:
+            connection = http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
+        try:  # the handshake under the connect timeout, as the connection itself
+            connection.connect()
+        except ssl.SSLError as e:
+            connection.close()
+            raise tls_error(e) from None
         except OSError as e:
+            connection.close()
             raise TransferError(reason(e)) from None
-        if context is not None:
-            import ssl
-            try:  # the handshake under the connect timeout, as the connection itself
-                sock = context.wrap_socket(sock, server_hostname=host)
-            except ssl.SSLError as e:
-                sock.close()
-                raise tls_error(e) from None
-            except OSError as e:
-                sock.close()
-                raise TransferError(reason(e)) from None
-        sock.settimeout(self.stall_timeout)
-        return _Connection(sock)
+        connection.sock.settimeout(self.stall_timeout)
+        return connection
 
     def _tls(self):
         if self.context is None:
@@ -201,24 +198,20 @@ class Direct:
             self.context = context
         return self.context
 
-    def _ask(self, connection, where, request, kept=False):
+    def _ask(self, connection, where, target, headers, kept=False):
+        import http.client
         try:
-            connection.sock.sendall(request)
-            status, headers, will_close = connection.read_head()
-        except _Closed:
-            connection.close()
-            if kept:
-                raise
-            raise TransferError("Remote end closed connection without response") from None
-        except (ConnectionResetError, BrokenPipeError) as e:
+            connection.request("GET", target, headers=headers)
+            response = connection.getresponse()
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
             connection.close()
             if kept:
                 raise _Closed() from None
             raise TransferError(reason(e)) from None
-        except (OSError, TransferError) as e:
+        except (OSError, http.client.HTTPException) as e:
             connection.close()
-            raise TransferError(reason(e)) from None
-        return _DirectResponse(self, where, connection, status, headers, will_close)
+            raise TransferError(_broken(e)) from None
+        return _DirectResponse(self, where, connection, response)
 
 
 # what may not be in a request target or a header: a second line, or a space
@@ -226,151 +219,66 @@ _UNSAFE = re.compile(r"[\x00-\x20\x7f]")
 _UNSAFE_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
-def _request(where, target, headers):
-    """The bytes of a GET: Host as the origin names it, the default port left out."""
-    scheme, host, port = where
-    name = f"[{host}]" if ":" in host else host
-    if port != _DEFAULT_PORTS[scheme]:
-        name = f"{name}:{port}"
-    lines = [f"GET {target} HTTP/1.1", f"Host: {name}", "Accept-Encoding: identity"]
+def _check_headers(headers):
+    """Refuse, unsent, a header that would smuggle a line of its own (a
+    token or a redirect comes from the registry); http.client would let a
+    folded line through."""
     for key, value in headers.items():
-        value = str(value)
-        if _UNSAFE.search(key) or _UNSAFE_VALUE.search(value):
+        if _UNSAFE.search(key) or _UNSAFE_VALUE.search(str(value)):
             raise TransferError(f"header {key!r} holds a line break or a control character")
-        lines.append(f"{key}: {value}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _broken(error):
+    """The reason http.client gives for a broken answer, in one line."""
+    import http.client
+    if isinstance(error, http.client.IncompleteRead):
+        return "Connection broken: IncompleteRead"
+    if isinstance(error, http.client.UnknownProtocol):
+        return f"bad status line: unknown protocol {error.args[0][:80]!r}"
+    if isinstance(error, http.client.BadStatusLine):
+        return f"bad status line {error.line[:80]!r}"
+    return reason(error)
 
 
 class _Closed(Exception):
     """A kept connection the server had closed: ask again on a new one."""
 
 
-class _Headers(dict):
-    """Header names to their first value, whatever the case they are asked in."""
-
-    def get(self, name, default=None):
-        return super().get(name.lower(), default)
-
-
-class _Connection:
-    """A socket and its buffered reader, from which answers are read."""
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.reader = sock.makefile("rb")
-
-    def line(self, what):
-        line = self.reader.readline(_MAX_LINE + 1)
-        if len(line) > _MAX_LINE:
-            raise TransferError(f"got more than {_MAX_LINE} bytes when reading {what}")
-        return line
-
-    def read_head(self):
-        """(status, headers, will_close) of the next answer, informational ones skipped."""
-        while True:
-            line = self.line("status line")
-            if not line:
-                raise _Closed()
-            parts = line.decode("latin-1").rstrip("\r\n").split(None, 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/") or \
-                    not (parts[1].isdigit() and len(parts[1]) == 3):
-                raise TransferError(f"bad status line {line[:80]!r}")
-            version, status = parts[0], int(parts[1])
-            headers = self.read_headers()
-            if status >= 200:
-                break
-        connection = headers.get("Connection", "").lower()
-        will_close = "close" in connection or \
-            (version == "HTTP/1.0" and "keep-alive" not in connection)
-        return status, headers, will_close
-
-    def read_headers(self):
-        headers = _Headers()
-        for _ in range(_MAX_HEADERS + 1):
-            line = self.line("header line")
-            if line in (b"\r\n", b"\n", b""):
-                return headers
-            name, colon, value = line.decode("latin-1").partition(":")
-            if colon:
-                headers.setdefault(name.strip().lower(), value.strip())
-        raise TransferError(f"got more than {_MAX_HEADERS} headers")
-
-    def close(self):
-        self.reader.close()
-        self.sock.close()
-
-
 class _DirectResponse:
-    def __init__(self, transport, where, connection, status, headers, will_close):
+    def __init__(self, transport, where, connection, response):
         self._transport, self._where, self._connection = transport, where, connection
-        self.status_code = status
-        self.headers = headers  # get() ignores case
+        self._response = response
+        self.status_code = response.status
+        self.headers = response.headers  # get() ignores case and gives the first value
         self.received = 0  # body bytes read so far
-        self._chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
-        length = headers.get("Content-Length", "")
-        if status in _BODYLESS:
-            self._left = 0
-        elif self._chunked:
-            self._left = None
-        elif length.isdigit():
-            self._left = int(length)
-        else:  # no length (or none that is a number): the body ends with the connection
-            self._left, will_close = None, True
-        self._will_close = will_close
-        self._chunk_left = 0  # bytes of the current chunk not yet read
-        self._done = self._left == 0
 
     def chunks(self, size):
-        while not self._done:
+        import http.client
+        while not self._response.isclosed():
             try:
-                data = self._read(size)
-            except (OSError, ValueError, TransferError) as e:
+                data = self._response.read(size)
+            except (OSError, ValueError, http.client.HTTPException) as e:
                 self._drop()
-                raise TransferError(reason(e)) from None
+                raise TransferError(_broken(e)) from None
             if not data:
-                self._done = True
-                if self._left:  # cut short: registry.py tells it by the Content-Length
-                    self._will_close = True
-                return
+                return  # cut short of a Content-Length: registry.py tells it by `received`
             self.received += len(data)
             yield data
-
-    def _read(self, size):
-        reader = self._connection.reader
-        if not self._chunked:
-            data = reader.read1(size if self._left is None else min(size, self._left))
-            if self._left is not None:
-                self._left -= len(data)
-                self._done = self._left == 0
-            return data
-        if self._chunk_left == 0:
-            line = self._connection.line("chunk size")
-            try:
-                self._chunk_left = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise TransferError("Connection broken: IncompleteRead") from None
-            if self._chunk_left == 0:  # the last chunk: trailers, then the end
-                self._connection.read_headers()
-                self._done = True
-                return b""
-        data = reader.read1(min(size, self._chunk_left))
-        if not data:
-            raise TransferError("Connection broken: IncompleteRead")
-        self._chunk_left -= len(data)
-        if self._chunk_left == 0 and self._connection.line("chunk end") not in (b"\r\n", b"\n"):
-            raise TransferError("Connection broken: IncompleteRead")
-        return data
 
     def close(self):
         if self._connection is None:
             return
-        if not self._done and self._left is not None and self._left <= _IDLE_DRAIN:
+        left = self._response.length  # of the Content-Length; None: chunked or until close
+        if not self._response.isclosed() and left is not None and left <= _IDLE_DRAIN:
             try:
                 for _ in self.chunks(_IDLE_DRAIN):
                     pass  # a small body unread: read, so that the connection serves on
             except TransferError:
                 return
-        if self._done and not self._will_close:
+        # (read whole: closed with nothing left; http.client drops the socket
+        # of an answer that ends with its connection)
+        if self._response.isclosed() and not self._response.length and \
+                self._connection.sock is not None:
             self._transport.idle[self._where] = self._connection
             self._connection = None
         else:
@@ -378,6 +286,7 @@ class _DirectResponse:
 
     def _drop(self):
         if self._connection is not None:
+            self._response.close()
             self._connection.close()
             self._connection = None
 
