@@ -38,7 +38,6 @@ def _defaults(env):
         "ENROOT_DATA_PATH": f"{_xdg(env, 'XDG_DATA_HOME', home + '/.local/share')}/enroot",
         "ENROOT_TEMP_PATH": env.get("TMPDIR") or "/tmp",
         "ENROOT_GZIP_PROGRAM": "pigz" if _which("pigz") else "gzip",
-        "ENROOT_ZSTD_OPTIONS": "-1",
         # zstd rather than enroot's lzo: RHEL 9's mksquashfs lacks lzo.
         "ENROOT_SQUASH_OPTIONS": "-comp zstd -Xcompression-level 3",
         "ENROOT_ROOTFS_WRITABLE": "no",
@@ -77,6 +76,13 @@ def _which(program):
 #: Every key enroot.conf may set; anything else in a file is an error.
 KEYS = frozenset(_defaults({"HOME": "/"}))
 
+#: enroot's keys that Berth refuses in a file, each with why: a site that
+#: sets one expects an effect Berth cannot give.
+REFUSED = {
+    "ENROOT_ZSTD_OPTIONS": "Berth compresses nothing with zstd (it only decompresses zstd "
+                           "layers; the squashfs compression is ENROOT_SQUASH_OPTIONS)",
+}
+
 
 def _expand(value, scope):
     return _VAR.sub(lambda m: scope.get(m.group(1) or m.group(2), ""), value)
@@ -107,6 +113,8 @@ def parse_file(path, scope):
         if not line:
             continue
         key, _, value = line.partition(" ")
+        if key in REFUSED:
+            raise BerthError(f"{path}:{lineno}: {key} is not supported: {REFUSED[key]}")
         if key not in KEYS:
             raise BerthError(f"{path}:{lineno}: unknown configuration key '{key}'")
         value = value.strip().strip("\"'")

@@ -44,6 +44,18 @@ def test_unknown_key_names_file_line_and_key(tmp_path):
         config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path)})
 
 
+def test_zstd_options_are_refused_naming_file_line_and_key(tmp_path):
+    """Berth never compresses with zstd: a site setting enroot's options
+    for it is told so, not left expecting an effect."""
+    write(tmp_path / "enroot.conf", "ENROOT_DATA_PATH /d\nENROOT_ZSTD_OPTIONS -19\n")
+    with pytest.raises(BerthError) as refused:
+        config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path)})
+    assert str(refused.value).startswith(
+        f"{tmp_path}/enroot.conf:2: ENROOT_ZSTD_OPTIONS is not supported: Berth compresses "
+        "nothing with zstd")
+    assert "\n" not in str(refused.value)
+
+
 @pytest.mark.parametrize("value", ["maybe", "2"])
 def test_bad_boolean_names_the_key(tmp_path, value):
     cfg = config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path), "ENROOT_REMAP_ROOT": value})
