@@ -48,3 +48,16 @@ def test_empty_mapping_is_an_empty_document():
 def test_unrepresentable_input_names_the_key(data, message):
     with pytest.raises(AnsibleFilterError, match="^" + re.escape(message)):
         berth_toml(data)
+
+
+def test_the_filters_write_with_the_runtimes_writer():
+    """One TOML writer: the EDF and registries.conf filters load
+    runtime/berth/tomlwrite.py, which `berth edf show` uses too."""
+    writer = REPO / "runtime" / "berth" / "tomlwrite.py"
+    spec = importlib.util.spec_from_file_location(
+        "cr_registries", REPO / "roles" / "container_runtime" / "filter_plugins" / "registries.py")
+    registries = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(registries)
+    assert Path(berth_toml_module._TOML.__file__) == writer
+    assert Path(registries._TOML.__file__) == writer
+    assert "from berth import tomlwrite" in (REPO / "runtime/berth/site/edf.py").read_text()

@@ -15,7 +15,8 @@ BERTH = Path(__file__).resolve().parents[1] / "berth"
 # single modules.
 PARTS = {
     "ground": (0, ("berth", "berth.config", "berth.errors", "berth.safedir",
-                   "berth.rootpath", "berth.syscalls", "berth.units")),
+                   "berth.rootpath", "berth.syscalls", "berth.units",
+                   "berth.tomlwrite")),
     "image": (1, ("berth.image",)),
     "container": (2, ("berth.container",)),
     "store": (2, ("berth.store",)),

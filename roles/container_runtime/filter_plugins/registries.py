@@ -4,8 +4,9 @@ mirror list. Every problem is one line naming the variable, so preflight can
 refuse bad input before any host changes; the runtime checks the rendered
 file again when it is written."""
 
-import json
+import importlib.util
 import re
+from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
 
@@ -19,6 +20,20 @@ _NAME = re.compile(_HOST + _PATH)
 _WILDCARD = re.compile(rf"\*\.(?:{_LABEL}\.)*{_LABEL}")
 _SEARCH = re.compile(_HOST)
 _TOKEN = re.compile(r"[^\s\"'#]+")
+
+
+def _writer():
+    """The runtime's TOML writer (runtime/berth/tomlwrite.py, Berth's one),
+    loaded by its path in this checkout: the controller need not have the
+    runtime installed."""
+    path = Path(__file__).resolve().parents[3] / "runtime" / "berth" / "tomlwrite.py"
+    spec = importlib.util.spec_from_file_location("berth_tomlwrite", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_TOML = _writer()
 
 
 def _string(problems, where, value, pattern, what):
@@ -136,21 +151,23 @@ def berth_registries_rules(rules, cache_hosts=None, hostvars=None):
 
 
 def berth_registries_toml(rules, search=None):
-    """The TOML text of already merged rules."""
+    """The TOML text of already merged rules (preflight has refused what
+    the writer could not write)."""
     out = []
     if search is not None:
-        out.append(f"unqualified-search-registries = {json.dumps(list(search))}")
+        key = "unqualified-search-registries"
+        out.append(f"{key} = {_TOML.value(list(search), key)}")
         out.append("")
     for rule in rules:
         out.append("[[registry]]")
         for key in ("prefix", "location", "insecure", "blocked", "mirror-by-digest-only"):
             if key in rule:
-                out.append(f"{key} = {json.dumps(rule[key])}")
+                out.append(f"{key} = {_TOML.value(rule[key], key)}")
         for mirror in rule.get("mirrors", []):
             out.append("  [[registry.mirror]]")
             for key in ("location", "insecure", "pull-from-mirror"):
                 if key in mirror:
-                    out.append(f"  {key} = {json.dumps(mirror[key])}")
+                    out.append(f"  {key} = {_TOML.value(mirror[key], key)}")
         out.append("")
     return "\n".join(out)
 

@@ -43,6 +43,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from berth import tomlwrite
 from berth.container import mounts as mounts_module
 from berth.errors import BerthError
 
@@ -388,32 +389,6 @@ def to_json(resolved):
     return json.dumps(resolved, indent=2) + "\n"
 
 
-def _toml_string(text):
-    escapes = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",
-               "\f": "\\f", "\r": "\\r"}
-    out = []
-    for char in text:
-        if char in escapes:
-            out.append(escapes[char])
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"\\u{ord(char):04x}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
-
-
-def _toml_value(value):
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    return _toml_string(value)
-
-
-def _toml_key(key):
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_string(key)
-
-
 def _comment(source):
     # A source path is printed as a comment: keep it on one line.
     return "  # " + re.sub(r"[\x00-\x1f\x7f]", "?", source)
@@ -425,18 +400,18 @@ def to_toml(resolved):
     lines = []
     for key in SCALARS:
         if resolved[key] is not None:
-            lines.append(f"{key} = {_toml_value(resolved[key])}{_comment(sources[key])}")
+            lines.append(f"{key} = {tomlwrite.value(resolved[key], key)}{_comment(sources[key])}")
     if resolved["mounts"]:
         lines.append("mounts = [")
         for mount in resolved["mounts"]:
             destination = os.path.normpath(mount.split(":")[1])
-            lines.append(f"    {_toml_string(mount)},{_comment(sources['mounts.' + destination])}")
+            lines.append(f"    {tomlwrite.string(mount)},{_comment(sources['mounts.' + destination])}")
         lines.append("]")
     for table in ("env", "annotations"):
         if resolved[table]:
             lines += ["", f"[{table}]"]
-            lines += [f"{_toml_key(k)} = {_toml_value(v)}{_comment(sources[f'{table}.{k}'])}"
-                      for k, v in resolved[table].items()]
+            lines += [f"{tomlwrite.key(k, f'{table}.{k}')} = {tomlwrite.value(v, f'{table}.{k}')}"
+                      f"{_comment(sources[f'{table}.{k}'])}" for k, v in resolved[table].items()]
     return "\n".join(lines) + "\n"
 
 
