@@ -465,7 +465,7 @@ int setup_container(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		return -1;
 	if (flags->name != NULL) {
 		/* a step's container is the job's already: no job scope prefix */
-		n = conf->container_scope_job && !is_step_label(flags->name)
+		n = conf->container_scope == CONTAINER_SCOPE_JOB && !is_step_label(flags->name)
 			? snprintf(st->container, sizeof(st->container), "%s_%u_%s",
 				   conf->container_prefix, st->jobid, flags->name)
 			: snprintf(st->container, sizeof(st->container), "%s_%s",

@@ -5,25 +5,22 @@
 #include <string.h>
 #include <strings.h>
 
-static int copy_str(char *dst, size_t dstlen, const char *src)
-{
-	size_t n = strlen(src);
+enum conf_kind { KIND_path, KIND_bool, KIND_seconds, KIND_name, KIND_scope };
 
-	if (n >= dstlen)
-		return -1;
-	memcpy(dst, src, n + 1);
-	return 0;
-}
-
-void conf_defaults(struct plugin_conf *conf)
-{
-	memset(conf, 0, sizeof(*conf));
-	strcpy(conf->runtime_path, "/run/berth");
-	strcpy(conf->berth, "/usr/local/bin/berth");
-	strcpy(conf->container_prefix, "pyxis");
-	conf->sbatch_support = 1;
-	conf->cleanup_timeout = CLEANUP_TIMEOUT_DEFAULT;
-}
+/* plugstack_keys.h, with where each key's field is */
+static const struct conf_key {
+	const char *name;
+	enum conf_kind kind;
+	const char *def; /* as plugstack.conf gives it; "": none */
+	long min, max;
+	size_t offset, size;
+} conf_keys[] = {
+#define PLUGSTACK_KEY(key, kind, def, min, max) \
+	{ #key, KIND_##kind, def, min, max, offsetof(struct plugin_conf, key), \
+	  sizeof(((struct plugin_conf *)0)->key) },
+#include "plugstack_keys.h"
+#undef PLUGSTACK_KEY
+};
 
 int parse_bool(const char *value)
 {
@@ -39,18 +36,21 @@ int parse_bool(const char *value)
 	return -1;
 }
 
-static int conf_path(char *dst, const char *key, const char *value,
+static int conf_path(char *dst, const struct conf_key *k, const char *value,
 		     char *err, size_t errlen)
 {
+	size_t n = strlen(value);
+
 	if (value[0] != '/')
 		return fail(err, errlen, "%s: '%s' is not an absolute path",
-			    key, value);
-	if (copy_str(dst, PATH_MAX, value) < 0)
-		return fail(err, errlen, "%s: path too long", key);
+			    k->name, value);
+	if (n >= k->size)
+		return fail(err, errlen, "%s: path too long", k->name);
+	memcpy(dst, value, n + 1);
 	return 0;
 }
 
-static int conf_bool(int *dst, const char *key, const char *value,
+static int conf_bool(int *dst, const struct conf_key *k, const char *value,
 		     char *err, size_t errlen)
 {
 	int b = parse_bool(value);
@@ -58,40 +58,83 @@ static int conf_bool(int *dst, const char *key, const char *value,
 	if (b < 0)
 		return fail(err, errlen,
 			    "%s: '%s' is not a boolean (1/true/yes/y or 0/false/no/n)",
-			    key, value);
+			    k->name, value);
 	*dst = b;
 	return 0;
 }
 
-/* whole seconds, 1..CLEANUP_TIMEOUT_MAX, digits only */
-static int conf_seconds(int *dst, const char *key, const char *value,
+/* whole seconds, min..max; digits only, at most 6 so strtol cannot overflow */
+static int conf_seconds(int *dst, const struct conf_key *k, const char *value,
 			char *err, size_t errlen)
 {
 	long seconds = 0;
 
 	if (value[0] == '\0' || strspn(value, "0123456789") != strlen(value) ||
 	    strlen(value) > 6)
-		return fail(err, errlen, "%s: '%s' is not a number of seconds", key, value);
+		return fail(err, errlen, "%s: '%s' is not a number of seconds", k->name, value);
 	seconds = strtol(value, NULL, 10);
-	if (seconds < 1 || seconds > CLEANUP_TIMEOUT_MAX)
-		return fail(err, errlen, "%s: %ld is not between 1 and %d seconds",
-			    key, seconds, CLEANUP_TIMEOUT_MAX);
+	if (seconds < k->min || seconds > k->max)
+		return fail(err, errlen, "%s: %ld is not between %ld and %ld seconds",
+			    k->name, seconds, k->min, k->max);
 	*dst = (int)seconds;
 	return 0;
 }
 
 /* A site's prefix for container names: letters, digits, '_', '.', '-'. */
-static int conf_prefix(char *dst, const char *key, const char *value,
-		       char *err, size_t errlen)
+static int conf_name(char *dst, const struct conf_key *k, const char *value,
+		     char *err, size_t errlen)
 {
 	size_t n = strlen(value);
 
-	if (n == 0 || n > CONTAINER_PREFIX_MAX || value[0] == '.' ||
+	if (n < (size_t)k->min || n > (size_t)k->max || n >= k->size || value[0] == '.' ||
 	    strspn(value, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != n)
-		return fail(err, errlen, "%s: '%s' is not 1 to %d letters, digits, '_', '.' or '-' "
-			    "(not starting with '.')", key, value, CONTAINER_PREFIX_MAX);
+		return fail(err, errlen, "%s: '%s' is not %ld to %ld letters, digits, '_', '.' or '-' "
+			    "(not starting with '.')", k->name, value, k->min, k->max);
 	memcpy(dst, value, n + 1);
 	return 0;
+}
+
+static int conf_scope(int *dst, const struct conf_key *k, const char *value,
+		      char *err, size_t errlen)
+{
+	if (strcmp(value, "job") == 0)
+		*dst = CONTAINER_SCOPE_JOB;
+	else if (strcmp(value, "global") == 0)
+		*dst = CONTAINER_SCOPE_GLOBAL;
+	else
+		return fail(err, errlen, "%s: '%s' is neither job nor global", k->name, value);
+	return 0;
+}
+
+static int conf_set(struct plugin_conf *conf, const struct conf_key *k, const char *value,
+		    char *err, size_t errlen)
+{
+	char *field = (char *)conf + k->offset;
+
+	switch (k->kind) {
+	case KIND_path:
+		return conf_path(field, k, value, err, errlen);
+	case KIND_bool:
+		return conf_bool((int *)field, k, value, err, errlen);
+	case KIND_seconds:
+		return conf_seconds((int *)field, k, value, err, errlen);
+	case KIND_name:
+		return conf_name(field, k, value, err, errlen);
+	case KIND_scope:
+		return conf_scope((int *)field, k, value, err, errlen);
+	}
+	return fail(err, errlen, "%s: unknown kind of plugstack option", k->name);
+}
+
+void conf_defaults(struct plugin_conf *conf)
+{
+	char err[ERR_LEN];
+
+	memset(conf, 0, sizeof(*conf));
+	/* The table's defaults are valid values: make check parses each. */
+	for (size_t i = 0; i < sizeof(conf_keys) / sizeof(conf_keys[0]); i++)
+		if (conf_keys[i].def[0] != '\0')
+			(void)conf_set(conf, &conf_keys[i], conf_keys[i].def, err, sizeof(err));
 }
 
 int conf_parse(struct plugin_conf *conf, int argc, char **argv,
@@ -101,10 +144,9 @@ int conf_parse(struct plugin_conf *conf, int argc, char **argv,
 	for (int i = 0; i < argc; i++) {
 		const char *arg = argv[i];
 		const char *eq = strchr(arg, '=');
+		const struct conf_key *k = NULL;
 		char key[64];
-		const char *value;
 		size_t keylen;
-		int rc;
 
 		if (eq == NULL)
 			return fail(err, errlen, "plugstack option '%s' is not key=value", arg);
@@ -113,39 +155,14 @@ int conf_parse(struct plugin_conf *conf, int argc, char **argv,
 			return fail(err, errlen, "plugstack option '%s' has a bad key", arg);
 		memcpy(key, arg, keylen);
 		key[keylen] = '\0';
-		value = eq + 1;
 
-		if (strcmp(key, "runtime_path") == 0)
-			rc = conf_path(conf->runtime_path, key, value, err, errlen);
-		else if (strcmp(key, "berth") == 0)
-			rc = conf_path(conf->berth, key, value, err, errlen);
-		else if (strcmp(key, "importer") == 0)
-			rc = conf_path(conf->importer, key, value, err, errlen);
-		else if (strcmp(key, "execute_entrypoint") == 0)
-			rc = conf_bool(&conf->execute_entrypoint, key, value, err, errlen);
-		else if (strcmp(key, "sbatch_support") == 0)
-			rc = conf_bool(&conf->sbatch_support, key, value, err, errlen);
-		else if (strcmp(key, "use_enroot_load") == 0)
-			rc = conf_bool(&conf->use_enroot_load, key, value, err, errlen);
-		else if (strcmp(key, "use_squashfuse") == 0)
-			rc = conf_bool(&conf->use_squashfuse, key, value, err, errlen);
-		else if (strcmp(key, "container_prefix") == 0)
-			rc = conf_prefix(conf->container_prefix, key, value, err, errlen);
-		else if (strcmp(key, "cleanup_timeout") == 0)
-			rc = conf_seconds(&conf->cleanup_timeout, key, value, err, errlen);
-		else if (strcmp(key, "container_scope") == 0) {
-			if (strcmp(value, "job") == 0)
-				conf->container_scope_job = 1;
-			else if (strcmp(value, "global") == 0)
-				conf->container_scope_job = 0;
-			else
-				return fail(err, errlen,
-					    "container_scope: '%s' is neither job nor global", value);
-			rc = 0;
-		} else
+		for (size_t j = 0; j < sizeof(conf_keys) / sizeof(conf_keys[0]); j++)
+			if (strcmp(key, conf_keys[j].name) == 0)
+				k = &conf_keys[j];
+		if (k == NULL)
 			return fail(err, errlen, "unknown plugstack option '%s'", key);
-		if (rc < 0)
-			return rc;
+		if (conf_set(conf, k, eq + 1, err, errlen) < 0)
+			return -1;
 	}
 	return 0;
 }

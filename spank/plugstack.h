@@ -10,24 +10,27 @@
 #include <limits.h>
 #include <stddef.h>
 
-#define CONTAINER_PREFIX_MAX 32
-
-/* plugstack.conf: required /path/spank_berth.so key=value ... */
+/* One field per line of plugstack_keys.h, named as its key. */
+#define CONF_FIELD_path(key, max)    char key[PATH_MAX];
+#define CONF_FIELD_bool(key, max)    int key;
+#define CONF_FIELD_seconds(key, max) int key;
+#define CONF_FIELD_name(key, max)    char key[(max) + 1];
+#define CONF_FIELD_scope(key, max)   int key; /* CONTAINER_SCOPE_* */
 struct plugin_conf {
-	char runtime_path[PATH_MAX];
-	char berth[PATH_MAX];    /* the runtime executable */
-	char importer[PATH_MAX]; /* enroot-style "import -o OUT URI"; empty: berth */
-	int execute_entrypoint;
-	int container_scope_job; /* 0: global (default), 1: job */
-	char container_prefix[CONTAINER_PREFIX_MAX + 1]; /* names: <prefix>_<name> */
-	int sbatch_support;
-	int use_enroot_load;     /* accepted for compatibility, see README */
-	int use_squashfuse;      /* accepted for compatibility, see README */
-	int cleanup_timeout;     /* seconds a root-run runtime command may take */
+#define PLUGSTACK_KEY(key, kind, def, min, max) CONF_FIELD_##kind(key, max)
+#include "plugstack_keys.h"
+#undef PLUGSTACK_KEY
 };
+#undef CONF_FIELD_path
+#undef CONF_FIELD_bool
+#undef CONF_FIELD_seconds
+#undef CONF_FIELD_name
+#undef CONF_FIELD_scope
 
-#define CLEANUP_TIMEOUT_DEFAULT 600
-#define CLEANUP_TIMEOUT_MAX 86400
+enum { CONTAINER_SCOPE_GLOBAL, CONTAINER_SCOPE_JOB };
+
+/* container_prefix's longest (its max in the table), to size names */
+#define CONTAINER_PREFIX_MAX (sizeof(((struct plugin_conf *)0)->container_prefix) - 1)
 
 void conf_defaults(struct plugin_conf *conf);
 int conf_parse(struct plugin_conf *conf, int argc, char **argv,

@@ -317,7 +317,7 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 		slurm_error("spank_berth: plugstack.conf: %s", err);
 		return -1;
 	}
-	if (!conf.container_scope_job)
+	if (conf.container_scope != CONTAINER_SCOPE_JOB)
 		return 0;
 	return epilog_remove(sp, &step, &conf);
 }

@@ -2,7 +2,7 @@
 (validate.yml and config.yml; the build is library/berth_spank.py's test), and
 the written berth.conf read back by a real srun loading the plugin."""
 
-import ast
+import importlib.util
 import json
 import os
 import re
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible.errors import AnsibleFilterError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -120,16 +121,73 @@ BAD_OPTIONS = {
 }
 
 
-def test_the_role_knows_exactly_the_plugins_plugstack_keys():
-    """The plugin's parser (plugstack.c) and the role's checks name the same keys."""
-    c_keys = set(re.findall(r'strcmp\(key, "(\w+)"\) == 0', (REPO / "spank/plugstack.c").read_text()))
-    role = yaml.safe_load((REPO / "roles/spank_plugin/vars/main.yml").read_text())
-    role_keys = {*role["spank_plugin_path_keys"], *role["spank_plugin_bool_keys"],
-                 *role["spank_plugin_seconds_keys"], *role["spank_plugin_name_keys"],
-                 "container_scope"}
-    assert c_keys == role_keys
-    for kind in ("path", "bool", "seconds", "name"):
-        assert f"spank_plugin_{kind}_keys" in role["spank_plugin_known_keys"]
+def _keys_filter():
+    spec = importlib.util.spec_from_file_location(
+        "spank_plugstack_keys", REPO / "roles/spank_plugin/filter_plugins/plugstack_keys.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.berth_plugstack_keys
+
+
+def plugstack_keys():
+    """spank/plugstack_keys.h as the role reads it (its filter_plugins)."""
+    return _keys_filter()((REPO / "spank/plugstack_keys.h").read_text())
+
+
+def test_the_role_reads_the_table_the_plugin_is_built_from(tmp_path):
+    """The plugstack keys, kinds, defaults and ranges have one table,
+    spank/plugstack_keys.h: the role's reading of it is what the C compiler
+    makes of it for the plugin's parser."""
+    program = tmp_path / "rows.c"
+    program.write_text(
+        "#include <stdio.h>\n"
+        "int main(void)\n{\n"
+        "#define PLUGSTACK_KEY(key, kind, def, min, max) "
+        "printf(\"%s %s [%s] %ld %ld\\n\", #key, #kind, def, (long)(min), (long)(max));\n"
+        '#include "plugstack_keys.h"\n'
+        "\treturn 0;\n}\n")
+    subprocess.run(["cc", "-Wall", "-Werror", "-I", str(REPO / "spank"), "-o", str(tmp_path / "rows"),
+                    str(program)], check=True)
+    rows = subprocess.run([tmp_path / "rows"], check=True, capture_output=True, text=True).stdout
+    table = plugstack_keys()
+    assert rows.splitlines() == [f"{key} {row['kind']} [{row['default']}] {row['min']} {row['max']}"
+                                 for key, row in table.items()]
+    assert {row["kind"] for row in table.values()} == {"path", "bool", "seconds", "name", "scope"}
+
+
+def test_the_role_refuses_a_table_line_it_cannot_read():
+    """A key the role could not read would go unchecked: the line is named."""
+    with pytest.raises(AnsibleFilterError, match=r"cannot read 'PLUGSTACK_KEY\(a, path, x, 0, 0\)'"):
+        _keys_filter()('PLUGSTACK_KEY(b, bool, "no", 0, 0)\nPLUGSTACK_KEY(a, path, x, 0, 0)\n')
+
+
+def test_the_docs_name_the_tables_keys_ranges_and_defaults():
+    """meta/argument_specs.yml stays literal YAML (its spank_plugin_options
+    is a free dict: the role's own checks name a bad key), so it, the role's
+    defaults and task names and spank/README.md are held to the table here."""
+    table = plugstack_keys()
+    role = REPO / "roles/spank_plugin"
+    specs = yaml.safe_load((role / "meta/argument_specs.yml").read_text())
+    spec_text = " ".join(specs["argument_specs"]["main"]["options"]["spank_plugin_options"]["description"])
+    defaults_text = (role / "defaults/main.yml").read_text()
+    validate_text = (role / "tasks/validate.yml").read_text()
+    readme = (REPO / "spank/README.md").read_text()
+    section = readme.split("## plugstack.conf", 1)[1].split("\n## ", 1)[0]
+    readme_defaults = {name: row.split("|")[2].strip() for row in section.splitlines()
+                       if row.startswith("| `") for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert set(readme_defaults) == set(table)
+    for key, row in table.items():
+        assert re.search(rf"\b{key}\b", spec_text) and re.search(rf"\b{key}\b", defaults_text), key
+        assert readme_defaults[key] == (f"`{row['default']}`" if row["default"] else "(berth)"), key
+        span = f"{row['min']} to {row['max']}"
+        if row["kind"] == "seconds":
+            assert f"{row['min']}-{row['max']}" in spec_text and f"{row['min']}-{row['max']}" in defaults_text
+            assert f"default {row['default']}" in defaults_text and f"seconds ({span})" in section
+            assert f"whole seconds from {span}" in validate_text
+        if row["kind"] == "name":
+            assert f"default {row['default']}" in spec_text and f"default {row['default']}" in defaults_text
+            assert f"{span} letters" in defaults_text.replace("\n# ", " ")
+            assert f"{span} letters" in section and f"not {span} letters" in validate_text
 
 
 def _listed_sources():
@@ -193,12 +251,6 @@ def test_the_role_copies_the_listed_sources_and_builds_once(tmp_path, monkeypatc
     assert checked["stats"]["case"]["failures"] == 0 and changed(checked) == 0, checked
 
 
-def _c_default(key):
-    """The plugin's built-in value of a plugstack key (conf_defaults in plugstack.c)."""
-    text = (REPO / "spank/plugstack.c").read_text()
-    return re.search(rf'strcpy\(conf->{key}, "([^"]+)"\);', text).group(1)
-
-
 def test_plugin_and_runtime_role_share_the_run_root_and_the_runtime():
     """runtime_path's default (/run/berth) is the root under which the
     container_runtime role puts each user's ENROOT_RUNTIME_PATH
@@ -207,19 +259,15 @@ def test_plugin_and_runtime_role_share_the_run_root_and_the_runtime():
     runtime_defaults = yaml.safe_load((REPO / "roles/container_runtime/defaults/main.yml").read_text())
     runtime_vars = yaml.safe_load((REPO / "roles/container_runtime/vars/main.yml").read_text())
     install = yaml.safe_load((REPO / "roles/container_runtime/tasks/install.yml").read_text())
-    spank_vars = (REPO / "roles/spank_plugin/vars/main.yml").read_text()
-    effective = re.search(r"\{\{ (\{.*?\}) \| combine", spank_vars).group(1)
-    spank_defaults = ast.literal_eval(effective)
+    table = plugstack_keys()
 
-    run_root = _c_default("runtime_path")
+    run_root = table["runtime_path"]["default"]
     assert run_root == "/run/berth"
-    assert spank_defaults["runtime_path"] == run_root
     assert runtime_defaults["container_runtime_run_root"] == run_root
     assert (runtime_vars["container_runtime_enroot_conf_base"]["ENROOT_RUNTIME_PATH"]
             == "{{ container_runtime_run_root }}/${UID}")
 
-    berth = _c_default("berth")
-    assert spank_defaults["berth"] == berth
+    berth = table["berth"]["default"]
     assert berth in [task.get("ansible.builtin.file", {}).get("dest") for task in install]
 
 

@@ -51,7 +51,7 @@ static void test_conf(void)
 	CHECK(strcmp(conf.berth, "/usr/local/bin/berth") == 0);
 	CHECK(conf.importer[0] == '\0');
 	CHECK(conf.sbatch_support == 1 && conf.execute_entrypoint == 0);
-	CHECK(conf.container_scope_job == 0 && conf.use_enroot_load == 0);
+	CHECK(conf.container_scope == CONTAINER_SCOPE_GLOBAL && conf.use_enroot_load == 0);
 	CHECK(conf.use_squashfuse == 0);
 	CHECK(conf.cleanup_timeout == 600);
 	CHECK(strcmp(conf.container_prefix, "pyxis") == 0);
@@ -65,7 +65,7 @@ static void test_conf(void)
 
 	ACCEPTED(parse(&conf, "runtime_path=/var/run/b", "container_scope=job"));
 	CHECK(strcmp(conf.runtime_path, "/var/run/b") == 0);
-	CHECK(conf.container_scope_job == 1);
+	CHECK(conf.container_scope == CONTAINER_SCOPE_JOB);
 	ACCEPTED(parse(&conf, "berth=/opt/berth/bin/berth", "importer=/usr/bin/enroot"));
 	CHECK(strcmp(conf.berth, "/opt/berth/bin/berth") == 0);
 	CHECK(strcmp(conf.importer, "/usr/bin/enroot") == 0);
@@ -96,6 +96,28 @@ static void test_conf(void)
 	REFUSED(parse(&conf, "cleanup_timeout=9999999999", NULL), "not a number of seconds");
 	REFUSED(parse(&conf, "berth", NULL), "'berth' is not key=value");
 	REFUSED(parse(&conf, "=yes", NULL), "bad key");
+}
+
+/* conf_defaults parses each default of plugstack_keys.h unchecked: each must
+ * be a value the parser takes, and give what conf_defaults gives. */
+static void test_table_defaults(void)
+{
+	static const struct { const char *key, *def; } keys[] = {
+#define PLUGSTACK_KEY(key, kind, def, min, max) { #key, def },
+#include "../plugstack_keys.h"
+#undef PLUGSTACK_KEY
+	};
+	struct plugin_conf defaults, given;
+	char arg[PATH_MAX + 64];
+
+	conf_defaults(&defaults);
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+		if (keys[i].def[0] == '\0')
+			continue;
+		snprintf(arg, sizeof(arg), "%s=%s", keys[i].key, keys[i].def);
+		ACCEPTED(parse(&given, arg, NULL));
+		CHECK(memcmp(&given, &defaults, sizeof(given)) == 0);
+	}
 }
 
 static void test_bool(void)
@@ -502,6 +524,7 @@ int main(void)
 	struct container_flags f;
 
 	test_conf();
+	test_table_defaults();
 	test_bool();
 	flags_init(&f);
 	test_image(&f);
