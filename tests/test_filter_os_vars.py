@@ -1,5 +1,7 @@
 """berth_os_vars_files: the family's vars file, then the release's where the
-role has one; facts without the release are refused by name."""
+role has one; facts without the release are refused by name. Every role with
+per-OS names loads them through it, and each of their vars files is read on
+some platform the README lists."""
 
 import sys
 from pathlib import Path
@@ -33,3 +35,38 @@ def test_facts_without_the_release_are_refused(tmp_path, facts):
     with pytest.raises(AnsibleFilterError, match="need os_family, distribution, "
                                                  "distribution_major_version"):
         berth_os_vars_files(str(tmp_path), facts)
+
+
+# One way for every role: the roles with per-OS names (a vars file besides
+# main.yml) load them through the same tasks/os_vars.yml, imported first by
+# tasks/main.yml, and nothing else in a role loads a vars file.
+ROLES = Path(__file__).resolve().parents[1] / "roles"
+OS_VARS_ROLES = sorted(role for role in ROLES.iterdir()
+                       if any(f.name != "main.yml" for f in (role / "vars").glob("*.yml")))
+# the facts of each platform the README lists
+PLATFORM_FACTS = [{"os_family": family, "distribution": distro, "distribution_major_version": major}
+                  for family, distro, major in [("Debian", "Debian", "12"), ("Debian", "Debian", "13"),
+                                                ("Debian", "Ubuntu", "22"), ("Debian", "Ubuntu", "24"),
+                                                ("RedHat", "RedHat", "9"), ("RedHat", "Rocky", "9"),
+                                                ("RedHat", "AlmaLinux", "9")]]
+
+
+def test_every_role_with_per_os_names_loads_them_through_the_same_task_file():
+    assert [role.name for role in OS_VARS_ROLES] == [
+        "container_runtime", "munge", "slurm", "slurm_dbd", "spank_plugin"]
+    task_file = (ROLES / "slurm" / "tasks" / "os_vars.yml").read_text()
+    assert "berth_os_vars_files(ansible_facts)" in task_file
+    for role in OS_VARS_ROLES:
+        assert (role / "tasks" / "os_vars.yml").read_text() == task_file, role.name
+        assert "ansible.builtin.import_tasks: os_vars.yml" in (role / "tasks" / "main.yml").read_text(), role.name
+    for task in ROLES.glob("*/tasks/*.yml"):
+        if task.name != "os_vars.yml":
+            assert "include_vars" not in task.read_text(), task
+
+
+def test_every_vars_file_is_read_on_some_platform():
+    for role in OS_VARS_ROLES:
+        read = {path for facts in PLATFORM_FACTS
+                for path in berth_os_vars_files(str(role / "vars"), facts)}
+        files = {str(f) for f in (role / "vars").glob("*.yml") if f.name != "main.yml"}
+        assert files == read, role.name

@@ -7,7 +7,12 @@ the package lists are rendered from what it loaded.
 Debian 12 must keep what the roles wrote before vars were per release; Debian 13
 gets PMIx 5's package name, CredType instead of the CryptoType 24.11 deprecates,
 and pid files in the runtime directories of its daemons, which run as slurm.
-The slurm role's preflight refuses an MpiDefault the release has no plugin for."""
+The slurm role's preflight refuses an MpiDefault the release has no plugin for.
+
+Every role with per-OS names loads them the same way (tasks/os_vars.yml), and
+on every platform the README lists gets the values it had when munge,
+container_runtime and spank_plugin still loaded theirs each its own way
+(tests/fixtures/os_vars_by_platform.json, written by the earlier ways)."""
 
 import json
 import os
@@ -16,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -92,19 +98,24 @@ RENDER = """
 """
 
 
-def run_play(tmp_path, play_text, distro, major, *extra, family="Debian"):
-    """ansible-playbook of `play_text` on hosts of that release."""
+def ansible_playbook(tmp_path, inventory_text, play_text, *extra):
+    """ansible-playbook of RELEASE_FACTS and `play_text` on that inventory."""
     inventory = tmp_path / "hosts.yml"
-    inventory.write_text(INVENTORY)
+    inventory.write_text(inventory_text)
     play = tmp_path / "play.yml"
     play.write_text(RELEASE_FACTS + play_text)
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_DEPRECATION_WARNINGS="false",
                ANSIBLE_NOCOLOR="1")
     return subprocess.run(
-        [BIN / "ansible-playbook", "-i", inventory, play, "-e", f"repo={REPO}",
-         "-e", f"family={family}", "-e", f"distro={distro}", "-e", f"major={major}", *extra],
+        [BIN / "ansible-playbook", "-i", inventory, play, "-e", f"repo={REPO}", *extra],
         env=env, capture_output=True, text=True, timeout=180, cwd=REPO,
     )
+
+
+def run_play(tmp_path, play_text, distro, major, *extra, family="Debian"):
+    """ansible-playbook of `play_text` on hosts of that release."""
+    return ansible_playbook(tmp_path, INVENTORY, play_text, "-e", f"family={family}",
+                            "-e", f"distro={distro}", "-e", f"major={major}", *extra)
 
 
 def render(tmp_path, distro, major, family="Debian"):
@@ -188,3 +199,51 @@ def test_preflight_refuses_the_other_releases_pmix_plugin(tmp_path, major, plugi
     assert (result.returncode != 0) == refused, result.stdout[-3000:]
     if refused:
         assert f"slurm_mpi_default={plugin}, but its Slurm (Debian {major})" in result.stdout
+
+
+# Each platform of the README's table, as its facts name it.
+PLATFORMS = {
+    "Debian-12": ("Debian", "Debian", "12"), "Debian-13": ("Debian", "Debian", "13"),
+    "Ubuntu-22": ("Debian", "Ubuntu", "22"), "Ubuntu-24": ("Debian", "Ubuntu", "24"),
+    "RedHat-9": ("RedHat", "RedHat", "9"), "Rocky-9": ("RedHat", "Rocky", "9"),
+    "AlmaLinux-9": ("RedHat", "AlmaLinux", "9"),
+}
+BEFORE = json.loads((REPO / "tests" / "fixtures" / "os_vars_by_platform.json").read_text())
+# The roles with per-OS names: a vars file besides main.yml.
+OS_VARS_ROLES = sorted(role.name for role in (REPO / "roles").iterdir()
+                       if any(f.name != "main.yml" for f in (role / "vars").glob("*.yml")))
+
+LOAD_EVERY_ROLE = "".join(f"""
+    - name: Load the {role} role's names as the role does
+      ansible.builtin.include_role:
+        name: {role}
+        tasks_from: os_vars.yml
+""" for role in OS_VARS_ROLES) + """
+    - name: Write what each role loaded
+      ansible.builtin.copy:
+        content: "{{ dict(item.value | zip(item.value | map('extract', vars))) | to_json }}"
+        dest: "{{ out }}/{{ inventory_hostname }}.{{ item.key }}.json"
+        mode: "0644"
+      loop: "{{ names | dict2items }}"
+"""
+
+
+def test_every_role_loads_on_every_platform_what_it_loaded_before(tmp_path):
+    names = {role: sorted(set().union(*(yaml.safe_load(f.read_text())
+                                        for f in (REPO / "roles" / role / "vars").glob("*.yml")
+                                        if f.name != "main.yml")))
+             for role in OS_VARS_ROLES}
+    # a name added to a vars file is added to the fixture on purpose
+    assert names == {role: sorted(values) for role, values in BEFORE["Debian-12"].items()}
+    hosts = "".join(f"        {platform}: {{family: {family}, distro: {distro}, major: '{major}'}}\n"
+                    for platform, (family, distro, major) in PLATFORMS.items())
+    inventory = (f"all:\n  vars:\n    ansible_connection: local\n"
+                 f"    ansible_python_interpreter: {sys.executable}\n    ansible_architecture: x86_64\n"
+                 f"  children:\n    platforms:\n      hosts:\n{hosts}")
+    result = ansible_playbook(tmp_path, inventory, LOAD_EVERY_ROLE, "-e", f"out={tmp_path}",
+                              "-e", json.dumps({"names": names}))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert set(BEFORE) == set(PLATFORMS)
+    for platform in PLATFORMS:
+        loaded = {role: json.loads((tmp_path / f"{platform}.{role}.json").read_text()) for role in OS_VARS_ROLES}
+        assert loaded == BEFORE[platform], platform

@@ -5,10 +5,12 @@ they are loaded.
       -> ['.../vars/Debian.yml', '.../vars/Debian-13.yml']
 
 First the family's file (Debian.yml: the names of the oldest supported
-release), then the release's own file where the role has one (Debian-13.yml:
-only what that release changes). The roles' tasks/os_vars.yml and
-playbooks/upgrade.yml read the same files through it, so that an upgrade
-names the packages the roles installed.
+release, which Ubuntu shares; RedHat.yml), then the release's own file where
+the role has one (Debian-13.yml: only what that release changes). Every role
+with per-OS names loads them so, in its tasks/os_vars.yml, and
+playbooks/upgrade.yml runs those same files, so that an upgrade names the
+packages the roles installed. (A first_found over one file per release would
+have each release's file repeat every name of its family's.)
 """
 
 import os
