@@ -156,3 +156,19 @@ def test_smoke_step_runs_as_the_user_pinned_to_the_node_in_its_reservation(tmp_p
     assert run(tmp_path, play) == [
         "timeout", "600", "runuser", "-u", "alice", "--", "srun", "--reservation=berth-upgrade-cn1",
         "-w", "cn1", "-N1", "-n1", "--immediate=120", *tail]
+
+
+def test_restarts_and_names_come_from_the_roles_own_tasks_and_handlers():
+    text = "".join((REPO / "playbooks" / name).read_text() for name in ("upgrade.yml", "tasks/upgrade_packages.yml"))
+    assert "include_vars" not in text and "roles/" not in text and "systemd_service" not in text
+    dbd = play_named("slurmdbd")["tasks"]
+    assert [t.get("notify") for t in dbd if "register" in t] == ["Restart slurmdbd", "Restart slurmdbd"]
+    flush = next(i for i, t in enumerate(dbd) if t.get("ansible.builtin.meta") == "flush_handlers")
+    wait = dbd[flush + 1]
+    assert wait["ansible.builtin.include_role"] == {"name": "slurm_dbd", "tasks_from": "wait.yml"}
+    assert wait["vars"]["slurm_dbd_answer_timeout"] == "{{ berth_upgrade_slurmdbd_timeout | default(3600) | int }}"
+    ctld = play_named("slurmctld")["tasks"]
+    assert ctld[1]["ansible.builtin.include_role"] == {"name": "slurm", "tasks_from": "restart_slurmctld.yml"}
+    handlers = yaml.safe_load((REPO / "roles" / "slurm" / "handlers" / "main.yml").read_text())
+    assert next(h for h in handlers if h["name"] == "Restart slurmctld")[
+        "ansible.builtin.include_tasks"] == "restart_slurmctld.yml"
