@@ -3,14 +3,12 @@ into enroot.conf (through the enroot_conf module, read back by the
 runtime) only when set, made writable to the store's service unit, and
 refused by the preflight where the runtime would refuse it."""
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from ansible_module import run_playbook
 
 REPO = Path(__file__).resolve().parent.parent
 ROLE = REPO / "roles" / "container_runtime"
@@ -41,20 +39,12 @@ def play(tmp_path, **overrides):
     playbook = [{"hosts": "localhost", "gather_facts": False,
                  "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
                  "tasks": tasks}]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(playbook))
     # (extra vars: over the role's defaults, as an inventory's would be)
-    (tmp_path / "extra.json").write_text(json.dumps({
+    return run_playbook(tmp_path, playbook, {
         "container_runtime_storage_root": "/var/lib/berth",
-        "container_runtime_venv": "/opt/berth/venv", **overrides}))
-    env = dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "library"),
-               ANSIBLE_MODULE_UTILS=str(REPO / "plugins" / "module_utils"),
-               ANSIBLE_DEPRECATION_WARNINGS="false", ANSIBLE_NOCOLOR="1")
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
-         "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'extra.json'}",
-         str(tmp_path / "play.yml")],
-        env=env, capture_output=True, text=True, check=False)
-    return done.returncode, done.stdout + done.stderr
+        "container_runtime_venv": "/opt/berth/venv", **overrides},
+        ANSIBLE_LIBRARY=str(REPO / "library"),
+        ANSIBLE_MODULE_UTILS=str(REPO / "plugins" / "module_utils"))
 
 
 def _runtime(tmp_path):

@@ -4,14 +4,12 @@ runtime accepts passes, what it refuses is refused before any change, by
 the runtime's own grammar (runtime/berth/units.py)."""
 
 import importlib.util
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from ansible_module import run_playbook
 
 REPO = Path(__file__).resolve().parent.parent
 ROLE = REPO / "roles" / "container_runtime"
@@ -43,16 +41,8 @@ def play(tmp_path, **sizes):
     tasks = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())
     [task] = [t for t in tasks if t["name"].startswith("Check the size limits")]
     playbook = [{"hosts": "localhost", "gather_facts": False, "tasks": [task]}]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(playbook))
-    (tmp_path / "extra.json").write_text(json.dumps(sizes))
-    env = dict(os.environ, ANSIBLE_FILTER_PLUGINS=str(REPO / "plugins" / "filter"),
-               ANSIBLE_DEPRECATION_WARNINGS="false", ANSIBLE_NOCOLOR="1")
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "localhost,", "-c", "local",
-         "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'extra.json'}",
-         str(tmp_path / "play.yml")],
-        env=env, capture_output=True, text=True, check=False)
-    return done.returncode, done.stdout + done.stderr
+    return run_playbook(tmp_path, playbook, sizes,
+                        ANSIBLE_FILTER_PLUGINS=str(REPO / "plugins" / "filter"))
 
 
 def test_the_preflight_passes_every_size_the_runtime_takes(tmp_path):
