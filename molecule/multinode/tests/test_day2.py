@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import COMPUTE, CONTROLLER, NODES, PROJECT, SLURM_PLAY, inventory_copy, node, play
+from conftest import COMPUTE, CONTROLLER, NODES, PROJECT, SLURM_PLAY, SPANK_PLAY, inventory_copy, node, play
 
 IMAGE_SQSH = "/opt/berth-images/mpi-test.sqsh"
 RELEASE_DIR = "/var/tmp/berth-day2"
@@ -144,9 +144,11 @@ def test_slurm_conf_change_and_plugin_rebuild_under_a_running_job_restart_nothin
             for name, stamp in stamps().items():
                 node(name).check_output(f"echo '{{}}' > {stamp}")  # berth_spank rebuilds
             before, so_before = daemons(), inodes()
-            rc, output, recap = play(inventory, "-e", '{"slurm_extra_config": {"KillWait": 31}}')
+            # the two layers of site.yml the change is about, in one run
+            rc, output, recap = play(inventory, "-e", '{"slurm_extra_config": {"KillWait": 31}}',
+                                     playbook=[SLURM_PLAY, SPANK_PLAY])
             assert rc == 0, output[-3000:]
-            assert job_state(job_id)[0] == "RUNNING"  # it ran through the whole play
+            assert job_state(job_id)[0] == "RUNNING"  # it ran through both plays
             # one reconfigure applied the new slurm.conf, and no daemon restarted
             applied = section(output, RECONFIGURE)
             assert applied is not None and "changed:" in applied, output[-5000:]
@@ -179,7 +181,9 @@ def test_upgrade_waits_for_the_running_job_and_resumes_every_node(tmp_path, clus
     with held_job() as job_id:
         with open(log, "w") as out:
             upgrade = subprocess.Popen(
-                ["ansible-playbook", "-i", str(inventory), "playbooks/upgrade.yml"],
+                # the job ends a few seconds after the drain: see it end within 2 s
+                ["ansible-playbook", "-i", str(inventory), "playbooks/upgrade.yml",
+                 "-e", "berth_upgrade_poll_seconds=2"],
                 cwd=PROJECT, stdout=out, stderr=subprocess.STDOUT, text=True,
                 env={**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"})
         try:
