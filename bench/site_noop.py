@@ -11,6 +11,9 @@ benchmark stops. Rows, N runs each, min / median in seconds:
   docker, --limit 1 host / 2 hosts     how the run grows with the hosts it manages
   docker, 3 hosts, Mitogen             strategy mitogen_linear (plugins/strategy):
                                        one Python per host for the whole run
+  docker, 3 hosts (Mitogen), python named   the same two with the nodes' Python
+                                       named (/usr/bin/python3, as the Molecule
+                                       scenario does), not discovered
   ssh, 3 hosts                         OpenSSH, as on real nodes: pipelining and
                                        ControlPersist, as ansible.cfg sets them;
                                        and the same with Mitogen
@@ -89,8 +92,11 @@ def enable_ssh(work):
     return key
 
 
-def run(hosts_file, *args, strategy="linear"):
+def run(hosts_file, *args, strategy="linear", python=None):
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1", ANSIBLE_STRATEGY=strategy)
+    env.pop("ANSIBLE_PYTHON_INTERPRETER", None)
+    if python:  # the config setting: the implicit localhost keeps Ansible's own Python
+        env["ANSIBLE_PYTHON_INTERPRETER"] = python
     started = time.perf_counter()
     result = subprocess.run(["ansible-playbook", "-i", str(hosts_file), "site.yml", *args],
                             cwd=PROJECT, capture_output=True, text=True, env=env)
@@ -117,11 +123,14 @@ def main():
         work = Path(tmp)
         docker = inventory(work / "docker", "docker")
         mitogen = {"strategy": "mitogen_linear"}  # plugins/strategy, mitogen in the venv
+        named = {"python": "/usr/bin/python3"}  # Debian's, on every node
         rows = [("docker, 3 hosts (baseline)", docker, (), {}),
                 ("docker, 3 hosts, berth_validate=false", docker, ("-e", "berth_validate=false"), {}),
                 ("docker, --limit berth-ctl (1 host)", docker, ("--limit", "berth-ctl"), {}),
                 ("docker, --limit berth-ctl,berth-cn1 (2)", docker, ("--limit", "berth-ctl,berth-cn1"), {}),
-                ("docker, 3 hosts, Mitogen", docker, (), mitogen)]
+                ("docker, 3 hosts, Mitogen", docker, (), mitogen),
+                ("docker, 3 hosts, python named", docker, (), named),
+                ("docker, 3 hosts, Mitogen, python named", docker, (), {**mitogen, **named})]
         if not options.no_ssh:
             ssh = inventory(work / "ssh", "ssh", enable_ssh(work))
             rows += [("ssh, 3 hosts", ssh, (), {}), ("ssh, 3 hosts, Mitogen", ssh, (), mitogen)]
