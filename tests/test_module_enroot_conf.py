@@ -40,6 +40,8 @@ def test_keys_match_the_runtime():
     keys = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(keys)
     assert set(keys.KEYS) == set(config.KEYS)
+    assert keys.RANGES == config.RANGES
+    assert set(keys.RANGES) == {key for key, kind in keys.KEYS.items() if kind == keys.COUNT}
 
 
 def test_writes_a_file_the_runtime_reads_and_second_run_changes_nothing(tmp_path):
@@ -74,6 +76,9 @@ def test_check_mode_reports_the_diff_and_writes_nothing(tmp_path):
     ("ENROOT_DATAPATH", "/x", "unknown enroot.conf key 'ENROOT_DATAPATH'"),
     ("ENROOT_ALLOW_HTTP", "maybe", "ENROOT_ALLOW_HTTP: expected yes or no"),
     ("ENROOT_MAX_CONNECTIONS", "ten", "ENROOT_MAX_CONNECTIONS: expected a whole number"),
+    ("ENROOT_MAX_CONNECTIONS", "99999999999999999999",
+     "ENROOT_MAX_CONNECTIONS: expected a whole number from 1 to 256"),
+    ("ENROOT_CONNECT_TIMEOUT", "10000000000", "ENROOT_CONNECT_TIMEOUT: expected a whole number from 0 to 86400"),
     ("ENROOT_DATA_PATH", "data/${UID}", "ENROOT_DATA_PATH: expected an absolute path"),
     ("ENROOT_SQUASH_OPTIONS", "-comp zstd # fast", "ENROOT_SQUASH_OPTIONS: value must be one non-empty line"),
 ])

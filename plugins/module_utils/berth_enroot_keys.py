@@ -1,7 +1,9 @@
-"""The enroot.conf keys Berth understands, with the kind of value each takes.
+"""The enroot.conf keys Berth understands, with the kind of value each takes,
+and the range of each count.
 
-Kept equal to runtime/berth/config.py's KEYS by a unit test, so the module
-that writes enroot.conf and the runtime that reads it cannot drift apart.
+Kept equal to runtime/berth/config.py's KEYS and RANGES by a unit test, so
+the module that writes enroot.conf and the runtime that reads it cannot
+drift apart.
 """
 
 TRUE = ("1", "true", "yes", "y")
@@ -42,6 +44,15 @@ KEYS = {
     "BERTH_IMAGE_STORE_LOCAL": PATH,
 }
 
+# (low, high) of each count, both inclusive
+RANGES = {
+    "ENROOT_CONNECT_TIMEOUT": (0, 86400),
+    "ENROOT_TRANSFER_TIMEOUT": (0, 86400),
+    "ENROOT_TRANSFER_RETRIES": (0, 100),
+    "ENROOT_MAX_CONNECTIONS": (1, 256),
+    "ENROOT_MAX_PROCESSORS": (1, 4096),
+}
+
 
 def conf_value(key, value):
     """Return `value` as enroot.conf text for `key`; ValueError names the key."""
@@ -76,4 +87,8 @@ def _count(key, value):
     # bool is an int in Python; 'yes' is no number of connections.
     if isinstance(value, bool) or not str(value).strip().isdigit():
         raise ValueError(f"{key}: expected a whole number, got {value!r}")
-    return str(int(str(value).strip()))
+    number = int(str(value).strip())
+    low, high = RANGES[key]
+    if not low <= number <= high:
+        raise ValueError(f"{key}: expected a whole number from {low} to {high}, got {value!r}")
+    return str(number)

@@ -142,10 +142,35 @@ class Config:
         raise BerthError(f"{key}: expected yes or no, got '{self._values[key]}'")
 
     def number(self, key):
+        """The whole number `key` holds, within RANGES where it has one."""
         try:
-            return int(self._values[key])
+            value = int(self._values[key])
         except ValueError:
-            raise BerthError(f"{key}: expected a number, got '{self._values[key]}'") from None
+            raise BerthError(f"{key}: expected a number, got {_shown(self._values[key])}") from None
+        low, high = RANGES.get(key, (None, None))
+        if low is not None and value < low:
+            raise BerthError(f"{key}: expected {low} or more, got {_shown(self._values[key])}")
+        if high is not None and value > high:
+            raise BerthError(f"{key}: expected at most {high}, got {_shown(self._values[key])}")
+        return value
+
+
+#: The numeric keys' ranges (low, high), both inclusive: beyond them a value
+#: is a mistake that would otherwise surface far away (a socket timeout past
+#: what the C library takes, a connection pool filled for ever).
+RANGES = {
+    "ENROOT_CONNECT_TIMEOUT": (0, 86400),  # seconds; 0: no limit
+    "ENROOT_TRANSFER_TIMEOUT": (0, 86400),  # seconds without a byte; 0: no limit
+    "ENROOT_TRANSFER_RETRIES": (0, 100),
+    "ENROOT_MAX_CONNECTIONS": (1, 256),
+    "ENROOT_MAX_PROCESSORS": (1, 4096),
+}
+
+
+def _shown(value):
+    """A setting's value as an error line quotes it: one line, at most 40 characters."""
+    text = repr(value)[1:-1] if any(c in value for c in "\n\r\t") else value
+    return f"'{text[:40]}...'" if len(text) > 40 else f"'{text}'"
 
 
 def _caller(env):

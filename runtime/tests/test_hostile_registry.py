@@ -262,6 +262,28 @@ def test_negative_settings_are_named(tmp_path, env, hostile, key):
     one_line_error(result, f"{key}: expected 0 or more, got '-1'")
 
 
+# A timeout past what a socket takes (OverflowError at the first request), a
+# pool size that filled a queue for ever at 100 % CPU: refused before any
+# request, in one line naming the setting.
+@pytest.mark.parametrize("key, value, bound", [
+    ("ENROOT_CONNECT_TIMEOUT", "10000000000", "at most 86400"),
+    ("ENROOT_TRANSFER_TIMEOUT", "99999999999999999999", "at most 86400"),
+    ("ENROOT_TRANSFER_RETRIES", "1000000", "at most 100"),
+    ("ENROOT_MAX_CONNECTIONS", "99999999999999999999", "at most 256"),
+    ("ENROOT_MAX_CONNECTIONS", "0", "1 or more"),
+])
+def test_huge_settings_are_named_before_any_request(tmp_path, env, hostile, key, value, bound):
+    hostile.image("test/app", "v1", [LAYER])
+    result = run_import(hostile, tmp_path, env, **{key: value})
+    one_line_error(result, f"{key}: expected {bound}, got '{value}'")
+    assert hostile.requests == []
+
+
+def test_a_setting_with_a_newline_is_quoted_on_one_line(tmp_path, env, hostile):
+    result = run_import(hostile, tmp_path, env, ENROOT_MAX_CONNECTIONS="4\nfive")
+    one_line_error(result, "ENROOT_MAX_CONNECTIONS: expected a number, got '4\\nfive'")
+
+
 # -- images built to break the importer ---------------------------------------------------
 
 def test_layer_paths_1500_directories_deep(tmp_path, env, hostile):

@@ -82,10 +82,10 @@ class Registry:
         self.allow_http = insecure or cfg.flag("ENROOT_ALLOW_HTTP")
         # 0 means no limit, as in enroot; the transfer timeout is a stall
         # timeout here (no byte for that long), never a limit on a whole blob.
-        connect = _not_negative(cfg, "ENROOT_CONNECT_TIMEOUT") or None
-        self.transfer_timeout = _not_negative(cfg, "ENROOT_TRANSFER_TIMEOUT") or None
+        connect = cfg.number("ENROOT_CONNECT_TIMEOUT") or None
+        self.transfer_timeout = cfg.number("ENROOT_TRANSFER_TIMEOUT") or None
         self.timeout = (connect, self.transfer_timeout)
-        self.retries = _not_negative(cfg, "ENROOT_TRANSFER_RETRIES")
+        self.retries = cfg.number("ENROOT_TRANSFER_RETRIES")
         # (a pool as large as the parallel downloads, so that none waits)
         self.transport = open_transport(self.timeout, insecure,
                                         cfg.number("ENROOT_MAX_CONNECTIONS"), direct)
@@ -384,11 +384,6 @@ class Registry:
         return response
 
 
-def _not_negative(cfg, key):
-    value = cfg.number(key)
-    if value < 0:
-        raise BerthError(f"{key}: expected 0 or more, got '{cfg[key]}'")
-    return value
 
 
 class _CutShort(TransferError):
