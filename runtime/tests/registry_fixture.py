@@ -309,13 +309,13 @@ def throwaway_users(*names):
             subprocess.run(["userdel", name], check=False, capture_output=True)
 
 
-def berth(args, env, cwd, user=None):
+def berth(args, env, cwd, user=None, timeout=120):
     """Run the CLI; returns the CompletedProcess (text)."""
     command = [sys.executable, "-m", "berth.cli", *args]
     if user:
         command = ["runuser", "-u", user, "--", *command]
     return subprocess.run(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=120, check=False)
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def imports_at_once(uri, env, cwd, *outputs):

@@ -375,6 +375,22 @@ def test_not_a_tar_and_not_there(tmp_path, env):
     nothing_written(tmp_path)
 
 
+def test_a_fifo_in_place_of_an_archive_or_a_layout_file_is_refused_at_once(tmp_path, env):
+    """A FIFO opened blocking waits for a writer that never comes: the import
+    hung in open() before it could see what the file was."""
+    os.mkfifo(tmp_path / "pipe.tar")
+    for uri in (f"docker-archive:{tmp_path / 'pipe.tar'}", f"oci-archive:{tmp_path / 'pipe.tar'}"):
+        one_line_error(berth(["import", uri], env, tmp_path, timeout=30), "pipe.tar", "is not a file")
+    entries, _ = oci_layout([("v1", [BASE, TOP], None)])
+    layer = next(n for n, d in entries if n.startswith("blobs/") and d[:2] == b"\x1f\x8b")
+    for fifo, name in (("index.json", "i"), (layer, "l")):
+        layout = write_dir(tmp_path / name, [e for e in entries if e[0] != fifo])
+        os.mkfifo(layout / fifo)
+        one_line_error(berth(["import", f"oci:{layout}"], env, tmp_path, timeout=30),
+                       f"'{fifo}' is not a regular file")
+    nothing_written(tmp_path)
+
+
 def test_hostile_oci_layouts(tmp_path, env):
     entries, digests = oci_layout([("v1", [BASE, TOP], None)])
     layer = next(n for n, d in entries if n.startswith("blobs/") and d[:2] == b"\x1f\x8b")

@@ -138,8 +138,8 @@ def _open(archive, cfg):
             raise BerthError(f"{archive.path} is not a directory (an OCI layout)")
         yield _Directory(archive.path)
         return
-    try:
-        fd = os.open(archive.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:  # O_NONBLOCK: a FIFO opens at once (to be refused), not when a writer comes
+        fd = os.open(archive.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
         raise BerthError(f"cannot read {archive.path}: {e.strerror}") from None
     with contextlib.ExitStack() as stack:
@@ -252,7 +252,8 @@ class _Directory:
 
     def _open(self, name):
         _clean_name(name, "")
-        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+        # O_NONBLOCK: a FIFO opens at once (to be refused), not when a writer comes
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
             fd = os.open(os.path.join(self.path, name), flags)
         except FileNotFoundError:
