@@ -10,7 +10,7 @@ import os
 import sys
 
 from berth import __version__, config
-from berth.errors import BerthError
+from berth.errors import BerthError, one_line
 
 
 def cmd_version(args, cfg):
@@ -257,7 +257,7 @@ def main(argv=None):
         func = getattr(importlib.import_module(module_name), func_name)
         return func(args, cfg)
     except BerthError as e:
-        print(f"{prog()}: error: {e}", file=sys.stderr)
+        print(f"{prog()}: error: {one_line(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -2,8 +2,19 @@
 its kinds), and the SIGTERM that unwinds a long verb."""
 
 
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 class BerthError(Exception):
     """A user-facing failure: the message names the input that caused it."""
+
+
+def one_line(message):
+    """`message` on one line: the control characters a name may carry (a
+    newline in a reference, say) written as escapes, as Python writes them."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], message)
 
 
 class AccessDenied(BerthError):

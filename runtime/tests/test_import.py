@@ -254,6 +254,9 @@ def test_existing_output_is_kept_unless_forced(tmp_path, env, proxy):
                  "docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]"),
     ("docker://Bad/Name", "berth: error: invalid image reference 'docker://Bad/Name': image "
                           "name 'Bad/Name' is not valid"),
+    # a newline or another control character is shown escaped: the error stays one line
+    ("docker://ubuntu\nevil:1", "berth: error: invalid image reference 'docker://ubuntu\\nevil:1'"),
+    ("docker://ubu\x1b[2Jntu", "berth: error: invalid image reference 'docker://ubu\\x1b[2Jntu'"),
 ])
 def test_bad_reference(tmp_path, env, uri, message):
     result = berth(["import", uri], env, tmp_path)

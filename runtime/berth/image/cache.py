@@ -33,7 +33,7 @@ import time
 from berth import safedir, units
 from berth.image import squash
 from berth.image.blobs import BlobCache, locked, make_dirs, still_at, touch
-from berth.errors import BerthError
+from berth.errors import BerthError, one_line
 
 # Bump when the same inputs would make another image: the image config
 # layout (imageconfig.py), the fixed mksquashfs flags (squash.py).
@@ -358,7 +358,7 @@ def _prune_as_owner(cache_path, older, limit):
             with CacheDirs(cache_path, cache_fd, strict=True) as cache:
                 status = _prune(cache, older, limit)
         except BerthError as e:
-            print(f"berth: error: {e}", file=sys.stderr)
+            print(f"berth: error: {one_line(str(e))}", file=sys.stderr)
         except BaseException:  # noqa: B036 - the child must reach os._exit
             import traceback  # (only here: its import costs every cached step)
             traceback.print_exc()
