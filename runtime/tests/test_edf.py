@@ -262,6 +262,13 @@ def test_toml_syntax_error_gives_file_and_line(site):
     assert "at line" not in message
 
 
+@pytest.mark.parametrize("value", ["[" * 5000 + "]" * 5000, "{a = " * 5000 + "1" + "}" * 5000],
+                         ids=["arrays", "inline-tables"])
+def test_toml_nested_thousands_deep_is_bad_toml_not_a_traceback(site, value):
+    path = write(site / "edf", "deep.toml", f'image = "x"\nenv = {value}\n')
+    assert failure(site, "deep") == f"{path}: invalid TOML: arrays or inline tables nested too deeply"
+
+
 def test_missing_environment_says_where_it_looked(site):
     message = failure(site, "nothere")
     assert message == (f"environment 'nothere' not found as nothere or nothere.toml in: "

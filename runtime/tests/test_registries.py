@@ -274,6 +274,15 @@ def test_toml_errors_name_the_file(tmp_path):
         registries.load(str(tmp_path))
 
 
+@pytest.mark.parametrize("value", ["[" * 5000 + "]" * 5000, "{a = " * 5000 + "1" + "}" * 5000],
+                         ids=["arrays", "inline-tables"])
+def test_toml_nested_thousands_deep_is_bad_toml_not_a_traceback(tmp_path, value):
+    path = write(tmp_path, f"unqualified-search-registries = {value}\n")
+    with pytest.raises(BerthError, match=rf"^{path}: not valid TOML: arrays or inline tables "
+                                         "nested too deeply$"):
+        registries.load(str(tmp_path))
+
+
 # -- berth import through the rules, against real registries -------------------------
 
 needs_registry = pytest.mark.skipif(not shutil.which("docker-registry"),

@@ -32,14 +32,10 @@ import collections
 import os
 import re
 
+from berth import tomlread
 from berth.config import files_in
 from berth.errors import BerthError
 from berth.image.reference import DEFAULT_REGISTRY
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
 
 FILE = "registries.conf"
 DROPIN_DIR = "registries.conf.d"
@@ -253,10 +249,10 @@ def _merge(registries, path):
         raise BerthError(f"{path}: larger than {_MAX_FILE >> 20} MiB; refusing it")
     try:
         text = raw.decode("utf-8")
-        data = tomllib.loads(text)
+        data = tomlread.loads(text)
     except UnicodeDecodeError:
         raise BerthError(f"{path}: not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as e:
+    except tomlread.DecodeError as e:
         raise BerthError(f"{path}: not valid TOML: {e}") from None
     lines = _Lines(path, text)
     for key in data:

@@ -38,12 +38,7 @@ import os
 import re
 from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
-from berth import tomlwrite
+from berth import tomlread, tomlwrite
 from berth.container import mounts as mounts_module
 from berth.errors import BerthError
 
@@ -138,8 +133,8 @@ class _File:
         except (OSError, UnicodeDecodeError) as e:
             raise BerthError(f"{path}: cannot read: {e}") from None
         try:
-            self.data = tomllib.loads(self.text)
-        except tomllib.TOMLDecodeError as e:
+            self.data = tomlread.loads(self.text)
+        except tomlread.DecodeError as e:
             line = getattr(e, "lineno", None) or _decode_error_line(e)
             message = str(e).split(" (at ")[0]
             raise BerthError(f"{self.where(line)}: invalid TOML: {message}") from None
