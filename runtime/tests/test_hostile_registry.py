@@ -219,6 +219,45 @@ def test_sigterm_ends_a_stalled_download_at_once(tmp_path, env, hostile):
     assert_no_partial(tmp_path)
 
 
+def test_what_a_sigkilled_download_left_goes_with_the_next_import_or_a_prune(tmp_path, env,
+                                                                              hostile):
+    image = hostile.image("test/app", "v1", [LAYER])
+    [layer] = image["layers"]
+    blobs = tmp_path / "cache/blobs/sha256"
+
+    def left_behind():
+        """SIGKILL the import once its download has a partial file (no cleanup runs)."""
+        hostile.behave[layer] = stall(10)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "berth.cli", "import", f"docker://{hostile.host}#test/app:v1"],
+            env=env, cwd=tmp_path, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not list(blobs.glob(".partial-*")):
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.05)
+        finally:
+            process.kill()
+            process.wait()
+        hostile.behave.pop(layer)
+        [partial] = blobs.glob(".partial-*")
+        return partial
+
+    partial = left_behind()
+    result = run_import(hostile, tmp_path, env)
+    assert result.returncode == 0, result.stderr
+    assert not partial.exists()
+    assert sorted(p.name for p in blobs.iterdir()) == [layer[7:]]
+
+    for image_file in tmp_path.glob("*.sqsh"):  # the import's output
+        image_file.unlink()
+    shutil.rmtree(tmp_path / "cache")
+    partial = left_behind()
+    result = berth(["cache", "prune", "--max-size", "0"], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert not partial.exists(), result.stdout
+
+
 def test_sigterm_ends_a_wait_for_a_stalled_manifest_at_once(tmp_path, env, hostile):
     hostile.image("test/app", "v1", [LAYER])
     hostile.behave["v1"] = stall(None)

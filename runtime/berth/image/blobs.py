@@ -9,7 +9,10 @@ its last use: `berth cache prune` removes the least recently used first.
 Downloads run in threads; cancel() (a failure elsewhere, SIGTERM) removes
 the temporary files of those under way at once and refuses new ones, so an
 interrupted import leaves no partial blob even while a thread still waits
-on a registry that does not answer.
+on a registry that does not answer. A temporary file is named after its
+digest (PARTIAL_PREFIX + hex + "."): one that a killed import left behind
+goes with the next download of that digest, or with `berth cache prune`,
+either holding the digest's lock, so never while another import writes it.
 """
 
 import contextlib
@@ -23,6 +26,14 @@ from berth.errors import BerthError
 from berth.image.reference import DIGEST
 
 PARTIAL_PREFIX = ".partial-"  # a download's temporary file, beside the blobs
+
+
+def partial_digest(name):
+    """The digest a download's temporary file `name` was for, or None."""
+    hex_part, dot, _ = name[len(PARTIAL_PREFIX):].partition(".")
+    if name.startswith(PARTIAL_PREFIX) and dot and DIGEST.fullmatch(f"sha256:{hex_part}"):
+        return f"sha256:{hex_part}"
+    return None
 
 
 class BlobCache:
@@ -68,11 +79,13 @@ class BlobCache:
                     quiet):
             if self.has(digest):  # another import fetched it while we waited
                 return False
+            self._remove_left_behind(digest)
             with self._guard:
                 if self._cancelled:
                     raise BerthError("download cancelled")
                 import tempfile  # (only for a download: not on a cached step's way)
-                fd, partial = tempfile.mkstemp(dir=self.blob_dir, prefix=PARTIAL_PREFIX)
+                fd, partial = tempfile.mkstemp(
+                    dir=self.blob_dir, prefix=f"{PARTIAL_PREFIX}{digest.split(':', 1)[1]}.")
                 self._partials.add(partial)
             try:
                 with os.fdopen(fd, "wb") as out:
@@ -93,6 +106,15 @@ class BlobCache:
                 with self._guard:
                     self._partials.discard(partial)
         return True
+
+    def _remove_left_behind(self, digest):
+        """Remove the temporary files of `digest` that a killed download left:
+        with its lock held, no other import writes one."""
+        with os.scandir(self.blob_dir) as items:
+            stale = [item.name for item in items if partial_digest(item.name) == digest]
+        for name in stale:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.blob_dir, name))
 
 
 def make_dirs(*directories):

@@ -32,7 +32,7 @@ import time
 
 from berth import safedir, units
 from berth.image import squash
-from berth.image.blobs import BlobCache, locked, make_dirs, still_at, touch
+from berth.image.blobs import BlobCache, locked, make_dirs, partial_digest, still_at, touch
 from berth.errors import BerthError, one_line
 
 # Bump when the same inputs would make another image: the image config
@@ -126,7 +126,8 @@ class ImageCache:
 # -- berth cache [list] | prune ---------------------------------------------
 
 # One file of the cache: `path` to show, `name` in the directory open as
-# `dir_fd`, `lock` the name of its lock file in locks/ (None: a partial file);
+# `dir_fd`, `lock` the name of its lock file in locks/ (None: a partial file
+# of no known download);
 # `used`, its last use (see last_use), `mtime` to tell a change since the scan.
 Entry = collections.namedtuple("Entry", "kind path dir_fd name lock size mtime used")
 
@@ -310,7 +311,10 @@ def scan(cache):
                 continue
             path = os.path.join(directory, item.name)
             if not pattern.fullmatch(item.name):  # downloads and builds not done (yet)
-                entries.append(Entry("partial", path, fd, item.name, None, info.st_size,
+                # a download's file goes under its digest's lock: only when no import writes it
+                digest = partial_digest(item.name) if kind == "layers" else None
+                lock = lock_name(digest.split(":", 1)[1]) if digest else None
+                entries.append(Entry("partial", path, fd, item.name, lock, info.st_size,
                                      info.st_mtime, last_use(info)))
             else:
                 entries.append(Entry(kind, path, fd, item.name, lock_name(item.name),
@@ -393,9 +397,12 @@ def _prune(cache, older, limit):
     freed, kept = collections.Counter(), 0
     for entry in entries:  # least recently used first
         old = cutoff is not None and entry.used < cutoff
-        # Size alone never takes a partial file: it may be being written.
+        # Size alone never takes a partial file: it may be being written. A
+        # download's goes whatever its age or size once no import holds its
+        # digest's lock (_remove): a killed import left it.
         over = limit is not None and total > limit and entry.kind != "partial"
-        if not (old or over):
+        left_behind = entry.kind == "partial" and entry.lock is not None
+        if not (old or over or left_behind):
             continue
         if not _remove(entry, cache):
             kept += 1
