@@ -391,6 +391,24 @@ def test_a_fifo_in_place_of_an_archive_or_a_layout_file_is_refused_at_once(tmp_p
     nothing_written(tmp_path)
 
 
+@pytest.mark.parametrize("platform_entry", [
+    {"digest": "sha256:zz", "size": 10},
+    {"size": 10},
+    {"digest": 5, "size": 10},
+], ids=["bad-digest", "no-digest", "number-digest"])
+def test_an_index_entry_of_the_wrong_shape_is_malformed_not_a_traceback(tmp_path, env,
+                                                                       platform_entry):
+    entries, digests = oci_layout([(None, [BASE, TOP], None)])
+    index = json.loads(dict(entries)["index.json"])
+    good = dict(index["manifests"][0], platform={"os": "linux", "architecture": "arm64"})
+    hostile = dict(platform_entry, platform={"os": "linux", "architecture": HOST_ARCH})
+    index["manifests"] = [good, hostile]
+    layout = write_dir(tmp_path / "layout", replace(entries, "index.json", json.dumps(index).encode()))
+    one_line_error(berth(["import", f"oci:{layout}"], env, tmp_path), f"oci:{layout}",
+                   "is malformed")
+    nothing_written(tmp_path)
+
+
 def test_hostile_oci_layouts(tmp_path, env):
     entries, digests = oci_layout([("v1", [BASE, TOP], None)])
     layer = next(n for n, d in entries if n.startswith("blobs/") and d[:2] == b"\x1f\x8b")

@@ -135,6 +135,16 @@ def _check_type(media_type, expected, ref):
 
 
 def platform_digest(entries, arch, ref):
+    """The digest of the entry of an index's `entries` for `arch` (the
+    node's by default). An index is whatever its registry or archive sent:
+    entries, platforms or digests of the wrong shape make it malformed."""
+    try:
+        return _platform_entry(entries, arch, ref)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise malformed(ref) from None
+
+
+def _platform_entry(entries, arch, ref):
     wanted = arch or os.uname().machine
     name, _, variant = wanted.partition("/")
     name = _ARCHES.get(name, name)
