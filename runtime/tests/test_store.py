@@ -446,6 +446,27 @@ def test_a_private_image_falls_back_to_the_users_cache(site, service, private):
     assert "refused access" in refused.stderr and site.own_images(BOB) == []
 
 
+def test_a_users_enroot_sysconf_path_never_reaches_the_store(site, service, proxy):
+    """The admin blocks the registry; alice points ENROOT_SYSCONF_PATH at a
+    configuration of her own without the rule. The store's service reads the
+    admin's only: it refuses, naming the admin's file, and holds nothing."""
+    uri = uri_of(proxy)
+    (site.sysconf / "registries.conf").write_text(
+        f'[[registry]]\nprefix = "{proxy.host}"\nblocked = true\n')
+    own_sysconf = _owned_dir(site.homes[ALICE] / "sysconf", site.users[ALICE])
+    (own_sysconf / "enroot.conf").write_text((site.sysconf / "enroot.conf").read_text())
+    answer, _ = service.ask(f"{uri}\n".encode())
+    assert answer.startswith(f"error {proxy.host}/test/app is blocked by the rule for "), answer
+
+    result = site.run(ALICE, "import", "--cache-only", uri,
+                      env={**site.env(ALICE), "ENROOT_SYSCONF_PATH": str(own_sysconf)})
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"berth: error: the image store: {proxy.host}/test/app is "
+                                    "blocked by the rule for "), result.stderr
+    assert f"({site.sysconf}/registries.conf:1)" in result.stderr
+    assert site.store_images() == []
+
+
 def test_a_missing_repository_is_the_users_to_pull(site, service, proxy):
     uri = uri_of(proxy, "test/nothere:v1")
     result = site.run(ALICE, "import", "--cache-only", uri)
