@@ -4,10 +4,13 @@ import grp
 import os
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -322,3 +325,61 @@ def test_a_link_to_the_users_own_directory_is_fine(monkeypatch, capsys, shared_r
     link.symlink_to(own)
     as_owner(attacker, own, link.parent, link)
     assert setup_user(ATTACKER, capsys) == (0, "")
+
+
+def _kill_setup_user_of(uid, signum, stop):
+    """Signal every `berth setup-user` process of `uid`, as its user can
+    (`pkill -u USER -f "berth setup-user"` in a loop), until `stop` is set."""
+    while not stop.is_set():
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if f"\nUid:\t{uid}\t" in status and b"setup-user" in command:
+                    os.kill(int(pid), signum)
+            except (OSError, ValueError):
+                continue
+
+
+@needs_root
+def test_the_user_killing_her_side_is_a_warning_not_a_drained_node(monkeypatch, shared_root,
+                                                                  people):
+    attacker, _ = people
+    configure(monkeypatch, shared_root, **node_layout(shared_root))
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_setup_user_of,
+                              args=(attacker.pw_uid, signal.SIGKILL, stop), daemon=True)
+    killer.start()
+    try:
+        seen = []
+        for _ in range(200):  # until the child working as her was caught at least once
+            run = subprocess.run([sys.executable, "-m", "berth.cli", "setup-user", ATTACKER],
+                                 env={**os.environ, "PYTHONPATH": str(REPO / "runtime")},
+                                 capture_output=True, text=True, timeout=60)
+            assert run.returncode == 0, run.stderr
+            if "was killed by signal 9" in run.stderr:
+                seen.append(run.stderr)
+                break
+    finally:
+        stop.set()
+        killer.join(10)
+    assert seen, "the child working as the user was never caught"
+    [line] = seen[0].splitlines()
+    assert line == (f"berth: warning: setup-user {ATTACKER}: the process working as {ATTACKER} "
+                    "was killed by signal 9; the user's directories may be missing (the job's own "
+                    "berth says which)")
+
+
+@needs_root
+def test_a_stopped_user_side_is_killed_after_its_bound(monkeypatch, capsys, shared_root, people):
+    configure(monkeypatch, shared_root, **node_layout(shared_root))
+    monkeypatch.setattr(userdirs, "USER_PART_SECONDS", 1)
+    # what a SIGSTOP from the user does to the child: it never answers
+    monkeypatch.setattr(userdirs, "_plan_all", lambda env, user: time.sleep(600))
+    started = time.monotonic()
+    status, err = setup_user(ATTACKER, capsys)
+    assert status == 0, err
+    assert time.monotonic() - started < 10
+    assert err == (f"berth: warning: setup-user {ATTACKER}: the process working as {ATTACKER} "
+                   "gave no answer in 1 s; killed it; the user's directories may be missing (the "
+                   "job's own berth says which)\n")

@@ -17,15 +17,22 @@ opened without following a link and chowned through that descriptor.
 A prolog that fails drains the node, so what a user (or another user) did
 to their own paths (a dangling link, a file, someone else's directory, a
 missing home) is one warning line and exit 0; the user's own `berth` then
-says what is wrong. A bad admin setting (a relative path, a missing shared
-parent, a shared path without ${UID} or ${USER}) stays an error.
+says what is wrong. So is the child that works as the user dying or
+stopping: it is the user's process, which the user may signal (a loop of
+`pkill -u $USER` while jobs start); root waits for it at most
+USER_PART_SECONDS, then kills it. A bad admin setting (a relative path, a
+missing shared parent, a shared path without ${UID} or ${USER}) stays an
+error.
 """
 
 import json
 import os
 import pwd
+import select
+import signal
 import stat
 import sys
+import time
 
 from berth import config
 from berth.errors import BerthError
@@ -33,12 +40,31 @@ from berth.errors import BerthError
 USER_KEYS = ("ENROOT_CACHE_PATH", "ENROOT_DATA_PATH", "ENROOT_RUNTIME_PATH", "ENROOT_CONFIG_PATH")
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _MAX_LINKS = 40
+# How long root waits for the child working as the user (a few mkdirs in
+# the user's home; a slow NFS home takes seconds)
+USER_PART_SECONDS = 30
+
+
+class _UserPartLost(Exception):
+    """The child working as the user ended without answering, or did not
+    answer in time: her doing, never the admin's (a warning, exit 0)."""
 
 
 def cmd_setup_user(args, cfg):
     if os.geteuid() != 0:
         raise BerthError("setup-user must run as root")
     user = _lookup(args.user)
+    try:
+        warnings = _setup(user)
+    except _UserPartLost as e:
+        warnings = [f"{e}; the user's directories may be missing (the job's own berth says which)"]
+    for warning in warnings:
+        print(f"berth: warning: setup-user {user.pw_name}: {warning}", file=sys.stderr)
+    return 0
+
+
+def _setup(user):
+    """Plan, check and make the user's directories; the warnings."""
     env = _user_env(user)
     reply = _as_user(user, lambda: _plan_all(env, user))
     steps = reply["steps"]
@@ -71,9 +97,7 @@ def cmd_setup_user(args, cfg):
     finally:
         for fd in parents.values():
             os.close(fd)
-    for warning in warnings:
-        print(f"berth: warning: setup-user {user.pw_name}: {warning}", file=sys.stderr)
-    return 0
+    return warnings
 
 
 def _user_env(user):
@@ -91,7 +115,9 @@ def _user_env(user):
 
 def _as_user(user, work):
     """work() in a child that became `user` for good: their groups, gid and
-    uid, real, effective and saved. Its JSON result, or its failure raised."""
+    uid, real, effective and saved. Its JSON result, or its failure raised;
+    _UserPartLost when it ends without an answer or gives none within
+    USER_PART_SECONDS (it is killed then)."""
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
@@ -111,13 +137,42 @@ def _as_user(user, work):
         finally:
             os._exit(0)
     os.close(write_end)
-    with os.fdopen(read_end) as f:
-        text = f.read()
-    os.waitpid(pid, 0)
-    reply = json.loads(text) if text else {"error": f"working as {user.pw_name} failed"}
+    text = None
+    try:
+        text = _read_until(read_end, time.monotonic() + USER_PART_SECONDS)
+    finally:
+        os.close(read_end)
+        if text is None:  # our own child, not reaped yet: its pid is not reused
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    if text is None:
+        raise _UserPartLost(f"the process working as {user.pw_name} gave no answer in "
+                            f"{USER_PART_SECONDS} s; killed it")
+    if not text:
+        ended = (f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+                 else f"exited with status {os.waitstatus_to_exitcode(status)}")
+        raise _UserPartLost(f"the process working as {user.pw_name} {ended}")
+    try:
+        reply = json.loads(text)
+    except ValueError:  # cut short by a signal while it wrote
+        raise _UserPartLost(f"the process working as {user.pw_name} gave a broken answer") \
+            from None
     if "error" in reply:
         raise BerthError(reply["error"])
     return reply["result"]
+
+
+def _read_until(fd, deadline):
+    """The bytes read from `fd` until its end, or None once `deadline` passes."""
+    chunks = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def _lookup(name):
