@@ -20,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
     Registry, berth, berth_env, gzipped, imports_at_once, layer_tar, unsquash)
 
+from berth import cli  # noqa: E402
 from berth.errors import BerthError  # noqa: E402
+from berth.image import cache as cache_module  # noqa: E402
 from berth.image.imageconfig import read_image_config  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
@@ -584,6 +586,26 @@ def test_root_prunes_a_users_cache_as_the_user(tmp_path, node, cache_user):
     assert "; 1 in use kept;" in result.stdout
     owners = {path.stat(follow_symlinks=False).st_uid for path in [cache, *cache.rglob("*")]}
     assert owners == {cache_user.pw_uid}
+
+
+@needs_root
+def test_root_waits_for_a_stopped_users_prune_no_longer_than_its_bound(
+        tmp_path, node, cache_user, monkeypatch, capsys):
+    """The timer prunes every user's cache in turn: one user stopping the
+    child that prunes hers (SIGSTOP, a FUSE mount that never answers) must
+    not hold the others up for ever."""
+    cache, paths = user_cache(node, cache_user, {"layer1": 10})
+    for key, value in berth_env(tmp_path, ENROOT_CACHE_PATH=str(cache)).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(cache_module, "PRUNE_AS_OWNER_SECONDS", 1)
+    monkeypatch.setattr(cache_module, "_prune", lambda *args: time.sleep(600))  # never ends
+    started = time.monotonic()
+    assert cli.main(["cache", "prune", "--older-than", "1"]) == 1
+    assert time.monotonic() - started < 10
+    assert capsys.readouterr().err == (
+        f"berth: error: cache prune of {cache}: the process pruning it as uid "
+        f"{cache_user.pw_uid} did not end within 1 s; killed it\n")
+    assert left(paths) == ["layer1"]
 
 
 @needs_root

@@ -26,6 +26,8 @@ import json
 import os
 import pwd
 import re
+import select
+import signal
 import stat
 import sys
 import time
@@ -344,9 +346,16 @@ def _show(cache_path):
 
 # -- prune --------------------------------------------------------------------
 
+# How long root waits for the child pruning a user's cache as that user: the
+# user may stop it (SIGSTOP, a FUSE mount that never answers), and the
+# timer's other caches wait behind it.
+PRUNE_AS_OWNER_SECONDS = 600
+
+
 def _prune_as_owner(cache_path, older, limit):
     """As root: prune a user's cache as that user, in a child that became them
-    (groups, gid, uid); root's own cache as root."""
+    (groups, gid, uid), killed after PRUNE_AS_OWNER_SECONDS; root's own
+    cache as root."""
     cache_fd = _open_no_links(cache_path)
     owner = os.fstat(cache_fd) if cache_fd is not None else None
     if owner is None or owner.st_uid == 0:
@@ -372,9 +381,25 @@ def _prune_as_owner(cache_path, older, limit):
                 sys.stderr.flush()
             os._exit(status)
     os.close(cache_fd)
+    ended = _ends_within(pid, PRUNE_AS_OWNER_SECONDS)
+    if not ended:  # our own child, not reaped yet: its pid is not reused
+        os.kill(pid, signal.SIGKILL)
     _, wait_status = os.waitpid(pid, 0)
+    if not ended:
+        raise BerthError(f"cache prune of {cache_path}: the process pruning it as uid "
+                         f"{owner.st_uid} did not end within {PRUNE_AS_OWNER_SECONDS} s; "
+                         "killed it")
     code = os.waitstatus_to_exitcode(wait_status)
     return code if code >= 0 else 1
+
+
+def _ends_within(pid, seconds):
+    """Whether the child `pid` ends within `seconds` (it is not reaped)."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        return bool(select.select([pidfd], [], [], seconds)[0])
+    finally:
+        os.close(pidfd)
 
 
 def _become(uid, gid):
