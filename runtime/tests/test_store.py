@@ -280,12 +280,32 @@ def test_two_users_get_one_pull_and_the_same_entry(site, service, proxy, registr
 
     store_uid = site.users[STORE_USER].pw_uid
     found = modes(site.store)
-    for name in ("", "images", "blobs", "blobs/sha256", "locks", "uris"):
+    for name in ("", "images", "blobs", "blobs/sha256", "uris"):
         assert found[name if name else "."] == (0o755, store_uid), name
+    assert found["locks"] == (0o700, store_uid)  # nobody else can hold an import's lock
     assert found[f"images/{entry.name}"] == (0o644, store_uid)
     for name, (mode, uid) in found.items():
         link = (site.store / name).is_symlink()  # uris/: links are 0777 everywhere
         assert uid == store_uid and (link or not mode & 0o022), (name, oct(mode))
+
+
+def test_no_user_can_hold_a_lock_of_the_store(site, service, proxy):
+    """A user holding an entry's flock (a read-only descriptor is enough) held
+    every import of that image, its node-local copies and the prune for ever."""
+    uri = uri_of(proxy)
+    (site.store / "locks").mkdir(mode=0o755)  # a store made by an earlier release
+    os.chown(site.store / "locks", site.users[STORE_USER].pw_uid, site.users[STORE_USER].pw_gid)
+    result = site.run(ALICE, "import", "--cache-only", uri)
+    assert result.returncode == 0, result.stderr
+    locks = site.store / "locks"
+    assert stat.S_IMODE(locks.stat().st_mode) == 0o700
+    lock_files = sorted(locks.iterdir())
+    assert lock_files
+    hold = ("import fcntl, sys\nfor path in sys.argv[1:]:\n"
+            "    fcntl.flock(open(path), fcntl.LOCK_SH)\n")
+    held = subprocess.run(["runuser", "-u", BOB, "--", sys.executable, "-c", hold,
+                           *map(str, lock_files)], capture_output=True, text=True, timeout=60)
+    assert held.returncode != 0 and "Permission denied" in held.stderr, held.stderr
 
 
 def test_a_user_cannot_write_the_store(site, service, proxy):

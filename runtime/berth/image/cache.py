@@ -247,7 +247,9 @@ class CacheDirs:
         try:
             for kind, parts in (("layers", ("blobs", "sha256")), ("images", ("images",)),
                                 ("locks", ("locks",)), ("uris", ("uris",))):
-                self.fds[kind] = self._open(cache_fd, parts, strict)
+                # a listing takes no lock (a store's locks/ is its account's alone)
+                self.fds[kind] = self._open(cache_fd, parts, strict) \
+                    if strict or kind != "locks" else None
         except BaseException:
             self.close()
             raise

@@ -35,7 +35,11 @@ from berth.store.paths import configured_path, local_path, owned_store
 
 REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
 REQUEST_TIMEOUT = 30  # seconds a connection has to send its request
-_DIRS = (("images",), ("blobs",), ("blobs", "sha256"), ("locks",), ("uris",))
+# Each directory of the store and its mode. locks/ is the account's alone:
+# a user who could open a lock file could hold its flock for ever, and
+# with it every import of that image, its node-local copies and the prune.
+_DIRS = ((("images",), 0o755), (("blobs",), 0o755), (("blobs", "sha256"), 0o755),
+         (("locks",), 0o700), (("uris",), 0o755))
 
 
 def serve(cfg):
@@ -140,15 +144,17 @@ def _registry_reference(uri):
 
 
 def _make_store(store):
-    """The store's directories, 0755 and the account's: every user reads
-    them, nobody else writes them. (The import itself would make them 0700.)"""
-    for parts in ((), *_DIRS):
+    """The store's directories, the account's: 0755 where every user reads
+    (nobody else writes), locks/ 0700 (set again on a store made before).
+    (The import itself would make them 0700.)"""
+    for parts, mode in (((), 0o755), *_DIRS):
         path = os.path.join(store, *parts)
         with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o755)
+            os.mkdir(path, mode)
         safedir.check(path, "BERTH_IMAGE_STORE" if not parts else "the image store's directory")
-        if stat.S_IMODE(os.stat(path).st_mode) & 0o055 != 0o055:
-            os.chmod(path, 0o755)
+        current = stat.S_IMODE(os.stat(path).st_mode)
+        if (current & 0o077) if mode == 0o700 else (current & 0o055 != 0o055):
+            os.chmod(path, mode)
 
 
 def _import(cfg, store, uri, ref):
