@@ -83,6 +83,13 @@ def test_the_store_is_set_up_on_every_node(store):
         socket = host.file("/run/berth-store.sock")
         assert socket.is_socket and socket.mode == 0o666
         assert host.check_output("id -u berth-store") == "970"
+        # every import of the node in one slice with the role's caps, behind the jobs
+        assert set(host.check_output("systemctl show -p CPUQuotaPerSecUSec -p TasksMax -p "
+                                     "IOWeight berth-store.slice").split()) == \
+            {"CPUQuotaPerSecUSec=1s", "TasksMax=256", "IOWeight=10"}
+        assert set(host.check_output("systemctl show -p Slice -p Nice -p IOSchedulingPriority "
+                                     "berth-store@probe.service").split()) == \
+            {"Slice=berth-store.slice", "Nice=10", "IOSchedulingPriority=7"}
     top = node(COMPUTE[0]).file(store)
     assert (top.user, top.mode) == ("berth-store", 0o755)
 
@@ -126,6 +133,11 @@ def test_a_user_can_neither_write_into_the_store_nor_replace_an_entry(store):
         assert result.rc != 0, attempt
     assert host.check_output(f"sha256sum {path}") == digest
     assert store_images() == before
+    # nor hold an import's lock (and with it that image's imports and the prune)
+    locks = host.file(f"{store}/locks")
+    assert (locks.user, locks.mode) == ("berth-store", 0o700)
+    held = host.run(f"runuser -u alice -- flock -n -s {store}/locks/image-{entry[:-5]} true")
+    assert held.rc != 0 and "Permission denied" in held.stderr, held.stderr
 
 
 def test_a_private_image_stays_in_its_users_cache(store):

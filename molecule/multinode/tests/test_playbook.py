@@ -53,6 +53,16 @@ def test_bad_cache_size_limit_is_refused_before_any_change(tmp_path):
     assert node(COMPUTE[0]).check_output("sha256sum /usr/local/sbin/berth-cache-prune") == before
 
 
+def test_a_cap_of_the_store_systemd_cannot_read_is_refused_before_any_change(tmp_path):
+    rc, output, recap = play(inventory_copy(tmp_path), "-e", "container_runtime_image_store=/shared/x",
+                             "-e", "container_runtime_image_store_cpu_quota=lots")
+    assert rc != 0
+    assert "container_runtime_image_store_cpu_quota=lots," in output
+    assert "expected a percentage such as 100% (one core)" in output
+    assert all(changed == 0 for changed in recap.values()), recap
+    assert not node(COMPUTE[0]).file("/shared/x").exists
+
+
 def test_inventory_without_compute_group_is_refused(tmp_path):
     inventory = inventory_copy(tmp_path)
     hosts_file = inventory / "ansible_inventory.yml"
