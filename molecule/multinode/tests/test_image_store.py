@@ -26,6 +26,9 @@ PRESTAGED = f"{CONTROLLER}:5000#berth/prestage:1"
 STAGE = ["-e", f"container_runtime_image_store={STORE}",
          "-e", '{"container_runtime_prestage_images": ["%s"]}' % PRESTAGED]
 FIRST_PLAY = {}  # what the fixture's run printed, and the pre-staged tag's digest then
+# A tag of this run's own where a test needs an image no user has cached yet:
+# the verify step may run again on the same cluster (test.sh --fast)
+RUN = str(int(time.time()))
 
 
 def srun(args, user):
@@ -158,8 +161,8 @@ def test_a_private_image_stays_in_its_users_cache(store):
 def test_an_import_killed_half_way_leaves_no_entry_and_the_next_imports_cleanly(store):
     ctl = node(CONTROLLER)
     ctl.check_output("skopeo copy -q --dest-tls-verify=false docker-archive:/opt/berth-images/"
-                     "mpi-test.tar docker://localhost:5000/berth/store-kill:1")
-    image = f"{CONTROLLER}:5000#berth/store-kill:1"
+                     f"mpi-test.tar docker://localhost:5000/berth/store-kill:{RUN}")
+    image = f"{CONTROLLER}:5000#berth/store-kill:{RUN}"
     before = store_images()
     ctl.check_output(f"cd /tmp && runuser -u alice -- sh -c 'srun -w {COMPUTE[0]} "
                      f"--container-image={image} true >/tmp/killed-step.log 2>&1 &'")
