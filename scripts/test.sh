@@ -66,19 +66,39 @@ summary() {
     printf '%-18s %8d %8d %8s  %s\n' total "$total" "$CI_LIMIT" "" "CI's limit: 90 minutes"
 }
 
-# record KEY SECONDS EXIT: note a stage that ended, and the tests its pytest
-# runs passed (their summary lines, "== 96 passed, 1 warning in 52.1s ==" or
-# without the rules under -q, summed); on failure, the table and the exit.
+# passed KEY: the tests the pytest runs of a stage passed (their summary
+# lines, "== 96 passed, 1 warning in 52.1s ==" or without the rules under
+# -q, summed); nothing for a stage without any.
+passed() {
+    grep -aoE '^(=+ )?([0-9]+ [a-z]+, )*[0-9]+ passed.* in [0-9.]+s' "$LOGS/$1.log" \
+        | grep -oE '[0-9]+ passed' | awk '{n += $1} END {if (NR) print n}' || true
+}
+
+# record KEY SECONDS EXIT: note a stage that ended; on failure, the stages
+# still running beside it end first (a cluster must not outlive the run),
+# then the table and the exit.
 record() {
-    local key=$1 seconds=$2 rc=$3 passed
-    passed=$(grep -aoE '^(=+ )?([0-9]+ [a-z]+, )*[0-9]+ passed.* in [0-9.]+s' "$LOGS/$key.log" \
-             | grep -oE '[0-9]+ passed' | awk '{n += $1} END {if (NR) print n}' || true)
-    ran+=("$key|$seconds|$passed")
+    local key=$1 seconds=$2 rc=$3
+    ran+=("$key|$seconds|$(passed "$key")")
     if ((rc != 0)); then
+        echo "test.sh: stage $key failed (exit $rc); waiting for the stages beside it" >&2
+        finish_beside
         summary
         echo "test.sh: stage $key failed (exit $rc); its output: $LOGS/$key.log" >&2
         exit "$rc"
     fi
+}
+
+# The beside stages not collected yet: waited for, and noted as they ended.
+finish_beside() {
+    local key rc seconds
+    for key in "${!beside_pids[@]}"; do
+        [[ " ${ran[*]} " == *" $key|"* ]] && continue
+        wait "${beside_pids[$key]}" 2>/dev/null || true
+        [[ -f $LOGS/$key.status ]] || continue
+        read -r rc seconds <"$LOGS/$key.status"
+        ran+=("$key|$seconds|$(passed "$key")")
+    done
 }
 
 announce() {
