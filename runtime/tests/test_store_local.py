@@ -305,6 +305,59 @@ def test_a_killed_copy_leaves_no_copy_and_the_next_serve_makes_it(site, service,
     assert copy.read_bytes() == entry.read_bytes()
 
 
+# A copy on a filesystem of `capacity` bytes, of which the copies are all
+# that is used: what the store's service does on a node whose disk is that full.
+_SMALL_DISK = """
+import os, sys, types
+from berth import config
+from berth.store import local as storelocal
+capacity = int(sys.argv[2])
+def fstatvfs(fd):
+    used = sum(os.stat(n, dir_fd=fd).st_size for n in os.listdir(fd) if n.endswith(".sqsh"))
+    return types.SimpleNamespace(f_frsize=1, f_blocks=capacity, f_bavail=capacity - used)
+os.fstatvfs = fstatvfs
+print(storelocal.copied(config.load(), sys.argv[1]))
+"""
+
+
+def _copy_on_a_disk_of(site, entry, capacity):
+    store_user = site.users[STORE_USER]
+    return subprocess.run(
+        ["setpriv", f"--reuid={store_user.pw_uid}", f"--regid={store_user.pw_gid}",
+         "--init-groups", "--", sys.executable, "-c", _SMALL_DISK, str(entry), str(capacity)],
+        env=site.env(STORE_USER), capture_output=True, text=True, timeout=120)
+
+
+def test_copies_keep_a_floor_free_and_make_room_by_least_recent_use(site, service, proxy,
+                                                                     local):
+    """Any user can ask the store for every entry it holds: the copies must
+    not fill the node's disk."""
+    first = site.run(ALICE, "--quiet", "import", "--cache-only", uri_of(proxy))
+    assert first.returncode == 0, first.stderr
+    [entry] = site.store_images()
+    Path(first.stdout.strip()).unlink()
+    size, floor = entry.stat().st_size, 1 << 30
+
+    # no room, none to make: the store's entry is answered, nothing copied
+    full = _copy_on_a_disk_of(site, entry, floor + size - 1)
+    assert full.returncode == 0, full.stderr
+    assert full.stdout == f"{entry}\n"
+    assert full.stderr == (f"berth: not copying {entry} to {local}: it would leave less than "
+                           "1.0G free there; answering the store's entry\n")
+    assert _copy_names(local) == []
+
+    # an older copy of another entry goes for it
+    older = local / f"{'a' * 64}.sqsh"
+    older.write_bytes(entry.read_bytes())
+    os.chown(older, site.users[STORE_USER].pw_uid, site.users[STORE_USER].pw_gid)
+    os.utime(older, (time.time() - 86400, time.time() - 86400))
+    made = _copy_on_a_disk_of(site, entry, floor + 2 * size - 1)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout == f"{local / entry.name}\n"
+    assert f"berth: removed {older} (least recently used, for a new copy)\n" in made.stderr
+    assert _copy_names(local) == [entry.name]
+
+
 # -- the key itself ---------------------------------------------------------------
 
 def _cfg(tmp_path, **values):

@@ -8,7 +8,11 @@ answers the copy, which steps then mount instead of the shared file.
     LOCAL/locks/<key>         flock: one copy of a key at a time on this node
 
 A copy is written under its temporary name, fsync'ed and renamed, so
-<key>.sqsh is whole or absent. sweep(), after each answer, removes the
+<key>.sqsh is whole or absent. A copy never leaves less than FREE_FLOOR of
+LOCAL's filesystem free (a tenth, and at least 1 GiB): any user can ask the
+store for every entry it holds. Copies of other entries, least recently
+used first and none being written, make room for it; where that is not
+enough the step mounts the store's entry instead. sweep(), after each answer, removes the
 copies whose entry left the store, the temporary files of killed copies and
 the lock files of keys with no copy, each with the key's lock held.
 
@@ -26,12 +30,16 @@ import time
 
 from berth.errors import BerthError
 from berth.image import squash
+from berth.image.cache import human_size, last_use
 from berth.store.paths import local_path, walk
 
 _COPY_NAME = re.compile(r"([0-9a-f]{64})\.sqsh(\.tmp-.+)?")
 _KEY = re.compile(r"[0-9a-f]{64}")
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _CHUNK = 8 << 20
+# What copies leave free on LOCAL's filesystem: a share of it, and at least so many bytes
+FREE_FLOOR_SHARE = 0.10
+FREE_FLOOR_BYTES = 1 << 30
 
 
 def _refuser(local):
@@ -149,12 +157,54 @@ def copied(cfg, image):
                 return os.path.join(local, name)
             here.remove_partials(key)
             try:
+                floor = _make_room(here, os.stat(image).st_size, key)
+                if floor:
+                    print(f"berth: not copying {image} to {local}: it would leave less than "
+                          f"{human_size(floor)} free there; answering the store's entry",
+                          file=sys.stderr)
+                    return image
                 _copy(image, here, name)
             except OSError as e:
                 print(f"berth: cannot copy {image} to {local}: {e.strerror or e}; "
                       "answering the store's entry", file=sys.stderr)
                 return image
     return os.path.join(local, name)
+
+
+def _floor_missed(here, need):
+    """The floor (bytes) that a copy of `need` bytes would leave LOCAL's
+    filesystem under, or 0 when it fits above it."""
+    st = os.fstatvfs(here.fd)
+    floor = max(int(st.f_blocks * st.f_frsize * FREE_FLOOR_SHARE), FREE_FLOOR_BYTES)
+    return floor if st.f_bavail * st.f_frsize - need < floor else 0
+
+
+def _make_room(here, need, key):
+    """0 when a copy of `need` bytes fits above the floor, once the least
+    recently used copies of other keys went for it (each with its lock
+    held: none is being written); else the floor it would miss."""
+    floor = _floor_missed(here, need)
+    if not floor:
+        return 0
+    copies = []
+    for name in os.listdir(here.fd):
+        match = _COPY_NAME.fullmatch(name)
+        if match and not match[2] and match[1] != key:
+            with contextlib.suppress(FileNotFoundError):
+                copies.append((last_use(os.stat(name, dir_fd=here.fd, follow_symlinks=False)),
+                               match[1]))
+    for _, other in sorted(copies):
+        with here.locked(other, wait=False) as held:
+            if not held:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{other}.sqsh", dir_fd=here.fd)
+                print(f"berth: removed {here.path}/{other}.sqsh (least recently used, "
+                      "for a new copy)", file=sys.stderr)
+        floor = _floor_missed(here, need)
+        if not floor:
+            return 0
+    return floor
 
 
 def _copy(image, here, name):
