@@ -75,7 +75,8 @@ void report_failure(const struct step *st, const char *what, const char *log_pat
  * bytes, NUL-terminated), or NULL. slow_notice (with out): logged when the
  * command has printed nothing after a few seconds, so a long import shows.
  * As root (task_exit, exit, job_epilog) the wait is bounded by
- * cleanup_timeout: the command runs as the user, who can stall it.
+ * cleanup_timeout: the command runs as the user, who can stall it; and by
+ * st->deadline_ms where set.
  * Logs and returns -1 on failure.
  */
 static int run_cmd(spank_t sp, const struct step *st, const struct plugin_conf *conf,
@@ -84,6 +85,9 @@ static int run_cmd(spank_t sp, const struct step *st, const struct plugin_conf *
 {
 	int timeout_s = geteuid() == 0 ? conf->cleanup_timeout : 0;
 	long long deadline = timeout_s > 0 ? now_ms() + 1000LL * timeout_s : -1;
+
+	if (st->deadline_ms > 0 && (deadline < 0 || st->deadline_ms < deadline))
+		deadline = st->deadline_ms;
 	char log_path[PATH_MAX];
 	char **env;
 	int pipe_fds[2] = { -1, -1 };

@@ -47,6 +47,8 @@ struct step {
 	pid_t container_pid;       /* the pid whose namespaces tasks join */
 	uint32_t tasks_left;       /* local tasks still running */
 	int setup_failed;          /* user_init could not make the container */
+	long long deadline_ms;     /* > 0: no runtime command runs past it (now_ms() time):
+				      the epilog's one bound for all its commands */
 };
 
 /* A step with no keeper yet. */

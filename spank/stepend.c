@@ -103,7 +103,7 @@ int epilog_remove(spank_t sp, struct step *st, const struct plugin_conf *conf)
 {
 	char out[65536], prefix[CONTAINER_PREFIX_MAX + 16], steps[CONTAINER_PREFIX_MAX + 16];
 	char *line, *save = NULL;
-	int rc = 0;
+	int left = 0, failed = 0;
 
 	if (spank_get_item(sp, S_JOB_UID, &st->uid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_GID, &st->gid) != ESPANK_SUCCESS ||
@@ -111,18 +111,35 @@ int epilog_remove(spank_t sp, struct step *st, const struct plugin_conf *conf)
 		slurm_error("spank_berth: epilog: cannot read the job's uid, gid or id");
 		return -1;
 	}
-	if (berth_list(sp, st, conf, out, sizeof(out)) < 0)
-		return -1;
+	/*
+	 * What the user did to the job's containers and directories must not
+	 * fail the epilog (Slurm drains the node) nor stretch it: every
+	 * failure below is logged and the epilog succeeds, and all its
+	 * runtime commands together end within cleanup_timeout.
+	 */
+	st->deadline_ms = now_ms() + 1000LL * conf->cleanup_timeout;
+	if (berth_list(sp, st, conf, out, sizeof(out)) < 0) {
+		slurm_error("spank_berth: epilog: job %u: its containers could not be listed "
+			    "(above); left in place", st->jobid);
+		return 0;
+	}
 	/* NAME, and JOBID.STEPID made by attaching to a step that was gone */
 	snprintf(prefix, sizeof(prefix), "%s_%u_", conf->container_prefix, st->jobid);
 	snprintf(steps, sizeof(steps), "%s_%u.", conf->container_prefix, st->jobid);
 	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		if (strncmp(line, prefix, strlen(prefix)) != 0 && strncmp(line, steps, strlen(steps)) != 0)
+			continue;
+		if (now_ms() >= st->deadline_ms)
+			left++;
 		/* gone meanwhile (the user removed it): nothing left to do */
-		if ((strncmp(line, prefix, strlen(prefix)) == 0 ||
-		     strncmp(line, steps, strlen(steps)) == 0) &&
-		    berth_remove(sp, st, conf, line) < 0 &&
-		    container_exists(sp, st, conf, line) != 0)
-			rc = -1;
+		else if (berth_remove(sp, st, conf, line) < 0 && container_exists(sp, st, conf, line) != 0)
+			failed++;
 	}
-	return rc;
+	if (left > 0)
+		slurm_error("spank_berth: epilog: job %u: %d containers left in place: cleanup_timeout "
+			    "(%d s) spent", st->jobid, left, conf->cleanup_timeout);
+	if (failed > 0)
+		slurm_error("spank_berth: epilog: job %u: %d containers could not be removed (above)",
+			    st->jobid, failed);
+	return 0;
 }

@@ -18,7 +18,8 @@
 int finish_step(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		const struct container_flags *flags);
 
-/* container_scope=job: remove the job's named containers (st: filled in from the job). */
+/* container_scope=job: remove the job's named containers (st: filled in from the job);
+ * 0 whatever the user did to them, all within cleanup_timeout. */
 int epilog_remove(spank_t sp, struct step *st, const struct plugin_conf *conf);
 
 #pragma GCC visibility pop

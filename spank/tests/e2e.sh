@@ -362,6 +362,10 @@ plugstack container_scope=job container_prefix=site
 check "container_prefix: the site's names" "sbatch -W -o prefixed.txt --wrap \"srun --container-name=pre $img true; berth list | grep -c '^site_[0-9]*_pre\\\$'\" >/dev/null; cat prefixed.txt" "1"
 sleep 2
 check "container_prefix: the epilog removes the site's names" "berth list | grep -c _pre" "0"
+plugstack container_scope=job
+# the user's own doing (a data directory open to all: the runtime refuses to
+# list) must not fail the epilog, which would drain the node
+check "container_scope=job: an unsafe data directory of the user drains no node" "d=\$HOME/.local/share/enroot; mkdir -p \$d; chmod 0777 \$d; sbatch -W -o /dev/null --wrap true >/dev/null; sleep 2; chmod 0700 \$d; sinfo -h -o %T" "idle"
 plugstack
 
 before=$(jobs_so_far)
