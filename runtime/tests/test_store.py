@@ -308,6 +308,43 @@ def test_no_user_can_hold_a_lock_of_the_store(site, service, proxy):
     assert held.returncode != 0 and "Permission denied" in held.stderr, held.stderr
 
 
+_HOLD_CONNECTIONS = """
+import socket, sys, time
+held = []
+for _ in range(int(sys.argv[2])):
+    held.append(socket.socket(socket.AF_UNIX))
+    held[-1].connect(sys.argv[1])
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+
+def test_one_user_cannot_take_every_slot_of_the_socket(site, service, proxy):
+    """Idle connections, renewed before REQUEST_TIMEOUT, took every import
+    slot of a node: a user now holds at most PER_USER_CONNECTIONS."""
+    alice = site.users[ALICE]
+    # (setpriv execs: the process killed below is the one holding the connections)
+    holder = subprocess.Popen(["setpriv", f"--reuid={alice.pw_uid}", f"--regid={alice.pw_gid}",
+                               "--init-groups", "--", sys.executable, "-c", _HOLD_CONNECTIONS,
+                               str(site.socket), "4"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        time.sleep(1)  # the four serves are up, each holding one of alice's slots
+        uri = uri_of(proxy)
+        mine = site.run(ALICE, "import", "--cache-only", uri)
+        assert mine.returncode == 0, mine.stderr
+        assert mine.stderr.startswith(f"berth: the image store: uid {site.users[ALICE].pw_uid} "
+                                      "has 4 requests open on this node already; importing "
+                                      "into your own cache\n"), mine.stderr
+        assert site.own_images(ALICE) and site.store_images() == []
+        theirs = site.run(BOB, "--quiet", "import", "--cache-only", uri)
+        assert theirs.returncode == 0, theirs.stderr
+        assert site.store_images() and site.own_images(BOB) == []
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_user_cannot_write_the_store(site, service, proxy):
     result = site.run(ALICE, "--quiet", "import", "--cache-only", uri_of(proxy))
     assert result.returncode == 0, result.stderr
@@ -618,7 +655,7 @@ def test_the_client_takes_only_the_stores_own_whole_entries(site, proxy):
     failed = answered("error the registry is on fire\n")
     assert failed.returncode == 1 and failed.stdout == ""
     assert failed.stderr == "berth: error: the image store: the registry is on fire\n"
-    for garbage, why in (("hello\n", "not ok, private or error"), ("ok /a\nok /b\n", "not one line"),
+    for garbage, why in (("hello\n", "not ok, private, busy or error"), ("ok /a\nok /b\n", "not one line"),
                          ("ok " + "x" * 9000 + "\n", "more than 8192 bytes")):
         result = answered(garbage)
         assert result.returncode == 1 and result.stdout == ""

@@ -94,10 +94,12 @@ def ask(cfg, uri, quiet):
         return entry(cfg, rest)
     if kind == "private":
         return _own_cache(quiet, f"the image store cannot pull {uri} without credentials")
+    if kind == "busy":  # the caller's other requests hold every slot its user has
+        return _own_cache(quiet, f"the image store: {rest}")
     if kind == "error":
         raise BerthError(f"the image store: {rest}")
     raise BerthError(f"the image store at {path} answered {answer[:100]!r}, "
-                     "not ok, private or error; refusing it")
+                     "not ok, private, busy or error; refusing it")
 
 
 def _own_cache(quiet, why):

@@ -35,6 +35,10 @@ from berth.store.paths import configured_path, local_path, owned_store
 
 REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
 REQUEST_TIMEOUT = 30  # seconds a connection has to send its request
+# Connections one user may hold open on a node at once: the socket runs a
+# few imports at a time for everyone, and idle connections renewed every
+# REQUEST_TIMEOUT would otherwise take every one of them.
+PER_USER_CONNECTIONS = 4
 # Each directory of the store and its mode. locks/ is the account's alone:
 # a user who could open a lock file could hold its flock for ever, and
 # with it every import of that image, its node-local copies and the prune.
@@ -51,6 +55,8 @@ def serve(cfg):
         kind, text = "ok", _serve_request(cfg)
     except (AccessDenied, ImageNotFound) as e:  # may be there for those who log in
         kind, text = "private", str(e)
+    except _Busy as e:
+        kind, text = "busy", str(e)
     except BerthError as e:
         kind, text = "error", str(e)
     except Terminated:
@@ -63,7 +69,7 @@ def serve(cfg):
     with contextlib.suppress(OSError):
         sys.stdout.write(f"{kind} {text}\n")
         sys.stdout.flush()
-    if kind == "error":
+    if kind in ("error", "busy"):
         raise BerthError(f"store serve: {text}")
     _sweep(cfg)
     return 0
@@ -92,6 +98,7 @@ def _drain(fd, most=1 << 20):
 
 def _serve_request(cfg):
     store = owned_store(cfg, "berth store serve")
+    _take_slot(cfg, sys.stdin.fileno())
     uri = _request(sys.stdin.fileno())
     ref = _registry_reference(uri)
     _make_store(store)
@@ -99,6 +106,52 @@ def _serve_request(cfg):
     image = _import(cfg, store, uri, ref)
     from berth.store import local
     return local.copied(cfg, image)
+
+
+def _take_slot(cfg, fd):
+    """Hold one of the connecting user's PER_USER_CONNECTIONS slots for as
+    long as this process lives: a flock on slots/UID.N in ENROOT_TEMP_PATH
+    (the unit's state directory: node-local, the store account's). None
+    free: refused before the request is read. A connection that is no
+    socket (a serve run by hand) holds none; slots that cannot be kept are
+    said in the journal and the request served (never every request
+    refused for the node's sake)."""
+    import fcntl
+    import socket
+    import struct
+    try:
+        with socket.socket(fileno=os.dup(fd)) as peer:
+            _, uid, _ = struct.unpack("3i", peer.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except OSError:
+        return
+    slots = os.path.join(cfg["ENROOT_TEMP_PATH"], "slots")
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(slots, 0o700)
+        safedir.check(slots, "the store's connection slots")
+        held = [os.open(os.path.join(slots, f"{uid}.{number}"),
+                        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                for number in range(PER_USER_CONNECTIONS)]
+    except (OSError, BerthError) as e:
+        print(f"berth: store serve: no connection slots ({e}); serving uid {uid} "
+              "without counting", file=sys.stderr)
+        return
+    for slot in held:
+        try:
+            fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(slot)
+            continue
+        for other in held[held.index(slot) + 1:]:
+            os.close(other)
+        return  # this one stays open, and locked, until the process ends
+    raise _Busy(f"uid {uid} has {PER_USER_CONNECTIONS} requests open on this node already")
+
+
+class _Busy(BerthError):
+    """The connecting user holds every slot: answered `busy`, and the
+    client imports into its user's own cache."""
 
 
 def _request(fd):
