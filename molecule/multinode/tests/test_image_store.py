@@ -9,6 +9,7 @@ role's alone)."""
 
 import collections
 import re
+import shlex
 import time
 
 import pytest
@@ -141,6 +142,30 @@ def test_a_user_can_neither_write_into_the_store_nor_replace_an_entry(store):
     assert (locks.user, locks.mode) == ("berth-store", 0o700)
     held = host.run(f"runuser -u alice -- flock -n -s {store}/locks/image-{entry[:-5]} true")
     assert held.rc != 0 and "Permission denied" in held.stderr, held.stderr
+
+
+HOLD_FOUR = ("import socket, time\n"
+             "held = [socket.socket(socket.AF_UNIX) for _ in range(4)]\n"
+             "[s.connect('/run/berth-store.sock') for s in held]\n"
+             "time.sleep(60)  # berth-store-slot-holder\n")
+
+
+def test_one_user_holds_at_most_four_of_a_nodes_store_connections(store):
+    """Idle connections took every import slot of a node for everyone."""
+    host = node(COMPUTE[0])
+    host.check_output(f"runuser -u alice -- python3 -c {shlex.quote(HOLD_FOUR)} "
+                      ">/dev/null 2>&1 &")
+    try:
+        time.sleep(2)
+        ask = f"berth import --cache-only docker://{PUBLIC}"
+        mine = host.run(f"cd /tmp && runuser -u alice -- {ask}")
+        assert mine.rc == 0, mine.stderr
+        assert f"has 4 requests open on this node already; importing into your own cache" \
+            in mine.stderr, mine.stderr
+        theirs = host.run(f"cd /tmp && runuser -u bob -- {ask}")
+        assert theirs.rc == 0 and theirs.stdout.startswith(f"{store}/images/"), theirs.stderr
+    finally:
+        host.run("pkill -u alice -f berth-store-slot-holder")
 
 
 def test_a_private_image_stays_in_its_users_cache(store):
