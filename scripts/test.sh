@@ -24,10 +24,10 @@ STAGES=(
     "bootstrap|180|host bootstrap (packages, Docker daemon, venv, node images)"
     "lint|45|ansible-lint (production profile), syntax check, module documentation"
     "images|240|test images (Open MPI, MPICH) of Debian 12 and 13"
-    "pytest|750|unit and integration tests (tests, runtime/tests)"
+    "pytest|800|unit and integration tests (tests, runtime/tests)"
     "runtime-trixie|240|runtime suite on Debian 13 (Python 3.13), SPANK plugin against Slurm 24.11"
-    "cluster-bookworm|2200|multi-node cluster on Debian 12, Slurm 22.05 (molecule test -s multinode)"
-    "cluster-trixie|2100|multi-node cluster on Debian 13, Slurm 24.11 (the same scenario and tests, at the same time)"
+    "cluster-bookworm|1800|multi-node cluster on Debian 12, Slurm 22.05 (molecule test -s multinode)"
+    "cluster-trixie|1900|multi-node cluster on Debian 13, Slurm 24.11 (the same scenario and tests, at the same time)"
     "fast-cluster|1080|the running demo cluster: idempotence and verify (molecule)"
 )
 
