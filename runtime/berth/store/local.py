@@ -8,8 +8,9 @@ answers the copy, which steps then mount instead of the shared file.
     LOCAL/locks/<key>         flock: one copy of a key at a time on this node
 
 A copy is written under its temporary name, fsync'ed and renamed, so
-<key>.sqsh is whole or absent. A copy never leaves less than FREE_FLOOR of
-LOCAL's filesystem free (a tenth, and at least 1 GiB): any user can ask the
+<key>.sqsh is whole or absent. A copy never leaves less than
+FREE_FLOOR_SHARE of LOCAL's filesystem, and FREE_FLOOR_BYTES, free (a
+tenth, and at least 1 GiB): any user can ask the
 store for every entry it holds. Copies of other entries, least recently
 used first and none being written, make room for it; where that is not
 enough the step mounts the store's entry instead. sweep(), after each answer, removes the
