@@ -85,9 +85,6 @@ static int run_cmd(spank_t sp, const struct step *st, const struct plugin_conf *
 {
 	int timeout_s = geteuid() == 0 ? conf->cleanup_timeout : 0;
 	long long deadline = timeout_s > 0 ? now_ms() + 1000LL * timeout_s : -1;
-
-	if (st->deadline_ms > 0 && (deadline < 0 || st->deadline_ms < deadline))
-		deadline = st->deadline_ms;
 	char log_path[PATH_MAX];
 	char **env;
 	int pipe_fds[2] = { -1, -1 };
@@ -95,6 +92,8 @@ static int run_cmd(spank_t sp, const struct step *st, const struct plugin_conf *
 	size_t used = 0;
 	int status = 0, rc;
 
+	if (st->deadline_ms > 0 && (deadline < 0 || st->deadline_ms < deadline))
+		deadline = st->deadline_ms;
 	if (st->step_dir[0] == '\0')
 		strcpy(log_path, "/dev/null");
 	else if (path_join(log_path, "%s/%s.log", st->step_dir, argv[1]) < 0)

@@ -168,9 +168,9 @@ RANGES = {
 
 
 def _shown(value):
-    """A setting's value as an error line quotes it: one line, at most 40 characters."""
-    text = repr(value)[1:-1] if any(c in value for c in "\n\r\t") else value
-    return f"'{text[:40]}...'" if len(text) > 40 else f"'{text}'"
+    """A setting's value as an error line quotes it: at most 40 characters
+    (the CLI escapes control characters in every error: errors.one_line)."""
+    return f"'{value[:40]}...'" if len(value) > 40 else f"'{value}'"
 
 
 def _caller(env):

@@ -384,8 +384,6 @@ class Registry:
         return response
 
 
-
-
 class _CutShort(TransferError):
     """A body that ended before its Content-Length: urllib3 2 raises for
     that itself; urllib3 1.26 (Debian 12's python3-urllib3, which the nodes'

@@ -130,22 +130,18 @@ def _take_slot(cfg, fd):
         with contextlib.suppress(FileExistsError):
             os.mkdir(slots, 0o700)
         safedir.check(slots, "the store's connection slots")
-        held = [os.open(os.path.join(slots, f"{uid}.{number}"),
-                        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-                for number in range(PER_USER_CONNECTIONS)]
+        for number in range(PER_USER_CONNECTIONS):
+            slot = os.open(os.path.join(slots, f"{uid}.{number}"),
+                           os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return  # this one stays open, and locked, until the process ends
+            except BlockingIOError:
+                os.close(slot)
     except (OSError, BerthError) as e:
         print(f"berth: store serve: no connection slots ({e}); serving uid {uid} "
               "without counting", file=sys.stderr)
         return
-    for slot in held:
-        try:
-            fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(slot)
-            continue
-        for other in held[held.index(slot) + 1:]:
-            os.close(other)
-        return  # this one stays open, and locked, until the process ends
     raise _Busy(f"uid {uid} has {PER_USER_CONNECTIONS} requests open on this node already")
 
 
