@@ -37,6 +37,13 @@ options:
     description: The store's socket, C(BERTH_IMAGE_STORE_SOCKET) in C(enroot.conf).
     type: path
     default: /run/berth-store.sock
+  timeout:
+    description:
+      - Seconds to wait for the store's answer about one image. Past it the
+        module fails naming the image; the store's own import goes on (within
+        its service's time limit), so a later run finds it there or waits again.
+    type: int
+    default: 7200
 attributes:
   check_mode:
     support: full
@@ -109,9 +116,11 @@ def stored_sources(module):
                              f"entries ({e}): {out[:200]!r}")
 
 
-def ask_store(path, reference):
-    """The store's one-line answer to a request for `reference`."""
+def ask_store(path, reference, timeout):
+    """The store's one-line answer to a request for `reference`, within
+    `timeout` seconds of each read (TimeoutError past it)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
         sock.connect(path)
         sock.sendall(reference.encode() + b"\n")
         sock.shutdown(socket.SHUT_WR)
@@ -125,8 +134,13 @@ def ask_store(path, reference):
 
 
 def stage(module, image, pinned):
+    timeout = module.params["timeout"]
     try:
-        answer = ask_store(module.params["socket"], pinned)
+        answer = ask_store(module.params["socket"], pinned, timeout)
+    except TimeoutError:
+        module.fail_json(msg=f"berth_store_image: {image}: the store gave no answer within "
+                             f"{timeout} s (its import goes on; a later run finds it or waits "
+                             "again)")
     except OSError as e:
         module.fail_json(msg=f"berth_store_image: {image}: the store's socket "
                              f"{module.params['socket']}: {e.strerror or e}")
@@ -145,9 +159,13 @@ def main():
             images=dict(type="list", elements="str", required=True),
             berth=dict(type="path", default="/usr/local/bin/berth"),
             socket=dict(type="path", default="/run/berth-store.sock"),
+            timeout=dict(type="int", default=7200),
         ),
         supports_check_mode=True,
     )
+    if not 1 <= module.params["timeout"] <= 7 * 86400:
+        module.fail_json(msg=f"berth_store_image: timeout: {module.params['timeout']} is not "
+                             "between 1 and 604800 seconds")
     for image in module.params["images"]:
         if not image or not image.isprintable() or any(c.isspace() for c in image):
             module.fail_json(msg=f"berth_store_image: images: {image!r} is not a registry reference")

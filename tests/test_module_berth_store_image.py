@@ -9,6 +9,7 @@ import json
 import socket
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -64,6 +65,9 @@ class Store:
                 request = conn.makefile("rb").readline().decode().rstrip("\n")
                 self.requests.append(request)
                 answer = self.answers.get(request, "ok /shared/images/new.sqsh")
+                if answer is None:  # a store whose import takes longer than the module waits
+                    time.sleep(3)
+                    continue
                 if answer.startswith("ok"):
                     self.add(request)
                 conn.sendall(answer.encode() + b"\n")
@@ -94,9 +98,10 @@ def tag(image, digest, directory):
     path.write_text(json.dumps({**tags, image: digest}))
 
 
-def run(tmp_path, store, images, check=False):
+def run(tmp_path, store, images, check=False, **options):
     return ansible_module.run_module(tmp_path / "play", "berth_store_image", {
-        "images": images, "berth": str(tmp_path / "berth"), "socket": store.path}, check)
+        "images": images, "berth": str(tmp_path / "berth"), "socket": store.path, **options},
+        check)
 
 
 @pytest.fixture
@@ -162,6 +167,20 @@ def test_no_socket_fails_naming_it(play_dir, store):
     assert result["failed"]
     assert result["msg"] == (f"berth_store_image: registry#a/b:1: the store's socket "
                              f"{store.path}: No such file or directory")
+
+
+def test_a_store_that_does_not_answer_fails_after_the_timeout(play_dir, store):
+    """The play waited as long as the store's import ran (up to its
+    service's six hours) for each image."""
+    store.answers["docker://registry#a/b@sha256:" + "1" * 64] = None
+    result = run(play_dir, store, ["registry#a/b:1"], timeout=1)
+    assert result["failed"]
+    assert result["msg"] == ("berth_store_image: registry#a/b:1: the store gave no answer within "
+                             "1 s (its import goes on; a later run finds it or waits again)")
+    for bad in (0, -5, 10**12):
+        result = run(play_dir, store, ["registry#a/b:1"], timeout=bad)
+        assert result["failed"] and result["msg"] == (
+            f"berth_store_image: timeout: {bad} is not between 1 and 604800 seconds")
 
 
 def test_a_reference_with_spaces_is_refused(play_dir, store):

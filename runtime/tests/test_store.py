@@ -345,6 +345,95 @@ def test_one_user_cannot_take_every_slot_of_the_socket(site, service, proxy):
         holder.wait()
 
 
+def _write_imports(site, uid, rows):
+    """users/UID of the store as its account would have written it."""
+    record = site.store / "users" / str(uid)
+    record.write_text("".join(f"{start} {pid} {size}\n" for start, pid, size in rows))
+    os.chown(record, site.users[STORE_USER].pw_uid, site.users[STORE_USER].pw_gid)
+
+
+def test_one_user_gets_her_hourly_share_of_the_store_and_no_more(site, service, proxy,
+                                                                  registry):
+    """Any user could make the store import image after image, for everyone
+    to hold: each now gets IMPORTS_PER_HOUR new entries an hour (or
+    IMPORT_BYTES_PER_HOUR), then imports into her own cache."""
+    from berth.store.service import IMPORT_BYTES_PER_HOUR, IMPORTS_PER_HOUR
+    alice, bob = site.users[ALICE].pw_uid, site.users[BOB].pw_uid
+    first = site.run(ALICE, "--quiet", "import", "--cache-only", uri_of(proxy))
+    assert first.returncode == 0, first.stderr
+    [entry] = site.store_images()
+    record = site.store / "users" / str(alice)
+    assert modes(site.store / "users")[str(record.relative_to(site.store / "users"))] == (
+        0o600, site.users[STORE_USER].pw_uid)
+    assert stat.S_IMODE((site.store / "users").stat().st_mode) == 0o700
+    [(start, pid, size)] = [tuple(map(int, line.split())) for line in
+                            record.read_text().splitlines()]
+    assert abs(start - time.time()) < 120 and pid > 1 and size == entry.stat().st_size
+
+    registry.push_image("test/app", "v2", [BASE, gzipped(layer_tar(("file", "v2", b"2\n")))])
+    now = int(time.time())
+    for rows, used in (([(now - 60, 1, 1)] * IMPORTS_PER_HOUR, f"{IMPORTS_PER_HOUR}, 20B"),
+                       ([(now - 60, 1, IMPORT_BYTES_PER_HOUR)], "1, 100.0G")):
+        _write_imports(site, alice, rows)
+        over = site.run(ALICE, "import", "--cache-only", uri_of(proxy, "test/app:v2"))
+        assert over.returncode == 0, over.stderr
+        assert over.stderr == (f"berth: the image store: uid {alice} used its hourly share of "
+                               f"the store's imports ({IMPORTS_PER_HOUR} images or 100.0G): "
+                               f"{used}, in the last hour; importing into your own cache\n")
+        assert len(site.own_images(ALICE)) == 1 and site.store_images() == [entry]
+        # an entry the store holds costs her nothing: still served
+        held = site.run(ALICE, "--quiet", "import", "--cache-only", uri_of(proxy))
+        assert held.returncode == 0 and held.stdout == f"{entry}\n", held.stderr
+        Path(site.own_images(ALICE)[0]).unlink()
+
+    theirs = site.run(BOB, "--quiet", "import", "--cache-only", uri_of(proxy, "test/app:v2"))
+    assert theirs.returncode == 0, theirs.stderr
+    assert len(site.store_images()) == 2 and site.own_images(BOB) == []
+    assert len((site.store / "users" / str(bob)).read_text().splitlines()) == 1
+
+    # an hour later her share is whole again, and the old lines are gone
+    _write_imports(site, alice, [(now - 3700, 1, IMPORT_BYTES_PER_HOUR)] * IMPORTS_PER_HOUR)
+    registry.push_image("test/app", "v3", [BASE, gzipped(layer_tar(("file", "v3", b"3\n")))])
+    again = site.run(ALICE, "--quiet", "import", "--cache-only", uri_of(proxy, "test/app:v3"))
+    assert again.returncode == 0, again.stderr
+    assert len(site.store_images()) == 3 and site.own_images(ALICE) == []
+    assert len(record.read_text().splitlines()) == 1
+
+
+def test_a_layer_bomb_stops_at_the_nodes_free_floor(site, service, proxy, registry):
+    """A layer of a few hundred kilobytes that unpacks to hundreds of
+    megabytes, asked of the store by any user, filled the disk of the node
+    whose service unpacked it. It now stops where it would leave the
+    filesystem less than its floor (a tenth, at least 1 GiB) free."""
+    from berth.image.squash import FREE_FLOOR_BYTES
+    temp = site.homes[STORE_USER] / "temp"
+    store_user = site.users[STORE_USER]
+    big = 300 << 20
+    registry.push_image("test/bomb", "v1", [BASE, gzipped(layer_tar(("file", "big",
+                                                                      bytes(big))))])
+    # a disk with about 200 MiB above its floor (tmpfs: nothing is held until written)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FREE_FLOOR_BYTES + (200 << 20)},"
+                    f"mode=0700,uid={store_user.pw_uid},gid={store_user.pw_gid}",
+                    "bdep-store-temp", str(temp)], check=True)
+    try:
+        bomb = site.run(ALICE, "import", "--cache-only", uri_of(proxy, "test/bomb:v1"))
+        assert bomb.returncode == 1
+        [line] = bomb.stderr.splitlines()
+        assert line.startswith("berth: error: the image store: layer sha256:"), line
+        assert line.endswith(f": 'big' ({big} bytes) would leave the filesystem of {temp} "
+                             f"under the {FREE_FLOOR_BYTES} bytes kept free there; refusing "
+                             "the layer"), line
+        assert os.listdir(temp) == ["slots"] and shutil.disk_usage(temp).used < (1 << 20)
+        assert site.store_images() == [] and site.own_images(ALICE) == []
+        # an image that fits is served from the same disk
+        fits = site.run(ALICE, "--quiet", "import", "--cache-only", uri_of(proxy))
+        assert fits.returncode == 0, fits.stderr
+        assert len(site.store_images()) == 1 and os.listdir(temp) == ["slots"]
+    finally:
+        service.join()  # (a serve still ending holds the mount busy)
+        subprocess.run(["umount", str(temp)], check=True)
+
+
 def test_a_user_cannot_write_the_store(site, service, proxy):
     result = site.run(ALICE, "--quiet", "import", "--cache-only", uri_of(proxy))
     assert result.returncode == 0, result.stderr

@@ -14,6 +14,13 @@ No path may lie more than MAX_DEPTH directories below the root (Python's
 own tree walks recurse, and nothing real comes close), and whatever a
 layer holds, a failure is a BerthError naming the layer.
 
+Unpacking for the shared store (its service's temporary tree is on the
+node's own disk) keeps that filesystem's free floor (squash.free_floor):
+each entry is counted against the room measured before it, and measured
+again when the count runs out, so a layer that unpacks to far more than its
+compressed size is refused before it fills the disk. A user's own import
+writes until her own space ends (ENOSPC, said as such).
+
 Layers are unpacked in a temporary tree `berth-import-<pid>-XXXXXXXX`,
 locked (flock) by the import for its whole life: a tree left by an import
 killed with SIGKILL is removed by a later import or `berth cache prune` of
@@ -34,6 +41,7 @@ import tarfile
 import tempfile
 
 from berth.errors import BerthError
+from berth.image.squash import free_floor
 from berth.rootpath import resolve
 from berth.syscalls import pid_alive
 
@@ -47,6 +55,9 @@ _BUFFER = 1 << 16
 MAX_DEPTH = 512
 _UNPACK_PREFIX = "berth-import-"
 _UNPACK_NAME = re.compile(r"berth-import-([1-9][0-9]{0,9})-[a-z0-9_]{8}")
+# What a Room counts for each entry besides a file's data: its inode and
+# directory slot, about one block.
+_ENTRY_BYTES = 4096
 
 
 def compression(magic):
@@ -64,13 +75,39 @@ def decompressor(magic, gzip_program):
             None: None}[compression(magic)]
 
 
-def apply_layer(root, path, digest, gzip_program):
-    """Apply the layer file `path` (tar, gzip or zstd) to `root`."""
+class Room:
+    """The bytes that may still be written under `root` and leave its
+    filesystem its free floor, counted down entry by entry."""
+
+    def __init__(self, root):
+        self.root = root
+        self.left = self._measure()
+
+    def _measure(self):
+        st = os.statvfs(self.root)
+        self.floor = free_floor(st)
+        return st.f_bavail * st.f_frsize - self.floor
+
+    def take(self, name, size, digest):
+        """Count entry `name` with `size` bytes of data, or refuse it."""
+        needed = _ENTRY_BYTES + size
+        if needed > self.left:
+            self.left = self._measure()  # what others freed or took meanwhile counts
+            if needed > self.left:
+                raise BerthError(f"layer {digest}: '{_shorten(name)}' ({size} bytes) would "
+                                 f"leave the filesystem of {self.root} under the "
+                                 f"{self.floor} bytes kept free there; refusing the layer")
+        self.left -= needed
+
+
+def apply_layer(root, path, digest, gzip_program, room=None):
+    """Apply the layer file `path` (tar, gzip or zstd) to `root`, within
+    `room` (a Room) where one is given."""
     with open(path, "rb") as f:
         command = decompressor(f.read(4), gzip_program)
     with open(path, "rb") as raw:
         if command is None:
-            _apply_tar(root, raw, digest)
+            _apply_tar(root, raw, digest, room)
             return
         try:
             proc = subprocess.Popen(command, stdin=raw, stdout=subprocess.PIPE,
@@ -80,7 +117,7 @@ def apply_layer(root, path, digest, gzip_program):
                 from None
         tar_error = None
         try:
-            _apply_tar(root, proc.stdout, digest)
+            _apply_tar(root, proc.stdout, digest, room)
             # tar ends with zero blocks; drain the rest so the program exits cleanly.
             while proc.stdout.read(1 << 16):
                 pass
@@ -102,12 +139,14 @@ def apply_layer(root, path, digest, gzip_program):
                              f"{stderr.splitlines()[-1] if stderr else f'exit {status}'}")
 
 
-def _apply_tar(root, stream, digest):
+def _apply_tar(root, stream, digest, room):
     created = set()  # host paths this layer made: an opaque marker spares them
     dir_times = {}
     try:
         with tarfile.open(fileobj=stream, mode="r|", bufsize=_BUFFER) as archive:
             for member in archive:
+                if room is not None:
+                    room.take(member.name, member.size if member.isreg() else 0, digest)
                 _apply_member(root, archive, member, created, dir_times, digest)
     except (tarfile.TarError, EOFError, ValueError, OverflowError) as e:
         # (a malformed header can surface as any of these from tarfile)

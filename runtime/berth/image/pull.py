@@ -19,7 +19,7 @@ from berth.errors import BerthError
 from berth.image import registries, squash
 from berth.image.blobs import BlobCache
 from berth.image.imageconfig import from_oci, write_image_config
-from berth.image.layers import apply_layer, remove_stale_unpack_dirs, unpack_dir
+from berth.image.layers import Room, apply_layer, remove_stale_unpack_dirs, unpack_dir
 # (first_answer: store/service.py takes it from here too)
 from berth.image.manifests import descriptor, first_answer, malformed
 from berth.image.registry import load_credentials
@@ -42,17 +42,22 @@ def cached_image(args, cfg, ref, images, options):
 
 
 @contextlib.contextmanager
-def build_cached(args, cfg, images, options, ref, source, manifest, digest, manifest_digest):
+def build_cached(args, cfg, images, options, ref, source, manifest, digest, manifest_digest,
+                 building=contextlib.nullcontext, keep_free=False):
     """The image cache's entry of this manifest, built from `source` (a
     Registry, or an archive with the same blob() and download()) when
-    missing, locked while in use and remembered as the latest of args.uri."""
+    missing, locked while in use and remembered as the latest of args.uri.
+    A build runs inside building(image) (the store counts its users'
+    imports there) and, with keep_free, unpacks within the temporary
+    filesystem's free floor (layers.Room)."""
     key = images.key(manifest_digest, digest, args.uri, options)
     with images.locked(key, ref, args.quiet):
         image = images.lookup(key, args.quiet)
         if image is None:
             images.remove_partials(key)
             image = images.path(key)
-            _build(args, cfg, source, ref, manifest, digest, image)
+            with building(image):
+                _build(args, cfg, source, ref, manifest, digest, image, keep_free)
         elif not args.quiet:
             print(f"berth: using the cached squashfs of {ref}: {image}", file=sys.stderr)
         try:
@@ -65,7 +70,7 @@ def build_cached(args, cfg, images, options, ref, source, manifest, digest, mani
         yield image
 
 
-def _build(args, cfg, registry, ref, manifest, digest, image):
+def _build(args, cfg, registry, ref, manifest, digest, image, keep_free):
     """Fetch the missing layers and the image config, then make `image` of them."""
     show_progress = not args.quiet and sys.stderr.isatty()
     try:
@@ -94,10 +99,11 @@ def _build(args, cfg, registry, ref, manifest, digest, image):
     with unpack_dir(temp) as workdir:
         root = os.path.join(workdir, "rootfs")
         os.mkdir(root, 0o755)
+        room = Room(temp) if keep_free else None
         for layer_digest, _ in tqdm(layers, desc="unpacking", unit="layer",
                                     disable=not show_progress):
             apply_layer(root, cache.path(layer_digest), layer_digest,
-                        cfg["ENROOT_GZIP_PROGRAM"])
+                        cfg["ENROOT_GZIP_PROGRAM"], room)
         write_image_config(root, image_config)
         squash.make_squashfs(root, image, cfg, show_progress)
 

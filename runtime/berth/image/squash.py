@@ -14,6 +14,19 @@ from berth.image.imageconfig import IMAGE_JSON, SQUASHFS_MAGIC
 from berth.image.reference import DIGEST  # (the form of image.json's "digest")
 
 
+# What the store's imports and node-local copies leave free on the node's
+# filesystem they write: a share of it, and at least so many bytes (any
+# user can ask the store for any image, and a layer may unpack to far more
+# than its compressed size).
+FREE_FLOOR_SHARE = 0.10
+FREE_FLOOR_BYTES = 1 << 30
+
+
+def free_floor(st):
+    """The bytes kept free on a filesystem, from its statvfs result."""
+    return max(int(st.f_blocks * st.f_frsize * FREE_FLOOR_SHARE), FREE_FLOOR_BYTES)
+
+
 def free_bytes(path):
     """Free bytes on the filesystem that holds `path` (or would, once created)."""
     path = os.path.abspath(path)

@@ -9,9 +9,8 @@ answers the copy, which steps then mount instead of the shared file.
 
 A copy is written under its temporary name, fsync'ed and renamed, so
 <key>.sqsh is whole or absent. A copy never leaves less than
-FREE_FLOOR_SHARE of LOCAL's filesystem, and FREE_FLOOR_BYTES, free (a
-tenth, and at least 1 GiB): any user can ask the
-store for every entry it holds. Copies of other entries, least recently
+squash.free_floor() of LOCAL's filesystem free (a tenth, and at least
+1 GiB): any user can ask the store for every entry it holds. Copies of other entries, least recently
 used first and none being written, make room for it; where that is not
 enough the step mounts the store's entry instead. sweep(), after each answer, removes the
 copies whose entry left the store, the temporary files of killed copies and
@@ -38,9 +37,6 @@ _COPY_NAME = re.compile(r"([0-9a-f]{64})\.sqsh(\.tmp-.+)?")
 _KEY = re.compile(r"[0-9a-f]{64}")
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _CHUNK = 8 << 20
-# What copies leave free on LOCAL's filesystem: a share of it, and at least so many bytes
-FREE_FLOOR_SHARE = 0.10
-FREE_FLOOR_BYTES = 1 << 30
 
 
 def _refuser(local):
@@ -176,7 +172,7 @@ def _floor_missed(here, need):
     """The floor (bytes) that a copy of `need` bytes would leave LOCAL's
     filesystem under, or 0 when it fits above it."""
     st = os.fstatvfs(here.fd)
-    floor = max(int(st.f_blocks * st.f_frsize * FREE_FLOOR_SHARE), FREE_FLOOR_BYTES)
+    floor = squash.free_floor(st)
     return floor if st.f_bavail * st.f_frsize - need < floor else 0
 
 

@@ -12,6 +12,9 @@ answers one line:
                        (local.py)
     private REASON     the registry wants credentials (401, 403, or a 404
                        that may hide a private repository)
+    busy REASON        the user asking has used her share of the store
+                       (PER_USER_CONNECTIONS, IMPORTS_PER_HOUR,
+                       IMPORT_BYTES_PER_HOUR): she imports into her own cache
     error REASON       anything else (a refused request, a blocked registry,
                        a broken image)
 
@@ -30,7 +33,7 @@ import types
 from berth import safedir
 from berth.errors import AccessDenied, BerthError, ImageNotFound, Terminated, raise_terminated
 from berth.image import archive, reference, registries, squash
-from berth.image.cache import ImageCache
+from berth.image.cache import ImageCache, human_size
 from berth.store.paths import configured_path, local_path, owned_store
 
 REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
@@ -39,11 +42,18 @@ REQUEST_TIMEOUT = 30  # seconds a connection has to send its request
 # few imports at a time for everyone, and idle connections renewed every
 # REQUEST_TIMEOUT would otherwise take every one of them.
 PER_USER_CONNECTIONS = 4
+# What one user may make the store import, over the last hour and the whole
+# store (every node's requests): each new entry counts for the user whose
+# request built it, with its size. Past either, her requests are answered
+# busy until the hour has moved on; an entry already there costs nothing,
+# and root's requests (the admin's pre-staging) are not counted.
+IMPORTS_PER_HOUR = 20
+IMPORT_BYTES_PER_HOUR = 100 << 30
 # Each directory of the store and its mode. locks/ is the account's alone:
 # a user who could open a lock file could hold its flock for ever, and
 # with it every import of that image, its node-local copies and the prune.
 _DIRS = ((("images",), 0o755), (("blobs",), 0o755), (("blobs", "sha256"), 0o755),
-         (("locks",), 0o700), (("uris",), 0o755))
+         (("locks",), 0o700), (("uris",), 0o755), (("users",), 0o700))
 
 
 def serve(cfg):
@@ -98,12 +108,12 @@ def _drain(fd, most=1 << 20):
 
 def _serve_request(cfg):
     store = owned_store(cfg, "berth store serve")
-    _take_slot(cfg, sys.stdin.fileno())
+    uid = _take_slot(cfg, sys.stdin.fileno())
     uri = _request(sys.stdin.fileno())
     ref = _registry_reference(uri)
     _make_store(store)
     local_path(cfg)  # a wrong BERTH_IMAGE_STORE_LOCAL: before any import
-    image = _import(cfg, store, uri, ref)
+    image = _import(cfg, store, uri, ref, uid)
     from berth.store import local
     return local.copied(cfg, image)
 
@@ -112,10 +122,10 @@ def _take_slot(cfg, fd):
     """Hold one of the connecting user's PER_USER_CONNECTIONS slots for as
     long as this process lives: a flock on slots/UID.N in ENROOT_TEMP_PATH
     (the unit's state directory: node-local, the store account's). None
-    free: refused before the request is read. A connection that is no
-    socket (a serve run by hand) holds none; slots that cannot be kept are
-    said in the journal and the request served (never every request
-    refused for the node's sake)."""
+    free: refused before the request is read. Returns the user's uid, or
+    None for a connection that is no socket (a serve run by hand), which
+    holds no slot; slots that cannot be kept are said in the journal and
+    the request served (never every request refused for the node's sake)."""
     import fcntl
     import socket
     import struct
@@ -124,7 +134,7 @@ def _take_slot(cfg, fd):
             _, uid, _ = struct.unpack("3i", peer.getsockopt(
                 socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
     except OSError:
-        return
+        return None
     slots = os.path.join(cfg["ENROOT_TEMP_PATH"], "slots")
     try:
         with contextlib.suppress(FileExistsError):
@@ -135,20 +145,65 @@ def _take_slot(cfg, fd):
                            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return  # this one stays open, and locked, until the process ends
+                return uid  # this slot stays open, and locked, until the process ends
             except BlockingIOError:
                 os.close(slot)
     except (OSError, BerthError) as e:
         print(f"berth: store serve: no connection slots ({e}); serving uid {uid} "
               "without counting", file=sys.stderr)
-        return
+        return uid
     raise _Busy(f"uid {uid} has {PER_USER_CONNECTIONS} requests open on this node already")
 
 
 class _Busy(BerthError):
-    """The connecting user holds every slot: answered `busy`, and the
+    """The connecting user has used her share: answered `busy`, and the
     client imports into its user's own cache."""
 
+
+@contextlib.contextmanager
+def _counted(store, uid, image):
+    """A new entry built for `uid`, within her hourly share: refused (busy)
+    when she used it, else written down in users/UID (one line per import
+    of the last hour: its start time, the pid that builds it and its size,
+    0 until built) before the build and its size after."""
+    if uid in (None, 0):  # a serve run by hand, or the admin's pre-staging
+        yield
+        return
+    started, pid = int(time.time()), os.getpid()
+    with _imports_of(store, uid) as imports:
+        count, size = len(imports), sum(row[2] for row in imports)
+        if count >= IMPORTS_PER_HOUR or size >= IMPORT_BYTES_PER_HOUR:
+            raise _Busy(f"uid {uid} used its hourly share of the store's imports "
+                        f"({IMPORTS_PER_HOUR} images or {human_size(IMPORT_BYTES_PER_HOUR)}): "
+                        f"{count}, {human_size(size)}, in the last hour")
+        imports.append((started, pid, 0))
+    yield
+    with _imports_of(store, uid) as imports:
+        built = (started, pid, os.stat(image).st_size)
+        imports[:] = [built if row[:2] == built[:2] else row for row in imports]
+
+
+@contextlib.contextmanager
+def _imports_of(store, uid):
+    """users/UID's imports of the last hour as a list of (start, pid, size),
+    the file locked; written back as the list is left. Lines that are not
+    three numbers are dropped (a write cut short by a crash)."""
+    import fcntl
+    fd = os.open(os.path.join(store, "users", str(uid)),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "r+", encoding="ascii", errors="replace") as f:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (held for a read and a write of a few lines)
+        hour_ago, imports = time.time() - 3600, []
+        for line in f.read(1 << 20).splitlines():
+            fields = line.split()
+            if len(fields) == 3 and all(field.isdigit() for field in fields):
+                row = tuple(map(int, fields))
+                if row[0] > hour_ago:
+                    imports.append(row)
+        yield imports
+        f.seek(0)
+        f.truncate()
+        f.write("".join(f"{start} {pid} {size}\n" for start, pid, size in imports))
 
 def _request(fd):
     """The request line: at most REQUEST_MAX bytes of UTF-8 text, ended by a
@@ -206,8 +261,9 @@ def _make_store(store):
             os.chmod(path, mode)
 
 
-def _import(cfg, store, uri, ref):
-    """`berth import --cache-only --quiet URI` into the store, anonymously."""
+def _import(cfg, store, uri, ref, uid):
+    """`berth import --cache-only --quiet URI` into the store, anonymously,
+    counted as `uid`'s (_counted), unpacking within the node's free floor."""
     from berth.image import pull  # (the HTTP stack: only where a request is made)
     store_cfg = _store_config(cfg, store)
     plan = registries.load(cfg["ENROOT_SYSCONF_PATH"]).endpoints(ref)  # blocked: refused
@@ -216,7 +272,9 @@ def _import(cfg, store, uri, ref):
     args = types.SimpleNamespace(uri=uri, arch=None, quiet=True)
     with pull.build_cached(args, store_cfg, ImageCache(store), squash.options(cfg), ref,
                            answer.source, answer.manifest, answer.digest,
-                           answer.manifest_digest) as image:
+                           answer.manifest_digest,
+                           building=lambda image: _counted(store, uid, image),
+                           keep_free=True) as image:
         return image
 
 
