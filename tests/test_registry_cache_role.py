@@ -152,6 +152,20 @@ def test_size_and_tls_knobs():
     assert [CACHE["registry_cache_bytes"](size) for size in ("", "512", "2K", "3g")] == [0, 512, 2048, 3 << 30]
 
 
+def test_plain_http_only_on_a_port_no_user_of_the_cache_host_may_bind():
+    upstreams = [{"name": "a", "prefix": "docker.io", "remoteurl": "https://r.io", "port": 501},
+                 {"name": "b", "prefix": "nvcr.io", "remoteurl": "https://nvcr.io", "port": 5102}]
+    assert CACHE["registry_cache_problems"](upstreams, "", "", "", 1024) == [
+        "registry_cache_upstreams[1].port: 5102 may be bound by any user of this host "
+        "(net.ipv4.ip_unprivileged_port_start is 1024), and the cache serves plain HTTP: one "
+        "could answer the nodes' pulls while the cache restarts; use a port below 1024, or set "
+        "registry_cache_tls_certificate and registry_cache_tls_key"]
+    # a host where anyone binds any port (a Docker container's default): no plain HTTP at all
+    assert len(CACHE["registry_cache_problems"](upstreams, "", "", "", 0)) == 2
+    # TLS: the certificate is what the nodes trust, on any port
+    assert CACHE["registry_cache_problems"](upstreams, "", "/c.pem", "/k.pem", None) == []
+
+
 def test_the_size_is_read_as_berths_max_size():
     """The runtime's grammar (berth/units.py): decimals and a B or iB too."""
     assert [CACHE["registry_cache_bytes"](size) for size in ("1.5T", "500GB", "500GiB")] == [

@@ -4,7 +4,7 @@ deployed cluster.
 berth-upstream stands in for a public registry: it is on its own Docker
 network, which only berth-ctl (the registry_cache host)
 joins. The nodes' rules (inventories/local/group_vars) send short names to
-berth-upstream:5000, whose mirrors are the cache on berth-ctl:5100 (put
+berth-upstream:5000, whose mirrors are the cache on berth-ctl:510 (put
 first by the role), then the plain local registry on berth-ctl:5000.
 """
 
@@ -21,7 +21,7 @@ import yaml
 from conftest import COMPUTE, CONTROLLER, NODES, PROJECT, inventory_copy, node, play
 
 UPSTREAM = "berth-upstream"
-CACHE = f"{CONTROLLER}:5100"
+CACHE = f"{CONTROLLER}:510"
 LOCAL = f"{CONTROLLER}:5000"
 CACHE_UNIT = "berth-registry-cache@upstream.service"
 LOCAL_UNIT = "docker-registry.service"
@@ -56,7 +56,7 @@ def blob_gets(log):
 def restart_cache_and_local():
     ctl = node(CONTROLLER)
     ctl.run(f"systemctl start {CACHE_UNIT} {LOCAL_UNIT}")
-    for port in (5000, 5100):
+    for port in (5000, 510):
         ctl.run(f"for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && break; sleep 0.2; done")
 
 
@@ -148,6 +148,23 @@ def test_with_the_cache_stopped_the_second_mirror_serves():
         assert re.search(r"GET /v2/berth/mpi-test/manifests/1 ", log_since(CONTROLLER, LOCAL_UNIT, mark))
     finally:
         restart_cache_and_local()
+
+
+def test_while_the_cache_restarts_no_user_can_answer_on_its_port():
+    """The size timer stops and starts the cache. On a port any user could
+    bind (the role's old 5100), alice, who logs in to this host, could
+    answer the nodes' plain-HTTP pulls with her own images meanwhile."""
+    ctl = node(CONTROLLER)
+    port = CACHE.rsplit(":", 1)[1]
+    bind = f"runuser -u alice -- python3 -c 'import socket; socket.socket().bind((\"\", {port}))'"
+    try:
+        ctl.check_output(f"systemctl stop {CACHE_UNIT}")
+        taken = ctl.run(bind)
+        assert taken.rc == 1 and "PermissionError: [Errno 13] Permission denied" in taken.stderr
+    finally:
+        restart_cache_and_local()
+    listening = ctl.check_output(f"ss -Hltnp 'sport = :{port}'")
+    assert '"docker-registry"' in listening, listening
 
 
 def test_with_every_entry_down_the_error_names_each_place_tried():

@@ -19,8 +19,16 @@ units = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(units)
 
 
-def registry_cache_problems(upstreams, max_size="", certificate="", key=""):
-    """The problems of registry_cache_upstreams and the knobs beside it."""
+def registry_cache_problems(upstreams, max_size="", certificate="", key="",
+                            unprivileged_port_start=None):
+    """The problems of registry_cache_upstreams and the knobs beside it.
+    unprivileged_port_start: the cache host's lowest port any user may bind
+    (net.ipv4.ip_unprivileged_port_start), or None where it was not read.
+    Served as plain HTTP, the cache must listen below it: the nodes trust
+    whatever answers there, and a user of the cache host could bind an
+    unprivileged port while the instance restarts (its size timer stops and
+    starts it) and answer their pulls with her own images. With TLS the
+    certificate is what the nodes trust, and any port will do."""
     problems = []
     if not isinstance(upstreams, list):
         return ["registry_cache_upstreams: expected a list of upstreams"]
@@ -52,6 +60,14 @@ def registry_cache_problems(upstreams, max_size="", certificate="", key=""):
             problems.append(f"{where}.port: {port} is also registry_cache_upstreams[{ports[port]}]'s")
         else:
             ports[port] = index
+            if unprivileged_port_start is not None and not certificate \
+                    and port >= unprivileged_port_start:
+                problems.append(
+                    f"{where}.port: {port} may be bound by any user of this host "
+                    f"(net.ipv4.ip_unprivileged_port_start is {unprivileged_port_start}), and the "
+                    "cache serves plain HTTP: one could answer the nodes' pulls while the cache "
+                    f"restarts; use a port below {unprivileged_port_start}, or set "
+                    "registry_cache_tls_certificate and registry_cache_tls_key")
         if ("username" in upstream) != ("password" in upstream):
             problems.append(f"{where}: give both username and password, or neither")
     if max_size not in ("", None) and units.size(str(max_size)) is None:
