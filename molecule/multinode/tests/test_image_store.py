@@ -168,6 +168,34 @@ def test_one_user_holds_at_most_four_of_a_nodes_store_connections(store):
         host.run("pkill -u alice -f berth-store-slot-holder")
 
 
+def test_one_users_hourly_share_of_the_store_holds_on_every_node(store):
+    """Any user could make the store import image after image for everyone
+    to hold. Alice's imports of the last hour, written down on one node, are
+    counted on the other; past her share she imports for herself, bob is
+    served from the store, and nobody but the store's account opens a lock."""
+    record = f"/shared/berth/users/{UIDS['alice']}"
+    ctl = node(CONTROLLER)
+    ctl.check_output("skopeo copy -q --dest-tls-verify=false docker-archive:/opt/berth-images/"
+                     f"mpi-test.tar docker://localhost:5000/berth/store-share:{RUN}")
+    ask = f"berth import --cache-only docker://{CONTROLLER}:5000#berth/store-share:{RUN}"
+    writer, asked = node(COMPUTE[1]), node(COMPUTE[0])
+    writer.check_output(f"runuser -u berth-store -- sh -c 'now=$(date +%s); for i in $(seq 20); "
+                        f"do echo \"$now 1 1000\"; done > {record}'")
+    try:
+        mine = asked.run(f"cd /tmp && runuser -u alice -- {ask}")
+        assert mine.rc == 0, mine.stderr
+        assert (f"uid {UIDS['alice']} used its hourly share of the store's imports (20 images "
+                "or 100.0G): 20, 19.5K, in the last hour; importing into your own cache") \
+            in mine.stderr, mine.stderr
+        assert mine.stdout.startswith(f"/var/lib/berth/cache/{UIDS['alice']}/images/")
+        theirs = asked.run(f"cd /tmp && runuser -u bob -- {ask}")
+        assert theirs.rc == 0 and theirs.stdout.startswith(f"{store}/images/"), theirs.stderr
+    finally:
+        writer.check_output(f"rm -f {record}")
+    locks = asked.run("runuser -u bob -- ls /shared/berth/locks")
+    assert locks.rc != 0 and "Permission denied" in locks.stderr
+
+
 def test_a_private_image_stays_in_its_users_cache(store):
     before = store_images()
     job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={PRIVATE} true", "alice")
