@@ -6,6 +6,7 @@ argument that failed, so callers can turn it into a message naming it.
 
 import ctypes
 import os
+import sys
 
 # The C library Python itself runs on (find_library would spawn ldconfig).
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -85,6 +86,33 @@ def umount2(target, flags=0):
 
 def pivot_root(new_root, put_old):
     _syscall("pivot_root", os.fsencode(new_root), os.fsencode(put_old))
+
+
+# struct ifreq: the interface's name (16 bytes), then (for these requests)
+# its flags; 40 bytes in all
+_IFREQ_SIZE = 40
+_IFREQ_FLAGS = 16
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+_AF_INET = 2
+_SOCK_DGRAM_CLOEXEC = 2 | 0o2000000
+
+
+def interface_up(name):
+    """Set interface `name` of this net namespace up (ioctl SIOCSIFFLAGS).
+    Through libc: it runs after pivot_root, where no Python module is left
+    to import."""
+    fd = _check(_libc.socket(_AF_INET, _SOCK_DGRAM_CLOEXEC, 0), "socket")
+    try:
+        request = ctypes.create_string_buffer(name.encode(), _IFREQ_SIZE)
+        _check(_libc.ioctl(fd, _SIOCGIFFLAGS, request), f"SIOCGIFFLAGS {name}")
+        flags = int.from_bytes(request.raw[_IFREQ_FLAGS:_IFREQ_FLAGS + 2], sys.byteorder)
+        ctypes.memmove(ctypes.addressof(request) + _IFREQ_FLAGS,
+                       (flags | _IFF_UP).to_bytes(2, sys.byteorder), 2)
+        _check(_libc.ioctl(fd, _SIOCSIFFLAGS, request), f"SIOCSIFFLAGS {name}")
+    finally:
+        os.close(fd)
 
 
 def prctl(option, arg2=0, arg3=0, arg4=0, arg5=0):

@@ -340,7 +340,7 @@ def test_mounts_from_options_and_fstab(berth, app):
     ("{host}:/x:ro:extra", "-m {host}:/x:ro:extra: expected SRC[:DST[:FLAGS]]"),
     (":/x", "-m :/x: expected SRC[:DST[:FLAGS]]"),
     ("{host}:/x:ro+bogus", "unknown mount flag 'bogus'"),
-    ("/no/such/dir:/x", "-m /no/such/dir:/x: mount source /no/such/dir does not exist"),
+    ("/no/such/dir:/x", "-m /no/such/dir:/x: mount source path does not exist: /no/such/dir"),
 ])
 def test_bad_mount_specs_are_refused(berth, app, spec, needle):
     host = berth.base / "host"
@@ -388,6 +388,11 @@ def test_unshare_pid_net_uts(berth, app):
     assert berth.ok("start", "--net", "app", "ls", "/sys/class/net").split() == ["lo"]
     links = berth.ok("start", "--net", "app", "cat", "/proc/net/dev").splitlines()[2:]
     assert [line.split(":")[0].strip() for line in links] == ["lo"]
+    # its loopback is up, as enroot's: a closed port refuses; nothing else is reachable
+    tried = berth("start", "--net", "app", "sh", "-c",
+                  "nc 127.0.0.1 9 </dev/null; nc 192.0.2.1 9 </dev/null")
+    assert "127.0.0.1): Connection refused" in tried.stderr, tried.stderr
+    assert "192.0.2.1): Network is unreachable" in tried.stderr, tried.stderr
     hostname = berth.ok("start", "--uts", "--root", "app", "sh", "-c", "hostname in && hostname")
     assert hostname == "in\n"
 

@@ -28,9 +28,10 @@ def isolate(flags):
 
     They are made by the container's one user namespace (the one the root
     was built in), so joining it first lets `berth exec` or the SPANK
-    plugin join all of them. A new net namespace gets its own sysfs, or,
-    where the kernel refuses one (inside Docker, a /sys with masked paths),
-    the host's /sys bound read-only; a new ipc namespace its own /dev/shm
+    plugin join all of them. A new net namespace has its loopback up (as
+    enroot's has: 127.0.0.1 answers, nothing else is reachable) and its own
+    sysfs, or, where the kernel refuses one (inside Docker, a /sys with
+    masked paths), the host's /sys bound read-only; a new ipc namespace its own /dev/shm
     and /dev/mqueue. With CLONE_NEWPID this forks: the parent gets the
     child's pid and should only wait for it; the child (pid 1) gets 0.
     """
@@ -38,6 +39,7 @@ def isolate(flags):
         return 0
     sc.unshare(flags)
     if flags & sc.CLONE_NEWNET:
+        sc.interface_up("lo")
         _own_sysfs()
     if flags & sc.CLONE_NEWIPC:
         _own_ipc_mounts()
