@@ -92,6 +92,34 @@ def test_remapped_root_gets_the_home_at_root(hooked, app):
         probe.unlink()
 
 
+def test_the_home_mounted_is_the_callers_HOME(hooked, app):
+    """As enroot's home mount: `HOME=/tmp srun --container-mount-home
+    --container-remap-root` finds /tmp's files at /root; a HOME that is no
+    absolute directory, or could break the mount line, is one line naming HOME."""
+    elsewhere = hooked.base / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "probe").write_text("from HOME\n")
+    hooked.chown(elsewhere)
+
+    def start(home, *args):  # (runuser would set HOME from the passwd entry)
+        command = hooked.command("start", *args)
+        at = command.index("/usr/bin/python3")
+        return subprocess.run([*command[:at], "env", f"HOME={home}", *command[at:]],
+                              env={**hooked.env, "ENROOT_MOUNT_HOME": "yes"}, cwd=hooked.base,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    out = start(elsewhere, "--root", "app", "sh", "-c", "echo $HOME; cat /root/probe")
+    assert out.stdout == "/root\nfrom HOME\n", out.stderr
+    out = start(elsewhere, "app", "sh", "-c", "echo $HOME; cat ~/probe")
+    assert out.stdout == f"{elsewhere}\nfrom HOME\n", out.stderr
+    for home, said in (("relative/dir", "HOME 'relative/dir' is not an absolute path"),
+                       ("/no/such/dir", "HOME /no/such/dir is not a directory"),
+                       (f"{elsewhere} /etc /x none bind", "HOME holds a space or control"),
+                       (f"{elsewhere}\n/etc /x none bind", "HOME holds a space or control")):
+        result = start(home, "--root", "app", "true")
+        assert result.returncode == 1 and f"10-home.sh: {said}" in result.stderr, result.stderr
+
+
 def test_remapped_root_sets_its_own_hostname(berth, app):
     out = berth.ok("start", "--root", "--uts", "app", "sh", "-c", "hostname foo && hostname")
     assert out == "foo\n"
