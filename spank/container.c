@@ -154,13 +154,13 @@ static int import_with_importer(spank_t sp, const struct step *st, const struct 
 /*
  * The lines logged about importing req->uri: the notice while it takes long
  * (with the digest resolved at submission, if any), and the headline of a
- * failure, in pyxis's words, which users grep for (the runtime's reason
- * follows it).
+ * failure, in pyxis's words with the image as the user gave it, which
+ * scripts grep for (the runtime's reason follows it).
  */
-static void import_messages(struct image_request *req, const char *resolved)
+static void import_messages(struct image_request *req, const char *image, const char *resolved)
 {
 	snprintf(req->headline, sizeof(req->headline), "failed to import docker image: %s",
-		 req->uri);
+		 image);
 	if (resolved != NULL)
 		snprintf(req->notice, sizeof(req->notice), "importing %s into this node's image "
 			 "cache (%s, as resolved at submission)", req->uri, resolved);
@@ -190,8 +190,8 @@ static int registry_request(spank_t sp, const struct container_flags *flags,
 	}
 	req->target = node_image(sp, req->uri, req->pinned, sizeof(req->pinned))
 		? req->pinned : req->uri;
-	import_messages(req, req->target == req->pinned ? strstr(req->pinned, "@sha256:") + 1
-							 : NULL);
+	import_messages(req, flags->image,
+			req->target == req->pinned ? strstr(req->pinned, "@sha256:") + 1 : NULL);
 	return 0;
 }
 
@@ -239,7 +239,7 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 			slurm_error("spank_berth: --container-image: '%s' is too long", flags->image);
 			return -1;
 		}
-		import_messages(&req, NULL);
+		import_messages(&req, flags->image, NULL);
 		if (conf->importer[0] != '\0')
 			return import_with_importer(sp, st, conf, flags, &req, sqsh);
 	}
@@ -333,6 +333,7 @@ static int write_pidfile(const char *pidfile, pid_t pid)
 static int attach_has_namespaces(const struct container_flags *flags, pid_t pid)
 {
 	static const char *const names[] = { "net", "ipc", "uts" };
+	static const char *const said[] = { "network", "IPC", "UTS" }; /* pyxis's words */
 
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		char theirs_path[64], ours_path[64];
@@ -347,13 +348,25 @@ static int attach_has_namespaces(const struct container_flags *flags, pid_t pid)
 			return -1;
 		}
 		if (theirs.st_ino == ours.st_ino && theirs.st_dev == ours.st_dev) {
-			slurm_error("spank_berth: --container-unshare=%s: the running container '%s' "
-				    "has no %s namespace of its own (start it with --container-unshare=%s)",
-				    names[i], flags->name, names[i], names[i]);
+			slurm_error("spank_berth: --container-unshare=%s requested but the container "
+				    "is not in a separate %s namespace: the running container '%s' was "
+				    "started without it (start it with --container-unshare=%s)",
+				    names[i], said[i], flags->name, names[i]);
 			return -1;
 		}
 	}
 	return 0;
+}
+
+/* "JOBID.STEPID" or "JOBID.batch": the name of an unnamed step's container. */
+static int is_step_label(const char *name)
+{
+	size_t jobid = strspn(name, "0123456789");
+	const char *stepid = name + jobid + 1;
+
+	return jobid > 0 && name[jobid] == '.' &&
+	       (strcmp(stepid, "batch") == 0 ||
+		(*stepid != '\0' && stepid[strspn(stepid, "0123456789")] == '\0'));
 }
 
 /* --container-name: attach to it running, or create it once and start it. */
@@ -373,6 +386,18 @@ static int prepare_named(spank_t sp, struct step *st, const struct plugin_conf *
 	if (lock_fd < 0)
 		return -1;
 	running = running_pid(pidfile, st->uid);
+	/*
+	 * Removed (berth remove -f) while a step still runs in it: that step's
+	 * root is gone, and the name is free for a new container, as in pyxis.
+	 * (An unnamed step's container has nothing on disk to remove.)
+	 */
+	if (running && flags->name_mode != NAME_NO_EXEC && !is_step_label(flags->name)) {
+		exists = container_exists(sp, st, conf, st->container);
+		if (exists < 0)
+			goto out;
+		if (!exists)
+			running = 0;
+	}
 	if (flags->name_mode == NAME_EXEC || (flags->name_mode == NAME_AUTO && running)) {
 		if (running == 0) {
 			slurm_error("spank_berth: --container-name: '%s' is not running on this node",
@@ -414,7 +439,7 @@ static int prepare_named(spank_t sp, struct step *st, const struct plugin_conf *
 	if (start_keeper(sp, st, conf, flags, st->container, NULL, 1) < 0)
 		goto out;
 started:
-	if (running == 0) {
+	if (running == 0) { /* (the old step's end leaves a pid file it no longer names) */
 		if (write_pidfile(pidfile, st->container_pid) < 0)
 			goto out;
 		strcpy(st->pidfile, pidfile);
@@ -423,17 +448,6 @@ started:
 out:
 	close(lock_fd);
 	return rc;
-}
-
-/* "JOBID.STEPID" or "JOBID.batch": the name of an unnamed step's container. */
-static int is_step_label(const char *name)
-{
-	size_t jobid = strspn(name, "0123456789");
-	const char *stepid = name + jobid + 1;
-
-	return jobid > 0 && name[jobid] == '.' &&
-	       (strcmp(stepid, "batch") == 0 ||
-		(*stepid != '\0' && stepid[strspn(stepid, "0123456789")] == '\0'));
 }
 
 /*
