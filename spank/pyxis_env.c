@@ -39,14 +39,15 @@ int apply_pyxis_env(struct container_flags *flags, env_lookup get, void *ctx,
 	};
 	static const struct {
 		const char *var;
-		enum switch_id on, off; /* off == on: false means nothing */
+		enum switch_id on, off; /* what true and false set; off == on: false means nothing */
 	} switches[] = {
 		{ "PYXIS_CONTAINER_MOUNT_HOME", SW_MOUNT_HOME, SW_NO_MOUNT_HOME },
 		{ "PYXIS_CONTAINER_REMAP_ROOT", SW_REMAP_ROOT, SW_NO_REMAP_ROOT },
 		{ "PYXIS_CONTAINER_ENTRYPOINT", SW_ENTRYPOINT, SW_NO_ENTRYPOINT },
 		{ "PYXIS_CONTAINER_ENTRYPOINT_LOG", SW_ENTRYPOINT_LOG, SW_ENTRYPOINT_LOG },
-		{ "PYXIS_CONTAINER_WRITABLE", SW_WRITABLE, SW_WRITABLE },
-		{ "PYXIS_CONTAINER_READONLY", SW_READONLY, SW_READONLY },
+		/* false is the other one, so that it beats ENROOT_ROOTFS_WRITABLE too */
+		{ "PYXIS_CONTAINER_WRITABLE", SW_WRITABLE, SW_READONLY },
+		{ "PYXIS_CONTAINER_READONLY", SW_READONLY, SW_WRITABLE },
 	};
 	/* the switches of the command line, before any variable sets more */
 	unsigned given = flags->given;
@@ -69,8 +70,7 @@ int apply_pyxis_env(struct container_flags *flags, env_lookup get, void *ctx,
 	}
 	for (size_t i = 0; i < sizeof(switches) / sizeof(switches[0]); i++) {
 		enum switch_id on = switches[i].on, off = switches[i].off, sw;
-		int other = switch_opposite(on);
-		int b;
+		int other, b;
 
 		value = get(switches[i].var, ctx);
 		if (value == NULL || value[0] == '\0')
@@ -83,9 +83,9 @@ int apply_pyxis_env(struct container_flags *flags, env_lookup get, void *ctx,
 		sw = b ? on : off;
 		if (!b && off == on)
 			continue;
+		other = switch_opposite(sw);
 		/* the flag wins: its pair given on the command line */
-		if ((given & (1u << on)) || (given & (1u << off)) ||
-		    (other >= 0 && (given & (1u << other))))
+		if ((given & (1u << sw)) || (other >= 0 && (given & (1u << other))))
 			continue;
 		if (other >= 0 && from_env[other] != NULL)
 			return fail(err, errlen, "%s and %s were both specified; give one of them",

@@ -364,6 +364,21 @@ static void test_pyxis_env(void)
 						    "PYXIS_CONTAINER_READONLY=1", NULL }),
 		"PYXIS_CONTAINER_WRITABLE and PYXIS_CONTAINER_READONLY were both specified");
 	flags_free(&f);
+	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_WRITABLE=0",
+						    "PYXIS_CONTAINER_READONLY=0", NULL }),
+		"PYXIS_CONTAINER_WRITABLE and PYXIS_CONTAINER_READONLY were both specified");
+	flags_free(&f);
+
+	/* false is the other switch, set explicitly: it beats ENROOT_ROOTFS_WRITABLE */
+	ACCEPTED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_WRITABLE=0", NULL }));
+	CHECK(f.writable == OFF);
+	flags_free(&f);
+	ACCEPTED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_READONLY=no", NULL }));
+	CHECK(f.writable == ON);
+	flags_free(&f);
+	ACCEPTED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_ENTRYPOINT_LOG=0", NULL }));
+	CHECK(f.entrypoint_log == 0);
+	flags_free(&f);
 }
 
 static void test_name(struct container_flags *f)
