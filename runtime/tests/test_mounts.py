@@ -168,9 +168,9 @@ def test_destination_that_escapes_the_root_fails_naming_it(berth, app, host):
 
 def test_missing_source_fails_naming_it_unless_nofail(berth, app):
     berth.fails("start", "-m", "/no/such/dir:/x", "app", "true",
-                needle="mount source /no/such/dir does not exist")
+                needle="mount source path does not exist: /no/such/dir")
     berth.fails("start", "-m", "missing:/x", "app", "true",
-                needle=f"mount source {berth.base}/missing does not exist")
+                needle=f"mount source path does not exist: {berth.base}/missing")
     berth.ok("start", "-m", "/no/such/dir:/x:nofail", "app", "true")
 
 

@@ -274,7 +274,8 @@ def apply(root, mount):
             data.append(option)
     try:
         if (mount.is_bind or mount.is_squashfs) and not os.path.exists(mount.source):
-            raise BerthError(f"mount source {mount.source} does not exist")
+            # (pyxis's words, which scripts grep for, then the path)
+            raise BerthError(f"mount source path does not exist: {mount.source}")
         if mount.is_squashfs and not _is_squashfs(mount.source):
             raise BerthError(f"mount source {mount.source} is not a squashfs image")
         target = resolve_target(root, mount.target)
