@@ -187,7 +187,7 @@ check "the batch step's container joined as JOBID.batch" "sbatch -W -o joinb.txt
 check "JOBID.STEPID of no running step" "srun --container-name=999.0:exec true" "'999.0' is not running on this node"
 
 # nothing listens on localhost:1: the runtime's import fails at once
-check "a failed import says so in pyxis's words, once per node and step" "srun -n2 --container-image=localhost:1#no/such:1 true 2>&1 | grep -c 'spank_berth: failed to import docker image: docker://localhost:1#no/such:1'" "1"
+check "a failed import says so in pyxis's words, once per node and step" "srun -n2 --container-image=localhost:1#no/such:1 true 2>&1 | grep -c 'spank_berth: failed to import docker image: localhost:1#no/such:1'" "1"
 check "a failed import: the runtime's reason in a line of its own" "srun --container-image=localhost:1#no/such:1 true" "error: spank_berth: berth import: "
 if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's own tests
     calls=/var/tmp/fake-berth-1000/calls
@@ -314,6 +314,10 @@ check "sbatch --environment, resolved at submission only" "id=\$(EDF_SRC=/srv/da
 /data"
 check "salloc --environment" "EDF_SRC=/srv/data salloc -Q --environment=e2e srun cat /data/hello" "hello-from-host"
 if [[ $mode == real ]]; then
+    # a flag, or its PYXIS_CONTAINER_* variable, beats the enroot variable of the task's environment
+    check "--container-readonly beats ENROOT_ROOTFS_WRITABLE=yes of the environment" "ENROOT_ROOTFS_WRITABLE=yes srun $img --container-readonly sh -c 'touch /probe 2>/dev/null && echo writable || echo read-only'" "read-only"
+    check "PYXIS_CONTAINER_WRITABLE=0 beats it as the flag does" "ENROOT_ROOTFS_WRITABLE=yes PYXIS_CONTAINER_WRITABLE=0 srun $img sh -c 'touch /probe 2>/dev/null && echo writable || echo read-only'" "read-only"
+    check "--no-container-remap-root beats ENROOT_REMAP_ROOT=yes of the environment" "ENROOT_REMAP_ROOT=yes srun $img --no-container-remap-root id -u" "1000"
     check "--environment \${VAR} from the submitter" "EDF_SRC=/srv/registry srun --environment=e2e ls /data" "image.sqsh"
     check "--environment annotations reach the hooks" "$edf env" "HOOK_SAW=vanilla"
     check "--environment=PATH.toml" "EDF_SRC=/srv/data srun --environment=/home/alice/.edf/e2e.toml cat /data/hello" "hello-from-host"
@@ -338,8 +342,27 @@ as_alice "srun --container-name=live --container-remap-root $img sh -c 'mount -t
 sleep 3
 check "named container :exec joins the running one" "srun --container-name=live:exec cat /mnt/flag" "up"
 check "attaching: --container-mounts ignored, saying so" "srun --container-name=live --container-mounts=/srv/data:/data cat /mnt/flag" "warning: --container-mounts ignored: attaching to the running container 'live'"
-check "attaching with --container-unshare needs the container's own namespace" "srun --container-name=live:exec --container-unshare=net true" "the running container 'live' has no net namespace of its own"
+check "attaching with --container-unshare needs the container's own namespace" "srun --container-name=live:exec --container-unshare=net true" "--container-unshare=net requested but the container is not in a separate network namespace: the running container 'live' was started without it"
 check "named container :no_exec starts its own" "srun --container-name=live:no_exec ls /mnt | grep -c flag" "0"
+wait
+# Removed while a step still runs in it (cleanup scripts do): the name is
+# free, as in pyxis; joining the old step's root, deleted, failed every task.
+# The old and the new step run until cancelled (at most two jobs at once).
+running() { as_alice "for i in \$(seq 60); do squeue -h -n $1 -t R | grep -q . && exit; sleep 0.5; done"; }
+as_alice "srun -J gone-old --container-name=gone --container-remap-root $img sh -c 'mount -t tmpfs none /mnt && echo up > /mnt/flag && exec sleep 300'" >/dev/null &
+running gone-old
+sleep 2
+check "a removed named container: :exec finds none running" "berth remove -f pyxis_gone && srun --container-name=gone:exec true" "'gone' is not running on this node"
+check "a removed named container: made anew from the image, with its mounts" "srun --container-name=gone --container-mounts=/srv/data:/data $img sh -c 'cat /data/hello; ls /mnt | grep -c flag || true'" "hello-from-host
+0"
+# the old step ends while the new one runs: the name's record stays the new one's
+as_alice "berth remove -f pyxis_gone"
+as_alice "srun -J gone-new --container-name=gone --container-remap-root $img sh -c 'mount -t tmpfs none /mnt && echo new > /mnt/mark && exec sleep 300'" >/dev/null &
+running gone-new
+sleep 3
+as_alice "scancel -n gone-old; while squeue -h -n gone-old | grep -q .; do sleep 0.5; done"
+check "a removed named container: the new one is joined, after the old one ended too" "srun --container-name=gone cat /mnt/mark" "new"
+as_alice "scancel -n gone-new"
 wait
 check "named container exec needs it running" "srun --container-name=keep:exec true" "is not running on this node"
 check "named container neither on disk nor given an image" "srun --container-name=nowhere true" "no --container-image to create it from"
