@@ -115,11 +115,20 @@ static size_t read_line(int fd, char *line, size_t len, const char *slow_notice)
 	return used;
 }
 
-/* A digest line as the runtime prints it: sha256:, then 64 hex digits. */
-static int is_digest(const char *line)
+/*
+ * A digest line as the runtime prints it: sha256:, then 64 hex digits, then
+ * " cached" where the image was there before; that word is cut off and
+ * said in *cached.
+ */
+static int is_digest(char *line, int *cached)
 {
-	return strncmp(line, "sha256:", 7) == 0 && strlen(line + 7) == 64 &&
-	       strspn(line + 7, "0123456789abcdef") == 64;
+	if (strncmp(line, "sha256:", 7) != 0 || strspn(line + 7, "0123456789abcdef") != 64)
+		return 0;
+	*cached = strcmp(line + 71, " cached") == 0;
+	if (!*cached && line[71] != '\0')
+		return 0;
+	line[71] = '\0';
+	return 1;
 }
 
 /*
@@ -168,7 +177,7 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 	in_pipe[1] = -1;
 	imported = image == NULL ||
 		   (read_line(out_pipe[0], image->digest, sizeof(image->digest), image->notice) > 0 &&
-		    is_digest(image->digest));
+		    is_digest(image->digest, &image->cached));
 	used = imported ? read_line(out_pipe[0], line, sizeof(line), NULL) : 0;
 	st->container_pid = (pid_t)strtol(line, NULL, 10);
 	if (used == 0 || st->container_pid <= 0 || strspn(line, "0123456789") != used) {

@@ -27,6 +27,7 @@ struct image_request {
 	char notice[PATH_MAX * 2 + 64];    /* logged when the import takes a while */
 	char headline[PATH_MAX + 64];      /* logged first when it fails */
 	char digest[128];                  /* out: the digest it was pulled by */
+	int cached;                        /* out: the image was there before the step */
 };
 
 /*

@@ -147,7 +147,8 @@ def test_start_with_reuse_asks_no_registry(pulling, proxy, registry):
 
     process, digest, pid = detached(berth, "--reuse", uri_of(proxy))
     try:
-        assert digest == f"{registry.busybox_digest}\n"
+        # the image was there before: said on the digest line, for the plugin's message
+        assert digest == f"{registry.busybox_digest} cached\n"
         assert proxy.requests == []  # not even the manifest
         assert berth("exec", pid, "cat", "/etc/os-release").stdout == OS_RELEASE
     finally:

@@ -521,7 +521,7 @@ def test_start_of_a_registry_image_takes_the_stores_entry(site, service, proxy, 
     again = start(BOB, "--detach", "--reuse", uri)
     assert again.returncode == 0, again.stderr
     lines = again.stdout.splitlines()
-    assert len(lines) == 2 and lines[0] == digest and lines[1].isdigit(), again.stdout
+    assert len(lines) == 2 and lines[0] == f"{digest} cached" and lines[1].isdigit(), again.stdout
     assert proxy.requests == [] and len(service.results) == served
     assert tree(site.store) == before
     assert site.own_images(BOB) == []

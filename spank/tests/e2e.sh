@@ -196,6 +196,10 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     reg="--container-image=registry.local#test/img:1"
     check "registry image imported" "srun $reg cat /etc/os-release" "ID=berth-test"
     check "registry image reused" "srun $reg cat /etc/os-release" "ID=berth-test"
+    # pyxis's two lines for each node of a step with a registry image, which scripts count on
+    lines="--container-image=registry.local#test/lines:1"
+    check "a registry image: pyxis's two lines" "srun $lines true 2>&1 | grep -c -e 'pyxis: importing docker image: registry.local#test/lines:1\$' -e 'pyxis: imported docker image: registry.local#test/lines:1\$'" "2"
+    check "a registry image the node had: said so on the second line" "srun $lines true 2>&1 | grep -c 'pyxis: imported docker image: registry.local#test/lines:1 (this node had it: nothing was downloaded)'" "1"
     check "each srun resolves the tag once, on the submit side" "grep -c '^import --resolve docker://registry.local#test/img:1\$' $calls" "2"
     img_digest=$(pin img:1 0)
     check "each step has its keeper import the pinned URI" "grep -c '^start --detach .*--reuse docker://registry.local#test/img@$img_digest\$' $calls" "2"

@@ -355,12 +355,14 @@ URI_PREFIX = "docker://"
 def _pulled(args, cfg, uri):
     """start docker://URI: the image cache's squashfs of URI, as `berth
     import --cache-only [--reuse] URI` finds or makes it. With --detach, the
-    digest it was pulled by goes to stdout at once, a line before the pid's."""
+    digest it was pulled by goes to stdout at once, a line before the pid's,
+    followed by " cached" when the image was there already (the plugin
+    tells the user that nothing was downloaded)."""
     from berth.image import importer  # (only here: starts of a name or a file need none of it)
-    image, digest = importer.cached_squashfs(cfg, uri, args.reuse, args.quiet,
-                                             store_client=args.store_client)
+    image, digest, found = importer.cached_squashfs(cfg, uri, args.reuse, args.quiet,
+                                                    store_client=args.store_client)
     if args.detach:
-        print(digest, flush=True)
+        print(f"{digest} cached" if found else digest, flush=True)
     return image
 
 

@@ -67,17 +67,20 @@ def _interruptible():
 
 def cached_squashfs(cfg, uri, reuse=False, quiet=False, arch=None, digest=True,
                     store_client=None):
-    """(path, digest): the image cache's squashfs of `uri` (a registry
+    """(path, digest, found): the image cache's squashfs of `uri` (a registry
     reference or an image archive), found or made as `berth import
     --cache-only [--reuse] URI` does (the shared image store's entry where
-    it serves, registries.conf's rules, the cache's locks), and the digest
-    it was pulled by as its image.json records it (None unless `digest`).
+    it serves, registries.conf's rules, the cache's locks), the digest
+    it was pulled by as its image.json records it (None unless `digest`),
+    and whether it was there already: taken by --reuse or found in the
+    user's cache, nothing downloaded (a store's answer counts as made: the
+    store may have pulled it for this request).
     What `import --cache-only` prints, and what `berth start docker://URI`
     starts. Interruptible as an import is (see _interruptible).
     store_client: a function that gives the shared image store's client
     (cli.store_client); None: no store."""
     args = argparse.Namespace(uri=uri, reuse=reuse, quiet=quiet, arch=arch, cache_only=True,
-                              store_client=store_client)
+                              store_client=store_client, found=True)
     with _interruptible():
         ref, rules = _source(args, cfg)
         if rules is not None:
@@ -86,11 +89,11 @@ def cached_squashfs(cfg, uri, reuse=False, quiet=False, arch=None, digest=True,
         safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
         with _cached_image(args, cfg, ref) as image:
             if not digest:
-                return image, None
+                return image, None, args.found
             # a pinned URI's entry was pulled by that digest (the cache key
             # holds the URI): not opened to read it, on every cached step
             pinned = ref.digest if isinstance(ref, reference.Reference) else ""
-            return image, pinned or squash.recorded_digest(image)
+            return image, pinned or squash.recorded_digest(image), args.found
 
 
 def _source(args, cfg):
@@ -113,8 +116,8 @@ def _import(args, cfg):
     if args.resolve and (args.reuse or args.dry_run or args.digest):
         raise BerthError("--resolve: not with --reuse, --dry-run or --digest")
     if args.cache_only and not args.dry_run:
-        image, digest = cached_squashfs(cfg, args.uri, args.reuse, args.quiet, args.arch,
-                                        args.digest, args.store_client)
+        image, digest, _ = cached_squashfs(cfg, args.uri, args.reuse, args.quiet, args.arch,
+                                           args.digest, args.store_client)
         print(image)
         if args.digest:
             print(digest)
@@ -185,6 +188,7 @@ def _cached_image(args, cfg, ref):
     if shared:
         image = store.ask(cfg, args.uri, args.quiet)
         if image is not None:
+            args.found = False
             yield image
             return
     if isinstance(ref, archive.Archive):

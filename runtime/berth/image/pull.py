@@ -49,13 +49,14 @@ def build_cached(args, cfg, images, options, ref, source, manifest, digest, mani
     missing, locked while in use and remembered as the latest of args.uri.
     A build runs inside building(image) (the store counts its users'
     imports there) and, with keep_free, unpacks within the temporary
-    filesystem's free floor (layers.Room)."""
+    filesystem's free floor (layers.Room); it sets args.found False."""
     key = images.key(manifest_digest, digest, args.uri, options)
     with images.locked(key, ref, args.quiet):
         image = images.lookup(key, args.quiet)
         if image is None:
             images.remove_partials(key)
             image = images.path(key)
+            args.found = False
             with building(image):
                 _build(args, cfg, source, ref, manifest, digest, image, keep_free)
         elif not args.quiet:
