@@ -287,14 +287,11 @@ int container_exists(spank_t sp, const struct step *st, const struct plugin_conf
 	return 0;
 }
 
-/* pid of a running container recorded in pidfile, or 0. */
-static pid_t running_pid(const char *pidfile, uid_t uid)
+long pidfile_pid(const char *pidfile)
 {
-	char buf[32], proc[64];
-	struct stat st;
+	char buf[32];
 	ssize_t n;
-	long pid;
-	int fd = open(pidfile, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	int fd = open(pidfile, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
 
 	if (fd < 0)
 		return 0;
@@ -303,7 +300,16 @@ static pid_t running_pid(const char *pidfile, uid_t uid)
 	if (n <= 0)
 		return 0;
 	buf[n] = '\0';
-	pid = strtol(buf, NULL, 10);
+	return strtol(buf, NULL, 10);
+}
+
+/* pid of a running container recorded in pidfile, or 0. */
+static pid_t running_pid(const char *pidfile, uid_t uid)
+{
+	char proc[64];
+	struct stat st;
+	long pid = pidfile_pid(pidfile);
+
 	snprintf(proc, sizeof(proc), "/proc/%ld", pid);
 	if (pid <= 0 || stat(proc, &st) < 0 || st.st_uid != uid)
 		return 0;

@@ -26,6 +26,10 @@ int step_init(spank_t sp, struct step *st, const struct plugin_conf *conf,
 int setup_container(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		    const struct container_flags *flags);
 
+/* The pid a named container's pid file holds (read without following a
+ * link), or 0. */
+long pidfile_pid(const char *pidfile);
+
 /* Does "berth list" name the container? 1, 0, or -1 (logged). */
 int container_exists(spank_t sp, const struct step *st, const struct plugin_conf *conf,
 		     const char *name);

@@ -12,28 +12,9 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-/* Does the pid file still name this step's keeper? A step that found its
- * container removed and started a new one under the name wrote its own. */
-static int pidfile_names(const char *pidfile, pid_t pid)
-{
-	char buf[32];
-	ssize_t n;
-	int fd = open(pidfile, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-
-	if (fd < 0)
-		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
-	return strtol(buf, NULL, 10) == (long)pid;
-}
 
 /*
  * In a child that is the user (the tree is the user's, and any part of it
@@ -47,7 +28,9 @@ static void remove_user_files_child(const struct step *st, int with_dir)
 	int failed = 0, fd;
 	ssize_t n;
 
-	if (st->pidfile[0] != '\0' && pidfile_names(st->pidfile, st->container_pid) &&
+	/* (a step that found its container removed and started a new one under
+	 * the name wrote its own keeper's pid there) */
+	if (st->pidfile[0] != '\0' && pidfile_pid(st->pidfile) == (long)st->container_pid &&
 	    unlink(st->pidfile) < 0 && errno != ENOENT)
 		failed = errno;
 	if (!with_dir)
