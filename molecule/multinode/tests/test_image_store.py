@@ -179,8 +179,10 @@ def test_one_users_hourly_share_of_the_store_holds_on_every_node(store):
                      f"mpi-test.tar docker://localhost:5000/berth/store-share:{RUN}")
     ask = f"berth import --cache-only docker://{CONTROLLER}:5000#berth/store-share:{RUN}"
     writer, asked = node(COMPUTE[1]), node(COMPUTE[0])
-    writer.check_output(f"runuser -u berth-store -- sh -c 'now=$(date +%s); for i in $(seq 20); "
-                        f"do echo \"$now 1 1000\"; done > {record}'")
+    # (the store's first request makes users/; this test may be the first)
+    writer.check_output(f"runuser -u berth-store -- sh -c 'mkdir -p -m 0700 /shared/berth/users && "
+                        f"now=$(date +%s); for i in $(seq 20); do echo \"$now 1 1000\"; "
+                        f"done > {record}'")
     try:
         mine = asked.run(f"cd /tmp && runuser -u alice -- {ask}")
         assert mine.rc == 0, mine.stderr
