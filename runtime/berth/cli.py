@@ -233,6 +233,8 @@ def parser(verb=None):
     """The argument parser; given a verb, with that verb's sub-parser alone."""
     p = argparse.ArgumentParser(prog=prog(), description=__doc__.splitlines()[0])
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    p.add_argument("--verbose", action="store_true",
+                   help="everything mksquashfs says (its statistics), as enroot shows it")
     p.add_argument("-v", "--version", action="version", version=__version__)
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     for name, (add, _) in VERBS.items():

@@ -155,7 +155,8 @@ def test_docker_save_legacy_archive(tmp_path, env):
     archive = write_tar(tmp_path / "app.tar", docker_save_legacy())
     uri = f"docker-archive:{archive}"
     result = imported(tmp_path, env, uri)
-    assert result.stderr == ""
+    assert result.stderr.startswith(f"berth: imported {uri} to {tmp_path}/app.sqsh (")
+    assert result.stderr.count("\n") == 1
     root = check_root(tmp_path, tmp_path / "app.sqsh")  # named after the file
     config = read_image_config(root)
     assert config["env"] == ["GREETING=from the archive"]

@@ -86,7 +86,9 @@ def umask():
 def test_second_import_copies_the_cached_image(tmp_path, env, proxy):
     result = berth(["import", "-o", "first.sqsh", uri_of(proxy)], env, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    [summary] = result.stderr.splitlines()  # the line an import ends with, alone
+    assert summary.startswith(f"berth: imported {uri_of(proxy)} to {tmp_path}/first.sqsh (")
+    assert not summary.endswith("(nothing downloaded)")
     [entry] = entries(tmp_path)
     assert stat.S_IMODE(entry.stat().st_mode) == 0o644 & ~umask()
     os.utime(entry, (time.time() - 9 * DAY,) * 2)
@@ -97,8 +99,9 @@ def test_second_import_copies_the_cached_image(tmp_path, env, proxy):
     result = berth(["import", "-o", "second.sqsh", uri_of(proxy)],
                    failing_mksquashfs(tmp_path, env), tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr == f"berth: using the cached squashfs of {proxy.host}/test/app:v1: " \
-                            f"{entry}\n"
+    using, summary = result.stderr.splitlines()
+    assert using == f"berth: using the cached squashfs of {proxy.host}/test/app:v1: {entry}"
+    assert summary.endswith(", from the image cache (nothing downloaded)"), summary
     assert proxy.blob_requests() == []
     assert proxy.requests == ["/v2/test/app/manifests/v1"]  # a moved tag shows
     assert time.time() - entry.stat().st_mtime < 60  # used: last to be pruned
@@ -254,10 +257,12 @@ def test_concurrent_imports_build_the_image_once(tmp_path, env, proxy):
     assert [r.returncode for r in results.values()] == [0, 0], \
         [r.stderr for r in results.values()]
     assert log.read_text() == "run\n"
-    waited = [r.stderr for r in results.values() if r.stderr]
-    assert waited == [f"berth: waiting for another import of {proxy.host}/test/app:v1\n"
-                      f"berth: using the cached squashfs of {proxy.host}/test/app:v1: "
-                      f"{entries(tmp_path)[0]}\n"]
+    # (each ends with its summary line: the one that waited found the image made)
+    waited = [r.stderr.splitlines()[:-1] for r in results.values()
+              if "waiting" in r.stderr]
+    assert waited == [[f"berth: waiting for another import of {proxy.host}/test/app:v1",
+                       f"berth: using the cached squashfs of {proxy.host}/test/app:v1: "
+                       f"{entries(tmp_path)[0]}"]]
     assert (tmp_path / "a.sqsh").read_bytes() == (tmp_path / "b.sqsh").read_bytes()
 
 

@@ -101,8 +101,10 @@ def test_import_builds_a_self_describing_image(tmp_path, env, proxy, registry):
     uri = f"docker://{proxy.host}#test/app:v1"
     result = berth(["import", uri], env, tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""  # no progress when stderr is not a terminal
     image = tmp_path / "test+app+v1.sqsh"
+    # no progress when stderr is not a terminal: the one line an import ends with
+    assert re.fullmatch(rf"berth: imported {re.escape(uri)} to {re.escape(str(image))} "
+                        r"\([0-9.]+[BKMG]\) in [0-9]+\.[0-9] s\n", result.stderr), result.stderr
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(image.stat().st_mode) == 0o666 & ~umask  # an ordinary file
@@ -152,6 +154,13 @@ def test_progress_only_on_a_terminal_and_not_quiet(tmp_path, env, proxy):
     status, shown = on_a_terminal(["import", "-o", "a.sqsh", uri], env, tmp_path)
     assert status == 0, shown
     assert "downloading" in shown and "unpacking" in shown
+    # mksquashfs's bar, not its thirty lines of statistics: those with --verbose
+    assert "100%" in shown and "Exportable Squashfs" not in shown, shown
+    assert shown.rstrip().splitlines()[-1].startswith(f"berth: imported {uri} to ")
+    status, shown = on_a_terminal(["--verbose", "import", "-o", "v.sqsh", uri],
+                                  dict(env, ENROOT_CACHE_PATH=str(tmp_path / "c3")), tmp_path)
+    assert status == 0, shown
+    assert "Exportable Squashfs" in shown and "Number of files" in shown
     status, shown = on_a_terminal(["--quiet", "import", "-o", "b.sqsh", uri],
                                   dict(env, ENROOT_CACHE_PATH=str(tmp_path / "c2")), tmp_path)
     assert status == 0, shown
@@ -167,6 +176,7 @@ def test_second_import_downloads_no_layer(tmp_path, env, proxy, registry):
     result = berth(["import", "-o", "second.sqsh", uri], env, tmp_path)
     assert result.returncode == 0, result.stderr
     assert blob_downloads(proxy, layers) == []
+    assert result.stderr.endswith(", from the image cache (nothing downloaded)\n"), result.stderr
     assert "/etc/added" in listing(tmp_path / "first.sqsh")
     assert listing(tmp_path / "first.sqsh") == listing(tmp_path / "second.sqsh")
 

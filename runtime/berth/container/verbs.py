@@ -500,5 +500,6 @@ def cmd_export(args, cfg):
     # Setuid/setgid bits set inside the container would become root's in an
     # image owned by root: they go unless --keep-setuid.
     squash.make_squashfs(root, output, cfg, not args.quiet and sys.stderr.isatty(),
-                         all_root=os.getuid() != 0, strip_setuid=not getattr(args, "keep_setuid", False))
+                         all_root=os.getuid() != 0, strip_setuid=not getattr(args, "keep_setuid", False),
+                         verbose=args.verbose)
     return 0

@@ -32,6 +32,8 @@ import argparse
 import contextlib
 import os
 import signal
+import sys
+import time
 
 from berth import safedir
 from berth.errors import BerthError, Terminated, raise_terminated
@@ -110,6 +112,7 @@ def _source(args, cfg):
 
 
 def _import(args, cfg):
+    began = time.monotonic()
     if args.resolve and archive.is_archive(args.uri):
         raise BerthError(f"--resolve: '{args.uri}' is an archive; only registry (docker://) "
                          "references have a digest to resolve")
@@ -144,11 +147,27 @@ def _import(args, cfg):
     output = os.path.abspath(args.output or default)
     replace = cfg.flag("ENROOT_FORCE_OVERRIDE")
     _check_output(output, replace)
+    args.found = True
     with _cached_image(args, cfg, ref) as image:
         squash.require_space(os.path.dirname(output), os.path.getsize(image),
                              "the squashfs image")
         squash.copy_image(image, output, replace)
+    _summary(args, output, began)
     return 0
+
+
+def _summary(args, path, began):
+    """The one line an import to a file ends with (unless --quiet): where
+    the image went, its size, how long it took, and whether it was in the
+    image cache already. (--cache-only prints its path on stdout alone.)"""
+    if args.quiet:
+        return
+    from berth.image.cache import human_size
+    size = human_size(os.path.getsize(path))
+    print(f"berth: imported {args.uri} to {path} ({size}) in "
+          f"{time.monotonic() - began:.1f} s"
+          f"{', from the image cache (nothing downloaded)' if args.found else ''}",
+          file=sys.stderr)
 
 
 def _resolve(args, cfg, ref, plan):

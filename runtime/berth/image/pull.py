@@ -106,7 +106,8 @@ def _build(args, cfg, registry, ref, manifest, digest, image, keep_free):
             apply_layer(root, cache.path(layer_digest), layer_digest,
                         cfg["ENROOT_GZIP_PROGRAM"], room)
         write_image_config(root, image_config)
-        squash.make_squashfs(root, image, cfg, show_progress)
+        squash.make_squashfs(root, image, cfg, show_progress,
+                             verbose=getattr(args, "verbose", False))
 
 
 def _download(cache, registry, layers, cfg, show_progress, quiet):

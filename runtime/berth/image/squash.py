@@ -56,9 +56,12 @@ def options(cfg):
 _STRIP_SETUID = "chmod(ug-s)@!type(d) && perm(/u+s,g+s)"
 
 
-def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=False):
+def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=False,
+                  verbose=False):
     """Pack `root` into `output` (0644 less the umask) through a temporary
-    file next to it, replacing any `output` there. all_root stores every
+    file next to it, replacing any `output` there. show_progress: its
+    progress bar on stderr; verbose: all it prints (the thirty lines of
+    statistics enroot shows), else nothing but the bar. all_root stores every
     file as root's: a tree an unprivileged process unpacked (layers, or a
     container made by `berth create`) is all that user's, so the image is the
     same whoever made it, and its directories stay writable to root in a
@@ -68,13 +71,26 @@ def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=
     command = ["mksquashfs", root, partial, "-noappend", *(["-all-root"] if all_root else []),
                *options(cfg), "-processors", str(cfg.number("ENROOT_MAX_PROCESSORS")),
                *(["-action", _STRIP_SETUID] if strip_setuid else [])]
-    if not show_progress:  # (-quiet would be nicer, but squashfs-tools 4.4 lacks it)
+    if not show_progress and not verbose:  # (-quiet would do, but squashfs-tools 4.4 lacks it)
         command.append("-no-progress")
     try:
-        result = subprocess.run(command, stdout=sys.stderr if show_progress else subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, check=False)
+        if verbose:
+            result = subprocess.run(command, stdout=sys.stderr, stderr=subprocess.PIPE,
+                                    text=True, check=False)
+            said = result.stderr
+        else:
+            result = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            try:
+                said = _relay_progress(result.stdout, show_progress)
+                result.wait()
+            except BaseException:  # (SIGTERM, say): no waiting for it to finish
+                result.kill()
+                result.wait()
+                raise
+            finally:
+                result.stdout.close()
         if result.returncode != 0:
-            lines = (result.stderr or result.stdout or "").strip().splitlines()
+            lines = (said or "").strip().splitlines()
             raise BerthError(f"mksquashfs failed for {output}: "
                              f"{lines[-1] if lines else f'exit {result.returncode}'} "
                              f"({free_bytes(output)} bytes free in {os.path.dirname(output)})")
@@ -87,6 +103,38 @@ def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=
     finally:
         if os.path.lexists(partial):
             os.unlink(partial)
+
+
+def _relay_progress(stream, show):
+    """mksquashfs's output, read to its end and returned as text (its errors
+    are the last line); with show, its progress bar (from the first carriage
+    return to the statistics, which begin "Exportable") copied to stderr as
+    it comes."""
+    seen, sent, start, done = bytearray(), 0, -1, not show
+    while chunk := stream.read1(1 << 12):
+        before = len(seen)
+        seen += chunk
+        if done:
+            continue
+        if start < 0:
+            start = seen.find(b"\r")
+            if start < 0:
+                continue
+            sent = start
+        end = seen.find(b"Exportable", max(start, before - len(b"Exportable")))
+        if end < 0:  # (a newline may end the bar, or begin the statistics: held back)
+            upto = len(seen)
+            while upto > sent and seen[upto - 1] == ord("\n"):
+                upto -= 1
+        else:  # the bar's last line, with its newline
+            upto, done = seen.find(b"\n", seen.rfind(b"\r", 0, end)) + 1 or end, True
+        if upto > sent:
+            sys.stderr.buffer.write(bytes(seen[sent:upto]))
+            sys.stderr.flush()
+            sent = upto
+    if start >= 0 and sent > start and seen[sent - 1] != ord("\n"):
+        sys.stderr.write("\n")
+    return seen.decode(errors="replace")
 
 
 def copy_image(image, output, replace):
