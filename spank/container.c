@@ -380,7 +380,7 @@ static int prepare_named(spank_t sp, struct step *st, const struct plugin_conf *
 			 const struct container_flags *flags)
 {
 	char named[PATH_MAX], lock[PATH_MAX], pidfile[PATH_MAX], sqsh[PATH_MAX];
-	int lock_fd, exists, rc = -1;
+	int lock_fd, exists = -1, rc = -1; /* -1: berth list not asked yet */
 	pid_t running;
 
 	if (path_join(named, "%s/named", st->state_dir) < 0 ||
@@ -423,9 +423,11 @@ static int prepare_named(spank_t sp, struct step *st, const struct plugin_conf *
 	 * Most steps find their container on disk: start it straight away, and
 	 * pay for "berth list" only when that fails (or to refuse mode create).
 	 */
-	if (flags->name_mode != NAME_CREATE && start_keeper(sp, st, conf, flags, st->container, NULL, 0) == 0)
+	if (flags->name_mode != NAME_CREATE && exists != 0 &&
+	    start_keeper(sp, st, conf, flags, st->container, NULL, 0) == 0)
 		goto started;
-	exists = container_exists(sp, st, conf, st->container);
+	if (exists < 0)
+		exists = container_exists(sp, st, conf, st->container);
 	if (exists < 0)
 		goto out;
 	if (exists && flags->name_mode == NAME_CREATE) {
