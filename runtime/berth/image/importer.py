@@ -82,7 +82,7 @@ def cached_squashfs(cfg, uri, reuse=False, quiet=False, arch=None, digest=True,
     store_client: a function that gives the shared image store's client
     (cli.store_client); None: no store."""
     args = argparse.Namespace(uri=uri, reuse=reuse, quiet=quiet, arch=arch, cache_only=True,
-                              store_client=store_client, found=True)
+                              store_client=store_client)
     with _interruptible():
         ref, rules = _source(args, cfg)
         if rules is not None:
@@ -147,7 +147,6 @@ def _import(args, cfg):
     output = os.path.abspath(args.output or default)
     replace = cfg.flag("ENROOT_FORCE_OVERRIDE")
     _check_output(output, replace)
-    args.found = True
     with _cached_image(args, cfg, ref) as image:
         squash.require_space(os.path.dirname(output), os.path.getsize(image),
                              "the squashfs image")
@@ -185,7 +184,9 @@ def _resolve(args, cfg, ref, plan):
 def _cached_image(args, cfg, ref):
     """The image cache's squashfs for this import, locked (against prune) while
     in use; with a shared image store (args.store_client), the store's entry
-    when it has or makes one."""
+    when it has or makes one. Sets args.found: whether it was there already
+    (a build, or the store's answer, makes it False)."""
+    args.found = True
     from berth.image import squash
     from berth.image.cache import ImageCache
     store = args.store_client() if args.store_client else None
