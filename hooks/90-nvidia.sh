@@ -6,6 +6,8 @@
 # $ENROOT_ENVIRON: data, never this hook's own environment); appends to $ENROOT_MOUNTS the GPU device nodes,
 # the driver's libraries and programs, and to $ENROOT_ENVIRON LD_LIBRARY_PATH
 # (and CUDA_VISIBLE_DEVICES when the GPUs came from Slurm's binding).
+# With the compute capability, GDRCopy's /dev/gdrdrv and libgdrapi too, where
+# the node has them.
 #
 # NVIDIA_VISIBLE_DEVICES: all | none | void | "" | comma list of indices
 # (nvidia-smi order, i.e. PCI bus order), GPU-<uuid>, MIG-<uuid>. When it is
@@ -265,6 +267,13 @@ bind_devices() {
     fi
     if [ "${#selected_migs[@]}" -gt 0 ] && [ -d "$dev/nvidia-caps" ]; then
         bind "$dev/nvidia-caps" /dev/nvidia-caps bind,nosuid,noexec,x-create=dir
+    fi
+    # GDRCopy (the CPU mapping GPU memory, for low-latency copies and
+    # UCX/NCCL transports): its device and its user library, where the node
+    # has the gdrdrv module; the library alone would be of no use.
+    if [ -n "${capabilities[compute]:-}" ] && [ -c "$dev/gdrdrv" ]; then
+        bind "$dev/gdrdrv" /dev/gdrdrv bind,nosuid,noexec,x-create=file
+        wanted_libs[libgdrapi.so]=1
     fi
 }
 

@@ -37,6 +37,7 @@ STUB_LIBRARIES = [
     (f"libnvcuvid.so.{DRIVER_VERSION}", "libnvcuvid.so.1"),
     (f"libGLX_nvidia.so.{DRIVER_VERSION}", "libGLX_nvidia.so.0"),
     ("libcudart-not-driver.so.12.4.99", "libcudart-not-driver.so.12"),
+    ("libgdrapi.so.2.4", "libgdrapi.so.2"),  # GDRCopy's: bound only beside /dev/gdrdrv
 ]
 
 
@@ -384,6 +385,27 @@ def test_missing_device_node_is_named(driver, tmp_path):
     env = {"NVIDIA_VISIBLE_DEVICES": "all", "BERTH_DEV_ROOT": str(dev)}
     proc, mounts, environ = run_hook(driver, tmp_path, env)
     assert_refused(proc, mounts, environ, f"{dev}/nvidia4")
+
+
+def test_gdrcopy_device_and_library_come_with_compute_where_the_node_has_them(driver, tmp_path):
+    # A stand-in for a node with GDRCopy's module loaded (no such device
+    # here): its character device beside the driver's nodes.
+    dev = make_dev(tmp_path / "dev")
+    os.mknod(dev / "gdrdrv", stat.S_IFCHR | 0o666, os.makedev(240, 0))
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "BERTH_DEV_ROOT": str(dev)}
+    proc, mounts, _ = run_hook(driver, tmp_path, env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{dev}/gdrdrv /dev/gdrdrv {DEVICE_OPTIONS}" in mounts
+    assert library_line(driver, "libgdrapi.so.2.4", "libgdrapi.so.2") in mounts
+    # without compute, neither
+    proc, mounts, _ = run_hook(driver, tmp_path, env | {"NVIDIA_DRIVER_CAPABILITIES": "utility"})
+    assert proc.returncode == 0, proc.stderr
+    assert "/dev/gdrdrv" not in bound_devices(mounts)
+    assert "libgdrapi.so.2" not in bound_names(mounts)
+    # without the device (the default /dev of these tests), the library stays out
+    proc, mounts, _ = run_hook(driver, tmp_path, {"NVIDIA_VISIBLE_DEVICES": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert "libgdrapi.so.2" not in bound_names(mounts)
 
 
 def test_missing_uvm_warns_but_starts(driver, tmp_path):
