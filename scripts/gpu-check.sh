@@ -1,0 +1,233 @@
+#!/usr/bin/env bash
+# The NVIDIA hook on a real GPU, end to end. CI has no GPU (the hook's tests,
+# tests/test_hook_nvidia.py, run against a fabricated driver); this is the
+# check for a machine that has one, run as root, with no network needed:
+#
+#   scripts/gpu-check.sh prepare DIR   on a development machine with Docker and
+#       CUDA's nvcc: DIR/rootfs.tar.gz, Debian 12's root (the node image of
+#       scripts/base-image.sh, trimmed), and DIR/cuda-check, scripts/gpu-check.cu
+#       built here against Debian 12's C library as PTX only
+#   scripts/gpu-check.sh run DIR       on the GPU machine: makes a throwaway
+#       user, unpacks the root as her container, and checks, as her, what a
+#       job gets from `berth start` with the checkout's runtime and hook
+#
+# Each check prints "ok" or "FAIL" and what it saw; the last line sums up and
+# the exit status is 1 when a check failed. GDRCopy is checked where the
+# machine has /dev/gdrdrv. Needs on the GPU machine: bash, python3 (3.10 or
+# newer, with requests and tqdm), the driver (nvidia-smi), useradd, runuser, tar.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+
+die() { echo "gpu-check: $*" >&2; exit 2; }
+
+prepare() {
+    local dir=$1 container rootfs
+    mkdir -p "$dir"
+    docker image inspect berth/node:bookworm-minbase >/dev/null 2>&1 || scripts/base-image.sh bookworm
+    rootfs=$(mktemp -d)
+    container=$(docker create berth/node:bookworm-minbase /bin/true)
+    docker export "$container" | tar -x -C "$rootfs" --exclude='./dev/*' --exclude='dev/*'
+    docker rm "$container" >/dev/null
+    rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/* \
+        "$rootfs"/usr/share/{doc,man,locale,info,zoneinfo}
+    tar -C "$rootfs" -c . | gzip -9 >"$dir/rootfs.tar.gz"
+    rm -rf "$rootfs"
+    # PTX only (compute_75 runs on every GPU since Turing): the driver compiles
+    # it when the program loads, with libnvidia-ptxjitcompiler.
+    nvcc -O2 -cudart static -gencode arch=compute_75,code=compute_75 \
+        -o "$dir/cuda-check" scripts/gpu-check.cu
+    ls -l "$dir"
+}
+
+passed=0
+failures=0
+check() { # NAME CONDITION-STATUS DETAIL
+    if [ "$2" = 0 ]; then
+        passed=$((passed + 1))
+        printf 'ok    %s\n' "$1"
+    else
+        failures=$((failures + 1))
+        printf 'FAIL  %s\n' "$1"
+    fi
+    [ -z "$3" ] || printf '%s\n' "$3" | sed 's/^/      /'
+}
+
+# as_job [VAR=VALUE...] -- BERTH-ARGS...: berth as the user would run it from
+# a job step, with the caller's environment reduced to what is named.
+as_job() {
+    local -a env=()
+    while [ "$1" != -- ]; do env+=("$1"); shift; done
+    shift
+    "${runner[@]}" env -i "HOME=$home" "PATH=$work/bin:/usr/local/bin:/usr/bin:/bin" \
+        "ENROOT_SYSCONF_PATH=$work/etc" "XDG_DATA_HOME=$data" \
+        ${ldconfig:+"BERTH_LDCONFIG=$ldconfig"} "${env[@]}" berth "$@"
+}
+
+# The file of LIBRARY's 64-bit entry in the ld.so cache the hook reads.
+host_library() {
+    ${ldconfig:-ldconfig -p} | awk -v name="$1" '$1 == name && /x86-64|64bit/ { print $NF; exit }'
+}
+
+refused() { # VARIABLE OUTPUT: the hook's one line names VARIABLE, berth's follows
+    [ "$(wc -l <<<"$2")" = 2 ] && head -n1 <<<"$2" | grep -q "^nvidia hook: $1" &&
+        tail -n1 <<<"$2" | grep -q '^berth: error: hook .*90-nvidia.sh failed'
+}
+
+median_ms() { # COMMAND...: the median of five runs, in milliseconds
+    local i start
+    local -a times=()
+    for i in 1 2 3 4 5; do
+        start=$(date +%s%N)
+        "$@" >/dev/null 2>&1 || true
+        times+=($((($(date +%s%N) - start) / 1000000)))
+    done
+    printf '%s\n' "${times[@]}" | sort -n | sed -n 3p
+}
+
+run_checks() {
+    local out rc host_list count smi lib inside outside gpu_start plain_start
+    host_list=$(nvidia-smi -L)
+    count=$(grep -c '^GPU ' <<<"$host_list")
+    local all=(NVIDIA_VISIBLE_DEVICES=all)
+    local with_cuda=(-m "$work/bin/cuda-check:/usr/local/bin/cuda-check")
+
+    out=$(as_job -- start gpucheck true 2>&1) && rc=0 || rc=$?
+    check "$who starts a container" "$rc" "$out"
+    [ "$rc" = 0 ] || return 1
+
+    out=$(as_job -- start -e "${all[0]}" gpucheck nvidia-smi -L 2>&1) && rc=0 || rc=$?
+    [ "$rc" = 0 ] && [ "$out" = "$host_list" ] && rc=0 || rc=1
+    check "NVIDIA_VISIBLE_DEVICES=all: nvidia-smi -L inside lists the host's GPUs" "$rc" "$out"
+
+    rc=0 smi=''
+    for lib in libnvidia-ml.so.1 libcuda.so.1; do
+        outside=$(sha256sum <"$(host_library "$lib")" | cut -d' ' -f1)
+        inside=$(as_job -- start -e "${all[0]}" gpucheck \
+            sh -c "sha256sum </usr/local/nvidia/lib64/$lib" 2>&1 | cut -d' ' -f1) || true
+        [ "$inside" = "$outside" ] || rc=1
+        smi+="$lib: inside $inside, host $outside"$'\n'
+    done
+    check "the driver's libraries inside are the host's files" "$rc" "${smi%$'\n'}"
+
+    out=$(as_job -- start -e "${all[0]}" "${with_cuda[@]}" gpucheck cuda-check 2>&1) && rc=0 || rc=$?
+    check "a CUDA program (PTX, JIT-compiled by the driver) computes on the GPU inside" "$rc" "$out"
+
+    out=$(as_job -- start -r -w -e "${all[0]}" "${with_cuda[@]}" gpucheck cuda-check 2>&1) && rc=0 || rc=$?
+    check "the same with --root and --rw" "$rc" "$out"
+
+    out=$(as_job SLURM_STEP_GPUS=0 -- start gpucheck \
+        sh -c 'nvidia-smi -L; echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"' 2>&1) && rc=0 || rc=$?
+    [ "$rc" = 0 ] && [ "$(grep -c '^GPU ' <<<"$out")" = 1 ] &&
+        grep -qx 'CUDA_VISIBLE_DEVICES=0' <<<"$out" || rc=1
+    check "Slurm's binding alone (SLURM_STEP_GPUS=0): one GPU, CUDA_VISIBLE_DEVICES=0" "$rc" "$out"
+
+    out=$(as_job -- start gpucheck sh -c 'ls /dev | grep nvidia; command -v nvidia-smi' 2>&1) && rc=1 || rc=0
+    [ -z "$out" ] || rc=1
+    check "nothing asked for: no GPU device and no nvidia-smi inside" "$rc" "$out"
+
+    out=$(as_job -- start -e "${all[0]}" -e NVIDIA_DRIVER_CAPABILITIES=utility gpucheck \
+        sh -c 'nvidia-smi -L && ! test -e /usr/local/nvidia/lib64/libcuda.so.1' 2>&1) && rc=0 || rc=$?
+    check "NVIDIA_DRIVER_CAPABILITIES=utility: nvidia-smi, no libcuda" "$rc" "$out"
+
+    # A refusal is the hook's line naming the variable, then berth's line
+    # naming the hook that failed (as enroot says which hook failed).
+    out=$(as_job -- start -e "NVIDIA_VISIBLE_DEVICES=$count" gpucheck true 2>&1) && rc=1 || rc=0
+    refused NVIDIA_VISIBLE_DEVICES "$out" || rc=1
+    check "a GPU the node lacks (NVIDIA_VISIBLE_DEVICES=$count) is refused, named" "$rc" "$out"
+
+    out=$(as_job -- start -e "${all[0]}" -e 'NVIDIA_REQUIRE_CUDA=cuda>=99.0' gpucheck true 2>&1) && rc=1 || rc=0
+    refused NVIDIA_REQUIRE_CUDA "$out" || rc=1
+    check "an unmet NVIDIA_REQUIRE_CUDA is refused, named" "$rc" "$out"
+
+    if [ -c /dev/gdrdrv ]; then
+        out=$(as_job -- start -e "${all[0]}" gpucheck \
+            sh -c 'test -c /dev/gdrdrv && ls /usr/local/nvidia/lib64' 2>&1) && rc=0 || rc=$?
+        if [ -n "$(host_library libgdrapi.so.2)" ]; then grep -q libgdrapi <<<"$out" || rc=1; fi
+        check "GDRCopy: /dev/gdrdrv (and libgdrapi where the host has it) inside" "$rc" "$out"
+    else
+        echo "info  GDRCopy not checked: this machine has no /dev/gdrdrv"
+    fi
+
+    plain_start=$(median_ms as_job -- start gpucheck true)
+    gpu_start=$(median_ms as_job -- start -e "${all[0]}" gpucheck true)
+    echo "info  berth start gpucheck true, median of 5: $plain_start ms without a GPU, $gpu_start ms with all GPUs"
+}
+
+run() {
+    local dir python
+    dir=$(realpath "$1")
+    [ "$(id -u)" = 0 ] || die "run it as root (it makes a throwaway user)"
+    [ -r "$dir/rootfs.tar.gz" ] && [ -x "$dir/cuda-check" ] || die "$dir: no rootfs.tar.gz and cuda-check (scripts/gpu-check.sh prepare $dir)"
+    command -v nvidia-smi >/dev/null || die "no nvidia-smi: is the NVIDIA driver installed?"
+    python=$(command -v python3) || die "no python3"
+    "$python" -c 'import sys, requests, tqdm; sys.exit(sys.version_info < (3, 10))' 2>/dev/null ||
+        die "$python: Python 3.10 or newer with requests and tqdm is needed"
+
+    echo "== this machine"
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+    uname -r
+    ls -l /dev | grep -E 'nvidia|gdrdrv' || true
+    ldconfig -p | grep -E 'libcuda\.so|libnvidia-ml\.so|libgdrapi' || true
+
+    work=$(mktemp -d /tmp/berth-gpu-check.XXXXXX)
+    chmod 755 "$work"
+    user=berth-gpu-check
+    created=''
+    trap 'rm -rf "$work"; [ -z "$created" ] || userdel -r "$user" 2>/dev/null || true' EXIT
+    mkdir -p "$work/runtime" "$work/bin" "$work/etc/hooks.d"
+    cp -r runtime/berth "$work/runtime/"
+    cp -r hooks "$work/"
+    ln -s "$work/hooks/90-nvidia.sh" "$work/etc/hooks.d/90-nvidia.sh"
+    cp "$dir/cuda-check" "$work/bin/"
+    printf '#!/bin/sh\nPYTHONPATH=%s/runtime exec %s -c "import sys; from berth.cli import main; sys.exit(main())" "$@"\n' \
+        "$work" "$python" >"$work/bin/berth"
+    chmod -R a+rX "$work"
+    chmod 755 "$work/bin/berth"
+
+    # The hook reads the ld.so cache; a machine whose driver libraries are
+    # not in it (a driver mounted in from outside) gets a cache of their
+    # directory through the hook's BERTH_LDCONFIG knob, said here.
+    ldconfig=''
+    if [ -z "$(host_library libnvidia-ml.so.1)" ]; then
+        local found
+        found=$(find /usr/local/nvidia /usr/lib64 /usr/lib /lib64 -name 'libnvidia-ml.so.1' -print -quit 2>/dev/null || true)
+        [ -n "$found" ] || die "libnvidia-ml.so.1 is neither in the ld.so cache nor in the usual places"
+        dirname "$found" >"$work/ld.so.conf"
+        ldconfig -C "$work/ld.so.cache" -f "$work/ld.so.conf"
+        chmod a+r "$work/ld.so.cache"
+        ldconfig="$(command -v ldconfig) -C $work/ld.so.cache -p"
+        echo "note: the driver's libraries are not in the ld.so cache; the hook reads a cache of $(dirname "$found") (BERTH_LDCONFIG)"
+    fi
+
+    if ! id "$user" >/dev/null 2>&1; then
+        useradd -m -s /bin/bash "$user"
+        created=yes
+    fi
+    echo "== as an ordinary user ($user)"
+    home=$(getent passwd "$user" | cut -d: -f6)
+    data=$home/.local/share
+    runner=(runuser -u "$user" --)
+    who="an ordinary user"
+    "${runner[@]}" mkdir -p "$data/enroot/gpucheck"
+    gzip -dc <"$dir/rootfs.tar.gz" | "${runner[@]}" tar -x -C "$data/enroot/gpucheck" ||
+        die "$dir/rootfs.tar.gz: cannot unpack it as $user"
+    if ! run_checks; then
+        # Where ordinary users get no user namespace, root's view still
+        # tells whether the hook works.
+        echo "== as root"
+        home=/root data=$work/root-data runner=() who=root
+        mkdir -p "$data/enroot/gpucheck"
+        gzip -dc <"$dir/rootfs.tar.gz" | tar -x -C "$data/enroot/gpucheck"
+        run_checks || true
+    fi
+
+    echo "gpu-check: $passed passed, $failures failed ($(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n1))"
+    [ "$failures" = 0 ]
+}
+
+case ${1:-} in
+    prepare) [ $# = 2 ] || die "usage: $0 prepare DIR"; prepare "$2" ;;
+    run) [ $# = 2 ] || die "usage: $0 run DIR"; run "$2" ;;
+    *) die "usage: $0 prepare DIR | run DIR" ;;
+esac
