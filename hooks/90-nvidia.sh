@@ -280,13 +280,16 @@ bind_devices() {
 # Every cache entry named after a wanted library, native (64-bit) and, with
 # compat32, 32-bit; the entry's name stays (it is the soname programs ask
 # for), its file is the resolved target.
+declare -A driver_bin_dirs=()
 bind_libraries() {
-    local entries name bits target dirs=$lib64_dir line
+    local entries name bits target dirs=$lib64_dir line parent
     [ "${#wanted_libs[@]}" -gt 0 ] || return 0
     entries=$(ld_cache_entries "${!wanted_libs[@]}") || exit 1
     while read -r name bits target; do
         if [ "$bits" = 64 ]; then
             bind "$target" "$lib64_dir/$name" bind,ro,nosuid,x-create=file
+            parent=${target%/*}
+            driver_bin_dirs[${parent%/*}/bin]=1
         elif [ "$want_compat32" = yes ]; then
             bind "$target" "$lib32_dir/$name" bind,ro,nosuid,x-create=file
             dirs=$lib64_dir:$lib32_dir
@@ -296,11 +299,37 @@ bind_libraries() {
     if [ -n "$line" ]; then environ+=("$line"); fi
 }
 
+# program_path NAME: the program to bind for NAME: the first executable ELF
+# file called NAME on PATH or in a driver's own bin directory (beside the
+# directory of its bound libraries: a driver mounted into a containerized
+# node at /usr/local/nvidia has /usr/local/nvidia/bin), else the first file
+# found. A node's PATH may find a wrapper script that execs a path the
+# container lacks (seen on a GPU machine: /usr/bin/nvidia-smi running
+# /usr/local/nvidia/bin/nvidia-smi).
+program_path() {
+    local dir candidate first='' magic
+    local -a dirs
+    IFS=: read -ra dirs <<<"${PATH:-}"
+    for dir in "${dirs[@]}" "${!driver_bin_dirs[@]}"; do
+        candidate=$dir/$1
+        [ -f "$candidate" ] && [ -x "$candidate" ] || continue
+        if [ -L "$candidate" ]; then candidate=$(readlink -f "$candidate"); fi
+        magic=''
+        IFS= read -r -n 4 magic <"$candidate" || true
+        if [ "$magic" = $'\x7fELF' ]; then
+            echo "$candidate"
+            return 0
+        fi
+        first=${first:-$candidate}
+    done
+    [ -n "$first" ] && echo "$first"
+}
+
 bind_programs_and_files() {
     local name path
     for name in "${wanted_bins[@]}"; do
-        path=$(command -v "$name") || continue
-        bind "$(readlink -f "$path")" "/usr/bin/$name" bind,ro,nosuid,x-create=file
+        path=$(program_path "$name") || continue
+        bind "$path" "/usr/bin/$name" bind,ro,nosuid,x-create=file
     done
     for path in "${wanted_files[@]}"; do
         if [ -e "$path" ]; then

@@ -122,9 +122,19 @@ run_checks() {
         grep -qx 'CUDA_VISIBLE_DEVICES=0' <<<"$out" || rc=1
     check "Slurm's binding alone (SLURM_STEP_GPUS=0): one GPU, CUDA_VISIBLE_DEVICES=0" "$rc" "$out"
 
-    out=$(as_job -- start gpucheck sh -c 'ls /dev | grep nvidia; command -v nvidia-smi' 2>&1) && rc=1 || rc=0
+    # The host's /dev is the container's, as in enroot, unless
+    # ENROOT_RESTRICT_DEV: then only what the hook binds.
+    out=$(as_job -- start gpucheck sh -c 'ls /usr/local/nvidia 2>/dev/null; command -v nvidia-smi' 2>&1) && rc=1 || rc=0
     [ -z "$out" ] || rc=1
-    check "nothing asked for: no GPU device and no nvidia-smi inside" "$rc" "$out"
+    check "nothing asked for: no driver library and no nvidia-smi inside" "$rc" "$out"
+
+    out=$(as_job ENROOT_RESTRICT_DEV=yes -- start gpucheck sh -c 'ls /dev | grep nvidia' 2>&1) && rc=1 || rc=0
+    [ -z "$out" ] || rc=1
+    check "nothing asked for, ENROOT_RESTRICT_DEV=yes: no GPU device inside" "$rc" "$out"
+
+    out=$(as_job ENROOT_RESTRICT_DEV=yes -- start -e "${all[0]}" "${with_cuda[@]}" gpucheck \
+        sh -c 'ls /dev | grep nvidia && cuda-check' 2>&1) && rc=0 || rc=$?
+    check "ENROOT_RESTRICT_DEV=yes: the hook's device nodes alone, and CUDA computes" "$rc" "$out"
 
     out=$(as_job -- start -e "${all[0]}" -e NVIDIA_DRIVER_CAPABILITIES=utility gpucheck \
         sh -c 'nvidia-smi -L && ! test -e /usr/local/nvidia/lib64/libcuda.so.1' 2>&1) && rc=0 || rc=$?

@@ -408,6 +408,33 @@ def test_gdrcopy_device_and_library_come_with_compute_where_the_node_has_them(dr
     assert "libgdrapi.so.2" not in bound_names(mounts)
 
 
+def test_a_wrapper_script_on_path_gives_way_to_the_drivers_own_program(driver, tmp_path):
+    # As on a GPU machine whose driver is mounted in at /usr/local/nvidia:
+    # PATH's nvidia-smi is a script that execs /usr/local/nvidia/bin/nvidia-smi,
+    # a path the container lacks; the program bound must be the driver's ELF
+    # file in the bin directory beside its libraries.
+    root = tmp_path / "usr-local-nvidia"
+    (root / "lib64").mkdir(parents=True)
+    (root / "bin").mkdir()
+    shutil.copy(driver["libdir"] / f"libnvidia-ml.so.{DRIVER_VERSION}", root / "lib64")
+    shutil.copy("/bin/true", root / "bin" / "nvidia-smi")
+    cache = tmp_path / "ld.so.cache"
+    (tmp_path / "ld.so.conf").write_text(f"{root / 'lib64'}\n")
+    subprocess.run(["ldconfig", "-C", cache, "-f", tmp_path / "ld.so.conf"], check=True)
+    wrappers = tmp_path / "wrappers"
+    wrappers.mkdir()
+    (wrappers / "nvidia-smi").write_text(f'#!/bin/sh\nexec {root}/bin/nvidia-smi "$@"\n')
+    (wrappers / "nvidia-smi").chmod(0o755)
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "BERTH_LDCONFIG": f"ldconfig -C {cache} -p"}
+    proc, mounts, _ = run_hook(driver, tmp_path, env, extra_path=[wrappers])
+    assert proc.returncode == 0, proc.stderr
+    assert f"{root}/bin/nvidia-smi /usr/bin/nvidia-smi {LIBRARY_OPTIONS}" in mounts
+    # where no ELF file is found, the first on PATH is bound, as before
+    proc, mounts, _ = run_hook(driver, tmp_path, {"NVIDIA_VISIBLE_DEVICES": "0"}, extra_path=[wrappers])
+    assert proc.returncode == 0, proc.stderr
+    assert f"{wrappers}/nvidia-smi /usr/bin/nvidia-smi {LIBRARY_OPTIONS}" in mounts
+
+
 def test_missing_uvm_warns_but_starts(driver, tmp_path):
     dev = make_dev(tmp_path / "dev", without=["nvidia-uvm"])
     proc, mounts, _ = run_hook(driver, tmp_path, {"NVIDIA_VISIBLE_DEVICES": "0", "BERTH_DEV_ROOT": str(dev)})
