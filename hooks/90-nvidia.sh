@@ -39,7 +39,7 @@ set -eu -o pipefail
 here=${BASH_SOURCE[0]%/*}
 # A hook linked into hooks.d finds its files beside the real one; forks
 # (readlink, dirname) only then: every hook runs in every container start.
-if [ -L "${BASH_SOURCE[0]}" ]; then here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")"); fi
+if [ -L "${BASH_SOURCE[0]}" ]; then here=$(readlink -f "${BASH_SOURCE[0]}") here=${here%/*}; fi
 hook_name=nvidia
 # shellcheck source=hooks/common.bash
 . "$here/common.bash"
@@ -214,7 +214,7 @@ check_requirements() {
     local variable alternative term key op wanted have driver='' cuda='' met
     local -a alternatives terms words
     case ${NVIDIA_DISABLE_REQUIRE:-} in "" | 0 | false | no | n) ;; *) return 0 ;; esac
-    [ -n "$(compgen -v NVIDIA_REQUIRE_ || true)" ] || return 0
+    compgen -v NVIDIA_REQUIRE_ >/dev/null || return 0
     command -v nvidia-smi >/dev/null || return 0
     cuda=$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n1)
     [ -n "$cuda" ] || return 0
@@ -251,7 +251,8 @@ environ=()
 
 bind_devices() {
     local index node
-    for index in $(printf '%s\n' "${!selected_gpus[@]}" | sort -n); do
+    for ((index = 0; index < ${#gpu_minor[@]}; index++)); do
+        [ -n "${selected_gpus[$index]:-}" ] || continue
         node=$dev/nvidia${gpu_minor[$index]}
         [ -c "$node" ] || die "$node: GPU $index's device node is missing"
         bind "$node" "/dev/nvidia${gpu_minor[$index]}" bind,nosuid,noexec,x-create=file
@@ -299,13 +300,14 @@ bind_libraries() {
     if [ -n "$line" ]; then environ+=("$line"); fi
 }
 
-# program_path NAME: the program to bind for NAME: the first executable ELF
+# program_path NAME: into "program", what to bind for NAME: the first executable ELF
 # file called NAME on PATH or in a driver's own bin directory (beside the
 # directory of its bound libraries: a driver mounted into a containerized
 # node at /usr/local/nvidia has /usr/local/nvidia/bin), else the first file
 # found. A node's PATH may find a wrapper script that execs a path the
 # container lacks (seen on a GPU machine: /usr/bin/nvidia-smi running
 # /usr/local/nvidia/bin/nvidia-smi).
+program=''
 program_path() {
     local dir candidate first='' magic
     local -a dirs
@@ -317,19 +319,20 @@ program_path() {
         magic=''
         IFS= read -r -n 4 magic <"$candidate" || true
         if [ "$magic" = $'\x7fELF' ]; then
-            echo "$candidate"
+            program=$candidate
             return 0
         fi
         first=${first:-$candidate}
     done
-    [ -n "$first" ] && echo "$first"
+    program=$first
+    [ -n "$program" ]
 }
 
 bind_programs_and_files() {
     local name path
     for name in "${wanted_bins[@]}"; do
-        path=$(program_path "$name") || continue
-        bind "$path" "/usr/bin/$name" bind,ro,nosuid,x-create=file
+        program_path "$name" || continue
+        bind "$program" "/usr/bin/$name" bind,ro,nosuid,x-create=file
     done
     for path in "${wanted_files[@]}"; do
         if [ -e "$path" ]; then
@@ -338,14 +341,21 @@ bind_programs_and_files() {
     done
 }
 
+# counting_list N: into "list", "0,1,...,N-1" (no seq: every fork counts).
+counting_list() {
+    local i
+    list=''
+    for ((i = 0; i < $1; i++)); do list+=${list:+,}$i; done
+}
+
 # Inside, the driver numbers only the GPUs it can see, from 0: Slurm's
 # numbering of host GPUs must not reach the container.
 renumber_cuda_devices() {
-    local count=${#selected_gpus[@]} list
+    local list
     if [ "${#selected_migs[@]}" -gt 0 ]; then
         list=$(IFS=,; echo "${selected_migs[*]}")
     else
-        list=$(seq -s, 0 $((count - 1)))
+        counting_list "${#selected_gpus[@]}"
     fi
     environ+=("CUDA_VISIBLE_DEVICES=$list")
 }
@@ -373,7 +383,7 @@ run_container_cli() {
 }
 
 main() {
-    local binding=''
+    local binding='' list
     [ "${BERTH_HOOK_NVIDIA_ENABLE:-1}" != 0 ] || exit 0
     case $backend in
         ldcache | nvidia-container-cli) ;;
@@ -399,7 +409,8 @@ main() {
         select_devices "${binding%%=*}" "${binding#*=}"
     elif [ "$NVIDIA_VISIBLE_DEVICES" = all ]; then
         [ "${#gpu_minor[@]}" -gt 0 ] || exit 0
-        select_devices NVIDIA_VISIBLE_DEVICES "$(seq -s, 0 $((${#gpu_minor[@]} - 1)))"
+        counting_list "${#gpu_minor[@]}"
+        select_devices NVIDIA_VISIBLE_DEVICES "$list"
     else
         select_devices NVIDIA_VISIBLE_DEVICES "$NVIDIA_VISIBLE_DEVICES"
     fi

@@ -67,7 +67,7 @@ flush_mounts() {
 # called BASE or BASE.<version> (BITS 64 or 32; FILE the entry resolved),
 # from $BERTH_LDCONFIG (default: ldconfig -p). Run it in $(...) || exit 1.
 ld_cache_entries() {
-    local ldconfig=${BERTH_LDCONFIG:-ldconfig -p} cache line name flags path base target bits
+    local ldconfig=${BERTH_LDCONFIG:-ldconfig -p} cache line name flags path base target bits i
     local -A wanted=()
     local -a patterns=()
     for base; do
@@ -78,6 +78,7 @@ ld_cache_entries() {
     cache=$($ldconfig) || die "BERTH_LDCONFIG: '$ldconfig' failed"
     # grep first: a shell loop over a whole host cache costs a tenth of a second
     cache=$(grep -F "${patterns[@]}" <<<"$cache" || true)
+    local -a names=() bit_list=() paths=() targets=()
     while IFS= read -r line; do
         [[ $line == *" => "* ]] || continue
         line=${line#"${line%%[![:space:]]*}"}
@@ -90,9 +91,17 @@ ld_cache_entries() {
             libc6) bits=32 ;;
             *) continue ;;
         esac
-        target=$(readlink -f "$path") || continue
-        if [ -f "$target" ]; then echo "$name $bits $target"; fi
+        names+=("$name") bit_list+=("$bits") paths+=("$path")
     done <<<"$cache"
+    [ "${#paths[@]}" -gt 0 ] || return 0
+    # One realpath for every entry, not a readlink each: a fork costs a
+    # millisecond or more on some nodes and a driver has dozens of entries.
+    # -m prints a line for every path, so the lines stay in step.
+    mapfile -t targets < <(realpath -m -- "${paths[@]}")
+    for i in "${!paths[@]}"; do
+        target=${targets[$i]:-}
+        if [ -f "$target" ]; then echo "${names[$i]} ${bit_list[$i]} $target"; fi
+    done
 }
 
 # library_path_line DIRS: the LD_LIBRARY_PATH line that puts DIRS in front

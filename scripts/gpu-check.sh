@@ -86,7 +86,7 @@ median_ms() { # COMMAND...: the median of five runs, in milliseconds
 }
 
 run_checks() {
-    local out rc host_list count smi lib inside outside gpu_start plain_start
+    local out rc host_list count smi lib inside outside gpu_start plain_start hook_alone
     host_list=$(nvidia-smi -L)
     count=$(grep -c '^GPU ' <<<"$host_list")
     local all=(NVIDIA_VISIBLE_DEVICES=all)
@@ -122,11 +122,12 @@ run_checks() {
         grep -qx 'CUDA_VISIBLE_DEVICES=0' <<<"$out" || rc=1
     check "Slurm's binding alone (SLURM_STEP_GPUS=0): one GPU, CUDA_VISIBLE_DEVICES=0" "$rc" "$out"
 
-    # The host's /dev is the container's, as in enroot, unless
+    # Earlier starts of this (persistent) container left the empty files
+    # their bind mounts were made on, as enroot's do: what counts is what is
+    # mounted. The host's /dev is the container's, as in enroot, unless
     # ENROOT_RESTRICT_DEV: then only what the hook binds.
-    out=$(as_job -- start gpucheck sh -c 'ls /usr/local/nvidia 2>/dev/null; command -v nvidia-smi' 2>&1) && rc=1 || rc=0
-    [ -z "$out" ] || rc=1
-    check "nothing asked for: no driver library and no nvidia-smi inside" "$rc" "$out"
+    out=$(as_job -- start gpucheck grep -E 'nvidia|libcuda' /proc/self/mountinfo 2>&1) && rc=1 || rc=0
+    check "nothing asked for: no driver library and no nvidia-smi mounted inside" "$rc" "$out"
 
     out=$(as_job ENROOT_RESTRICT_DEV=yes -- start gpucheck sh -c 'ls /dev | grep nvidia' 2>&1) && rc=1 || rc=0
     [ -z "$out" ] || rc=1
@@ -137,7 +138,7 @@ run_checks() {
     check "ENROOT_RESTRICT_DEV=yes: the hook's device nodes alone, and CUDA computes" "$rc" "$out"
 
     out=$(as_job -- start -e "${all[0]}" -e NVIDIA_DRIVER_CAPABILITIES=utility gpucheck \
-        sh -c 'nvidia-smi -L && ! test -e /usr/local/nvidia/lib64/libcuda.so.1' 2>&1) && rc=0 || rc=$?
+        sh -c 'nvidia-smi -L && ! grep libcuda /proc/self/mountinfo' 2>&1) && rc=0 || rc=$?
     check "NVIDIA_DRIVER_CAPABILITIES=utility: nvidia-smi, no libcuda" "$rc" "$out"
 
     # A refusal is the hook's line naming the variable, then berth's line
@@ -159,6 +160,10 @@ run_checks() {
         echo "info  GDRCopy not checked: this machine has no /dev/gdrdrv"
     fi
 
+    hook_alone=$(median_ms "${runner[@]}" env -i "PATH=/usr/bin:/bin" ENROOT_PID=1 \
+        "ENROOT_ROOTFS=$work/none" "ENROOT_MOUNTS=$work/hook-mounts" "ENROOT_ENVIRON=$work/hook-environ" \
+        ${ldconfig:+"BERTH_LDCONFIG=$ldconfig"} "$work/hooks/90-nvidia.sh")
+    echo "info  the hook alone, NVIDIA_VISIBLE_DEVICES=all, median of 5: $hook_alone ms"
     plain_start=$(median_ms as_job -- start gpucheck true)
     gpu_start=$(median_ms as_job -- start -e "${all[0]}" gpucheck true)
     echo "info  berth start gpucheck true, median of 5: $plain_start ms without a GPU, $gpu_start ms with all GPUs"
@@ -192,6 +197,9 @@ run() {
     cp "$dir/cuda-check" "$work/bin/"
     printf '#!/bin/sh\nPYTHONPATH=%s/runtime exec %s -c "import sys; from berth.cli import main; sys.exit(main())" "$@"\n' \
         "$work" "$python" >"$work/bin/berth"
+    echo NVIDIA_VISIBLE_DEVICES=all >"$work/hook-environ"
+    touch "$work/hook-mounts"
+    chmod -R a+rwX "$work/hook-environ" "$work/hook-mounts"
     chmod -R a+rX "$work"
     chmod 755 "$work/bin/berth"
 
