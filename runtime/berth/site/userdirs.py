@@ -1,6 +1,7 @@
 """`berth setup-user USER`: make one user's runtime directories, as root.
 
-The Slurm prolog (and the SPANK plugin) call this before a job so the user
+The Slurm prolog (and the SPANK plugin) call this before a job, and on
+login nodes a PAM session hook when a session opens, so the user
 finds ENROOT_CACHE_PATH, ENROOT_DATA_PATH, ENROOT_RUNTIME_PATH and
 ENROOT_CONFIG_PATH ready, 0700 and their own, under shared roots the
 deployment made root-owned 0755 (a user cannot mkdir there). Every path is
