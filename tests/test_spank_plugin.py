@@ -160,7 +160,7 @@ def test_srun_help_lists_the_flags(slurm_conf):
 @pytest.mark.parametrize("flag, message", [
     ("--container-mounts=/data:",
      "spank_berth: --container-mounts: missing destination in '/data:'"),
-    ("--container-mounts=/a:rel", "relative destination in '/a:rel'"),
+    ("--container-mounts=:/a", "missing source in ':/a'"),
     ("--container-mounts=/a:/b:ro+bogus", "unknown flag 'bogus'"),
     ("--container-image=", "--container-image: empty image"),
     ("--container-image=/nonexistent/x.sqsh", "no such file '/nonexistent/x.sqsh'"),
@@ -269,8 +269,8 @@ def test_srun_accepts_what_pyxis_accepts(slurm_conf):
 @pytest.mark.parametrize("variables, message", [
     ({"PYXIS_CONTAINER_MOUNTS": "/a:/b"},
      "spank_berth: --container-mounts needs --container-image or --container-name"),
-    ({"PYXIS_CONTAINER_MOUNTS": "/a:rel"},
-     "spank_berth: PYXIS_CONTAINER_MOUNTS (as --container-mounts): relative destination"),
+    ({"PYXIS_CONTAINER_MOUNTS": "/a:"},
+     "spank_berth: PYXIS_CONTAINER_MOUNTS (as --container-mounts): missing destination"),
     ({"PYXIS_CONTAINER_IMAGE": "/nonexistent/x.sqsh"},
      "PYXIS_CONTAINER_IMAGE (as --container-image): no such file '/nonexistent/x.sqsh'"),
     ({"PYXIS_CONTAINER_NAME": "a:sometimes"},

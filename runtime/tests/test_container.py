@@ -336,7 +336,8 @@ def test_mounts_from_options_and_fstab(berth, app):
 
 
 @pytest.mark.parametrize("spec, needle", [
-    ("{host}:relative", "-m {host}:relative: mount destination 'relative' is not an absolute"),
+    ("{host}:../up", "-m {host}:../up: mount destination ../up escapes the container root"),
+    ("{host}:a/../../up", "-m {host}:a/../../up: mount destination a/../../up escapes the"),
     ("{host}:/x:ro:extra", "-m {host}:/x:ro:extra: expected SRC[:DST[:FLAGS]]"),
     (":/x", "-m :/x: expected SRC[:DST[:FLAGS]]"),
     ("{host}:/x:ro+bogus", "unknown mount flag 'bogus'"),
@@ -348,9 +349,23 @@ def test_bad_mount_specs_are_refused(berth, app, spec, needle):
                 needle=needle.format(host=host))
 
 
+def test_a_relative_destination_is_taken_from_the_containers_root(berth, app):
+    # as enroot and pyxis take one: accepted, resolved inside the root when
+    # mounted (an escape is refused then: test_bad_mount_specs_are_refused)
+    host = berth.base / "host"
+    (host / "in").write_text("from host\n")
+    berth.chown(host)
+    out = berth.ok("start", "-m", f"{host}:data/inside", "-m", f"{host}:./x/../y", "app",
+                   "sh", "-c", "cat /data/inside/in /y/in")
+    assert out == "from host\nfrom host\n"
+    berth.write("cfg/mounts.d/50-rel.fstab", f"{host} site none bind,x-create=dir\n")
+    assert berth.ok("start", "app", "cat", "/site/in") == "from host\n"
+
+
 def test_bad_fstab_line_names_file_and_line(berth, app):
-    berth.write("cfg/mounts.d/50-bad.fstab", "# ok\n/tmp relative none bind\n")
-    berth.fails("start", "app", "true", needle="50-bad.fstab:2: mount destination 'relative'")
+    berth.write("cfg/mounts.d/50-bad.fstab", "# ok\n/tmp ../relative none bind\n")
+    berth.fails("start", "app", "true",
+                needle="50-bad.fstab:2: mount destination ../relative escapes the container root")
     berth.write("cfg/mounts.d/50-bad.fstab", "/tmp /x\n")
     berth.fails("start", "app", "true", needle="50-bad.fstab:1: expected 'SRC DST TYPE")
     berth.write("cfg/mounts.d/50-bad.fstab", "/tmp /x none bind\n")  # no x-create
@@ -658,9 +673,9 @@ echo "hook chatter"
 def test_failing_hook_aborts_and_is_named(berth, app):
     hook = berth.write("cfg/hooks.d/30-broken.sh", "#!/bin/sh\nexit 3\n", mode=0o755)
     berth.fails("start", "app", "true", needle=f"hook {hook} failed with exit status 3")
-    berth.write("cfg/hooks.d/30-broken.sh", "#!/bin/sh\necho 'x rel none bind' >> $ENROOT_MOUNTS\n",
-                mode=0o755)
-    berth.fails("start", "app", "true", needle="mount destination 'rel' is not an absolute path")
+    berth.write("cfg/hooks.d/30-broken.sh",
+                "#!/bin/sh\necho '/tmp ../../rel none bind' >> $ENROOT_MOUNTS\n", mode=0o755)
+    berth.fails("start", "app", "true", needle="mount destination ../../rel escapes the container root")
 
 
 def test_fuse_overlayfs_stands_in_when_the_kernel_refuses(tmp_path, usable_fuse):

@@ -241,8 +241,9 @@ static void test_mounts(struct container_flags *f)
 		"--container-mounts: 'data' alone is also the destination");
 	REFUSED(set_mounts(f, "/a:/b,/data:", err, sizeof(err)), "missing destination in '/data:'");
 	REFUSED(set_mounts(f, ":/b", err, sizeof(err)), "missing source in ':/b'");
-	REFUSED(set_mounts(f, "/a:b", err, sizeof(err)), "relative destination in '/a:b'");
-	REFUSED(set_mounts(f, "tmpfs:scratch", err, sizeof(err)), "relative destination");
+	/* a relative destination is the node's to resolve, from the container's root */
+	ACCEPTED(set_mounts(f, "/a:b,/a:../b,tmpfs:scratch", err, sizeof(err)));
+	CHECK(strcmp(f->mounts, "/a:b,/a:../b,tmpfs:scratch") == 0);
 	REFUSED(set_mounts(f, "umount:", err, sizeof(err)), "missing destination in 'umount:'");
 	REFUSED(set_mounts(f, "umount:/x:ro", err, sizeof(err)), "umount takes no flag but nofail");
 	ACCEPTED(set_mounts(f, "umount:/x:nofail,/d.sqsh:/d:sqsh,/a:/b:nosymfollow+dirsync",
@@ -354,8 +355,8 @@ static void test_pyxis_env(void)
 	/* bad values name the variable */
 	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_MOUNT_HOME=maybe", NULL }),
 		"PYXIS_CONTAINER_MOUNT_HOME: 'maybe' is not a boolean");
-	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_MOUNTS=/a:rel", NULL }),
-		"PYXIS_CONTAINER_MOUNTS (as --container-mounts): relative destination in '/a:rel'");
+	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_MOUNTS=/a:", NULL }),
+		"PYXIS_CONTAINER_MOUNTS (as --container-mounts): missing destination in '/a:'");
 	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_IMAGE=nvcr.io", NULL }),
 		"PYXIS_CONTAINER_IMAGE (as --container-image): 'nvcr.io' is a registry host");
 	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_NAME=a/b", NULL }),
@@ -489,7 +490,7 @@ static void test_edf(void)
 	ACCEPTED(set_environment(&f, "e", err, sizeof(err)));
 	REFUSED(apply_edf(&f, "image=/no/such.sqsh\n", 1, err, sizeof(err)),
 		"--environment: e: --container-image: no such file '/no/such.sqsh'");
-	REFUSED(apply_edf(&f, "mount=/a:rel\n", 0, err, sizeof(err)), "relative destination");
+	REFUSED(apply_edf(&f, "mount=:/a\n", 0, err, sizeof(err)), "missing source");
 	REFUSED(apply_edf(&f, "mount=/a,b:/b\n", 0, err, sizeof(err)), "has a ','");
 	REFUSED(apply_edf(&f, "writable=maybe\n", 0, err, sizeof(err)), "not yes or no");
 	REFUSED(apply_edf(&f, "env=NOVALUE\n", 0, err, sizeof(err)), "not KEY=VALUE");

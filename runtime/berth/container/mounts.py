@@ -1,6 +1,7 @@
 """Mounts into a container root: fstab lines and `-m` specs.
 
-An fstab line is `SRC DST TYPE OPTIONS`; DST is a path inside the container.
+An fstab line is `SRC DST TYPE OPTIONS`; DST is a path inside the container
+(a relative one is taken from its root: `home` is `/home`).
 As in enroot, TYPE may be left out before OPTIONS (`/proc /proc rbind`), and
 both where SRC names the type (`tmpfs /tmp`).
 The options are enroot's fstab vocabulary (FLAGS below); with TYPE other
@@ -112,11 +113,6 @@ class Mount(collections.namedtuple("Mount", "source target fstype options origin
         return "sqsh" in self.options
 
 
-def _check_target(target, origin):
-    if not target.startswith("/"):
-        raise BerthError(f"{origin}: mount destination '{target}' is not an absolute path")
-
-
 def _check_flags(options, origin, allowed_data=()):
     for option in options:
         if option in FLAGS or option.split("=", 1)[0] in allowed_data:
@@ -143,7 +139,6 @@ def parse_fstab_line(line, origin, environ):
         raise BerthError(f"{origin}: expected 'SRC DST TYPE [OPTIONS]', got '{line}'")
     source, target, fstype = fields[:3]
     options = tuple(o for o in fields[3].split(",") if o) if len(fields) > 3 else ()
-    _check_target(target, origin)
     mount = Mount(source, target, fstype, options, origin)
     if mount.is_bind or mount.is_squashfs or mount.is_move or mount.is_umount:
         _check_flags(options, origin)
@@ -170,7 +165,6 @@ def parse_spec(spec, cwd=None):
         raise BerthError(f"{origin}: expected SRC[:DST[:FLAGS]], tmpfs:DST[:OPTIONS] "
                          "or umount:DST")
     source, target = parts[0], parts[1]
-    _check_target(target, origin)
     flags = tuple(f for f in re.split(r"[+,]", parts[2]) if f) if len(parts) == 3 else ()
     if source == "tmpfs":
         _check_flags(flags, origin, _TMPFS_KEYS)
