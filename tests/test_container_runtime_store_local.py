@@ -17,10 +17,11 @@ from berth import config  # noqa: E402
 from berth.store import paths as store  # noqa: E402
 
 
-def _preflight_task():
+def _preflight_tasks():
     tasks = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())
-    [task] = [t for t in tasks if t["name"].startswith("Check the directory of the node-local")]
-    return task
+    return [t for t in tasks if t["name"].startswith(("Check the directory of the node-local",
+                                                      "Check that a cap of the node-local",
+                                                      "Check the size limits"))]
 
 
 def play(tmp_path, **overrides):
@@ -28,7 +29,7 @@ def play(tmp_path, **overrides):
     preflight's check, writes enroot.conf and the serve unit into tmp_path.
     Returns (returncode, output)."""
     tasks = [
-        _preflight_task(),
+        *_preflight_tasks(),
         {"name": "Write enroot.conf", "enroot_conf": {
             "path": str(tmp_path / "enroot.conf"), "mode": "0644",
             "settings": "{{ container_runtime_enroot_settings }}"}},
@@ -44,7 +45,8 @@ def play(tmp_path, **overrides):
         "container_runtime_storage_root": "/var/lib/berth",
         "container_runtime_venv": "/opt/berth/venv", **overrides},
         ANSIBLE_LIBRARY=str(REPO / "library"),
-        ANSIBLE_MODULE_UTILS=str(REPO / "plugins" / "module_utils"))
+        ANSIBLE_MODULE_UTILS=str(REPO / "plugins" / "module_utils"),
+        ANSIBLE_FILTER_PLUGINS=str(REPO / "plugins" / "filter"))
 
 
 def _runtime(tmp_path):
@@ -93,3 +95,27 @@ def test_a_sibling_with_the_stores_name_as_prefix_is_fine(tmp_path):
                      container_runtime_image_store_local="/shared/store-local")
     assert code == 0, out
     assert store.local_path(_runtime(tmp_path)) == "/shared/store-local"
+
+
+def test_a_cap_of_the_copies_is_rendered_and_read_by_the_runtime(tmp_path):
+    code, out = play(tmp_path, container_runtime_image_store="/shared/store",
+                     container_runtime_image_store_local="/var/lib/berth-store-local",
+                     container_runtime_image_store_local_max_size="500G")
+    assert code == 0, out
+    assert "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE 500G\n" in (tmp_path / "enroot.conf").read_text()
+    assert store.local_limit(_runtime(tmp_path)) == 500 * 2**30
+
+
+@pytest.mark.parametrize("local, max_size, message", [
+    ("", "500G", "container_runtime_image_store_local_max_size=500G\nis set but "
+                 "container_runtime_image_store_local is empty"),
+    ("/var/lib/berth-store-local", "lots",
+     "container_runtime_image_store_local_max_size=lots: expected bytes or a"),
+])
+def test_the_preflight_refuses_a_cap_the_runtime_would(tmp_path, local, max_size, message):
+    code, out = play(tmp_path, container_runtime_image_store="/shared/store",
+                     container_runtime_image_store_local=local,
+                     container_runtime_image_store_local_max_size=max_size)
+    assert code != 0
+    assert " ".join(message.split()) in " ".join(out.split()), out
+    assert not (tmp_path / "enroot.conf").exists()

@@ -42,6 +42,8 @@ KEYS = {
     "BERTH_IMAGE_STORE_SOCKET": PATH,
     "BERTH_IMAGE_STORE_OWNER": TEXT,
     "BERTH_IMAGE_STORE_LOCAL": PATH,
+    # a size (runtime/berth/units.py), checked by the role's preflight
+    "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": TEXT,
 }
 
 # (low, high) of each count, both inclusive

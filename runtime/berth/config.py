@@ -63,6 +63,9 @@ def _defaults(env):
         "BERTH_IMAGE_STORE_OWNER": "berth-store",
         # a node-local directory for copies of the store's entries; empty: none
         "BERTH_IMAGE_STORE_LOCAL": "",
+        # the most those copies hold together (a size: 200G); empty: no cap
+        # but the free-space floor
+        "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": "",
     }
 
 

@@ -26,6 +26,7 @@ from test_store import (  # noqa: E402,F401 (fixtures)
 from berth import config  # noqa: E402
 from berth.store import paths as store  # noqa: E402
 from berth.errors import BerthError  # noqa: E402
+from berth.image.cache import human_size  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not shutil.which("docker-registry"),
@@ -43,10 +44,13 @@ def local(site):
 
 
 def _set_local(site, path):
+    _set(site, "BERTH_IMAGE_STORE_LOCAL", path)
+
+
+def _set(site, key, value):
     conf = site.sysconf / "enroot.conf"
-    lines = [line for line in conf.read_text().splitlines(True)
-             if not line.startswith("BERTH_IMAGE_STORE_LOCAL ")]
-    conf.write_text("".join(lines) + f"BERTH_IMAGE_STORE_LOCAL {path}\n")
+    lines = [line for line in conf.read_text().splitlines(True) if not line.startswith(f"{key} ")]
+    conf.write_text("".join(lines) + f"{key} {value}\n")
 
 
 def _copies(service):
@@ -358,6 +362,40 @@ def test_copies_keep_a_floor_free_and_make_room_by_least_recent_use(site, servic
     assert _copy_names(local) == [entry.name]
 
 
+def test_copies_stay_under_their_cap_and_an_entry_over_it_alone_takes_nothing(site, service,
+                                                                             proxy, local):
+    """BERTH_IMAGE_STORE_LOCAL_MAX_SIZE: the copies together stay under it
+    however much disk is free; an entry larger than the cap is not copied,
+    and costs the others nothing."""
+    first = site.run(ALICE, "--quiet", "import", "--cache-only", uri_of(proxy))
+    assert first.returncode == 0, first.stderr
+    [entry] = site.store_images()
+    Path(first.stdout.strip()).unlink()
+    size, roomy = entry.stat().st_size, 1 << 40
+    older = local / f"{'a' * 64}.sqsh"
+    older.write_bytes(entry.read_bytes())
+    os.chown(older, site.users[STORE_USER].pw_uid, site.users[STORE_USER].pw_gid)
+    os.utime(older, (time.time() - 86400, time.time() - 86400))
+
+    # over the cap by itself: the store's entry, the older copy kept
+    _set(site, "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE", size - 1)
+    alone = _copy_on_a_disk_of(site, entry, roomy)
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout == f"{entry}\n"
+    assert alone.stderr == (f"berth: not copying {entry} to {local}: it alone is larger than "
+                            f"BERTH_IMAGE_STORE_LOCAL_MAX_SIZE ({human_size(size - 1)}); "
+                            "answering the store's entry\n")
+    assert _copy_names(local) == [older.name]
+
+    # room for one: the least recently used copy goes for it
+    _set(site, "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE", size + size // 2)
+    made = _copy_on_a_disk_of(site, entry, roomy)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout == f"{local / entry.name}\n"
+    assert f"berth: removed {older} (least recently used, for a new copy)\n" in made.stderr
+    assert _copy_names(local) == [entry.name]
+
+
 # -- the key itself ---------------------------------------------------------------
 
 def _cfg(tmp_path, **values):
@@ -382,6 +420,30 @@ def test_a_wrong_local_directory_is_one_line_naming_the_key(tmp_path, values, me
         store.local_path(_cfg(tmp_path, **values))
     assert str(raised.value).startswith(message)
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"BERTH_IMAGE_STORE": "/shared/store", "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": "500G"},
+     "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE=500G: set without BERTH_IMAGE_STORE_LOCAL"),
+    ({"BERTH_IMAGE_STORE": "/shared/store", "BERTH_IMAGE_STORE_LOCAL": "/var/lib/berth-local",
+      "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": "lots"},
+     "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE=lots: expected a size such as 200G"),
+    ({"BERTH_IMAGE_STORE": "/shared/store", "BERTH_IMAGE_STORE_LOCAL": "/var/lib/berth-local",
+      "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": "-1G"},
+     "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE=-1G: expected a size"),
+])
+def test_a_wrong_cap_of_the_copies_is_one_line_naming_the_key(tmp_path, values, message):
+    with pytest.raises(BerthError) as raised:
+        store.local_limit(_cfg(tmp_path, **values))
+    assert str(raised.value).startswith(message)
+    assert "\n" not in str(raised.value)
+
+
+def test_the_cap_reads_the_runtimes_sizes(tmp_path):
+    local = {"BERTH_IMAGE_STORE": "/shared/store", "BERTH_IMAGE_STORE_LOCAL": "/var/lib/l"}
+    assert store.local_limit(_cfg(tmp_path, **local)) is None
+    assert store.local_limit(_cfg(tmp_path, **local, BERTH_IMAGE_STORE_LOCAL_MAX_SIZE="1.5T")) \
+        == int(1.5 * 2**40)
 
 
 def test_no_local_directory_is_todays_behaviour(tmp_path):

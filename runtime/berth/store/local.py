@@ -10,9 +10,11 @@ answers the copy, which steps then mount instead of the shared file.
 A copy is written under its temporary name, fsync'ed and renamed, so
 <key>.sqsh is whole or absent. A copy never leaves less than
 squash.free_floor() of LOCAL's filesystem free (a tenth, and at least
-1 GiB): any user can ask the store for every entry it holds. Copies of other entries, least recently
-used first and none being written, make room for it; where that is not
-enough the step mounts the store's entry instead. sweep(), after each answer, removes the
+1 GiB), nor takes the copies together over BERTH_IMAGE_STORE_LOCAL_MAX_SIZE
+where that is set: any user can ask the store for every entry it holds.
+Copies of other entries, least recently used first and none being written,
+make room for it; where that is not enough (or the entry alone is over the
+cap) the step mounts the store's entry instead. sweep(), after each answer, removes the
 copies whose entry left the store, the temporary files of killed copies and
 the lock files of keys with no copy, each with the key's lock held.
 
@@ -31,7 +33,7 @@ import time
 from berth.errors import BerthError
 from berth.image import squash
 from berth.image.cache import human_size, last_use
-from berth.store.paths import local_path, walk
+from berth.store.paths import local_limit, local_path, walk
 
 _COPY_NAME = re.compile(r"([0-9a-f]{64})\.sqsh(\.tmp-.+)?")
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -144,6 +146,7 @@ def copied(cfg, image):
     local = local_path(cfg)
     if local is None:
         return image
+    limit = local_limit(cfg)
     name = os.path.basename(image)
     key = name[:-len(".sqsh")]
     with _Local(local, make=True) as here:
@@ -154,11 +157,10 @@ def copied(cfg, image):
                 return os.path.join(local, name)
             here.remove_partials(key)
             try:
-                floor = _make_room(here, os.stat(image).st_size, key)
-                if floor:
-                    print(f"berth: not copying {image} to {local}: it would leave less than "
-                          f"{human_size(floor)} free there; answering the store's entry",
-                          file=sys.stderr)
+                short = _make_room(here, os.stat(image).st_size, key, limit)
+                if short:
+                    print(f"berth: not copying {image} to {local}: {short}; answering the "
+                          "store's entry", file=sys.stderr)
                     return image
                 _copy(image, here, name)
             except OSError as e:
@@ -168,21 +170,39 @@ def copied(cfg, image):
     return os.path.join(local, name)
 
 
-def _floor_missed(here, need):
-    """The floor (bytes) that a copy of `need` bytes would leave LOCAL's
-    filesystem under, or 0 when it fits above it."""
+def _held(here):
+    """The bytes LOCAL's copies and their temporary files take."""
+    total = 0
+    for name in os.listdir(here.fd):
+        if _COPY_NAME.fullmatch(name):
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(name, dir_fd=here.fd, follow_symlinks=False).st_size
+    return total
+
+
+def _shortfall(here, need, limit):
+    """Why a copy of `need` bytes does not fit now (the free-space floor it
+    would leave LOCAL's filesystem under, or the cap it would take the copies
+    over), or None when it fits."""
     st = os.fstatvfs(here.fd)
     floor = squash.free_floor(st)
-    return floor if st.f_bavail * st.f_frsize - need < floor else 0
+    if st.f_bavail * st.f_frsize - need < floor:
+        return f"it would leave less than {human_size(floor)} free there"
+    if limit is not None and _held(here) + need > limit:
+        return f"the copies would hold more than BERTH_IMAGE_STORE_LOCAL_MAX_SIZE ({human_size(limit)})"
+    return None
 
 
-def _make_room(here, need, key):
-    """0 when a copy of `need` bytes fits above the floor, once the least
-    recently used copies of other keys went for it (each with its lock
-    held: none is being written); else the floor it would miss."""
-    floor = _floor_missed(here, need)
-    if not floor:
-        return 0
+def _make_room(here, need, key, limit):
+    """None when a copy of `need` bytes fits, once the least recently used
+    copies of other keys went for it (each with its lock held: none is
+    being written); else why it does not. An entry over the cap by itself
+    takes nothing from the others."""
+    if limit is not None and need > limit:
+        return f"it alone is larger than BERTH_IMAGE_STORE_LOCAL_MAX_SIZE ({human_size(limit)})"
+    short = _shortfall(here, need, limit)
+    if not short:
+        return None
     copies = []
     for name in os.listdir(here.fd):
         match = _COPY_NAME.fullmatch(name)
@@ -198,10 +218,10 @@ def _make_room(here, need, key):
                 os.unlink(f"{other}.sqsh", dir_fd=here.fd)
                 print(f"berth: removed {here.path}/{other}.sqsh (least recently used, "
                       "for a new copy)", file=sys.stderr)
-        floor = _floor_missed(here, need)
-        if not floor:
-            return 0
-    return floor
+        short = _shortfall(here, need, limit)
+        if not short:
+            return None
+    return short
 
 
 def _copy(image, here, name):

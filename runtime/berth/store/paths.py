@@ -18,7 +18,7 @@ import pwd
 import stat
 import time
 
-from berth import safedir
+from berth import safedir, units
 from berth.errors import BerthError
 from berth.image import squash
 from berth.image.cache import IMAGE_NAME, human_size
@@ -74,6 +74,21 @@ def local_path(cfg):
             raise BerthError(f"BERTH_IMAGE_STORE_LOCAL={local}: inside BERTH_IMAGE_STORE="
                              f"{store}; it must be a node-local directory")
     return local
+
+
+def local_limit(cfg):
+    """BERTH_IMAGE_STORE_LOCAL_MAX_SIZE in bytes, or None when not set."""
+    text = cfg["BERTH_IMAGE_STORE_LOCAL_MAX_SIZE"].strip()
+    if not text:
+        return None
+    if local_path(cfg) is None:
+        raise BerthError(f"BERTH_IMAGE_STORE_LOCAL_MAX_SIZE={text}: set without "
+                         "BERTH_IMAGE_STORE_LOCAL, so there are no copies to cap")
+    limit = units.size(text)
+    if limit is None:
+        raise BerthError(f"BERTH_IMAGE_STORE_LOCAL_MAX_SIZE={text}: expected a size such as "
+                         "200G (bytes, or K, M, G or T)")
+    return limit
 
 
 def owner_uid(cfg):

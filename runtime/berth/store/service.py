@@ -34,7 +34,7 @@ from berth import safedir
 from berth.errors import AccessDenied, BerthError, ImageNotFound, Terminated, raise_terminated
 from berth.image import archive, reference, registries, squash
 from berth.image.cache import ImageCache, human_size
-from berth.store.paths import configured_path, local_path, owned_store
+from berth.store.paths import configured_path, local_limit, local_path, owned_store
 
 REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
 REQUEST_TIMEOUT = 30  # seconds a connection has to send its request
@@ -112,7 +112,8 @@ def _serve_request(cfg):
     uri = _request(sys.stdin.fileno())
     ref = _registry_reference(uri)
     _make_store(store)
-    local_path(cfg)  # a wrong BERTH_IMAGE_STORE_LOCAL: before any import
+    local_path(cfg)  # wrong node-local copy settings: refused before any import
+    local_limit(cfg)
     image = _import(cfg, store, uri, ref, uid)
     from berth.store import local
     return local.copied(cfg, image)
