@@ -324,6 +324,11 @@ if [[ $mode == real ]]; then
     check "--container-readonly beats ENROOT_ROOTFS_WRITABLE=yes of the environment" "ENROOT_ROOTFS_WRITABLE=yes srun $img --container-readonly sh -c 'touch /probe 2>/dev/null && echo writable || echo read-only'" "read-only"
     check "PYXIS_CONTAINER_WRITABLE=0 beats it as the flag does" "ENROOT_ROOTFS_WRITABLE=yes PYXIS_CONTAINER_WRITABLE=0 srun $img sh -c 'touch /probe 2>/dev/null && echo writable || echo read-only'" "read-only"
     check "--no-container-remap-root beats ENROOT_REMAP_ROOT=yes of the environment" "ENROOT_REMAP_ROOT=yes srun $img --no-container-remap-root id -u" "1000"
+    # --container-unshare=uts: a remapped root names its own host; an ordinary task holds no
+    # capability to (enroot's switchroot leaves an ordinary user none either); the node keeps its name
+    check "--container-unshare=uts, remapped root: its own host name, the node's untouched" "srun $img --container-unshare=uts --container-remap-root sh -c 'busybox hostname container-test && busybox hostname' && hostname" "container-test
+bspk-node"
+    check "--container-unshare=uts, not remapped: no capability to rename the host" "srun $img --container-unshare=uts sh -c 'busybox hostname container-test'" "Operation not permitted"
     check "--environment \${VAR} from the submitter" "EDF_SRC=/srv/registry srun --environment=e2e ls /data" "image.sqsh"
     check "--environment annotations reach the hooks" "$edf env" "HOOK_SAW=vanilla"
     check "--environment=PATH.toml" "EDF_SRC=/srv/data srun --environment=/home/alice/.edf/e2e.toml cat /data/hello" "hello-from-host"
