@@ -44,6 +44,13 @@ KEYS = {
     "BERTH_IMAGE_STORE_LOCAL": PATH,
     # a size (runtime/berth/units.py), checked by the role's preflight
     "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": TEXT,
+    # the network tools' environment, as enroot.conf may set it
+    "http_proxy": TEXT,
+    "https_proxy": TEXT,
+    "all_proxy": TEXT,
+    "no_proxy": TEXT,
+    "SSL_CERT_FILE": PATH,
+    "SSL_CERT_DIR": PATH,
 }
 
 # (low, high) of each count, both inclusive

@@ -256,6 +256,7 @@ def main(argv=None):
     module_name, func_name = VERBS[args.verb][1].split(":")
     try:
         cfg = config.load()
+        os.environ.update(cfg.network_environment())
         func = getattr(importlib.import_module(module_name), func_name)
         return func(args, cfg)
     except BerthError as e:

@@ -76,8 +76,15 @@ def _which(program):
     )
 
 
+#: enroot.conf keys that are the network tools' environment rather than
+#: settings of the runtime's own (enroot exports them for curl): set in a file
+#: or the environment, they are put in berth's environment, where the
+#: registry client reads them (proxies, and the CA certificates it trusts).
+NETWORK_ENVIRONMENT = ("http_proxy", "https_proxy", "all_proxy", "no_proxy",
+                       "SSL_CERT_FILE", "SSL_CERT_DIR")
+
 #: Every key enroot.conf may set; anything else in a file is an error.
-KEYS = frozenset(_defaults({"HOME": "/"}))
+KEYS = frozenset(_defaults({"HOME": "/"})) | frozenset(NETWORK_ENVIRONMENT)
 
 #: enroot's keys that Berth refuses in a file, each with why: a site that
 #: sets one expects an effect Berth cannot give.
@@ -135,6 +142,10 @@ class Config:
 
     def items(self):
         return self._values.items()
+
+    def network_environment(self):
+        """The NETWORK_ENVIRONMENT keys set in a file or the environment."""
+        return {key: self._values[key] for key in NETWORK_ENVIRONMENT if self._values.get(key)}
 
     def flag(self, key):
         value = self._values[key].strip().lower()

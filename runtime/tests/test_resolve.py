@@ -238,6 +238,30 @@ def test_a_proxy_in_the_environment_is_honoured(tmp_path, env, proxy, registry, 
         forward.stop()
 
 
+def test_a_proxy_in_enroot_conf_is_honoured_as_enroot_honours_it(tmp_path, env, proxy, registry):
+    """enroot.conf may set http_proxy, https_proxy, all_proxy, no_proxy,
+    SSL_CERT_FILE and SSL_CERT_DIR, as enroot's does for curl; the
+    environment's value wins over the file's."""
+    forward, other = ForwardProxy(), ForwardProxy()
+    try:
+        uri = f"docker://{proxy.host}#test/app:v1"
+        env = {k: v for k, v in env.items() if not k.lower().endswith("_proxy")}
+        sysconf = Path(env["ENROOT_SYSCONF_PATH"])
+        sysconf.mkdir(parents=True, exist_ok=True)
+        (sysconf / "enroot.conf").write_text(
+            f"http_proxy {forward.url}\nSSL_CERT_DIR /etc/ssl/certs\n")
+        assert resolved(uri, env, tmp_path) == f"docker://{proxy.host}#test/app@{registry.app_digest}"
+        assert forward.urls == [f"http://{proxy.host}/v2/test/app/manifests/v1"]
+        resolved(uri, dict(env, http_proxy=other.url), tmp_path)
+        assert len(forward.urls) == 1 and len(other.urls) == 1
+        (sysconf / "enroot.conf").write_text(f"http_proxy {forward.url}\nno_proxy 127.0.0.1\n")
+        resolved(uri, env, tmp_path)
+        assert len(forward.urls) == 1 and len(proxy.requests) == 3
+    finally:
+        forward.stop()
+        other.stop()
+
+
 @pytest.mark.parametrize("uri, message", [
     ("docker://{host}#test/absent:v1", "image not found: {host}/test/absent:v1"),
     ("docker://{dead}#test/app:v1", "Connection refused"),

@@ -78,8 +78,9 @@ def proxied(environ=None):
 
 def ca_bundle():
     """The file or directory of CA certificates requests verifies against,
-    or None: the ssl module's defaults."""
-    for key in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+    or None: the ssl module's defaults. SSL_CERT_FILE and SSL_CERT_DIR, which
+    OpenSSL and curl (so enroot) read, count too: requests alone would not."""
+    for key in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR"):
         if os.environ.get(key):
             return os.environ[key]
     try:
