@@ -57,6 +57,8 @@ def _defaults(env):
         "ENROOT_MOUNT_HOME": "no",
         "ENROOT_RESTRICT_DEV": "no",
         "ENROOT_FORCE_OVERRIDE": "no",
+        # no: an image's writable overlay is always fuse-overlayfs's
+        "ENROOT_NATIVE_OVERLAYFS": "yes",
         # Berth's own: the shared image store (store/); an empty path is none.
         "BERTH_IMAGE_STORE": "",
         "BERTH_IMAGE_STORE_SOCKET": "/run/berth-store.sock",
@@ -89,6 +91,8 @@ KEYS = frozenset(_defaults({"HOME": "/"})) | frozenset(NETWORK_ENVIRONMENT)
 #: enroot's keys that Berth refuses in a file, each with why: a site that
 #: sets one expects an effect Berth cannot give.
 REFUSED = {
+    "ENROOT_BUNDLE_ALL": "Berth makes no bundles (enroot bundle is not supported)",
+    "ENROOT_BUNDLE_CHECKSUM": "Berth makes no bundles (enroot bundle is not supported)",
     "ENROOT_ZSTD_OPTIONS": "Berth compresses nothing with zstd (it only decompresses zstd "
                            "layers; the squashfs compression is ENROOT_SQUASH_OPTIONS)",
 }

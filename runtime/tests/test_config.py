@@ -56,6 +56,26 @@ def test_zstd_options_are_refused_naming_file_line_and_key(tmp_path):
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("key", ["ENROOT_BUNDLE_ALL", "ENROOT_BUNDLE_CHECKSUM"])
+def test_enroot_4s_bundle_keys_are_refused_saying_why(tmp_path, key):
+    write(tmp_path / "enroot.conf", f"{key} yes\n")
+    with pytest.raises(BerthError) as refused:
+        config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path)})
+    assert str(refused.value) == (f"{tmp_path}/enroot.conf:1: {key} is not supported: "
+                                  "Berth makes no bundles (enroot bundle is not supported)")
+
+
+def test_enroot_4s_keys_load_from_an_enroot_conf(tmp_path):
+    """enroot 4's enroot.conf, its settings uncommented, loads (but bundles)."""
+    write(tmp_path / "enroot.conf", "ENROOT_NATIVE_OVERLAYFS no\nENROOT_UNSHARE_UTS yes\n"
+                                    "https_proxy http://proxy.example:3128\nno_proxy .example\n"
+                                    "SSL_CERT_DIR /etc/ssl/certs\n")
+    cfg = config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path)})
+    assert cfg.flag("ENROOT_NATIVE_OVERLAYFS") is False
+    assert cfg.network_environment() == {"https_proxy": "http://proxy.example:3128",
+                                         "no_proxy": ".example", "SSL_CERT_DIR": "/etc/ssl/certs"}
+
+
 @pytest.mark.parametrize("value", ["maybe", "2"])
 def test_bad_boolean_names_the_key(tmp_path, value):
     cfg = config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path), "ENROOT_REMAP_ROOT": value})

@@ -440,6 +440,16 @@ def test_start_image_directly(berth, images):
     assert servers == ""
 
 
+@pytest.mark.parametrize("native, fstype", [("yes", "overlay"), ("no", "fuse.fuse-overlayfs")])
+def test_native_overlayfs_no_takes_fuse_overlayfs_as_enroot_does(berth, images, native, fstype):
+    # (a read-only start: a writable one unpacks the image, BERTH_WRITABLE_IMAGE)
+    out = berth.ok("start", images / "app.sqsh", "awk",
+                   '$5 == "/" { for (i = 7; $i != "-"; i++); print $(i + 1) }',
+                   "/proc/self/mountinfo", env={"ENROOT_NATIVE_OVERLAYFS": native})
+    assert out.split() == [fstype]
+    assert berth.leftovers() == []
+
+
 @pytest.mark.skipif(not AS_ROOT, reason="mounts over /dev/fuse")
 def test_image_start_says_when_fuse_is_unusable(berth, images):
     """/dev/fuse at 0600 in a mount namespace of this start's own (a root-owned

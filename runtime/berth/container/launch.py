@@ -149,7 +149,8 @@ def _build(plan, status):
         # missing in the image can then be created (in the tmpfs upper dir).
         root = f"{plan.runtime}/root"
         _send(status, f"fuse {mounts.mount_squashfs(plan.image, f'{plan.runtime}/lower')}")
-        server = rootfs.mount_overlay(f"{plan.runtime}/lower", root, f"{plan.runtime}/rw")
+        server = rootfs.mount_overlay(f"{plan.runtime}/lower", root, f"{plan.runtime}/rw",
+                                      native=plan.cfg.flag("ENROOT_NATIVE_OVERLAYFS"))
         if server:
             _send(status, f"fuse {server}")
     else:

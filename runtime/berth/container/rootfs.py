@@ -39,21 +39,24 @@ def image_config(root):
     return config
 
 
-def mount_overlay(lower, target, scratch):
+def mount_overlay(lower, target, scratch, native=True):
     """A writable overlay over `lower`, upper and work dirs on a private tmpfs.
 
-    Kernel overlayfs first; where the kernel refuses (old kernels in a user
-    namespace, some lower filesystems) fuse-overlayfs stands in and its pid
-    is returned (None for the kernel's).
+    Kernel overlayfs first (unless not `native`: ENROOT_NATIVE_OVERLAYFS=no);
+    where the kernel refuses (old kernels in a user namespace, some lower
+    filesystems) fuse-overlayfs stands in and its pid is returned (None for
+    the kernel's).
     """
     os.makedirs(scratch, exist_ok=True)
     sc.mount("tmpfs", scratch, "tmpfs", 0, "mode=0700")
     os.mkdir(f"{scratch}/upper")
     os.mkdir(f"{scratch}/work")
     options = f"lowerdir={lower},upperdir={scratch}/upper,workdir={scratch}/work"
+    refused = "ENROOT_NATIVE_OVERLAYFS=no"
     try:
-        sc.mount("overlay", target, "overlay", 0, options)
-        return None
+        if native:
+            sc.mount("overlay", target, "overlay", 0, options)
+            return None
     except OSError as e:
         refused = e.strerror
     try:
