@@ -5,46 +5,29 @@ does (fails, hangs), the login goes on. A stand-in berth records how it was
 called; the real setup-user has its own tests (test_userdirs.py), and the
 PAM wiring is tested on the cluster (molecule test_login_node.py)."""
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from ansible_module import run_playbook
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 TIMEOUT = 2
-
-PLAY = """
-- hosts: localhost
-  gather_facts: false
-  tasks:
-    - name: Render the login hook
-      ansible.builtin.template:
-        src: "{{ repo }}/roles/container_runtime/templates/berth-login-user-dirs.sh.j2"
-        dest: "{{ output }}"
-        mode: "0755"
-"""
 
 
 @pytest.fixture(scope="module")
 def hook(tmp_path_factory):
     top = tmp_path_factory.mktemp("login-hook")
     (top / "venv" / "bin").mkdir(parents=True)
-    play, output = top / "play.yml", top / "berth-login-user-dirs"
-    play.write_text(PLAY)
-    extra = {"repo": str(REPO), "output": str(output), "container_runtime_venv": str(top / "venv"),
-             "container_runtime_login_user_dirs_timeout": TIMEOUT}
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_DEPRECATION_WARNINGS="false", ANSIBLE_LOCALHOST_WARNING="false",
-               ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
-    result = subprocess.run(
-        [BIN / "ansible-playbook", "-i", "localhost,", "-c", "local", play,
-         "-e", f"ansible_python_interpreter={sys.executable}", "-e", json.dumps(extra)],
-        env=env, capture_output=True, text=True, timeout=180, cwd=REPO)
-    assert result.returncode == 0, result.stdout[-3000:]
+    template = REPO / "roles/container_runtime/templates/berth-login-user-dirs.sh.j2"
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [{
+        "name": "Render the login hook",
+        "ansible.builtin.template": {"src": str(template), "dest": str(top / "berth-login-user-dirs"),
+                                     "mode": "0755"}}]}]
+    code, out = run_playbook(top, play, {
+        "container_runtime_venv": str(top / "venv"),
+        "container_runtime_login_user_dirs_timeout": TIMEOUT}, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
+    assert code == 0, out[-3000:]
     return top
 
 

@@ -405,36 +405,31 @@ def _cfg(tmp_path, **values):
     return config.load({"ENROOT_SYSCONF_PATH": str(sysconf), "HOME": str(tmp_path)})
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"BERTH_IMAGE_STORE_LOCAL": "/var/lib/berth-local"},
+@pytest.mark.parametrize("read, values, message", [
+    ("local_path", {"BERTH_IMAGE_STORE_LOCAL": "/var/lib/berth-local"},
      "BERTH_IMAGE_STORE_LOCAL=/var/lib/berth-local: set without BERTH_IMAGE_STORE"),
-    ({"BERTH_IMAGE_STORE": "/shared/store", "BERTH_IMAGE_STORE_LOCAL": "local"},
+    ("local_path", {"BERTH_IMAGE_STORE": "/shared/store", "BERTH_IMAGE_STORE_LOCAL": "local"},
      "BERTH_IMAGE_STORE_LOCAL=local: not an absolute path"),
-    ({"BERTH_IMAGE_STORE": "/shared/store", "BERTH_IMAGE_STORE_LOCAL": "/shared/store/local"},
+    ("local_path", {"BERTH_IMAGE_STORE": "/shared/store",
+                    "BERTH_IMAGE_STORE_LOCAL": "/shared/store/local"},
      "BERTH_IMAGE_STORE_LOCAL=/shared/store/local: inside BERTH_IMAGE_STORE=/shared/store"),
-    ({"BERTH_IMAGE_STORE": "/shared/store", "BERTH_IMAGE_STORE_LOCAL": "/shared/store/"},
+    ("local_path", {"BERTH_IMAGE_STORE": "/shared/store", "BERTH_IMAGE_STORE_LOCAL": "/shared/store/"},
      "BERTH_IMAGE_STORE_LOCAL=/shared/store: inside BERTH_IMAGE_STORE=/shared/store"),
-])
-def test_a_wrong_local_directory_is_one_line_naming_the_key(tmp_path, values, message):
-    with pytest.raises(BerthError) as raised:
-        store.local_path(_cfg(tmp_path, **values))
-    assert str(raised.value).startswith(message)
-    assert "\n" not in str(raised.value)
-
-
-@pytest.mark.parametrize("values, message", [
-    ({"BERTH_IMAGE_STORE": "/shared/store", "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": "500G"},
+    ("local_limit", {"BERTH_IMAGE_STORE": "/shared/store",
+                     "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": "500G"},
      "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE=500G: set without BERTH_IMAGE_STORE_LOCAL"),
-    ({"BERTH_IMAGE_STORE": "/shared/store", "BERTH_IMAGE_STORE_LOCAL": "/var/lib/berth-local",
-      "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": "lots"},
+    ("local_limit", {"BERTH_IMAGE_STORE": "/shared/store",
+                     "BERTH_IMAGE_STORE_LOCAL": "/var/lib/berth-local",
+                     "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": "lots"},
      "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE=lots: expected a size such as 200G"),
-    ({"BERTH_IMAGE_STORE": "/shared/store", "BERTH_IMAGE_STORE_LOCAL": "/var/lib/berth-local",
-      "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": "-1G"},
+    ("local_limit", {"BERTH_IMAGE_STORE": "/shared/store",
+                     "BERTH_IMAGE_STORE_LOCAL": "/var/lib/berth-local",
+                     "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": "-1G"},
      "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE=-1G: expected a size"),
 ])
-def test_a_wrong_cap_of_the_copies_is_one_line_naming_the_key(tmp_path, values, message):
+def test_a_wrong_local_setting_is_one_line_naming_the_key(tmp_path, read, values, message):
     with pytest.raises(BerthError) as raised:
-        store.local_limit(_cfg(tmp_path, **values))
+        getattr(store, read)(_cfg(tmp_path, **values))
     assert str(raised.value).startswith(message)
     assert "\n" not in str(raised.value)
 
