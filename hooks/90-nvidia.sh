@@ -278,10 +278,12 @@ bind_devices() {
     fi
 }
 
+# The bin directories beside the driver's library directories (program_path).
+declare -A driver_bin_dirs=()
+
 # Every cache entry named after a wanted library, native (64-bit) and, with
 # compat32, 32-bit; the entry's name stays (it is the soname programs ask
 # for), its file is the resolved target.
-declare -A driver_bin_dirs=()
 bind_libraries() {
     local entries name bits target dirs=$lib64_dir line parent
     [ "${#wanted_libs[@]}" -gt 0 ] || return 0
