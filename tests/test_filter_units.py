@@ -47,13 +47,15 @@ def play(tmp_path, **sizes):
 
 def test_the_preflight_passes_every_size_the_runtime_takes(tmp_path):
     code, out = play(tmp_path, container_runtime_cache_max_size="1.5T",
-                     container_runtime_image_store_max_size="")
+                     container_runtime_image_store_max_size="",
+                     container_runtime_image_store_local_max_size="500G")
     assert code == 0, out
 
 
 def test_the_preflight_refuses_a_size_the_runtime_would(tmp_path):
     code, out = play(tmp_path, container_runtime_cache_max_size="20G",
-                     container_runtime_image_store_max_size="20 G")
+                     container_runtime_image_store_max_size="20 G",
+                     container_runtime_image_store_local_max_size="")
     assert code != 0
     assert "container_runtime_image_store_max_size=20 G: expected bytes or a size such as " \
         "500M or 200G, or \"\" for no limit" in out
