@@ -207,6 +207,16 @@ def test_hook_environment_mapping():
         "BERTH_HOOK_PMIX_ENABLE": "0", "BERTH_HOOK_PMIX_MAX_RANKS": "8"}
 
 
+def test_the_cscs_engines_enabled_strings_switch_a_hook_as_enable_does():
+    resolved = {"annotations": {
+        "com.hooks.nvidia.enabled": "false", "com.hooks.pmix.enabled": "true",
+        "com.hooks.ofi-nccl.enabled": True, "com.hooks.ofi-nccl.enable": True,
+        "com.hooks.ofi-nccl.variant": "cuda12"}}
+    assert edf.hook_environment(resolved) == {
+        "BERTH_HOOK_NVIDIA_ENABLE": "0", "BERTH_HOOK_PMIX_ENABLE": "1",
+        "BERTH_HOOK_OFI_NCCL_ENABLE": "1", "BERTH_HOOK_OFI_NCCL_VARIANT": "cuda12"}
+
+
 def test_unknown_hook_lists_installed_ones(site):
     path = write(site / "edf", "h.toml", '[annotations]\n"com.hooks.cxi.enable" = true\n')
     message = failure(site, "h")
@@ -216,6 +226,10 @@ def test_unknown_hook_lists_installed_ones(site):
 
 @pytest.mark.parametrize("annotations, expected", [
     ('com.hooks.pmix.enable = "yes"', "annotation 'com.hooks.pmix.enable' must be true or false"),
+    ('com.hooks.pmix.enabled = "True"', "annotation 'com.hooks.pmix.enabled' must be true or false"),
+    ('com.hooks.pmix.enabled = 1', "annotation 'com.hooks.pmix.enabled' must be true or false"),
+    ('com.hooks.pmix.enable = true\ncom.hooks.pmix.enabled = "false"',
+     "annotations 'com.hooks.pmix.enable' and 'com.hooks.pmix.enabled' disagree"),
     ('"com.hooks.pmix" = true', "annotation 'com.hooks.pmix' is not com.hooks.NAME.PARAM"),
 ])
 def test_bad_hook_annotations(site, annotations, expected):

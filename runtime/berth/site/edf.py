@@ -350,10 +350,12 @@ def _env_name(text):
 def hook_environment(resolved, hooks_dir=None):
     """Environment variables that pass `com.hooks.*` annotations to hooks.
 
-    `com.hooks.NAME.enable = true|false` -> BERTH_HOOK_NAME_ENABLE=1|0;
-    `com.hooks.NAME.PARAM = value` -> BERTH_HOOK_NAME_PARAM=value (booleans
-    as 1/0); names upper-cased, anything not a letter or digit becomes '_'.
-    With `hooks_dir`, a NAME with no hook installed there is an error.
+    `com.hooks.NAME.enable = true|false` -> BERTH_HOOK_NAME_ENABLE=1|0, and
+    the CSCS engine's current spelling, `com.hooks.NAME.enabled = "true"|"false"`
+    (strings; booleans too), the same; `com.hooks.NAME.PARAM = value` ->
+    BERTH_HOOK_NAME_PARAM=value (booleans as 1/0); names upper-cased,
+    anything not a letter or digit becomes '_'. With `hooks_dir`, a NAME with
+    no hook installed there is an error.
     """
     installed = installed_hooks(hooks_dir) if hooks_dir is not None else None
     sources = resolved.get("sources", {})
@@ -369,12 +371,30 @@ def hook_environment(resolved, hooks_dir=None):
             known = ", ".join(sorted(installed)) or "none"
             raise BerthError(f"{where}: annotation '{key}' names hook '{name}', which is not "
                              f"installed in {hooks_dir} (installed: {known})")
-        if param == "enable" and not isinstance(value, bool):
-            raise BerthError(f"{where}: annotation '{key}' must be true or false")
+        if param in _SWITCHES:
+            value = "1" if _switch(value, key, where) else "0"
+            param = "enable"
+            variable = f"BERTH_HOOK_{_env_name(name)}_ENABLE"
+            if hook_env.get(variable, value) != value:
+                raise BerthError(f"{where}: annotations 'com.hooks.{name}.enable' and "
+                                 f"'com.hooks.{name}.enabled' disagree")
         if isinstance(value, bool):
             value = "1" if value else "0"
         hook_env[f"BERTH_HOOK_{_env_name(name)}_{_env_name(param)}"] = str(value)
     return hook_env
+
+
+# A hook's on/off annotation: Berth's `enable` (a boolean) and the CSCS
+# engine's `enabled` (the string "true" or "false" in its documentation).
+_SWITCHES = ("enable", "enabled")
+
+
+def _switch(value, key, where):
+    if isinstance(value, str) and value in ("true", "false"):
+        return value == "true"
+    if not isinstance(value, bool):
+        raise BerthError(f"{where}: annotation '{key}' must be true or false")
+    return value
 
 
 # ---------------------------------------------------------------- output
