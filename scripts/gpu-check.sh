@@ -86,34 +86,34 @@ median_ms() { # COMMAND...: the median of five runs, in milliseconds
 }
 
 run_checks() {
-    local out rc host_list count smi lib inside outside gpu_start plain_start hook_alone
+    local out rc host_list count sums lib inside outside gpu_start plain_start hook_alone
     host_list=$(nvidia-smi -L)
     count=$(grep -c '^GPU ' <<<"$host_list")
-    local all=(NVIDIA_VISIBLE_DEVICES=all)
+    local all_gpus=NVIDIA_VISIBLE_DEVICES=all
     local with_cuda=(-m "$work/bin/cuda-check:/usr/local/bin/cuda-check")
 
     out=$(as_job -- start gpucheck true 2>&1) && rc=0 || rc=$?
     check "$who starts a container" "$rc" "$out"
     [ "$rc" = 0 ] || return 1
 
-    out=$(as_job -- start -e "${all[0]}" gpucheck nvidia-smi -L 2>&1) && rc=0 || rc=$?
+    out=$(as_job -- start -e "$all_gpus" gpucheck nvidia-smi -L 2>&1) && rc=0 || rc=$?
     [ "$rc" = 0 ] && [ "$out" = "$host_list" ] && rc=0 || rc=1
     check "NVIDIA_VISIBLE_DEVICES=all: nvidia-smi -L inside lists the host's GPUs" "$rc" "$out"
 
-    rc=0 smi=''
+    rc=0 sums=''
     for lib in libnvidia-ml.so.1 libcuda.so.1; do
         outside=$(sha256sum <"$(host_library "$lib")" | cut -d' ' -f1)
-        inside=$(as_job -- start -e "${all[0]}" gpucheck \
+        inside=$(as_job -- start -e "$all_gpus" gpucheck \
             sh -c "sha256sum </usr/local/nvidia/lib64/$lib" 2>&1 | cut -d' ' -f1) || true
         [ "$inside" = "$outside" ] || rc=1
-        smi+="$lib: inside $inside, host $outside"$'\n'
+        sums+="$lib: inside $inside, host $outside"$'\n'
     done
-    check "the driver's libraries inside are the host's files" "$rc" "${smi%$'\n'}"
+    check "the driver's libraries inside are the host's files" "$rc" "${sums%$'\n'}"
 
-    out=$(as_job -- start -e "${all[0]}" "${with_cuda[@]}" gpucheck cuda-check 2>&1) && rc=0 || rc=$?
+    out=$(as_job -- start -e "$all_gpus" "${with_cuda[@]}" gpucheck cuda-check 2>&1) && rc=0 || rc=$?
     check "a CUDA program (PTX, JIT-compiled by the driver) computes on the GPU inside" "$rc" "$out"
 
-    out=$(as_job -- start -r -w -e "${all[0]}" "${with_cuda[@]}" gpucheck cuda-check 2>&1) && rc=0 || rc=$?
+    out=$(as_job -- start -r -w -e "$all_gpus" "${with_cuda[@]}" gpucheck cuda-check 2>&1) && rc=0 || rc=$?
     check "the same with --root and --rw" "$rc" "$out"
 
     out=$(as_job SLURM_STEP_GPUS=0 -- start gpucheck \
@@ -133,11 +133,11 @@ run_checks() {
     [ -z "$out" ] || rc=1
     check "nothing asked for, ENROOT_RESTRICT_DEV=yes: no GPU device inside" "$rc" "$out"
 
-    out=$(as_job ENROOT_RESTRICT_DEV=yes -- start -e "${all[0]}" "${with_cuda[@]}" gpucheck \
+    out=$(as_job ENROOT_RESTRICT_DEV=yes -- start -e "$all_gpus" "${with_cuda[@]}" gpucheck \
         sh -c 'ls /dev | grep nvidia && cuda-check' 2>&1) && rc=0 || rc=$?
     check "ENROOT_RESTRICT_DEV=yes: the hook's device nodes alone, and CUDA computes" "$rc" "$out"
 
-    out=$(as_job -- start -e "${all[0]}" -e NVIDIA_DRIVER_CAPABILITIES=utility gpucheck \
+    out=$(as_job -- start -e "$all_gpus" -e NVIDIA_DRIVER_CAPABILITIES=utility gpucheck \
         sh -c 'nvidia-smi -L && ! grep libcuda /proc/self/mountinfo' 2>&1) && rc=0 || rc=$?
     check "NVIDIA_DRIVER_CAPABILITIES=utility: nvidia-smi, no libcuda" "$rc" "$out"
 
@@ -147,12 +147,12 @@ run_checks() {
     refused NVIDIA_VISIBLE_DEVICES "$out" || rc=1
     check "a GPU the node lacks (NVIDIA_VISIBLE_DEVICES=$count) is refused, named" "$rc" "$out"
 
-    out=$(as_job -- start -e "${all[0]}" -e 'NVIDIA_REQUIRE_CUDA=cuda>=99.0' gpucheck true 2>&1) && rc=1 || rc=0
+    out=$(as_job -- start -e "$all_gpus" -e 'NVIDIA_REQUIRE_CUDA=cuda>=99.0' gpucheck true 2>&1) && rc=1 || rc=0
     refused NVIDIA_REQUIRE_CUDA "$out" || rc=1
     check "an unmet NVIDIA_REQUIRE_CUDA is refused, named" "$rc" "$out"
 
     if [ -c /dev/gdrdrv ]; then
-        out=$(as_job -- start -e "${all[0]}" gpucheck \
+        out=$(as_job -- start -e "$all_gpus" gpucheck \
             sh -c 'test -c /dev/gdrdrv && ls /usr/local/nvidia/lib64' 2>&1) && rc=0 || rc=$?
         if [ -n "$(host_library libgdrapi.so.2)" ]; then grep -q libgdrapi <<<"$out" || rc=1; fi
         check "GDRCopy: /dev/gdrdrv (and libgdrapi where the host has it) inside" "$rc" "$out"
@@ -165,7 +165,7 @@ run_checks() {
         ${ldconfig:+"BERTH_LDCONFIG=$ldconfig"} "$work/hooks/90-nvidia.sh")
     echo "info  the hook alone, NVIDIA_VISIBLE_DEVICES=all, median of 5: $hook_alone ms"
     plain_start=$(median_ms as_job -- start gpucheck true)
-    gpu_start=$(median_ms as_job -- start -e "${all[0]}" gpucheck true)
+    gpu_start=$(median_ms as_job -- start -e "$all_gpus" gpucheck true)
     echo "info  berth start gpucheck true, median of 5: $plain_start ms without a GPU, $gpu_start ms with all GPUs"
 }
 
