@@ -52,13 +52,14 @@ def mount_overlay(lower, target, scratch, native=True):
     os.mkdir(f"{scratch}/upper")
     os.mkdir(f"{scratch}/work")
     options = f"lowerdir={lower},upperdir={scratch}/upper,workdir={scratch}/work"
-    refused = "ENROOT_NATIVE_OVERLAYFS=no"
-    try:
-        if native:
+    if native:
+        try:
             sc.mount("overlay", target, "overlay", 0, options)
             return None
-    except OSError as e:
-        refused = e.strerror
+        except OSError as e:
+            refused = e.strerror
+    else:
+        refused = "ENROOT_NATIVE_OVERLAYFS=no"
     try:
         return mounts.mount_fuse(target, "fuse-overlayfs", sc.MS_NOSUID | sc.MS_NODEV,
                           ["fuse-overlayfs", "-f", "-o", options])

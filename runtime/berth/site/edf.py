@@ -372,15 +372,14 @@ def hook_environment(resolved, hooks_dir=None):
             raise BerthError(f"{where}: annotation '{key}' names hook '{name}', which is not "
                              f"installed in {hooks_dir} (installed: {known})")
         if param in _SWITCHES:
-            value = "1" if _switch(value, key, where) else "0"
-            param = "enable"
-            variable = f"BERTH_HOOK_{_env_name(name)}_ENABLE"
-            if hook_env.get(variable, value) != value:
-                raise BerthError(f"{where}: annotations 'com.hooks.{name}.enable' and "
-                                 f"'com.hooks.{name}.enabled' disagree")
-        if isinstance(value, bool):
+            value, param = ("1" if _switch(value, key, where) else "0"), "enable"
+        elif isinstance(value, bool):
             value = "1" if value else "0"
-        hook_env[f"BERTH_HOOK_{_env_name(name)}_{_env_name(param)}"] = str(value)
+        variable = f"BERTH_HOOK_{_env_name(name)}_{_env_name(param)}"
+        if param == "enable" and hook_env.get(variable, value) != value:
+            raise BerthError(f"{where}: annotations 'com.hooks.{name}.enable' and "
+                             f"'com.hooks.{name}.enabled' disagree")
+        hook_env[variable] = str(value)
     return hook_env
 
 
