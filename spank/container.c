@@ -267,7 +267,7 @@ static int resolve_image(spank_t sp, const struct step *st, const struct plugin_
 	if (image_is_file(flags->image)) {
 		if (user_path(sp, "--container-image", flags->image, sqsh) < 0)
 			return -1;
-		log_image(st, sqsh, "(a squashfs file)");
+		log_image(st, sqsh, image_is_sif(sqsh) ? "(a SIF file)" : "(a squashfs file)");
 		return 0;
 	}
 	return import_image(sp, st, conf, flags, sqsh);

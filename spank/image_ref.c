@@ -4,12 +4,22 @@
 #include <stdio.h>
 #include <string.h>
 
+static int ends_with(const char *text, const char *suffix)
+{
+	size_t n = strlen(text), k = strlen(suffix);
+
+	return n > k && strcmp(text + n - k, suffix) == 0;
+}
+
 int image_is_file(const char *image)
 {
-	size_t n = strlen(image);
+	return image[0] == '/' || image[0] == '.' || ends_with(image, ".sqsh") ||
+	       image_is_sif(image);
+}
 
-	return image[0] == '/' || image[0] == '.' ||
-	       (n > 5 && strcmp(image + n - 5, ".sqsh") == 0);
+int image_is_sif(const char *image)
+{
+	return ends_with(image, ".sif");
 }
 
 size_t image_archive_prefix(const char *image)

@@ -1,6 +1,6 @@
 /*
  * --container-image as the runtime and the node's files name it: a
- * squashfs file, an archive, or a registry reference and its URI, the
+ * squashfs or SIF file, an archive, or a registry reference and its URI, the
  * digest it was pinned to at submission, a custom importer's cache name.
  */
 #ifndef BERTH_SPANK_IMAGE_REF_H
@@ -8,8 +8,10 @@
 
 #include <stddef.h>
 
-/* Is the image a squashfs file rather than a registry reference? */
+/* Is the image a squashfs or SIF file rather than a registry reference? */
 int image_is_file(const char *image);
+/* Is that file named as a SIF image (an Apptainer/Singularity one)? */
+int image_is_sif(const char *image);
 /* Length of a docker-archive:, oci-archive: or oci: prefix, else 0. */
 size_t image_archive_prefix(const char *image);
 /* URI handed to "berth import": docker:// unless a scheme is given */

@@ -48,15 +48,16 @@ def _add_import(sub):
                         "endpoint in the order tried, after registries.conf) and stop")
     p.add_argument("uri", help="docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], "
                                "docker-archive:PATH[:NAME:TAG|:@N], oci-archive:PATH[:REF] "
-                               "or oci:DIR[:REF]")
+                               "or oci:DIR[:REF]; or IMAGE.sif: checked and described, "
+                               "nothing made (a SIF image is started as it is)")
     p.set_defaults(store_client=store_client)
 
 
 def _add_create(sub):
-    p = sub.add_parser("create", help="unpack a squashfs image into a container root")
+    p = sub.add_parser("create", help="unpack a squashfs or SIF image into a container root")
     p.add_argument("-n", "--name", help="container name (default: the image name)")
     p.add_argument("-f", "--force", action="store_true", help="replace an existing container")
-    p.add_argument("image", help="IMAGE.sqsh")
+    p.add_argument("image", help="IMAGE.sqsh or IMAGE.sif")
 
 
 def _add_start_options(p):
@@ -80,14 +81,14 @@ def _add_start_options(p):
 
 
 def _add_start(sub):
-    p = sub.add_parser("start", help="run a command in a container, squashfs image or "
-                                     "registry image")
+    p = sub.add_parser("start", help="run a command in a container, squashfs or SIF image, "
+                                     "or registry image")
     _add_start_options(p)
     p.add_argument("--reuse", action="store_true",
                    help="take the image last imported for this URI here without asking the "
                         "registry; only with a docker:// target")
-    p.add_argument("container", help="NAME, IMAGE.sqsh or docker://URI (the image cache's "
-                                     "squashfs of URI, as `import --cache-only` gives it; "
+    p.add_argument("container", help="NAME, IMAGE.sqsh, IMAGE.sif or docker://URI (the "
+                                     "image cache's squashfs of URI, as `import --cache-only` gives it; "
                                      "with --detach, the digest it was pulled by is a line "
                                      "before the pid's)")
     p.add_argument("command", nargs=argparse.REMAINDER)

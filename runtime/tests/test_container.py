@@ -234,7 +234,7 @@ def test_create_list_remove(berth, images):
 
 @pytest.mark.parametrize("args, needle", [
     (["missing.sqsh"], "missing.sqsh: No such file"),
-    (["{images}/not-an-image.sqsh"], "not-an-image.sqsh: not a squashfs image"),
+    (["{images}/not-an-image.sqsh"], "not-an-image.sqsh: not a squashfs or SIF image"),
     (["{images}"], "is a directory"),
     (["docker://ubuntu"], "docker://ubuntu: No such file"),
     (["-n", "", "{images}/app.sqsh"], "invalid container name ''"),

@@ -177,6 +177,8 @@ static void test_image(struct container_flags *f)
 	CHECK(image_archive_prefix("ocifoo:1") == 0 && image_archive_prefix("/x.tar") == 0);
 
 	CHECK(image_is_file("./a.sqsh") && image_is_file("/x") && image_is_file("a.sqsh"));
+	CHECK(image_is_file("app.sif") && image_is_sif("/x/app.sif") && !image_is_sif("a.sqsh"));
+	CHECK(!image_is_file("sif") && !image_is_sif(".sif") && !image_is_file("ubuntu:sif"));
 	CHECK(!image_is_file("ubuntu:22.04") && !image_is_file("nvcr.io#nvidia/cuda"));
 }
 
@@ -390,10 +392,14 @@ static void test_name(struct container_flags *f)
 	CHECK(strcmp(f->name, "my_env-2.1") == 0 && f->name_mode == NAME_EXEC);
 	ACCEPTED(set_name(f, "a:no_exec", err, sizeof(err)));
 	CHECK(f->name_mode == NAME_NO_EXEC);
+	ACCEPTED(set_name(f, "sif", err, sizeof(err)));
 	ACCEPTED(set_name(f, "a:create", err, sizeof(err)));
 	CHECK(f->name_mode == NAME_CREATE);
 
 	REFUSED(set_name(f, "a:rm", err, sizeof(err)), "--container-name: unknown mode 'rm'");
+	/* the runtime takes a target ending so for an image file, not a name */
+	REFUSED(set_name(f, "app.sif:exec", err, sizeof(err)), "'app.sif' ends as an image file's");
+	REFUSED(set_name(f, "app.sqsh", err, sizeof(err)), "(.sqsh, .sif)");
 	REFUSED(set_name(f, "a:", err, sizeof(err)), "unknown mode ''");
 	REFUSED(set_name(f, ":exec", err, sizeof(err)), "empty name");
 	REFUSED(set_name(f, "a/b", err, sizeof(err)), "'a/b' may only use");

@@ -132,6 +132,8 @@ def _child(plan, status, hold):
             entry.mount_own_proc()
         if plan.ids is not None:
             seccomp.install()
+        if image["apptainer"]:
+            env = {**_apptainer_environment(env, plan.entrypoint_timeout), **plan.env}
         if plan.detach:
             _exec_keeper(keeper, status, hold, env,
                          (image["entrypoint"] or []) if plan.entrypoint else [])
@@ -238,6 +240,52 @@ def _exec_keeper(pid, status, hold, env, entrypoint):
                 else f"{command[0]} (the keeper of --detach)")
         os.write(3, f"error {what}: {e.strerror} in the container\n".encode())
         os._exit(1)
+
+
+# An Apptainer image's environment: its scripts sourced in order, as
+# Apptainer's exec does, by the image's own shell; then a shell exec'd and
+# stopped, so that its /proc/PID/environ holds what they exported.
+_APPTAINER_SOURCE = (f'for script in {rootfs.APPTAINER_ENV}/*.sh; do '
+                     'if [ -f "$script" ]; then . "$script"; fi; done; '
+                     "exec /bin/sh -c 'kill -STOP $$'")
+
+
+def _apptainer_environment(env, seconds):
+    """The environment the image's /.singularity.d/env scripts make of `env`,
+    run where the command would run (inside, filtered, as the user); their
+    output goes to stderr. A script that fails, or has not finished after
+    `seconds`, fails the start."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(2, 1)
+            _restore_signals()
+            os.execve("/bin/sh", ["/bin/sh", "-c", _APPTAINER_SOURCE], env)
+        finally:
+            os._exit(127)
+
+    def too_late(*_):
+        raise BerthError(f"the image's {rootfs.APPTAINER_ENV} scripts have not finished "
+                         f"after {seconds} s (BERTH_ENTRYPOINT_TIMEOUT)")
+    previous = signal.signal(signal.SIGALRM, too_late)
+    signal.alarm(seconds)
+    try:
+        _, status = os.waitpid(pid, os.WUNTRACED)
+        if not os.WIFSTOPPED(status):
+            raise BerthError(f"the image's {rootfs.APPTAINER_ENV} scripts failed (/bin/sh "
+                             f"exit status {os.waitstatus_to_exitcode(status)})")
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            made = f.read()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    pairs = (os.fsdecode(entry).partition("=") for entry in made.split(b"\0") if entry)
+    return {key: value for key, _, value in pairs if key}
 
 
 def _command(plan, image):

@@ -47,6 +47,7 @@ import time
 from berth import syscalls as sc
 from berth.config import text_lines
 from berth.errors import BerthError
+from berth.image import imagefile
 from berth.image.imageconfig import SQUASHFS_MAGIC
 from berth.rootpath import resolve
 
@@ -294,7 +295,8 @@ def apply(root, mount):
                 _move(root, mount.source, fd)
                 return None
             if mount.is_squashfs:
-                server = mount_squashfs(mount.source, f"/proc/self/fd/{fd}")
+                server = mount_squashfs(imagefile.Squashfs(mount.source),
+                                        f"/proc/self/fd/{fd}")
                 # Wait until it serves: until then it may still be loading its
                 # libraries, from a root pivot_root would soon swap for the container's.
                 os.listdir(target)
@@ -395,7 +397,8 @@ def _exec_server(server, fuse, failed_w, middle, starter):
 
 
 def mount_squashfs(image, target):
-    """Serve `image` read-only at `target` with squashfuse; return its pid.
+    """Serve the imagefile.Squashfs `image` read-only at `target` with
+    squashfuse (at its offset: a SIF file's partition); return its pid.
 
     In a user namespace that maps one uid (a container's), every file is
     shown as that uid and gid, as an unpacked image's files are the
@@ -403,5 +406,7 @@ def mount_squashfs(image, target):
     with open("/proc/self/uid_map", "rb") as f:
         single = f.read().split()[2:3] == [b"1"]
     owner = ["-o", f"uid={os.getuid()},gid={os.getgid()}"] if single else []
+    if image.offset:
+        owner += ["-o", f"offset={image.offset}"]
     return mount_fuse(target, "squashfuse", sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV,
-                      ["squashfuse", "-f", image, *owner])
+                      ["squashfuse", "-f", image.path, *owner])

@@ -25,17 +25,29 @@ def remove_tree(path):
     os.rmdir(path)
 
 
+# Where Apptainer and Singularity images keep their environment scripts and runscript
+APPTAINER_ENV = "/.singularity.d/env"
+APPTAINER_RUNSCRIPT = "/.singularity.d/runscript"
+
+
 def image_config(root):
-    """The image's env/entrypoint/cmd/workdir; images without a config give empty ones."""
-    config = {"env": {}, "entrypoint": None, "cmd": None, "workdir": ""}
+    """The image's env/entrypoint/cmd/workdir; images without a config give
+    empty ones. An Apptainer image (no config, a /.singularity.d/env
+    directory) is `apptainer`: its environment scripts run at each start,
+    and its runscript is its entrypoint."""
+    config = {"env": {}, "entrypoint": None, "cmd": None, "workdir": "", "apptainer": False}
     if os.path.isfile(rootpath.resolve(root, imageconfig.IMAGE_JSON, follow_last=True)):
         image = imageconfig.read_image_config(root)
         config.update(entrypoint=image["entrypoint"], cmd=image["cmd"], workdir=image["workdir"],
                       env=environ.from_list(image["env"]))
-    else:
-        env_file = rootpath.resolve(root, "etc/environment", follow_last=True)
-        if os.path.isfile(env_file):
-            environ.read_file(env_file, config["env"], expand=False)
+        return config
+    env_file = rootpath.resolve(root, "etc/environment", follow_last=True)
+    if os.path.isfile(env_file):
+        environ.read_file(env_file, config["env"], expand=False)
+    if os.path.isdir(rootpath.resolve(root, APPTAINER_ENV, follow_last=True)):
+        config["apptainer"] = True
+        if os.path.isfile(rootpath.resolve(root, APPTAINER_RUNSCRIPT, follow_last=True)):
+            config["entrypoint"] = [APPTAINER_RUNSCRIPT]
     return config
 
 

@@ -1,8 +1,9 @@
 """Container verbs: create, start, exec, list, remove, export, batch.
 
 A container is an unpacked root in $ENROOT_DATA_PATH/NAME; `start` also
-takes an IMAGE.sqsh (a path ending in .sqsh or containing '/') and mounts
-it with squashfuse instead of unpacking it, or a registry reference
+takes an IMAGE.sqsh or IMAGE.sif (a path ending in .sqsh or .sif, or
+containing '/') and mounts it with squashfuse instead of unpacking it (a
+SIF file's system partition in place, at its offset), or a registry reference
 docker://URI: the image cache's squashfs of it, found or made as `berth
 import --cache-only [--reuse] URI` does (importer.cached_squashfs), then
 started as that IMAGE.sqsh; with --detach, the digest it was pulled by is
@@ -28,7 +29,7 @@ import sys
 
 from berth import config, safedir, syscalls as sc
 from berth.container import environ, hooks, launch, mounts, rootfs
-from berth.image import imageconfig
+from berth.image import imagefile
 from berth.errors import BerthError
 
 
@@ -50,28 +51,15 @@ NAME_MAX = 200
 
 def _check_name(name, what="container name"):
     """`name` if it can name a container; else one line naming `what` (the flag)."""
-    bad = (not name or "/" in name or name.startswith(".") or name.endswith(".sqsh")
+    bad = (not name or "/" in name or name.startswith(".") or name.endswith(imagefile.SUFFIXES)
            or any(ord(c) < 32 or ord(c) == 127 for c in name)
            or len(name.encode(errors="surrogateescape")) > NAME_MAX)
     if bad:
         shown = name if len(name) <= 40 else name[:40] + "..."
         raise BerthError(f"{what}: invalid container name {shown!r}: it must be non-empty, "
                          f"at most {NAME_MAX} bytes, without '/' or control characters, "
-                         "not start with '.' nor end with '.sqsh'")
+                         "not start with '.' nor end with '.sqsh' or '.sif'")
     return name
-
-
-def _check_image(path):
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except IsADirectoryError:
-        raise BerthError(f"{path}: is a directory, not a squashfs image") from None
-    except OSError as e:
-        raise BerthError(f"{path}: {e.strerror}") from None
-    if magic != imageconfig.SQUASHFS_MAGIC:
-        raise BerthError(f"{path}: not a squashfs image")
-    return os.path.abspath(path)
 
 
 def _data_path(cfg):
@@ -116,10 +104,16 @@ def _run_tool(command, what):
         raise BerthError(f"{what}: {command[0]} failed: {detail}")
 
 
+def _without_suffix(name):
+    for suffix in imagefile.SUFFIXES:
+        name = name.removesuffix(suffix)
+    return name
+
+
 def cmd_create(args, cfg):
-    image = _check_image(args.image)
+    image = imagefile.locate(args.image)
     name = _check_name(args.name if args.name is not None
-                       else os.path.basename(image).removesuffix(".sqsh"),
+                       else _without_suffix(os.path.basename(image.path)),
                        "-n/--name" if args.name is not None else f"{args.image} (as a name)")
     data = safedir.ensure(cfg["ENROOT_DATA_PATH"], "ENROOT_DATA_PATH")
     target = f"{data}/{name}"
@@ -210,8 +204,8 @@ def _plan(args, cfg, container, conf, uri=False):
     expand_env = {**os.environ, **dict(cfg.items())}
     # hooks.d, environ.d and mounts.d in there run as the caller or reach the container
     safedir.check_if_present(cfg["ENROOT_CONFIG_PATH"], "ENROOT_CONFIG_PATH")
-    is_image = uri or container.endswith(".sqsh") or "/" in container
-    image = _check_image(container) if is_image and not uri else None
+    is_image = uri or container.endswith(imagefile.SUFFIXES) or "/" in container
+    image = imagefile.locate(container) if is_image and not uri else None
     root = None if is_image else _container_root(cfg, container)
     writable = args.rw or cfg.flag("ENROOT_ROOTFS_WRITABLE")
     unpack = is_image and writable and _writable_image() == "unpack"
@@ -257,7 +251,7 @@ def _plan(args, cfg, container, conf, uri=False):
     base = safedir.ensure(cfg["ENROOT_RUNTIME_PATH"], "ENROOT_RUNTIME_PATH")
     if uri:  # from here on, as a start of the image cache's IMAGE.sqsh
         container = _pulled(args, cfg, container)
-        plan.image = image = _check_image(container)
+        plan.image = image = imagefile.locate(container)
     # an image's file name, made a safe directory name (the start's, for berth list)
     label = "".join(c if c.isprintable() and c != "/" else "_"
                     for c in os.path.basename(container))[:NAME_MAX]
@@ -298,10 +292,12 @@ def _writable_image():
 
 
 def _unsquash(image, target):
+    """Unpack the imagefile.Squashfs `image` into `target`."""
     # Unprivileged, unsquashfs cannot make device nodes: a non-fatal error.
     tolerate = ["-no-exit-code"] if os.getuid() else []
-    _run_tool(["unsquashfs", "-no-progress", "-no-xattrs", *tolerate, "-f",
-               "-d", target, image], image)
+    offset = ["-o", str(image.offset)] if image.offset else []
+    _run_tool(["unsquashfs", "-no-progress", "-no-xattrs", *tolerate, *offset, "-f",
+               "-d", target, image.path], image.path)
     _make_removable(target)
 
 

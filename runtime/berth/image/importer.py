@@ -67,6 +67,31 @@ def _interruptible():
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
+def _describe_sif(args):
+    """`berth import APP.sif`: a SIF image runs where it lies, so nothing is
+    made: the file is checked as a start checks it and what it holds is
+    printed. A signature is reported by its key, never taken as verified."""
+    for flag, given in (("-o/--output", args.output), ("--cache-only", args.cache_only),
+                        ("--resolve", args.resolve), ("--digest", args.digest),
+                        ("--reuse", args.reuse), ("-a/--arch", args.arch)):
+        if given:
+            raise BerthError(f"{flag}: not with a SIF image ({args.uri}): it is started as it "
+                             "is, with nothing to import or convert")
+    from berth.image import imagefile
+    image = imagefile.locate(args.uri).sif
+    print(f"{args.uri}: SIF image, runs in place (berth start, berth create, "
+          "srun --container-image take it as it is)")
+    print(f"  system partition: squashfs, {image.arch}, {image.size} bytes at byte {image.offset}")
+    for description in image.objects:
+        print(f"  object: {description}")
+    for hash_name, fingerprint in image.signatures:
+        print(f"  signed ({hash_name}) by key {fingerprint}: NOT verified "
+              "(Berth does not verify SIF signatures)")
+    if not image.signatures:
+        print("  not signed")
+    return 0
+
+
 def cached_squashfs(cfg, uri, reuse=False, quiet=False, arch=None, digest=True,
                     store_client=None):
     """(path, digest, found): the image cache's squashfs of `uri` (a registry
@@ -113,6 +138,8 @@ def _source(args, cfg):
 
 def _import(args, cfg):
     began = time.monotonic()
+    if args.uri.endswith(".sif") and "://" not in args.uri:
+        return _describe_sif(args)
     if args.resolve and archive.is_archive(args.uri):
         raise BerthError(f"--resolve: '{args.uri}' is an archive; only registry (docker://) "
                          "references have a digest to resolve")

@@ -1,0 +1,144 @@
+"""SIF files (Apptainer's and Singularity's images), read where they lie.
+
+A SIF file is a 128-byte global header, a table of fixed-size descriptors
+and the data objects they point at. What Berth runs is the primary system
+partition, a squashfs that squashfuse and unsquashfs read in place at its
+offset: nothing is extracted or copied. Every number in the file is taken
+as a claim to check against the file's size before it is used: a hostile
+file is refused in one line, never read beyond its end. Signatures are
+reported (by key fingerprint), not verified.
+"""
+
+import os
+import struct
+from typing import NamedTuple
+
+from berth.errors import BerthError
+from berth.image.imageconfig import SQUASHFS_MAGIC
+
+MAGIC = b"SIF_MAGIC\0"
+MAGIC_OFFSET = 32  # after the launch line ("#!/usr/bin/env run-singularity")
+
+# launch line, magic, version, architecture, uuid, then eight int64: creation
+# and modification times, free and total descriptors, the descriptors'
+# offset and length, the data's offset and length
+_HEADER = struct.Struct("<32s10s3s3s16s8q")
+# data type, used, id, group, link, offset, size, size with padding, two
+# times, uid, gid, name, type-specific "extra" bytes
+_DESCRIPTOR = struct.Struct("<iBIIIqqqqqqq128s384s")
+_PARTITION = struct.Struct("<ii3s")  # in "extra": filesystem, partition type, arch
+_SIGNATURE = struct.Struct("<i20s")  # in "extra": hash, the key's v4 fingerprint
+_SQUASHFS_HEAD = struct.Struct("<4s36xQ")  # squashfs magic; bytes_used at byte 40
+
+_VERSION = b"01\0"
+_DATA_PARTITION, _DATA_SIGNATURE = 0x4004, 0x4005
+_DATA_TYPES = {0x4001: "definition file", 0x4002: "environment", 0x4003: "labels",
+               0x4006: "JSON metadata", 0x4007: "generic data", 0x4008: "cryptographic message",
+               0x4009: "SBOM", 0x400a: "OCI root index", 0x400b: "OCI blob"}
+_FILESYSTEMS = {1: "squashfs", 2: "ext3", 3: "archive", 4: "raw", 5: "encrypted squashfs"}
+_SQUASHFS, _ENCRYPTED = 1, 5
+_PARTITION_TYPES = {1: "system", 2: "primary system", 3: "data", 4: "overlay"}
+_PRIMARY_SYSTEM = 2
+_HASHES = {1: "SHA-256", 2: "SHA-384", 3: "SHA-512", 4: "BLAKE2s-256", 5: "BLAKE2b-256"}
+# the format's architecture codes, named as Go names them (as Apptainer shows them)
+ARCHES = {"01": "386", "02": "amd64", "03": "arm", "04": "arm64", "05": "ppc64",
+          "06": "ppc64le", "07": "mips", "08": "mipsle", "09": "mips64", "10": "mips64le",
+          "11": "s390x", "12": "riscv64"}
+_MACHINES = {"x86_64": "amd64", "i386": "386", "i686": "386", "aarch64": "arm64",
+             "armv7l": "arm", "ppc64": "ppc64", "ppc64le": "ppc64le", "mips": "mips",
+             "mips64": "mips64", "s390x": "s390x", "riscv64": "riscv64"}
+# Apptainer's tools make 48 descriptors; no header makes Berth read more than this many
+MAX_DESCRIPTORS = 4096
+
+
+class Image(NamedTuple):
+    """What a SIF file holds, as far as Berth uses it."""
+    offset: int          # of the primary system partition (a squashfs)
+    size: int            # its length in bytes
+    arch: str            # as ARCHES names it
+    signatures: list     # (hash name, key fingerprint in hex) of each signature object
+    objects: list        # a short description of every data object, in order
+
+
+def node_arch():
+    machine = os.uname().machine
+    return _MACHINES.get(machine, machine)
+
+
+def has_magic(head):
+    """Whether `head` (the first bytes of a file) starts a SIF file."""
+    return head[MAGIC_OFFSET:MAGIC_OFFSET + len(MAGIC)] == MAGIC
+
+
+def read(fd, name):
+    """The Image of the SIF file open as `fd` (a regular file); `name` is the
+    file as the user named it, for the one-line refusals."""
+    size = os.fstat(fd).st_size
+
+    def refuse(reason):
+        return BerthError(f"{name}: {reason}")
+
+    head = os.pread(fd, _HEADER.size, 0)
+    if len(head) < _HEADER.size:
+        raise refuse("not a SIF image: shorter than a SIF header (truncated?)")
+    _, magic, version, _, _, _, _, _, total, table, _, _, _ = _HEADER.unpack(head)
+    if magic != MAGIC:
+        raise refuse("not a SIF image")
+    if version != _VERSION:
+        raise refuse(f"SIF version {_text(version)!r}: Berth reads version 01")
+    if not 0 <= total <= MAX_DESCRIPTORS:
+        raise refuse(f"SIF header: {total} descriptors (at most {MAX_DESCRIPTORS} are read)")
+    if table < _HEADER.size or table + total * _DESCRIPTOR.size > size:
+        raise refuse(f"SIF header: its descriptor table (byte {table}, {total} entries) "
+                     f"lies outside the {size}-byte file (truncated?)")
+    raw = os.pread(fd, total * _DESCRIPTOR.size, table)
+    if len(raw) < total * _DESCRIPTOR.size:
+        raise refuse("SIF descriptor table: shorter than its header says (truncated?)")
+    partitions, signatures, objects = [], [], []
+    for entry in _DESCRIPTOR.iter_unpack(raw):
+        kind, used, number, _, _, offset, length = entry[:7]
+        extra = entry[13]
+        if not used:
+            continue
+        if offset < 0 or length < 0 or offset + length > size:
+            raise refuse(f"SIF object {number}: bytes {offset}..{offset + length} lie outside "
+                         f"the {size}-byte file (truncated or corrupted)")
+        if kind == _DATA_PARTITION:
+            filesystem, part_type, arch = _PARTITION.unpack_from(extra)
+            arch_name = ARCHES.get(_text(arch), f"unknown ({_text(arch)!r})")
+            partitions.append((number, offset, length, filesystem, part_type, arch_name))
+            objects.append(f"{_PARTITION_TYPES.get(part_type, 'unknown')} partition "
+                           f"({_FILESYSTEMS.get(filesystem, 'unknown filesystem')}, "
+                           f"{arch_name}, {length} bytes)")
+        elif kind == _DATA_SIGNATURE:
+            hash_type, fingerprint = _SIGNATURE.unpack_from(extra)
+            signatures.append((_HASHES.get(hash_type, "unknown hash"), fingerprint.hex().upper()))
+            objects.append(f"signature ({signatures[-1][0]})")
+        else:
+            objects.append(f"{_DATA_TYPES.get(kind, f'data object of type {kind:#x}')} "
+                           f"({length} bytes)")
+    primary = [p for p in partitions if p[4] == _PRIMARY_SYSTEM]
+    if not primary:
+        held = ", ".join(objects) or "no data objects"
+        raise refuse(f"no primary system partition to run (it holds: {held})")
+    if len(primary) > 1:
+        raise refuse(f"{len(primary)} primary system partitions: a SIF image has one")
+    number, offset, length, filesystem, _, arch = primary[0]
+    if filesystem == _ENCRYPTED:
+        raise refuse("its system partition is encrypted: Berth does not decrypt SIF images")
+    if filesystem != _SQUASHFS:
+        raise refuse(f"its system partition is {_FILESYSTEMS.get(filesystem, 'of an unknown kind')}"
+                     ": Berth runs squashfs partitions only")
+    if arch != node_arch():
+        raise refuse(f"built for {arch}; this node is {node_arch()}")
+    squashfs = os.pread(fd, _SQUASHFS_HEAD.size, offset)
+    whole = len(squashfs) == _SQUASHFS_HEAD.size and length >= _SQUASHFS_HEAD.size
+    squash_magic, used = _SQUASHFS_HEAD.unpack(squashfs) if whole else (b"", 0)
+    if squash_magic != SQUASHFS_MAGIC or not 0 < used <= length:
+        raise refuse(f"SIF object {number}: not a whole squashfs (corrupted or truncated)")
+    return Image(offset, length, arch, signatures, objects)
+
+
+def _text(field):
+    return field.rstrip(b"\0").decode("ascii", "replace")
+

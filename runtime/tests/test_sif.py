@@ -1,0 +1,236 @@
+"""SIF images (Apptainer's, Singularity's) started, created and described in
+place, in real namespaces as an unprivileged user; every SIF file here is
+made by the format's reference tool, siftool (the fixtures are
+test_container's). The signature object's bytes are made up (siftool
+cannot sign): Berth reports signatures and never verifies them."""
+
+import os
+import random
+import shutil
+import struct
+import subprocess
+import time
+
+import pytest
+
+from berth.errors import BerthError
+from berth.image import imagefile, sif
+from test_container import (  # noqa: F401 (fixtures)
+    AS_ROOT, _make_readable, _world_readable_dir, berth, build_root, images, library, squash,
+    usable_fuse, user)
+
+FINGERPRINT = "433FE984155206BD962725E20E8713472A879943"
+ENV_SCRIPT = """\
+export FROM_SIF=set-by-image
+export PATH="/opt/sif/bin:$PATH"
+export WHO_WINS=image
+echo "env script of the image ran" >&2
+"""
+RUNSCRIPT = '#!/bin/sh\necho "runscript got: $*"\n'
+OTHER_ARCH = "arm64" if sif.node_arch() != "arm64" else "amd64"
+ARCH_CODES = {name: int(code) for code, name in sif.ARCHES.items()}
+
+
+def siftool(*args):
+    subprocess.run(["siftool", *map(str, args)], check=True, capture_output=True)
+
+
+def make_sif(path, squashfs, part_type=2, filesystem=1, arch=None, extra=()):
+    """A SIF file by siftool: a definition file, then `squashfs` as a partition
+    (primary system, squashfs, this node's architecture unless told), then
+    each (datatype, file, options...) of `extra`."""
+    siftool("new", path)
+    siftool("add", path, __file__, "--datatype", 1)
+    siftool("add", path, squashfs, "--datatype", 4, "--parttype", part_type,
+            "--partfs", filesystem, "--partarch", ARCH_CODES[arch or sif.node_arch()])
+    for datatype, data, *options in extra:
+        siftool("add", path, data, "--datatype", datatype, *options)
+    path.chmod(0o644)
+
+
+def apptainer_root(root, env_script=ENV_SCRIPT, runscript=RUNSCRIPT):
+    """A busybox root laid out as Apptainer builds one: no OCI config, an
+    environment script in /.singularity.d/env, a runscript."""
+    build_root(root, rc=False)
+    (root / ".singularity.d/env").mkdir(parents=True)
+    (root / ".singularity.d/env/90-environment.sh").write_text(env_script)
+    (root / ".singularity.d/runscript").write_text(runscript)
+    (root / ".singularity.d/runscript").chmod(0o755)
+    (root / "opt/sif/bin").mkdir(parents=True)
+    (root / "opt/sif/bin/sif-tool").write_text("#!/bin/sh\necho sif-tool on PATH\n")
+    (root / "opt/sif/bin/sif-tool").chmod(0o755)
+
+
+@pytest.fixture(scope="session")
+def sifs():
+    top = _world_readable_dir("bctr-sif-")
+    apptainer_root(top / "root")
+    squash(top / "root", top / "app.sqsh")
+    signature = top / "signature.bin"
+    signature.write_bytes(b"-----BEGIN PGP SIGNED MESSAGE-----\nmade up\n")
+    make_sif(top / "app.sif", top / "app.sqsh")
+    make_sif(top / "signed.sif", top / "app.sqsh", extra=[
+        (5, signature, "--signentity", FINGERPRINT, "--signhash", 2, "--link", 2)])
+    make_sif(top / "other-arch.sif", top / "app.sqsh", arch=OTHER_ARCH)
+    make_sif(top / "encrypted.sif", top / "app.sqsh", filesystem=5)
+    make_sif(top / "ext3.sif", top / "app.sqsh", filesystem=2)
+    make_sif(top / "overlay-only.sif", top / "app.sqsh", part_type=4)
+    whole = (top / "app.sif").read_bytes()
+    (top / "truncated.sif").write_bytes(whole[:len(whole) - 4096])
+    outside = bytearray(whole)  # the partition's size (2nd descriptor's, at byte 25) past the end
+    table = struct.unpack_from("<q", whole, 96)[0]
+    struct.pack_into("<q", outside, table + sif._DESCRIPTOR.size + 25, 1 << 40)
+    (top / "outside.sif").write_bytes(bytes(outside))
+    apptainer_root(top / "failing", env_script="exit 3\n")
+    squash(top / "failing", top / "failing.sqsh")
+    make_sif(top / "failing.sif", top / "failing.sqsh")
+    apptainer_root(top / "hanging", env_script="while :; do :; done\n")
+    squash(top / "hanging", top / "hanging.sqsh")
+    make_sif(top / "hanging.sif", top / "hanging.sqsh")
+    _make_readable(top)
+    yield top
+    shutil.rmtree(top)
+
+
+def test_a_sif_image_starts_in_place_with_its_environment(berth, sifs):
+    out = berth.ok("start", sifs / "app.sif", "sh", "-c", 'echo "$FROM_SIF $PATH"; sif-tool')
+    assert out.splitlines() == [
+        "set-by-image /opt/sif/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "sif-tool on PATH"]
+    # the root is the file's partition, served where it lies: nothing copied or unpacked
+    assert not (berth.base / "data").exists() or os.listdir(berth.base / "data") == []
+    assert berth.leftovers() == []
+    # the command's -e wins over the image's scripts, as over a Docker image's env
+    assert berth.ok("start", "-e", "WHO_WINS=caller", sifs / "app.sif",
+                    "sh", "-c", "echo $WHO_WINS") == "caller\n"
+
+
+def test_the_runscript_is_the_entrypoint_as_apptainer_run_runs_it(berth, sifs):
+    assert berth.ok("start", "--entrypoint", sifs / "app.sif", "a", "b") == "runscript got: a b\n"
+    assert berth.ok("start", sifs / "app.sif") == "runscript got: \n"  # no command: run
+
+
+def test_a_detached_start_gives_its_tasks_the_image_environment(berth, sifs):
+    """The keeper's /proc/PID/environ is what the SPANK plugin's tasks get."""
+    process = subprocess.Popen(berth.command("start", "--detach", sifs / "app.sif"),
+                               env=berth.env, cwd=berth.base, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid = int(process.stdout.readline())
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = dict(entry.split(b"=", 1) for entry in f.read().split(b"\0") if entry)
+        assert environ[b"FROM_SIF"] == b"set-by-image"
+        assert environ[b"PATH"].startswith(b"/opt/sif/bin:")
+    finally:
+        process.stdin.close()
+        process.wait(timeout=30)
+    assert berth.leftovers() == []
+
+
+def test_create_and_a_writable_start_unpack_the_partition(berth, sifs):
+    berth.ok("create", sifs / "app.sif")  # named after the file, as for .sqsh
+    assert (berth.base / "data/app/.singularity.d/runscript").is_file()
+    assert berth.ok("start", "app", "sh", "-c", "echo $FROM_SIF") == "set-by-image\n"
+    assert berth.ok("start", "--rw", sifs / "app.sif", "sh", "-c",
+                    "echo changed > /etc/new && cat /etc/new") == "changed\n"
+    berth.fails("create", "-n", "x.sif", sifs / "app.sif", needle="invalid container name 'x.sif'")
+
+
+def test_import_describes_the_file_and_never_claims_a_verified_signature(berth, sifs):
+    out = berth.ok("import", sifs / "signed.sif").splitlines()
+    assert out[0] == f"{sifs}/signed.sif: SIF image, runs in place (berth start, berth create, " \
+                     "srun --container-image take it as it is)"
+    assert f"  system partition: squashfs, {sif.node_arch()}," in out[1]
+    assert out[-1] == (f"  signed (SHA-384) by key {FINGERPRINT}: NOT verified "
+                       "(Berth does not verify SIF signatures)")
+    assert berth.ok("import", sifs / "app.sif").splitlines()[-1] == "  not signed"
+    berth.fails("import", "-o", "x.sqsh", sifs / "app.sif", needle="-o/--output: not with a SIF")
+    assert not (berth.base / "x.sqsh").exists()
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("other-arch.sif", f"built for {OTHER_ARCH}; this node is {sif.node_arch()}"),
+    ("encrypted.sif", "its system partition is encrypted: Berth does not decrypt SIF images"),
+    ("ext3.sif", "its system partition is ext3: Berth runs squashfs partitions only"),
+    ("overlay-only.sif", "no primary system partition to run (it holds: definition file "),
+    ("truncated.sif", "lie outside the"),
+    ("outside.sif", "lie outside the"),
+])
+def test_bad_sif_files_are_refused_in_one_line_by_every_verb(berth, sifs, name, reason):
+    for verb in (["start"], ["create"], ["import"]):
+        line = berth.fails(*verb, sifs / name, *(["true"] if verb == ["start"] else []),
+                           needle=reason)
+        assert f"{sifs}/{name}: " in line
+    assert not (berth.base / "data").exists() or os.listdir(berth.base / "data") == []
+
+
+def test_env_scripts_that_fail_or_hang_fail_the_start_in_one_line(berth, sifs):
+    berth.fails("start", sifs / "failing.sif", "true",
+                needle="/.singularity.d/env scripts failed (/bin/sh exit status 3)")
+    began = time.monotonic()
+    berth.fails("start", sifs / "hanging.sif", "true", env={"BERTH_ENTRYPOINT_TIMEOUT": "2"},
+                needle="/.singularity.d/env scripts have not finished after 2 s")
+    assert time.monotonic() - began < 30
+
+
+def test_a_fifo_or_directory_named_like_a_sif_is_refused_without_blocking(berth):
+    os.mkfifo(berth.base / "pipe.sif")
+    (berth.base / "dir.sif").mkdir()
+    berth.chown(berth.base)
+    berth.fails("start", "pipe.sif", "true", needle="pipe.sif: is not a regular file", timeout=20)
+    berth.fails("import", "pipe.sif", needle="pipe.sif: is not a regular file", timeout=20)
+    berth.fails("create", "dir.sif", needle="dir.sif: is a directory")
+
+
+def _mutations(data, count, seed=31):
+    """`count` hostile variants of a SIF file: bytes of its header and
+    descriptor table flipped, int64 fields set to extremes, truncations."""
+    rng = random.Random(seed)
+    table_end = 4096 + 3 * sif._DESCRIPTOR.size
+    extremes = [0, -1, 1 << 62, -(1 << 63), (1 << 63) - 1, len(data), len(data) + 1, 4096, 32768]
+    for n in range(count):
+        mutated = bytearray(data)
+        kind = n % 3
+        if kind == 0:
+            for _ in range(rng.randint(1, 8)):
+                spot = rng.choice([rng.randrange(0, 128), rng.randrange(4096, table_end)])
+                mutated[spot] = rng.randrange(256)
+        elif kind == 1:
+            spot = rng.choice([64 + 8 * rng.randrange(8),  # the header's int64s
+                               4096 + rng.randrange(3) * sif._DESCRIPTOR.size + 17
+                               + 8 * rng.randrange(3)])  # a descriptor's offset, sizes
+            struct.pack_into("<q", mutated, spot, rng.choice(extremes))
+        else:
+            mutated = mutated[:rng.randrange(0, len(data))]
+        yield bytes(mutated)
+
+
+def test_fuzzed_sif_headers_are_read_or_refused_in_one_line_never_beyond_the_file(
+        sifs, tmp_path, monkeypatch):
+    reads = []
+    real_pread = os.pread
+
+    def watched_pread(fd, length, offset):
+        reads.append((offset, length, os.fstat(fd).st_size))
+        return real_pread(fd, length, offset)
+    monkeypatch.setattr(sif.os, "pread", watched_pread)
+    data = (sifs / "signed.sif").read_bytes()
+    path = tmp_path / "fuzzed.sif"
+    outcomes = {"read": 0, "refused": 0}
+    for mutated in _mutations(data, 600):
+        path.write_bytes(mutated)
+        reads.clear()
+        try:
+            image = imagefile.locate(str(path))
+        except BerthError as e:
+            message = str(e)
+            assert message.startswith(f"{path}: ") and "\n" not in message, message
+            outcomes["refused"] += 1
+        else:
+            assert 0 < image.offset and image.offset + image.sif.size <= len(mutated)
+            outcomes["read"] += 1
+        # every read starts inside the file and none asks for more than a header and a
+        # descriptor table of at most MAX_DESCRIPTORS entries
+        for offset, length, size in reads:
+            assert 0 <= offset <= size and length <= sif.MAX_DESCRIPTORS * sif._DESCRIPTOR.size
+    assert outcomes["read"] > 50 and outcomes["refused"] > 250, outcomes
