@@ -7,6 +7,10 @@
 # from the host. Writes, under .cache/images/SUITE/:
 #   mpi-test.tar   docker-archive, for pushing to a registry with skopeo
 #   mpi-test.sqsh  the same root as a squashfs, for --container-image=PATH.sqsh
+#   mpi-test.sif   the same root as an Apptainer image, for --container-image=PATH.sif:
+#                  with /.singularity.d (an environment script that puts
+#                  /opt/mpi-test on PATH and sets MPI_TEST_IMAGE=sif, a
+#                  runscript that runs allreduce-openmpi), made by siftool
 # Skips the build when both exist and the sources are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +26,9 @@ SRC=molecule/multinode/files
 stamp=$(cat "$0" "$SRC"/mpi_*.c | sha256sum | cut -c1-16)
 env -u BERTH_NODE_IMAGE bash scripts/base-image.sh
 
-if [[ -f $OUT/mpi-test.sqsh && -f $OUT/mpi-test.tar && "$(cat $OUT/stamp 2>/dev/null)" == "$stamp" ]]; then
-    echo "test-image: $OUT/mpi-test.{tar,sqsh} present"
+if [[ -f $OUT/mpi-test.sqsh && -f $OUT/mpi-test.tar && -f $OUT/mpi-test.sif &&
+      "$(cat $OUT/stamp 2>/dev/null)" == "$stamp" ]]; then
+    echo "test-image: $OUT/mpi-test.{tar,sqsh,sif} present"
     exit 0
 fi
 mkdir -p "$OUT"
@@ -55,6 +60,20 @@ docker create --name berth-test-image-export "$IMAGE" /bin/true >/dev/null
 mkdir "$work/root"
 docker export berth-test-image-export | tar -C "$work/root" -x --exclude='dev/*'
 mksquashfs "$work/root" "$work/mpi-test.sqsh" -noappend -quiet -comp zstd >/dev/null
-chmod 0644 "$work/mpi-test.sqsh" "$work/mpi-test.tar"
-mv "$work/mpi-test.tar" "$work/mpi-test.sqsh" "$OUT/"
+# The SIF: /.singularity.d appended to a copy of that squashfs, which siftool
+# makes the primary system partition of a new SIF file.
+echo "test-image: writing $OUT/mpi-test.sif"
+mkdir -p "$work/apptainer/.singularity.d/env"
+printf '%s\n' 'export PATH="/opt/mpi-test:$PATH"' 'export MPI_TEST_IMAGE=sif' \
+    >"$work/apptainer/.singularity.d/env/90-environment.sh"
+printf '%s\n' '#!/bin/sh' 'exec allreduce-openmpi "$@"' >"$work/apptainer/.singularity.d/runscript"
+chmod 0755 "$work/apptainer/.singularity.d/runscript"
+cp "$work/mpi-test.sqsh" "$work/apptainer.sqsh"
+mksquashfs "$work/apptainer" "$work/apptainer.sqsh" -all-root -quiet -no-progress >/dev/null
+declare -A SIF_ARCH=([amd64]=2 [arm64]=4 [ppc64el]=6 [s390x]=11 [riscv64]=12)
+siftool new "$work/mpi-test.sif"
+siftool add "$work/mpi-test.sif" "$work/apptainer.sqsh" --datatype 4 --parttype 2 --partfs 1 \
+    --partarch "${SIF_ARCH[$(dpkg --print-architecture)]}"
+chmod 0644 "$work/mpi-test.sqsh" "$work/mpi-test.tar" "$work/mpi-test.sif"
+mv "$work/mpi-test.tar" "$work/mpi-test.sqsh" "$work/mpi-test.sif" "$OUT/"
 echo "$stamp" >"$OUT/stamp"

@@ -58,3 +58,14 @@ def test_broken_edf_is_refused_before_submission(edf):
     assert "--environment" in job.stderr and "broken.toml:1" in job.stderr, job.stderr
     assert "imagee" in job.stderr
     assert job_ids() <= before  # no new job
+
+
+def test_an_edf_may_name_a_sif_image(edf):
+    node(CONTROLLER).run(
+        "printf '%s\\n' 'image = \"/opt/berth-images/mpi-test.sif\"' '[env]' "
+        "'EDF_MARKER = \"from-the-edf\"' > /home/alice/.edf/siftest.toml && "
+        "chown alice /home/alice/.edf/siftest.toml")
+    job = srun("-N2 --ntasks-per-node=1 --environment=siftest "
+               "sh -c 'echo $MPI_TEST_IMAGE $EDF_MARKER'")
+    assert job.rc == 0, job.stderr
+    assert job.stdout.splitlines() == ["sif from-the-edf"] * 2  # the image's scripts, the EDF's env

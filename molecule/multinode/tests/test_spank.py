@@ -10,6 +10,7 @@ import pytest
 from conftest import COMPUTE, CONTROLLER, job_ids, node
 
 IMAGE_SQSH = "/opt/berth-images/mpi-test.sqsh"
+IMAGE_SIF = "/opt/berth-images/mpi-test.sif"  # the same root, with /.singularity.d, by siftool
 REGISTRY_IMAGE = f"{CONTROLLER}:5000#berth/mpi-test:1"
 OPENMPI = "/opt/mpi-test/allreduce-openmpi"
 MPICH = "/opt/mpi-test/allreduce-mpich"
@@ -67,6 +68,30 @@ def test_openmpi_pmix_from_the_registry():
         again = srun(f"-w {name} --container-image={REGISTRY_IMAGE} true")
         assert again.rc == 0, again.stderr
         assert host.check_output(f"ls -i /var/lib/berth/cache/{uid}/images") == cached
+
+
+def test_a_sif_image_runs_mpi_on_two_nodes_with_its_own_environment():
+    # allreduce-openmpi by name: the SIF's environment script puts its
+    # directory on PATH, and every task, on both nodes, has that PATH
+    job = srun(f"-N2 -n4 --mpi=pmix --container-image={IMAGE_SIF} allreduce-openmpi")
+    assert_mpi_ranks(job, 4)
+    seen = srun(f"-N2 --ntasks-per-node=1 --container-image={IMAGE_SIF} "
+                "sh -c 'echo $MPI_TEST_IMAGE $(grep ^VARIANT_ID= /etc/os-release)'")
+    assert seen.stdout.splitlines() == ["sif VARIANT_ID=berth-mpi-test"] * 2, seen.stderr
+    # `apptainer run`'s equivalent: the runscript as the step's command
+    run = srun(f"-N1 -n2 --mpi=pmix --container-image={IMAGE_SIF} /.singularity.d/runscript")
+    assert run.rc == 0 and "allreduce sum 3" in run.stdout, run.stdout + run.stderr
+    no_containers_left()
+
+
+def test_a_broken_sif_is_refused_naming_the_file_and_why():
+    for name in (CONTROLLER, COMPUTE[0]):  # where srun checks that it exists, and the node
+        node(name).run(f"head -c 200000 {IMAGE_SIF} >/tmp/cut.sif && chmod 0644 /tmp/cut.sif")
+    job = srun(f"-N1 -w {COMPUTE[0]} --container-image=/tmp/cut.sif true")
+    assert job.rc != 0
+    assert "/tmp/cut.sif: SIF object 1: bytes 32768.." in job.stderr, job.stderr
+    assert "lie outside the 200000-byte file (truncated or corrupted)" in job.stderr
+    no_containers_left()
 
 
 def test_mpich_pmi2_inherits_pmi_fd():
