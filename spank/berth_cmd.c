@@ -481,6 +481,14 @@ int berth_edf_show(const struct plugin_conf *conf, const char *name, char *out, 
 	return capture(argv, out, outlen, msg, msglen);
 }
 
+int berth_check_sif(const struct plugin_conf *conf, const char *path, char *msg, size_t msglen)
+{
+	char out[256];
+	char *argv[] = { (char *)conf->berth, "--quiet", "import", (char *)path, NULL };
+
+	return capture(argv, out, sizeof(out), msg, msglen);
+}
+
 int berth_resolve_start(const struct plugin_conf *conf, const char *uri, struct capture *c,
 			char *msg, size_t msglen)
 {

@@ -82,6 +82,12 @@ struct capture {
 int berth_edf_show(const struct plugin_conf *conf, const char *name, char *out, size_t outlen,
 		   char *msg, size_t msglen);
 /*
+ * "berth --quiet import PATH.sif": the SIF file checked as a step would
+ * check it, at submission; on failure its one line in msg.
+ */
+int berth_check_sif(const struct plugin_conf *conf, const char *path, char *msg, size_t msglen);
+
+/*
  * "berth import --resolve URI": start starts it (-1 and why in msg),
  * finish collects its output into out (-1 and why in msg), cancel kills
  * one that will not be collected.

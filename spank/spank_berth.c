@@ -237,6 +237,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 			slurm_error("spank_berth: %s", err);
 			return -1;
 		}
+		if (submit_check_image(&conf, &flags) < 0)
+			return -1;
 		/* the tag's digest now, for every node; srun's allocation meanwhile */
 		submit_image_start(&conf, &flags, &image_resolve);
 		if (spank_context() != S_CTX_LOCAL)

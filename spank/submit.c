@@ -107,6 +107,24 @@ int node_environment(spank_t sp, struct container_flags *flags)
 }
 
 /*
+ * A SIF --container-image checked here, as the step would check it ("berth
+ * --quiet import PATH.sif"): a broken, encrypted or foreign-architecture
+ * file is refused before anything is submitted, in the runtime's words.
+ */
+int submit_check_image(const struct plugin_conf *conf, const struct container_flags *flags)
+{
+	char msg[ERR_LEN];
+
+	if (flags->image == NULL || !image_is_sif(flags->image))
+		return 0;
+	if (berth_check_sif(conf, flags->image, msg, sizeof(msg)) < 0) {
+		slurm_error("spank_berth: --container-image: %s", msg);
+		return -1;
+	}
+	return 0;
+}
+
+/*
  * Resolve a registry --container-image to the digest its tag names now
  * ("berth import --resolve URI": one manifest request, as the user) and put
  * "URI\nPINNED" into this process's environment, which srun/sbatch/salloc

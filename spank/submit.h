@@ -32,6 +32,12 @@ int submit_environment(const struct plugin_conf *conf, struct container_flags *f
 /* On the node: the values resolved at submission, from the job's environment. */
 int node_environment(spank_t sp, struct container_flags *flags);
 
+/*
+ * A SIF --container-image checked through the runtime before submission:
+ * -1 (logged, in the runtime's words) when a step would refuse it.
+ */
+int submit_check_image(const struct plugin_conf *conf, const struct container_flags *flags);
+
 /* A registry image's tag being resolved to a digest (uri: the image's URI). */
 struct image_resolve {
 	struct capture child;

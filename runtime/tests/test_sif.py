@@ -144,6 +144,8 @@ def test_import_describes_the_file_and_never_claims_a_verified_signature(berth, 
     assert out[-1] == (f"  signed (SHA-384) by key {FINGERPRINT}: NOT verified "
                        "(Berth does not verify SIF signatures)")
     assert berth.ok("import", sifs / "app.sif").splitlines()[-1] == "  not signed"
+    assert berth.ok("--quiet", "import", sifs / "app.sif") == ""  # srun's check at submission
+    berth.fails("--quiet", "import", sifs / "encrypted.sif", needle="is encrypted")
     berth.fails("import", "-o", "x.sqsh", sifs / "app.sif", needle="-o/--output: not with a SIF")
     assert not (berth.base / "x.sqsh").exists()
 

@@ -84,13 +84,21 @@ def test_a_sif_image_runs_mpi_on_two_nodes_with_its_own_environment():
     no_containers_left()
 
 
-def test_a_broken_sif_is_refused_naming_the_file_and_why():
-    for name in (CONTROLLER, COMPUTE[0]):  # where srun checks that it exists, and the node
+def test_a_broken_sif_is_refused_at_submission_naming_the_file_and_why():
+    for name in (CONTROLLER, COMPUTE[0]):
         node(name).run(f"head -c 200000 {IMAGE_SIF} >/tmp/cut.sif && chmod 0644 /tmp/cut.sif")
+    before = job_ids()
     job = srun(f"-N1 -w {COMPUTE[0]} --container-image=/tmp/cut.sif true")
     assert job.rc != 0
-    assert "/tmp/cut.sif: SIF object 1: bytes 32768.." in job.stderr, job.stderr
+    assert ("spank_berth: --container-image: /tmp/cut.sif: SIF object 1: bytes 32768..96"
+            in job.stderr), job.stderr
     assert "lie outside the 200000-byte file (truncated or corrupted)" in job.stderr
+    assert job_ids() <= before  # refused by srun itself: no job
+    # the node refuses it as well, in the same words (a file that differs there)
+    node(CONTROLLER).run(f"cp {IMAGE_SIF} /tmp/cut.sif")
+    job = srun(f"-N1 -w {COMPUTE[0]} --container-image=/tmp/cut.sif true")
+    assert job.rc != 0 and "/tmp/cut.sif: SIF object 1: bytes 32768.." in job.stderr
+    node(CONTROLLER).run("rm -f /tmp/cut.sif")
     no_containers_left()
 
 

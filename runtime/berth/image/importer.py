@@ -70,7 +70,8 @@ def _interruptible():
 def _describe_sif(args):
     """`berth import APP.sif`: a SIF image runs where it lies, so nothing is
     made: the file is checked as a start checks it and what it holds is
-    printed. A signature is reported by its key, never taken as verified."""
+    printed (with --quiet: nothing). A signature is reported by its key,
+    never taken as verified."""
     for flag, given in (("-o/--output", args.output), ("--cache-only", args.cache_only),
                         ("--resolve", args.resolve), ("--digest", args.digest),
                         ("--reuse", args.reuse), ("-a/--arch", args.arch)):
@@ -79,6 +80,8 @@ def _describe_sif(args):
                              "is, with nothing to import or convert")
     from berth.image import imagefile
     image = imagefile.locate(args.uri).sif
+    if args.quiet:  # checked, nothing to say (srun's check at submission)
+        return 0
     print(f"{args.uri}: SIF image, runs in place (berth start, berth create, "
           "srun --container-image take it as it is)")
     print(f"  system partition: squashfs, {image.arch}, {image.size} bytes at byte {image.offset}")
