@@ -47,6 +47,7 @@ def _add_import(sub):
                    help="print where the image would be fetched from (each registry "
                         "endpoint in the order tried, after registries.conf) and stop")
     p.add_argument("uri", help="docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST], "
+                               "oras://REGISTRY/IMAGE[:TAG|@DIGEST] (a SIF image), "
                                "docker-archive:PATH[:NAME:TAG|:@N], oci-archive:PATH[:REF] "
                                "or oci:DIR[:REF]; or IMAGE.sif: checked and described, "
                                "nothing made (a SIF image is started as it is)")
@@ -86,11 +87,11 @@ def _add_start(sub):
     _add_start_options(p)
     p.add_argument("--reuse", action="store_true",
                    help="take the image last imported for this URI here without asking the "
-                        "registry; only with a docker:// target")
-    p.add_argument("container", help="NAME, IMAGE.sqsh, IMAGE.sif or docker://URI (the "
-                                     "image cache's squashfs of URI, as `import --cache-only` gives it; "
-                                     "with --detach, the digest it was pulled by is a line "
-                                     "before the pid's)")
+                        "registry; only with a docker:// or oras:// target")
+    p.add_argument("container", help="NAME, IMAGE.sqsh, IMAGE.sif, docker://URI or "
+                                     "oras://URI (the image cache's entry of URI, as "
+                                     "`import --cache-only` gives it; with --detach, the digest "
+                                     "it was pulled by is a line before the pid's)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     p.set_defaults(store_client=store_client)
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
     Proxy, berth, berth_env, gzipped, layer_tar, throwaway_users)
 from test_container import usable_fuse  # noqa: E402, F401 (a fixture)
+from test_sif import sifs  # noqa: E402, F401 (a fixture)
 
 pytestmark = [
     pytest.mark.skipif(not shutil.which("docker-registry"),
@@ -287,6 +288,23 @@ def test_two_users_get_one_pull_and_the_same_entry(site, service, proxy, registr
     for name, (mode, uid) in found.items():
         link = (site.store / name).is_symlink()  # uris/: links are 0777 everywhere
         assert uid == store_uid and (link or not mode & 0o022), (name, oct(mode))
+
+
+def test_a_sif_image_from_a_registry_is_pulled_once_for_everyone(site, service, proxy,
+                                                                   registry, sifs):
+    """oras://: the store keeps the SIF file (with Berth's record) as it keeps
+    a squashfs, one pull for both users, listed under its URI."""
+    from test_sif_oras import push_sif
+    digest = push_sif(registry, "apps/sif", "1", (sifs / "app.sif").read_bytes())
+    uri = f"oras://{proxy.host}/apps/sif:1"
+    first = site.run(ALICE, "import", "--cache-only", "--digest", uri)
+    second = site.run(BOB, "import", "--cache-only", "--digest", uri)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    [entry] = site.store_images()
+    assert first.stdout == second.stdout == f"{entry}\n{digest}\n"
+    assert site.own_images(ALICE) == site.own_images(BOB) == []
+    listed = site.run(BOB, "store", "list").stdout.split()
+    assert listed[3:5] == [uri, str(entry)]
 
 
 def test_no_user_can_hold_a_lock_of_the_store(site, service, proxy):

@@ -20,7 +20,14 @@ STORE = "/shared/berth/images"
 PUBLIC_REPO = "berth/store-test"
 PUBLIC = f"{CONTROLLER}:5000#{PUBLIC_REPO}:1"
 PRIVATE = f"{CONTROLLER}:5001#private/mpi-test:1"
-BLOB_GET = re.compile(rf'"GET /v2/{PUBLIC_REPO}/blobs/(sha256:[0-9a-f]{{64}}) HTTP/[0-9.]+" 200 ')
+SIF_REPO = "berth/sif-test"
+
+
+def blob_get(repo):
+    return re.compile(rf'"GET /v2/{repo}/blobs/(sha256:[0-9a-f]{{64}}) HTTP/[0-9.]+" 200 ')
+
+
+BLOB_GET = blob_get(PUBLIC_REPO)
 UIDS = {"alice": 2001, "bob": 2004}
 PRESTAGED = f"{CONTROLLER}:5000#berth/prestage:1"
 # store on, one image pre-staged: the fixture's site.yml arguments
@@ -52,10 +59,10 @@ def now():
     return mark
 
 
-def blob_gets(mark):
+def blob_gets(mark, pattern=BLOB_GET):
     log = node(CONTROLLER).check_output(
         f"journalctl -u docker-registry --since=@{mark} -o cat --no-pager")
-    return collections.Counter(BLOB_GET.findall(log))
+    return collections.Counter(pattern.findall(log))
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +125,52 @@ def test_a_public_image_is_pulled_once_for_both_nodes_and_both_users(store):
     assert store_images() == sorted([*stored, entry])
     # neither user's own cache got a copy: both nodes ran the store's entry
     assert {(name, user): own_images(name, user) for name in COMPUTE for user in UIDS} == before
+
+
+# `apptainer push FILE oras://localhost:5000/REPO:TAG`, as the registry gets it:
+# an empty JSON config of the SIF config type, the SIF file the one layer
+ORAS_PUSH = r"""
+import hashlib, json, sys, urllib.parse, urllib.request
+path, repo, tag = sys.argv[1:]
+top = "http://localhost:5000"
+def put_blob(data):
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    started = urllib.request.urlopen(urllib.request.Request(
+        f"{top}/v2/{repo}/blobs/uploads/", method="POST"))
+    where = urllib.parse.urljoin(top, started.headers["Location"])
+    where += ("&" if "?" in where else "?") + "digest=" + digest
+    urllib.request.urlopen(urllib.request.Request(
+        where, data=data, method="PUT", headers={"Content-Type": "application/octet-stream"}))
+    return {"digest": digest, "size": len(data)}
+sif = open(path, "rb").read()
+manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.sylabs.sif.config.v1+json", **put_blob(b"{}")},
+            "layers": [{"mediaType": "application/vnd.sylabs.sif.layer.v1.sif", **put_blob(sif)}]}
+urllib.request.urlopen(urllib.request.Request(
+    f"{top}/v2/{repo}/manifests/{tag}", data=json.dumps(manifest).encode(), method="PUT",
+    headers={"Content-Type": manifest["mediaType"]}))
+"""
+
+
+def test_a_sif_image_from_the_registry_is_pulled_once_and_runs_mpi_on_both_nodes(store):
+    node(CONTROLLER).check_output(f"python3 -c {shlex.quote(ORAS_PUSH)} "
+                                  f"/opt/berth-images/mpi-test.sif {SIF_REPO} {RUN}")
+    image = f"oras://{CONTROLLER}:5000/{SIF_REPO}:{RUN}"
+    stored = store_images()
+    mark = now()
+    # allreduce-openmpi by name: on PATH through the SIF's environment script
+    job = srun(f"-N2 -n4 -w {','.join(COMPUTE)} --mpi=pmix --container-image={image} "
+               "allreduce-openmpi", "alice")
+    assert job.rc == 0 and "allreduce sum 10" in job.stdout, job.stdout + job.stderr
+    fetched = blob_gets(mark, blob_get(SIF_REPO))
+    assert len(fetched) == 2 and set(fetched.values()) == {1}, fetched  # config and SIF, once
+    [entry] = set(store_images()) - set(stored)
+    mark = now()
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={image} "
+               "sh -c 'echo $MPI_TEST_IMAGE'", "bob")
+    assert job.stdout.split() == ["sif", "sif"], job.stdout + job.stderr
+    assert blob_gets(mark, blob_get(SIF_REPO)) == {}  # nothing fetched again for bob
+    assert image in listed_sources() and entry in listed_sources()
 
 
 def test_a_user_can_neither_write_into_the_store_nor_replace_an_entry(store):

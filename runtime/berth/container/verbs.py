@@ -29,7 +29,7 @@ import sys
 
 from berth import config, safedir, syscalls as sc
 from berth.container import environ, hooks, launch, mounts, rootfs
-from berth.image import imagefile
+from berth.image import imagefile, reference
 from berth.errors import BerthError
 
 
@@ -344,8 +344,6 @@ def _remove_abandoned_unpacks(data):
             os.close(fd)
 
 
-# A start's target that is a registry reference (a container name has no '/')
-URI_PREFIX = "docker://"
 
 
 def _pulled(args, cfg, uri):
@@ -363,9 +361,11 @@ def _pulled(args, cfg, uri):
 
 
 def cmd_start(args, cfg):
-    uri = args.container.startswith(URI_PREFIX)
+    # a registry reference (a container name has no '/')
+    uri = args.container.startswith(reference.SCHEMES)
     if args.reuse and not uri:
-        raise BerthError(f"--reuse: only with a {URI_PREFIX} target, not '{args.container}'")
+        raise BerthError(f"--reuse: only with a docker:// or oras:// target, not "
+                         f"'{args.container}'")
     conf, cfg = _configs(args.conf, {**os.environ, **dict(cfg.items())}, cfg)
     return launch.start(_plan(args, cfg, args.container, conf, uri))
 

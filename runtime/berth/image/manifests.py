@@ -34,6 +34,8 @@ def pinned(args, cfg, ref, plan):
     answer = first_answer(plan, ref, cfg, credentials, credentials_path, args.arch,
                           args.quiet, pick_platform=False)
     where = answer.candidate
+    if ref.is_oras:
+        return f"oras://{where.registry}/{where.repository}@{answer.digest}"
     user = f"{where.user}@" if where.user else ""
     return f"docker://{user}{where.registry}#{where.repository}@{answer.digest}"
 

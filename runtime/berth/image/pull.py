@@ -10,13 +10,14 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import sys
 import threading
 
 from tqdm import tqdm
 
 from berth.errors import BerthError
-from berth.image import registries, squash
+from berth.image import registries, sif, squash
 from berth.image.blobs import BlobCache
 from berth.image.imageconfig import from_oci, write_image_config
 from berth.image.layers import Room, apply_layer, remove_stale_unpack_dirs, unpack_dir
@@ -72,8 +73,12 @@ def build_cached(args, cfg, images, options, ref, source, manifest, digest, mani
 
 
 def _build(args, cfg, registry, ref, manifest, digest, image, keep_free):
-    """Fetch the missing layers and the image config, then make `image` of them."""
+    """Fetch the missing layers and the image config, then make `image` of
+    them; or, for a SIF image (an ORAS artifact), see _build_sif."""
     show_progress = not args.quiet and sys.stderr.isatty()
+    if _is_sif_artifact(manifest) or getattr(ref, "is_oras", False):
+        _build_sif(args, cfg, registry, ref, manifest, digest, image, show_progress)
+        return
     try:
         config_digest, config_size = descriptor(manifest["config"])
         layers = [descriptor(layer) for layer in manifest["layers"]]
@@ -108,6 +113,51 @@ def _build(args, cfg, registry, ref, manifest, digest, image, keep_free):
         write_image_config(root, image_config)
         squash.make_squashfs(root, image, cfg, show_progress,
                              verbose=getattr(args, "verbose", False))
+
+
+def _is_sif_artifact(manifest):
+    try:
+        return (manifest["config"]["mediaType"] in sif.CONFIG_TYPES
+                or any(layer["mediaType"] in sif.LAYER_TYPES for layer in manifest["layers"]))
+    except (KeyError, TypeError):
+        return False
+
+
+def _build_sif(args, cfg, registry, ref, manifest, digest, image, show_progress):
+    """A SIF image from a registry (Apptainer's `push oras://`): its one
+    layer, the SIF file, fetched into the blob cache (digest-checked as every
+    layer is), checked as a start checks it, and copied to `image` with
+    Berth's record (source, digest) added, as image.json is to a squashfs it
+    builds. Nothing is unpacked or converted."""
+    try:
+        layers = [(descriptor(layer), layer.get("mediaType")) for layer in manifest["layers"]]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise malformed(ref) from None
+    found = [found for found, media_type in layers if media_type in sif.LAYER_TYPES]
+    if len(layers) != 1 or len(found) != 1:
+        raise BerthError(f"{ref}: not a SIF image: a SIF artifact has one layer of type "
+                         f"{sif.LAYER_TYPES[0]}; this manifest has {len(layers)} layers, "
+                         f"{len(found)} of that type")
+    (blob, size), = found
+    cache = BlobCache(cfg["ENROOT_CACHE_PATH"])
+    if not cache.use(blob):
+        squash.require_space(cache.blob_dir, size, "the SIF image")
+        _download(cache, registry, [(blob, size)], cfg, show_progress, args.quiet)
+    squash.require_space(os.path.dirname(image), size, "the SIF image")
+    partial = f"{image}.tmp-{os.getpid()}"
+    try:
+        shutil.copyfile(cache.path(blob), partial)
+        fd = os.open(partial, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            sif.read(fd, str(ref))
+            sif.add_record(fd, str(ref), json.dumps({"source": args.uri, "digest": digest}))
+        finally:
+            os.close(fd)
+        os.chmod(partial, 0o644 & ~squash.umask())
+        os.rename(partial, image)
+    finally:
+        if os.path.lexists(partial):
+            os.unlink(partial)
 
 
 def _download(cache, registry, layers, cfg, show_progress, quiet):

@@ -1,4 +1,6 @@
-"""Registry image references: docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]."""
+"""Registry image references: docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST],
+and Apptainer's oras://REGISTRY/IMAGE[:TAG|@DIGEST] for SIF images kept in
+a registry as OCI artifacts (the same registries, rules and credentials)."""
 
 import collections
 import re
@@ -6,6 +8,8 @@ import re
 from berth.errors import BerthError
 
 SCHEME = "docker://"
+ORAS_SCHEME = "oras://"
+SCHEMES = (SCHEME, ORAS_SCHEME)
 DEFAULT_REGISTRY = "registry-1.docker.io"
 FORMAT = "docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]"
 
@@ -27,6 +31,11 @@ class Reference(collections.namedtuple(
     Docker Hub's `library/`: what an unqualified-search registry
     (registries.py) is asked for."""
     __slots__ = ()
+
+    @property
+    def is_oras(self):
+        """Named as Apptainer names a SIF image in a registry (its artifact)."""
+        return self.uri.startswith(ORAS_SCHEME)
 
     @property
     def reference(self):
@@ -53,7 +62,14 @@ def _bad(uri, why):
 
 
 def parse(uri):
-    """Split a docker:// URI into its parts, filling in Docker Hub defaults."""
+    """Split a docker:// URI into its parts, filling in Docker Hub defaults;
+    an oras:// one names its registry first, always."""
+    if uri.startswith(ORAS_SCHEME):
+        registry, slash, rest = uri[len(ORAS_SCHEME):].partition("/")
+        if not slash or not _HOST.fullmatch(registry) or "#" in rest:
+            raise BerthError(f"invalid image reference '{uri}': expected "
+                             "oras://REGISTRY[:PORT]/IMAGE[:TAG|@DIGEST]")
+        return parse(f"{SCHEME}{registry}#{rest}")._replace(uri=uri)
     if not uri.startswith(SCHEME):
         raise BerthError(f"'{uri}' is not a registry reference; expected {FORMAT}")
     rest = uri[len(SCHEME):]
@@ -92,7 +108,11 @@ def parse(uri):
 
 
 def default_output(uri):
-    """File name for an import: the image part with '/' and ':' as '+'."""
+    """File name for an import: the image part with '/' and ':' as '+'
+    (IMAGE.sif for an oras:// one: the image is the SIF file)."""
+    if uri.startswith(ORAS_SCHEME):
+        host, _, path = uri[len(ORAS_SCHEME):].partition("/")
+        return default_output(f"{SCHEME}{host}#{path}").removesuffix(".sqsh") + ".sif"
     rest = uri[len(SCHEME):]
     head, at, tail = rest.rpartition("@")
     digest = f"@{tail}" if at and tail.startswith("sha256:") else ""

@@ -11,6 +11,7 @@ reported (by key fingerprint), not verified.
 
 import os
 import struct
+import time
 from typing import NamedTuple
 
 from berth.errors import BerthError
@@ -31,7 +32,19 @@ _SIGNATURE = struct.Struct("<i20s")  # in "extra": hash, the key's v4 fingerprin
 _SQUASHFS_HEAD = struct.Struct("<4s36xQ")  # squashfs magic; bytes_used at byte 40
 
 _VERSION = b"01\0"
-_DATA_PARTITION, _DATA_SIGNATURE = 0x4004, 0x4005
+_DATA_PARTITION, _DATA_SIGNATURE, _DATA_JSON = 0x4004, 0x4005, 0x4006
+# How a SIF image kept in a registry (Apptainer's `push oras://`) says so:
+# its manifest's config and its one layer, the SIF file (Singularity before
+# 3.7 wrote the layer's type misspelt, and some tools the config's without +json)
+CONFIG_TYPES = ("application/vnd.sylabs.sif.config.v1+json", "application/vnd.sylabs.sif.config.v1")
+LAYER_TYPES = ("application/vnd.sylabs.sif.layer.v1.sif", "appliciation/vnd.sylabs.sif.layer.tar")
+
+# The name of the JSON object Berth adds to a SIF file its image cache keeps
+# (pulled from a registry): the source and digest a squashfs image keeps in
+# its image.json.
+RECORD_NAME = b"berth-image.json"
+_UNGROUPED = 0xF0000000  # the group of an object in none
+_RECORD_MAX = 65536
 _DATA_TYPES = {0x4001: "definition file", 0x4002: "environment", 0x4003: "labels",
                0x4006: "JSON metadata", 0x4007: "generic data", 0x4008: "cryptographic message",
                0x4009: "SBOM", 0x400a: "OCI root index", 0x400b: "OCI blob"}
@@ -58,6 +71,7 @@ class Image(NamedTuple):
     arch: str            # as ARCHES names it
     signatures: list     # (hash name, key fingerprint in hex) of each signature object
     objects: list        # a short description of every data object, in order
+    record: tuple        # (offset, length) of Berth's JSON record, or None
 
 
 def node_arch():
@@ -94,10 +108,10 @@ def read(fd, name):
     raw = os.pread(fd, total * _DESCRIPTOR.size, table)
     if len(raw) < total * _DESCRIPTOR.size:
         raise refuse("SIF descriptor table: shorter than its header says (truncated?)")
-    partitions, signatures, objects = [], [], []
+    partitions, signatures, objects, record = [], [], [], None
     for entry in _DESCRIPTOR.iter_unpack(raw):
         kind, used, number, _, _, offset, length = entry[:7]
-        extra = entry[13]
+        object_name, extra = entry[12].rstrip(b"\0"), entry[13]
         if not used:
             continue
         if offset < 0 or length < 0 or offset + length > size:
@@ -110,6 +124,9 @@ def read(fd, name):
             objects.append(f"{_PARTITION_TYPES.get(part_type, 'unknown')} partition "
                            f"({_FILESYSTEMS.get(filesystem, 'unknown filesystem')}, "
                            f"{arch_name}, {length} bytes)")
+        elif kind == _DATA_JSON and object_name == RECORD_NAME and length <= _RECORD_MAX:
+            record = (offset, length)
+            objects.append(f"Berth's record ({length} bytes)")
         elif kind == _DATA_SIGNATURE:
             hash_type, fingerprint = _SIGNATURE.unpack_from(extra)
             signatures.append((_HASHES.get(hash_type, "unknown hash"), fingerprint.hex().upper()))
@@ -136,7 +153,44 @@ def read(fd, name):
     squash_magic, used = _SQUASHFS_HEAD.unpack(squashfs) if whole else (b"", 0)
     if squash_magic != SQUASHFS_MAGIC or not 0 < used <= length:
         raise refuse(f"SIF object {number}: not a whole squashfs (corrupted or truncated)")
-    return Image(offset, length, arch, signatures, objects)
+    return Image(offset, length, arch, signatures, objects, record)
+
+
+def read_record(fd, image):
+    """Berth's JSON record of the SIF file open as `fd` (its Image), as text,
+    or None when it has none."""
+    if image.record is None:
+        return None
+    offset, length = image.record
+    return os.pread(fd, length, offset).decode("utf-8", "replace")
+
+
+def add_record(fd, name, text):
+    """Append Berth's JSON record `text` to the SIF file open read-write as
+    `fd` (a copy Berth made, checked by read()), in its first free
+    descriptor, as siftool adds an object; one line naming `name` when the
+    table is full."""
+    head = os.pread(fd, _HEADER.size, 0)
+    fields = list(_HEADER.unpack(head))
+    free, total, table = fields[7], fields[8], fields[9]
+    raw = os.pread(fd, total * _DESCRIPTOR.size, table)
+    entries = list(_DESCRIPTOR.iter_unpack(raw))
+    slot = next((i for i, entry in enumerate(entries) if not entry[1]), None)
+    if slot is None:
+        raise BerthError(f"{name}: no free SIF descriptor left to record where it came from")
+    data = text.encode()
+    offset = os.fstat(fd).st_size
+    now = int(time.time())
+    number = max((entry[2] for entry in entries if entry[1]), default=0) + 1
+    descriptor = _DESCRIPTOR.pack(_DATA_JSON, 1, number, _UNGROUPED, 0, offset, len(data),
+                                  len(data), now, now, 0, 0, RECORD_NAME, b"")
+    os.pwrite(fd, data, offset)
+    os.pwrite(fd, descriptor, table + slot * _DESCRIPTOR.size)
+    fields[6] = now                      # modified
+    fields[7] = max(free - 1, 0)         # free descriptors
+    fields[10] = max(fields[10], (slot + 1) * _DESCRIPTOR.size)  # descriptors' length
+    fields[12] = offset + len(data) - fields[11]  # data's length, from its offset
+    os.pwrite(fd, _HEADER.pack(*fields), 0)
 
 
 def _text(field):

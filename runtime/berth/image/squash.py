@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from berth.errors import BerthError
+from berth.image import sif
 from berth.image.imageconfig import IMAGE_JSON, SQUASHFS_MAGIC
 from berth.image.reference import DIGEST  # (the form of image.json's "digest")
 
@@ -94,7 +95,7 @@ def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=
             raise BerthError(f"mksquashfs failed for {output}: "
                              f"{lines[-1] if lines else f'exit {result.returncode}'} "
                              f"({free_bytes(output)} bytes free in {os.path.dirname(output)})")
-        os.chmod(partial, 0o644 & ~_umask())
+        os.chmod(partial, 0o644 & ~umask())
         os.rename(partial, output)
     except FileNotFoundError as e:
         if e.filename == "mksquashfs":
@@ -165,24 +166,53 @@ def looks_whole(path):
 
 
 def looks_whole_fd(fd):
-    """looks_whole of a file open for reading as `fd`."""
+    """looks_whole of a file open for reading as `fd`: a whole squashfs, or a
+    SIF file whose system partition is one (what the cache keeps of a SIF
+    image pulled from a registry)."""
     head = os.pread(fd, _SUPERBLOCK.size, 0)
     size = os.fstat(fd).st_size
     if len(head) < _SUPERBLOCK.size:
         return False
+    if sif.has_magic(head):
+        try:
+            sif.read(fd, "")
+        except BerthError:
+            return False
+        return True
     magic, used = _SUPERBLOCK.unpack(head)
     return magic == SQUASHFS_MAGIC and 0 < used <= size
 
 
 def recorded(image, key):
     """The string `key` of the image's etc/berth/image.json, read without
-    mounting it; None when there is no such file or string."""
-    result = subprocess.run(["unsquashfs", "-cat", image, IMAGE_JSON], capture_output=True)
+    mounting it (of a SIF file, Berth's record in it); None when there is
+    no such file or string."""
+    text = _sif_record(image)
+    if text is None:
+        result = subprocess.run(["unsquashfs", "-cat", image, IMAGE_JSON], capture_output=True)
+        text = result.stdout if result.returncode == 0 else None
     try:
-        value = json.loads(result.stdout)[key] if result.returncode == 0 else None
+        value = json.loads(text)[key] if text is not None else None
     except (ValueError, TypeError, KeyError):
         value = None
     return value if isinstance(value, str) else None
+
+
+def _sif_record(image):
+    """The text of Berth's record in the SIF file `image`; None for a
+    squashfs, an unreadable file or a SIF file without one."""
+    try:
+        fd = os.open(image, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not sif.has_magic(os.pread(fd, 64, 0)):
+            return None
+        return sif.read_record(fd, sif.read(fd, image))
+    except (OSError, BerthError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def recorded_digest(image):
@@ -193,7 +223,8 @@ def recorded_digest(image):
     return digest
 
 
-def _umask():
+def umask():
+    """This process's umask (read by setting it back)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
