@@ -17,7 +17,7 @@ it, median of M runs (imports, create) or N runs (starts):
   berth start --detach NAME (the SPANK plugin's start) until it is ready,
   and how long it takes to go once its stdin closes; berth start IMAGE.sif
   true, the same squashfs as a SIF file's partition (made by siftool), and
-  that with an Apptainer environment script (/.singularity.d/env) appended;
+  its root as an Apptainer image (an environment script in /.singularity.d);
 against skopeo copy + tar -x + a bare mksquashfs of the same root, and
 `unshare -Urm true` as the floor of a start. Targets: a cached import under
 1.2x the bare mksquashfs; `berth start NAME true` within 50 ms of the floor;
@@ -152,15 +152,19 @@ def baseline_times(registry, layers, unpack, top, squash_options, runs):
 
 
 def make_sifs(image, top):
-    """SIF files by siftool of `image`: as it is, and with an Apptainer
-    environment script appended (its start runs the script)."""
-    scripts = top / "apptainer"
-    (scripts / ".singularity.d/env").mkdir(parents=True)
-    (scripts / ".singularity.d/env/90-environment.sh").write_text("export BENCH=1\n")
+    """SIF files by siftool: of `image` as it is, and of its root made an
+    Apptainer image (no image.json, an environment script in
+    /.singularity.d/env, which its start runs)."""
+    root = top / "apptainer-root"
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(root), str(image)], check=True,
+                   stdout=subprocess.DEVNULL)
+    (root / "etc/berth/image.json").unlink()
+    (root / ".singularity.d/env").mkdir(parents=True)
+    (root / ".singularity.d/env/90-environment.sh").write_text("export BENCH=1\n")
     with_env = top / "with-env.sqsh"
-    shutil.copy(image, with_env)
-    subprocess.run(["mksquashfs", str(scripts), str(with_env), "-all-root", "-quiet",
+    subprocess.run(["mksquashfs", str(root), str(with_env), "-noappend", "-all-root", "-quiet",
                     "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    remove(root)
     arch = {"x86_64": 2, "aarch64": 4, "ppc64le": 6, "s390x": 11, "riscv64": 12}[os.uname().machine]
     sifs = {"sif": top / "image.sif", "sif-env": top / "with-env.sif"}
     for squashfs, path in ((image, sifs["sif"]), (with_env, sifs["sif-env"])):
