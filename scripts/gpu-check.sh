@@ -5,8 +5,9 @@
 #
 #   scripts/gpu-check.sh prepare DIR   on a development machine with Docker and
 #       CUDA's nvcc: DIR/rootfs.tar.gz, Debian 12's root (the node image of
-#       scripts/base-image.sh, trimmed), and DIR/cuda-check, scripts/gpu-check.cu
-#       built here against Debian 12's C library as PTX only
+#       scripts/base-image.sh, trimmed), DIR/cuda-check, scripts/gpu-check.cu
+#       built here against Debian 12's C library as PTX only, and
+#       DIR/gpucheck.sif, that root with it as an Apptainer image (siftool)
 #   scripts/gpu-check.sh run DIR       on the GPU machine: makes a throwaway
 #       user, unpacks the root as her container, and checks, as her, what a
 #       job gets from `berth start` with the checkout's runtime and hook
@@ -25,6 +26,10 @@ prepare() {
     local dir=$1 container rootfs
     mkdir -p "$dir"
     docker image inspect berth/node:bookworm-minbase >/dev/null 2>&1 || scripts/base-image.sh bookworm
+    # PTX only (compute_75 runs on every GPU since Turing): the driver compiles
+    # it when the program loads, with libnvidia-ptxjitcompiler.
+    nvcc -O2 -cudart static -gencode arch=compute_75,code=compute_75 \
+        -o "$dir/cuda-check" scripts/gpu-check.cu
     rootfs=$(mktemp -d)
     container=$(docker create berth/node:bookworm-minbase /bin/true)
     docker export "$container" | tar -x -C "$rootfs" --exclude='./dev/*' --exclude='dev/*'
@@ -32,12 +37,25 @@ prepare() {
     rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/* \
         "$rootfs"/usr/share/{doc,man,locale,info,zoneinfo}
     tar -C "$rootfs" -c . | gzip -9 >"$dir/rootfs.tar.gz"
-    rm -rf "$rootfs"
-    # PTX only (compute_75 runs on every GPU since Turing): the driver compiles
-    # it when the program loads, with libnvidia-ptxjitcompiler.
-    nvcc -O2 -cudart static -gencode arch=compute_75,code=compute_75 \
-        -o "$dir/cuda-check" scripts/gpu-check.cu
+    # The same root as an Apptainer image, a SIF file by siftool: the CUDA
+    # program in it, and an environment script that puts it on PATH and
+    # extends LD_LIBRARY_PATH as Apptainer's own base script does.
+    mkdir -p "$rootfs/.singularity.d/env" "$rootfs/opt/gpu-check/bin"
+    cp "$dir/cuda-check" "$rootfs/opt/gpu-check/bin/"
+    apptainer_env >"$rootfs/.singularity.d/env/90-environment.sh"
+    mksquashfs "$rootfs" "$dir/gpucheck.sqsh" -noappend -all-root -quiet -no-progress -comp xz
+    rm -f "$dir/gpucheck.sif"
+    siftool new "$dir/gpucheck.sif"
+    siftool add "$dir/gpucheck.sif" "$dir/gpucheck.sqsh" --datatype 4 --parttype 2 --partfs 1 \
+        --partarch 2
+    rm -rf "$rootfs" "$dir/gpucheck.sqsh"
     ls -l "$dir"
+}
+
+apptainer_env() {
+    printf '%s\n' 'export PATH="/opt/gpu-check/bin:$PATH"' \
+        'LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/.singularity.d/libs"' \
+        'export LD_LIBRARY_PATH'
 }
 
 passed=0
@@ -160,6 +178,17 @@ run_checks() {
         echo "info  GDRCopy not checked: this machine has no /dev/gdrdrv"
     fi
 
+    # An Apptainer image: the SIF file started in place where this machine
+    # has squashfuse, else its root unpacked (the same /.singularity.d).
+    local sif_target=gpucheck-sif sif_how="its root unpacked (no squashfuse or /dev/fuse here)"
+    if command -v squashfuse >/dev/null && [ -r /dev/fuse ] && [ -w /dev/fuse ]; then
+        sif_target=$work/gpucheck.sif sif_how="the SIF file started in place"
+    fi
+    out=$(as_job -- start -e "$all_gpus" "$sif_target" sh -c \
+        'cuda-check && nvidia-smi -L && echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"' 2>&1) && rc=0 || rc=$?
+    grep -q '^LD_LIBRARY_PATH=.*/.singularity.d/libs$' <<<"$out" || rc=1
+    check "an Apptainer image ($sif_how): its env script's PATH and LD_LIBRARY_PATH, CUDA computes" "$rc" "$out"
+
     hook_alone=$(median_ms "${runner[@]}" env -i "PATH=/usr/bin:/bin" ENROOT_PID=1 \
         "ENROOT_ROOTFS=$work/none" "ENROOT_MOUNTS=$work/hook-mounts" "ENROOT_ENVIRON=$work/hook-environ" \
         ${ldconfig:+"BERTH_LDCONFIG=$ldconfig"} "$work/hooks/90-nvidia.sh")
@@ -169,11 +198,27 @@ run_checks() {
     echo "info  berth start gpucheck true, median of 5: $plain_start ms without a GPU, $gpu_start ms with all GPUs"
 }
 
+# unpack_roots DIR [RUNNER...]: the containers gpucheck and gpucheck-sif
+# (the same root with the SIF's /.singularity.d) in $data/enroot, as RUNNER.
+unpack_roots() {
+    local dir=$1 name
+    shift
+    for name in gpucheck gpucheck-sif; do
+        "$@" mkdir -p "$data/enroot/$name"
+        gzip -dc <"$dir/rootfs.tar.gz" | "$@" tar -x -C "$data/enroot/$name" || return 1
+    done
+    "$@" mkdir -p "$data/enroot/gpucheck-sif/.singularity.d/env" \
+        "$data/enroot/gpucheck-sif/opt/gpu-check/bin"
+    apptainer_env | "$@" tee "$data/enroot/gpucheck-sif/.singularity.d/env/90-environment.sh" >/dev/null
+    "$@" cp "$work/bin/cuda-check" "$data/enroot/gpucheck-sif/opt/gpu-check/bin/"
+}
+
 run() {
     local dir python
     dir=$(realpath "$1")
     [ "$(id -u)" = 0 ] || die "run it as root (it makes a throwaway user)"
-    [ -r "$dir/rootfs.tar.gz" ] && [ -x "$dir/cuda-check" ] || die "$dir: no rootfs.tar.gz and cuda-check (scripts/gpu-check.sh prepare $dir)"
+    [ -r "$dir/rootfs.tar.gz" ] && [ -x "$dir/cuda-check" ] && [ -r "$dir/gpucheck.sif" ] ||
+        die "$dir: no rootfs.tar.gz, cuda-check and gpucheck.sif (scripts/gpu-check.sh prepare $dir)"
     command -v nvidia-smi >/dev/null || die "no nvidia-smi: is the NVIDIA driver installed?"
     python=$(command -v python3) || die "no python3"
     "$python" -c 'import sys, requests, tqdm; sys.exit(sys.version_info < (3, 10))' 2>/dev/null ||
@@ -194,7 +239,8 @@ run() {
     cp -r runtime/berth "$work/runtime/"
     cp -r hooks "$work/"
     ln -s "$work/hooks/90-nvidia.sh" "$work/etc/hooks.d/90-nvidia.sh"
-    cp "$dir/cuda-check" "$work/bin/"
+    cp "$dir/cuda-check" "$dir/gpucheck.sif" "$work/bin/"
+    mv "$work/bin/gpucheck.sif" "$work/"
     printf '#!/bin/sh\nPYTHONPATH=%s/runtime exec %s -c "import sys; from berth.cli import main; sys.exit(main())" "$@"\n' \
         "$work" "$python" >"$work/bin/berth"
     echo NVIDIA_VISIBLE_DEVICES=all >"$work/hook-environ"
@@ -227,16 +273,13 @@ run() {
     data=$home/.local/share
     runner=(runuser -u "$user" --)
     who="an ordinary user"
-    "${runner[@]}" mkdir -p "$data/enroot/gpucheck"
-    gzip -dc <"$dir/rootfs.tar.gz" | "${runner[@]}" tar -x -C "$data/enroot/gpucheck" ||
-        die "$dir/rootfs.tar.gz: cannot unpack it as $user"
+    unpack_roots "$dir" "${runner[@]}" || die "$dir/rootfs.tar.gz: cannot unpack it as $user"
     if ! run_checks; then
         # Where ordinary users get no user namespace, root's view still
         # tells whether the hook works.
         echo "== as root"
         home=/root data=$work/root-data runner=() who=root
-        mkdir -p "$data/enroot/gpucheck"
-        gzip -dc <"$dir/rootfs.tar.gz" | tar -x -C "$data/enroot/gpucheck"
+        unpack_roots "$dir"
         run_checks || true
     fi
 
