@@ -44,16 +44,26 @@ int image_uri(const char *image, char *out, size_t outlen)
 	return (n < 0 || (size_t)n >= outlen) ? -1 : 0;
 }
 
+size_t image_registry_scheme(const char *uri)
+{
+	static const char *const schemes[] = { "docker://", "oras://" };
+
+	for (size_t i = 0; i < sizeof(schemes) / sizeof(schemes[0]); i++)
+		if (strncmp(uri, schemes[i], strlen(schemes[i])) == 0)
+			return strlen(schemes[i]);
+	return 0;
+}
+
 const char *image_pin(const char *text, const char *uri)
 {
-	static const char scheme[] = "docker://";
-	size_t n = strlen(uri);
+	size_t n = strlen(uri), scheme = image_registry_scheme(uri);
 	const char *pin;
 
-	if (n == 0 || strncmp(text, uri, n) != 0 || text[n] != '\n')
+	if (scheme == 0 || strncmp(text, uri, n) != 0 || text[n] != '\n')
 		return NULL;
 	pin = text + n + 1;
-	if (strncmp(pin, scheme, sizeof(scheme) - 1) != 0 || strstr(pin, "@sha256:") == NULL ||
+	/* pinned in the scheme it was asked in: a docker:// tag to docker://...@sha256: */
+	if (strncmp(pin, uri, scheme) != 0 || strstr(pin, "@sha256:") == NULL ||
 	    strchr(pin, '\n') != NULL)
 		return NULL;
 	return pin;

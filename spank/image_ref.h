@@ -16,11 +16,14 @@ int image_is_sif(const char *image);
 size_t image_archive_prefix(const char *image);
 /* URI handed to "berth import": docker:// unless a scheme is given */
 int image_uri(const char *image, char *out, size_t outlen);
+/* Length of a registry URI's docker:// or oras:// (a SIF image) scheme, else 0. */
+size_t image_registry_scheme(const char *uri);
 /*
  * A registry image's tag, resolved once per job at submission, reaches the
  * nodes as "URI\nPINNED" (URI as image_uri gives it, PINNED the runtime's
- * docker://...@sha256:... of it). image_pin: PINNED when text is for uri
- * and PINNED is one such line, else NULL.
+ * docker://...@sha256:... or oras://...@sha256:... of it, in URI's scheme).
+ * image_pin: PINNED when text is for uri and PINNED is one such line, else
+ * NULL.
  */
 const char *image_pin(const char *text, const char *uri);
 /* Cache file name for a registry image: '/', ':', '#', '@' become '+' */

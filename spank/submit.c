@@ -146,7 +146,7 @@ void submit_image_start(const struct plugin_conf *conf, const struct container_f
 	if (flags->image == NULL || conf->importer[0] != '\0' || image_is_file(flags->image) ||
 	    image_archive_prefix(flags->image) > 0 ||
 	    image_uri(flags->image, resolve->uri, sizeof(resolve->uri)) < 0 ||
-	    strncmp(resolve->uri, "docker://", 9) != 0)
+	    image_registry_scheme(resolve->uri) == 0)
 		return;
 	if (inherited != NULL && image_pin(inherited, resolve->uri) != NULL)
 		return;

@@ -206,6 +206,9 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     img_digest=$(pin img:1 0)
     check "each step has its keeper import the pinned URI" "grep -c '^start --detach .*--reuse docker://registry.local#test/img@$img_digest\$' $calls" "2"
     check "imported once" "grep -c test/img /var/tmp/fake-berth-1000/copies" "1"
+    # a SIF image's oras:// tag is pinned at submission as a docker:// one is
+    check "an oras:// tag: resolved on the submit side, the keeper imports it pinned" "srun --container-image=oras://registry.local/test/sif:1 cat /etc/os-release && grep -c '^start --detach .*--reuse oras://registry.local/test/sif@sha256:[0-9a-f]*\$' $calls" "ID=berth-test
+1"
     check "an image named by its digest: not resolved, the nodes import that digest" "srun --container-image=registry.local#test/img@$img_digest cat /etc/os-release && grep -c '^import --resolve .*@sha256:' $calls" "ID=berth-test
 0"
     # which image a job ran, for the admin: a line per step in slurmd's log (root's to read)

@@ -220,6 +220,11 @@ static void test_image_pin(void)
 	CHECK(image_pin("docker://a:1\n/tmp/a.sqsh@sha256:00", "docker://a:1") == NULL);
 	CHECK(image_pin("docker://a:1\ndocker://a@sha256:00\nx", "docker://a:1") == NULL);
 	CHECK(image_pin("docker://a:1\n", "docker://a:1") == NULL);
+	/* a SIF image's oras:// tag, pinned in its own scheme only */
+	CHECK(image_pin("oras://h/a:1\noras://h/a@sha256:00", "oras://h/a:1") != NULL);
+	CHECK(image_pin("oras://h/a:1\ndocker://h#a@sha256:00", "oras://h/a:1") == NULL);
+	CHECK(image_pin("docker://a:1\noras://a@sha256:00", "docker://a:1") == NULL);
+	CHECK(image_pin("dockerd://a:1\ndockerd://a@sha256:00", "dockerd://a:1") == NULL);
 	CHECK(image_pin("docker://a:1", "docker://a:1") == NULL);
 }
 
