@@ -204,7 +204,7 @@ def test_sqsh_mounts_a_squashfs_read_only(berth, app, images, data_image):
                 needle="does not exist")
     berth.write("host/text", "not an image\n")
     berth.fails("start", "-m", f"{berth.base}/host/text:/d:sqsh", "app", "true",
-                needle=f"mount source {berth.base}/host/text is not a squashfs image")
+                needle=f"mount source {berth.base}/host/text: not a squashfs or SIF image")
 
 
 def test_sqsh_server_dies_with_berth(berth, app, data_image):

@@ -175,6 +175,15 @@ def test_env_scripts_that_fail_or_hang_fail_the_start_in_one_line(berth, sifs):
     assert time.monotonic() - began < 30
 
 
+def test_a_sif_file_is_a_data_image_for_a_sqsh_mount(berth, sifs, images):
+    """CSCS's `sqsh` mount flag takes a SIF file's partition as it takes a squashfs."""
+    out = berth.ok("start", "-m", f"{sifs}/app.sif:/data:sqsh", images / "app.sqsh",
+                   "cat", "/data/.singularity.d/runscript")
+    assert out == RUNSCRIPT
+    berth.fails("start", "-m", f"{sifs}/encrypted.sif:/data:sqsh", images / "app.sqsh", "true",
+                needle=f"mount source {sifs}/encrypted.sif: its system partition is encrypted")
+
+
 def test_a_fifo_or_directory_named_like_a_sif_is_refused_without_blocking(berth):
     os.mkfifo(berth.base / "pipe.sif")
     (berth.base / "dir.sif").mkdir()

@@ -99,9 +99,11 @@ def test_a_pinned_oras_reference_resolves_to_its_digest(pulling, registry):
     ("docker-layer", "not a SIF image: a SIF artifact has one layer"),
     ("other-arch", "built for"),
     ("truncated", "lie outside the"),
+    # a record of its own would pass for Berth's: a false source and digest in the cache
+    ("forged-record", "holds a berth-image.json object already"),
 ])
 def test_hostile_oras_images_are_refused_in_one_line_leaving_no_entry(
-        pulling, registry, sifs, name, needle):
+        pulling, registry, sifs, tmp_path, name, needle):
     repo = f"bad/{name}"
     if name == "tampered":
         good = (sifs / "app.sif").read_bytes()
@@ -122,6 +124,15 @@ def test_hostile_oras_images_are_refused_in_one_line_leaving_no_entry(
     elif name == "docker-layer":
         push_sif(registry, repo, "1", b"not a sif",
                  layer_type="application/vnd.oci.image.layer.v1.tar+gzip")
+    elif name == "forged-record":
+        record = tmp_path / "berth-image.json"
+        record.write_text('{"source": "docker://trusted/image:1", "digest": "sha256:%s"}'
+                          % ("0" * 64))
+        forged = tmp_path / "forged.sif"
+        forged.write_bytes((sifs / "app.sif").read_bytes())
+        subprocess.run(["siftool", "add", str(forged), str(record), "--datatype", "6",
+                        "--filename", record.name], check=True, capture_output=True)
+        push_sif(registry, repo, "1", forged.read_bytes())
     else:
         push_sif(registry, repo, "1", (sifs / f"{name}.sif").read_bytes())
     pulling.fails("start", f"oras://{registry.host}/{repo}:1", "true", needle=needle)

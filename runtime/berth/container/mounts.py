@@ -14,7 +14,7 @@ than a bind, what is not in it goes to the filesystem as mount data
   SRC                 the same, at the same path inside
   tmpfs:DST[:OPTS]    a fresh tmpfs, OPTS also tmpfs's (size=, mode=, huge=...)
   umount:DST          remove what an earlier mount (built-in, mounts.d) put at DST
-  SRC.sqsh:DST:sqsh   mount the squashfs image SRC read-only at DST (squashfuse)
+  SRC:DST:sqsh        mount the squashfs image SRC (or a SIF file's partition) read-only at DST
 FLAGS and OPTS are joined by '+' (or ',').
 
 FLAGS: ro, rw, bind, rbind, the enroot/mount(8) flags (nosuid/suid,
@@ -48,7 +48,6 @@ from berth import syscalls as sc
 from berth.config import text_lines
 from berth.errors import BerthError
 from berth.image import imagefile
-from berth.image.imageconfig import SQUASHFS_MAGIC
 from berth.rootpath import resolve
 
 _MS_SYNCHRONOUS, _MS_MANDLOCK, _MS_DIRSYNC, _MS_NOSYMFOLLOW = 0x10, 0x40, 0x80, 0x100
@@ -243,14 +242,6 @@ def _move(root, source, target_fd):
         os.close(fd)
 
 
-def _is_squashfs(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == SQUASHFS_MAGIC
-    except OSError:
-        return False
-
-
 def apply(root, mount):
     """Mount `mount` into the container root `root` (inside our mount
     namespace); return the pid of the FUSE server it started (sqsh), or None."""
@@ -271,8 +262,11 @@ def apply(root, mount):
         if (mount.is_bind or mount.is_squashfs) and not os.path.exists(mount.source):
             # (pyxis's words, which scripts grep for, then the path)
             raise BerthError(f"mount source path does not exist: {mount.source}")
-        if mount.is_squashfs and not _is_squashfs(mount.source):
-            raise BerthError(f"mount source {mount.source} is not a squashfs image")
+        if mount.is_squashfs:  # a squashfs, or a SIF file's partition
+            try:
+                data_image = imagefile.locate(mount.source)
+            except BerthError as e:
+                raise BerthError(f"mount source {e}") from None
         target = resolve_target(root, mount.target)
         if mount.is_umount:
             fd = _open_inside(root, target, mount.target)
@@ -295,8 +289,7 @@ def apply(root, mount):
                 _move(root, mount.source, fd)
                 return None
             if mount.is_squashfs:
-                server = mount_squashfs(imagefile.Squashfs(mount.source),
-                                        f"/proc/self/fd/{fd}")
+                server = mount_squashfs(data_image, f"/proc/self/fd/{fd}")
                 # Wait until it serves: until then it may still be loading its
                 # libraries, from a root pivot_root would soon swap for the container's.
                 os.listdir(target)

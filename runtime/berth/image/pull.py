@@ -149,7 +149,9 @@ def _build_sif(args, cfg, registry, ref, manifest, digest, image, show_progress)
         shutil.copyfile(cache.path(blob), partial)
         fd = os.open(partial, os.O_RDWR | os.O_CLOEXEC)
         try:
-            sif.read(fd, str(ref))
+            if sif.read(fd, str(ref)).record is not None:  # one that would pass for ours
+                raise BerthError(f"{ref}: the SIF file holds a {sif.RECORD_NAME.decode()} "
+                                 "object already; only Berth writes one")
             sif.add_record(fd, str(ref), json.dumps({"source": args.uri, "digest": digest}))
         finally:
             os.close(fd)
