@@ -146,15 +146,17 @@ sif = open(path, "rb").read()
 manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "config": {"mediaType": "application/vnd.sylabs.sif.config.v1+json", **put_blob(b"{}")},
             "layers": [{"mediaType": "application/vnd.sylabs.sif.layer.v1.sif", **put_blob(sif)}]}
+body = json.dumps(manifest).encode()
 urllib.request.urlopen(urllib.request.Request(
-    f"{top}/v2/{repo}/manifests/{tag}", data=json.dumps(manifest).encode(), method="PUT",
+    f"{top}/v2/{repo}/manifests/{tag}", data=body, method="PUT",
     headers={"Content-Type": manifest["mediaType"]}))
+print("sha256:" + hashlib.sha256(body).hexdigest())
 """
 
 
 def test_a_sif_image_from_the_registry_is_pulled_once_and_runs_mpi_on_both_nodes(store):
-    node(CONTROLLER).check_output(f"python3 -c {shlex.quote(ORAS_PUSH)} "
-                                  f"/opt/berth-images/mpi-test.sif {SIF_REPO} {RUN}")
+    digest = node(CONTROLLER).check_output(f"python3 -c {shlex.quote(ORAS_PUSH)} "
+                                           f"/opt/berth-images/mpi-test.sif {SIF_REPO} {RUN}")
     image = f"oras://{CONTROLLER}:5000/{SIF_REPO}:{RUN}"
     stored = store_images()
     mark = now()
@@ -170,7 +172,9 @@ def test_a_sif_image_from_the_registry_is_pulled_once_and_runs_mpi_on_both_nodes
                "sh -c 'echo $MPI_TEST_IMAGE'", "bob")
     assert job.stdout.split() == ["sif", "sif"], job.stdout + job.stderr
     assert blob_gets(mark, blob_get(SIF_REPO)) == {}  # nothing fetched again for bob
-    assert image in listed_sources() and entry in listed_sources()
+    # the tag resolved at submission: the nodes imported it pinned
+    listed = listed_sources()
+    assert f"oras://{CONTROLLER}:5000/{SIF_REPO}@{digest}" in listed and entry in listed
 
 
 def test_a_user_can_neither_write_into_the_store_nor_replace_an_entry(store):
