@@ -146,6 +146,9 @@ def test_import_describes_the_file_and_never_claims_a_verified_signature(berth, 
     assert berth.ok("import", sifs / "app.sif").splitlines()[-1] == "  not signed"
     assert berth.ok("--quiet", "import", sifs / "app.sif") == ""  # srun's check at submission
     berth.fails("--quiet", "import", sifs / "encrypted.sif", needle="is encrypted")
+    shutil.copy(sifs / "app.sqsh", berth.base / "named-so.sif")  # a squashfs, whatever its name
+    berth.chown(berth.base / "named-so.sif")
+    berth.fails("import", "named-so.sif", needle="named-so.sif: a squashfs image, not a SIF file")
     berth.fails("import", "-o", "x.sqsh", sifs / "app.sif", needle="-o/--output: not with a SIF")
     assert not (berth.base / "x.sqsh").exists()
 

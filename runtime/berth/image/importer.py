@@ -80,6 +80,9 @@ def _describe_sif(args):
                              "is, with nothing to import or convert")
     from berth.image import imagefile
     image = imagefile.locate(args.uri).sif
+    if image is None:
+        raise BerthError(f"{args.uri}: a squashfs image, not a SIF file: nothing to import "
+                         "(berth start and create take it as it is)")
     if args.quiet:  # checked, nothing to say (srun's check at submission)
         return 0
     print(f"{args.uri}: SIF image, runs in place (berth start, berth create, "
