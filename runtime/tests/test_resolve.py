@@ -262,6 +262,29 @@ def test_a_proxy_in_enroot_conf_is_honoured_as_enroot_honours_it(tmp_path, env, 
         other.stop()
 
 
+@pytest.mark.parametrize("where, key, value", [
+    ("enroot.conf", "https_proxy", "not a url"),
+    ("enroot.conf", "http_proxy", "http://proxy.example:99999"),
+    ("environment", "HTTPS_PROXY", "ftp://proxy.example:21"),
+    ("environment", "http_proxy", "http://proxy.example:3128\nX-Injected: 1"),
+])
+def test_a_malformed_proxy_is_one_line_naming_its_variable(tmp_path, env, proxy, where, key,
+                                                            value):
+    """requests' words would name the registry, not the setting that is wrong."""
+    env = {k: v for k, v in env.items() if not k.lower().endswith("_proxy")}
+    if where == "enroot.conf":
+        sysconf = Path(env["ENROOT_SYSCONF_PATH"])
+        sysconf.mkdir(parents=True, exist_ok=True)
+        (sysconf / "enroot.conf").write_text(f"{key} {value}\n")
+    else:
+        env[key] = value
+    result = resolve(f"docker://{proxy.host}#test/app:v1", env, tmp_path)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"berth: error: {key}: ") and "is not a proxy URL" in \
+        result.stderr
+    assert proxy.requests == []
+
+
 @pytest.mark.parametrize("uri, message", [
     ("docker://{host}#test/absent:v1", "image not found: {host}/test/absent:v1"),
     ("docker://{dead}#test/app:v1", "Connection refused"),

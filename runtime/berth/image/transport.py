@@ -108,9 +108,35 @@ def lazy_ca_path(bundle):
     return directory if hashed else bundle
 
 
+_PROXY_SCHEMES = ("http", "https", "socks4", "socks4a", "socks5", "socks5h")
+
+
+def check_proxies(environ=None):
+    """Each proxy variable that is set names a proxy, [SCHEME://]HOST[:PORT]
+    as curl and requests take it, or one line naming the variable (from
+    enroot.conf or the environment): requests' own words would name the
+    registry it was asked for instead."""
+    environ = os.environ if environ is None else environ
+    for key, value in environ.items():
+        if not value or key.lower() not in PROXY_VARIABLES:
+            continue
+        try:
+            parts = urlsplit(value if "://" in value else f"http://{value}")
+            good = (parts.scheme in _PROXY_SCHEMES and bool(parts.hostname)
+                    and (parts.port is None or parts.port > 0)
+                    and not any(c.isspace() for c in value))
+        except ValueError:  # a port that is no number, or out of range
+            good = False
+        if not good:
+            shown = value if len(value) <= 60 else value[:60] + "..."
+            raise BerthError(f"{key}: {shown!r} is not a proxy URL ([SCHEME://]HOST[:PORT], "
+                             "e.g. http://proxy.example:3128)")
+
+
 def open_transport(timeout, insecure, connections, direct):
     """A transport: Direct where asked for and no proxy is set, else Pooled.
     timeout: (connect, stall) seconds, None for no limit."""
+    check_proxies()
     if direct and not proxied():
         return Direct(timeout, insecure)
     return Pooled(timeout, insecure, connections)
