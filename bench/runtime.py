@@ -45,6 +45,8 @@ sys.path[:0] = [str(REPO / "runtime"), str(REPO / "runtime" / "tests")]
 from registry_fixture import Registry, gzipped  # noqa: E402
 
 from berth import config  # noqa: E402
+from berth.image import sif  # noqa: E402
+from berth.image.imageconfig import goarch  # noqa: E402
 
 DEFAULT_DIRS = ["/usr/lib/python3.11", "/usr/share/perl"]
 IMPORT_TARGET = 1.2  # x the bare mksquashfs
@@ -165,7 +167,7 @@ def make_sifs(image, top):
     subprocess.run(["mksquashfs", str(root), str(with_env), "-noappend", "-all-root", "-quiet",
                     "-no-progress"], check=True, stdout=subprocess.DEVNULL)
     remove(root)
-    arch = {"x86_64": 2, "aarch64": 4, "ppc64le": 6, "s390x": 11, "riscv64": 12}[os.uname().machine]
+    arch = {name: int(code) for code, name in sif.ARCHES.items()}[goarch()]  # siftool's number
     sifs = {"sif": top / "image.sif", "sif-env": top / "with-env.sif"}
     for squashfs, path in ((image, sifs["sif"]), (with_env, sifs["sif-env"])):
         subprocess.run(["siftool", "new", str(path)], check=True, stdout=subprocess.DEVNULL)

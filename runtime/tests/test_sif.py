@@ -15,6 +15,7 @@ import pytest
 
 from berth.errors import BerthError
 from berth.image import imagefile, sif
+from berth.image.imageconfig import goarch
 from test_container import (  # noqa: F401 (fixtures)
     AS_ROOT, _make_readable, _world_readable_dir, berth, build_root, images, library, squash,
     usable_fuse, user)
@@ -27,7 +28,7 @@ export WHO_WINS=image
 echo "env script of the image ran" >&2
 """
 RUNSCRIPT = '#!/bin/sh\necho "runscript got: $*"\n'
-OTHER_ARCH = "arm64" if sif.node_arch() != "arm64" else "amd64"
+OTHER_ARCH = "arm64" if goarch() != "arm64" else "amd64"
 ARCH_CODES = {name: int(code) for code, name in sif.ARCHES.items()}
 
 
@@ -42,7 +43,7 @@ def make_sif(path, squashfs, part_type=2, filesystem=1, arch=None, extra=()):
     siftool("new", path)
     siftool("add", path, __file__, "--datatype", 1)
     siftool("add", path, squashfs, "--datatype", 4, "--parttype", part_type,
-            "--partfs", filesystem, "--partarch", ARCH_CODES[arch or sif.node_arch()])
+            "--partfs", filesystem, "--partarch", ARCH_CODES[arch or goarch()])
     for datatype, data, *options in extra:
         siftool("add", path, data, "--datatype", datatype, *options)
     path.chmod(0o644)
@@ -140,7 +141,7 @@ def test_import_describes_the_file_and_never_claims_a_verified_signature(berth, 
     out = berth.ok("import", sifs / "signed.sif").splitlines()
     assert out[0] == f"{sifs}/signed.sif: SIF image, runs in place (berth start, berth create, " \
                      "srun --container-image take it as it is)"
-    assert f"  system partition: squashfs, {sif.node_arch()}," in out[1]
+    assert f"  system partition: squashfs, {goarch()}," in out[1]
     assert out[-1] == (f"  signed (SHA-384) by key {FINGERPRINT}: NOT verified "
                        "(Berth does not verify SIF signatures)")
     assert berth.ok("import", sifs / "app.sif").splitlines()[-1] == "  not signed"
@@ -154,7 +155,7 @@ def test_import_describes_the_file_and_never_claims_a_verified_signature(berth, 
 
 
 @pytest.mark.parametrize("name, reason", [
-    ("other-arch.sif", f"built for {OTHER_ARCH}; this node is {sif.node_arch()}"),
+    ("other-arch.sif", f"built for {OTHER_ARCH}; this node is {goarch()}"),
     ("encrypted.sif", "its system partition is encrypted: Berth does not decrypt SIF images"),
     ("ext3.sif", "its system partition is ext3: Berth runs squashfs partitions only"),
     ("overlay-only.sif", "no primary system partition to run (it holds: definition file "),

@@ -15,8 +15,17 @@ from berth.rootpath import resolve
 
 IMAGE_JSON = "etc/berth/image.json"
 SQUASHFS_MAGIC = b"hsqs"  # the first four bytes of every squashfs, so of every image
+# uname -m names to the GOARCH names registries and SIF files use (others are the same)
+_GOARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386",
+           "i386": "386"}
 _KEYS = {"env": list, "entrypoint": (list, type(None)), "cmd": (list, type(None)),
          "workdir": str, "user": str, "source": str, "digest": str}
+
+
+def goarch(machine=None):
+    """The GOARCH name of `machine` (a uname -m name; this machine's by default)."""
+    machine = machine or os.uname().machine
+    return _GOARCH.get(machine, machine)
 
 
 def from_oci(config, source, digest):

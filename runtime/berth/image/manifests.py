@@ -13,12 +13,10 @@ import os
 import sys
 
 from berth.errors import AccessDenied, BerthError, ImageNotFound
+from berth.image.imageconfig import goarch
 from berth.image.reference import DIGEST
 from berth.image.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_credentials
 
-# uname -m names to the GOARCH names registries use.
-_ARCHES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386",
-           "i386": "386"}
 
 
 def pinned(args, cfg, ref, plan):
@@ -149,7 +147,7 @@ def platform_digest(entries, arch, ref):
 def _platform_entry(entries, arch, ref):
     wanted = arch or os.uname().machine
     name, _, variant = wanted.partition("/")
-    name = _ARCHES.get(name, name)
+    name = goarch(name)
     available = []
     for entry in entries:
         plat = entry.get("platform") or {}

@@ -15,7 +15,7 @@ import time
 from typing import NamedTuple
 
 from berth.errors import BerthError
-from berth.image.imageconfig import SQUASHFS_MAGIC
+from berth.image.imageconfig import SQUASHFS_MAGIC, goarch
 
 MAGIC = b"SIF_MAGIC\0"
 MAGIC_OFFSET = 32  # after the launch line ("#!/usr/bin/env run-singularity")
@@ -57,9 +57,6 @@ _HASHES = {1: "SHA-256", 2: "SHA-384", 3: "SHA-512", 4: "BLAKE2s-256", 5: "BLAKE
 ARCHES = {"01": "386", "02": "amd64", "03": "arm", "04": "arm64", "05": "ppc64",
           "06": "ppc64le", "07": "mips", "08": "mipsle", "09": "mips64", "10": "mips64le",
           "11": "s390x", "12": "riscv64"}
-_MACHINES = {"x86_64": "amd64", "i386": "386", "i686": "386", "aarch64": "arm64",
-             "armv7l": "arm", "ppc64": "ppc64", "ppc64le": "ppc64le", "mips": "mips",
-             "mips64": "mips64", "s390x": "s390x", "riscv64": "riscv64"}
 # Apptainer's tools make 48 descriptors; no header makes Berth read more than this many
 MAX_DESCRIPTORS = 4096
 
@@ -72,11 +69,6 @@ class Image(NamedTuple):
     signatures: list     # (hash name, key fingerprint in hex) of each signature object
     objects: list        # a short description of every data object, in order
     record: tuple        # (offset, length) of Berth's JSON record, or None
-
-
-def node_arch():
-    machine = os.uname().machine
-    return _MACHINES.get(machine, machine)
 
 
 def has_magic(head):
@@ -146,8 +138,8 @@ def read(fd, name):
     if filesystem != _SQUASHFS:
         raise refuse(f"its system partition is {_FILESYSTEMS.get(filesystem, 'of an unknown kind')}"
                      ": Berth runs squashfs partitions only")
-    if arch != node_arch():
-        raise refuse(f"built for {arch}; this node is {node_arch()}")
+    if arch != goarch():
+        raise refuse(f"built for {arch}; this node is {goarch()}")
     squashfs = os.pread(fd, _SQUASHFS_HEAD.size, offset)
     whole = len(squashfs) == _SQUASHFS_HEAD.size and length >= _SQUASHFS_HEAD.size
     squash_magic, used = _SQUASHFS_HEAD.unpack(squashfs) if whole else (b"", 0)
