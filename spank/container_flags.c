@@ -334,8 +334,7 @@ int set_name(struct container_flags *flags, const char *value,
 				    value);
 	if (value[0] == '.')
 		return fail(err, errlen, "--container-name: '%s' starts with '.'", value);
-	if ((len > 5 && strncmp(value + len - 5, ".sqsh", 5) == 0) ||
-	    (len > 4 && strncmp(value + len - 4, ".sif", 4) == 0))
+	if (image_file_name(value, len))
 		return fail(err, errlen, "--container-name: '%.*s' ends as an image file's name "
 			    "(.sqsh, .sif) does", (int)len, value);
 	if (value[len] == ':') {

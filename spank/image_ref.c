@@ -4,22 +4,27 @@
 #include <stdio.h>
 #include <string.h>
 
-static int ends_with(const char *text, const char *suffix)
+/* Whether the n bytes of text end in suffix, with something before it. */
+static int ends_with(const char *text, size_t n, const char *suffix)
 {
-	size_t n = strlen(text), k = strlen(suffix);
+	size_t k = strlen(suffix);
 
-	return n > k && strcmp(text + n - k, suffix) == 0;
+	return n > k && strncmp(text + n - k, suffix, k) == 0;
+}
+
+int image_file_name(const char *name, size_t n)
+{
+	return ends_with(name, n, ".sqsh") || ends_with(name, n, ".sif");
 }
 
 int image_is_file(const char *image)
 {
-	return image[0] == '/' || image[0] == '.' || ends_with(image, ".sqsh") ||
-	       image_is_sif(image);
+	return image[0] == '/' || image[0] == '.' || image_file_name(image, strlen(image));
 }
 
 int image_is_sif(const char *image)
 {
-	return ends_with(image, ".sif");
+	return ends_with(image, strlen(image), ".sif");
 }
 
 size_t image_archive_prefix(const char *image)

@@ -10,6 +10,11 @@
 
 /* Is the image a squashfs or SIF file rather than a registry reference? */
 int image_is_file(const char *image);
+/*
+ * Do the n bytes of name end as an image file's name does (.sqsh, .sif)?
+ * The runtime takes such a target for a file: no container may be so named.
+ */
+int image_file_name(const char *name, size_t n);
 /* Is that file named as a SIF image (an Apptainer/Singularity one)? */
 int image_is_sif(const char *image);
 /* Length of a docker-archive:, oci-archive: or oci: prefix, else 0. */
