@@ -344,8 +344,6 @@ def _remove_abandoned_unpacks(data):
             os.close(fd)
 
 
-
-
 def _pulled(args, cfg, uri):
     """start docker://URI: the image cache's squashfs of URI, as `berth
     import --cache-only [--reuse] URI` finds or makes it. With --detach, the
