@@ -4,7 +4,9 @@
 # from scripts/base-image.sh) + that suite's Open MPI + MPICH + the allreduce
 # test program built against each, and an Open MPI ping-pong for bench/. Its
 # /etc/os-release says VARIANT_ID=berth-mpi-test, so a test can tell the image
-# from the host. Writes, under .cache/images/SUITE/:
+# from the host. /etc/profile.d puts /opt/mpi-test back on the PATH that
+# Debian's /etc/profile sets, for the login shell a container starts through
+# (ENROOT_LOGIN_SHELL). Writes, under .cache/images/SUITE/:
 #   mpi-test.tar   docker-archive, for pushing to a registry with skopeo
 #   mpi-test.sqsh  the same root as a squashfs, for --container-image=PATH.sqsh
 #   mpi-test.sif   the same root as an Apptainer image, for --container-image=PATH.sif:
@@ -47,7 +49,8 @@ RUN apt-get update \
  && mpicc.openmpi -O2 -o /opt/mpi-test/pingpong-openmpi /opt/mpi-test/mpi_pingpong.c \
  && apt-get purge -y gcc libc6-dev libopenmpi-dev libmpich-dev && apt-get autoremove -y \
  && apt-get clean && rm -rf /var/lib/apt/lists/* \
- && printf 'VARIANT="Berth MPI test image"\nVARIANT_ID=berth-mpi-test\n' >> /usr/lib/os-release
+ && printf 'VARIANT="Berth MPI test image"\nVARIANT_ID=berth-mpi-test\n' >> /usr/lib/os-release \
+ && printf '%s\n' 'PATH="/opt/mpi-test:\$PATH"' > /etc/profile.d/mpi-test.sh
 ENV PATH=/opt/mpi-test:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 WORKDIR /opt/mpi-test
 DOCKERFILE

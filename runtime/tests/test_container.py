@@ -467,8 +467,9 @@ def test_image_start_says_when_fuse_is_unusable(berth, images):
 
 # --detach and exec ------------------------------------------------------------
 
-def start_detached(berth, *args):
-    process = subprocess.Popen(berth.command("start", "--detach", *args), env=berth.env,
+def start_detached(berth, *args, env=None):
+    process = subprocess.Popen(berth.command("start", "--detach", *args),
+                               env={**berth.env, **(env or {})},
                                cwd=berth.base, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     line = process.stdout.readline()
@@ -619,6 +620,81 @@ def test_detached_entrypoint_that_never_execs_fails_cleanly(berth, entrypoint_ap
 def test_entrypoint_timeout_is_checked_first(berth, entrypoint_app):
     berth.fails("start", "--detach", "--entrypoint", "app", env={"BERTH_ENTRYPOINT_TIMEOUT": "0"},
                 needle="BERTH_ENTRYPOINT_TIMEOUT: expected a number of seconds")
+
+
+# ENROOT_LOGIN_SHELL ----------------------------------------------------------
+
+PROFILE = 'export FROM_PROFILE=yes\nPATH=/profile-bin:$PATH\n'
+
+
+@pytest.mark.parametrize("container", ["app", "plain"])  # through /etc/rc, and without one
+def test_the_command_starts_through_a_login_shell_as_enroots_does(berth, app, images,
+                                                                  container):
+    if container == "plain":
+        berth.ok("create", images / "plain.sqsh")
+    (berth.base / f"data/{container}/etc/profile").write_text(PROFILE)
+    probe = ["sh", "-c", 'echo "$FROM_PROFILE $PATH"']
+    assert berth.ok("start", container, *probe).startswith("yes /profile-bin:/")
+    # what the profile sets wins over -e, as under enroot (it runs last)
+    assert berth.ok("start", "-e", "FROM_PROFILE=cli", container, *probe).startswith("yes ")
+    # $SHELL is the login shell where the image has it (busybox's true ends it at once)
+    assert berth.ok("start", "-e", "SHELL=/bin/true", container, *probe) == ""
+    assert berth.ok("start", "-e", "SHELL=/no/such", container, *probe).startswith("yes ")
+    for off in ("no", "n", "false", "0"):
+        out = berth.ok("start", container, *probe, env={"ENROOT_LOGIN_SHELL": off})
+        assert len(out.split()) == 1 and "/profile-bin" not in out
+    assert berth.ok("start", container, "true") == ""  # exit statuses pass through it
+    assert berth("start", container, "sh", "-c", "exit 7").returncode == 7
+    result = berth("start", container, "no-such-command")
+    assert result.returncode == 127 and "no-such-command" in result.stderr
+    assert berth.leftovers() == []
+
+
+def test_a_detached_containers_environment_is_its_login_shells(berth, app):
+    """The keeper's environment is what a Slurm step's tasks get (pyxis takes
+    the same from enroot's login shell)."""
+    (app / "etc/profile").write_text(PROFILE)
+    for setting, expected in (("yes", b"FROM_PROFILE=yes"), ("no", None)):
+        process, pid = start_detached(berth, "app", env={"ENROOT_LOGIN_SHELL": setting})
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert (expected in environ) if expected else not any(
+                e.startswith(b"FROM_PROFILE=") for e in environ)
+            assert berth.ok("exec", pid, "sh", "-c", "echo $FOO") == "image\n"
+        finally:
+            process.stdin.close()
+            assert process.wait(timeout=10) == 0
+        assert berth.leftovers() == []
+
+
+@pytest.mark.parametrize("profile, needle", [
+    ("exit 3\n", "keeper shell exited (in the login shell's profile: ENROOT_LOGIN_SHELL=no"),
+    ("sleep 30\n", "the login shell's profile has not finished after 1 s"),
+    ("exec sleep 30\n", "the login shell's profile has not finished after 1 s"),
+])
+def test_a_profile_that_never_runs_the_keeper_fails_the_start_within_its_bound(
+        berth, app, profile, needle):
+    (app / "etc/profile").write_text(profile)
+    result = berth("start", "--detach", "app", env={"BERTH_ENTRYPOINT_TIMEOUT": "1"})
+    assert result.returncode == 1 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("berth: error:") and needle in lines[0], lines
+    assert berth.leftovers() == []
+    # a site (or the job) that turns it off starts the same image
+    process, pid = start_detached(berth, "app", env={"ENROOT_LOGIN_SHELL": "no"})
+    process.stdin.close()
+    assert process.wait(timeout=10) == 0
+
+
+def test_an_image_without_a_shell_starts_without_a_login_shell(berth, app):
+    (app / "bin/sh").unlink()
+    (app / "etc/rc").unlink()
+    assert berth.ok("start", "app", "/bin/busybox", "echo", "no shell") == "no shell\n"
+
+
+def test_a_bad_login_shell_setting_is_one_line(berth, app):
+    berth.fails("start", "app", "true", env={"ENROOT_LOGIN_SHELL": "/bin/bash"},
+                needle="ENROOT_LOGIN_SHELL: expected yes or no, got '/bin/bash'")
 
 
 def test_exec_refuses_bad_pid(berth):

@@ -202,6 +202,23 @@ def test_container_env_keeps_the_tasks_value():
     assert image_path.stdout.strip() != "/custom:/usr/bin:/bin"
 
 
+def test_tasks_get_what_the_images_login_shell_exports():
+    """ENROOT_LOGIN_SHELL (yes, enroot's default): the container starts
+    through the image's login shell, so Debian's /etc/profile (which sets
+    PATH) and the image's /etc/profile.d reach every task, as under pyxis;
+    `no` in the job's environment keeps the image's own PATH."""
+    login = srun(f"-N2 --ntasks-per-node=1 --container-image={IMAGE_SQSH} printenv PATH")
+    assert login.rc == 0, login.stderr
+    assert login.stdout.split() == [
+        "/opt/mpi-test:/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"] * 2
+    plain = node(CONTROLLER).run(
+        f"cd /tmp && runuser -u alice -- env ENROOT_LOGIN_SHELL=no srun -N1 "
+        f"--container-image={IMAGE_SQSH} printenv PATH")
+    assert plain.rc == 0, plain.stderr
+    assert plain.stdout.strip() == (
+        "/opt/mpi-test:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+
+
 def test_container_save_writes_a_squashfs():
     node(COMPUTE[0]).run("install -d -o alice /home/alice/saved && rm -f /home/alice/saved/s.sqsh")
     job = srun(f"-N1 -w {COMPUTE[0]} --container-image={IMAGE_SQSH} --container-writable "

@@ -75,6 +75,8 @@ class Plan:
     env_files    environ.d files; env: config-file variables, then -e
     hooks        hook executables in order
     rc           script run instead of the image's /etc/rc, or None
+    login        run the command (or the keeper) through a login shell of the
+                 image, as enroot's ENROOT_LOGIN_SHELL does (_login_shell)
     command      the command and its arguments
     entrypoint   run the image's entrypoint with the command as its arguments
     entrypoint_timeout  seconds a --detach entrypoint has to exec its arguments
@@ -93,12 +95,17 @@ def _restore_signals():
         signal.signal(sig, signal.SIG_DFL)
 
 
-def _exec(command, env):
+def _exec(command, env, program=None):
+    """Exec `command`, found on env's PATH, or with `program` exec that with
+    `command` as its argv."""
     _restore_signals()
     try:
+        if program:
+            os.execve(program, command, env)
         entry.execvpe(command, env)
     except OSError as e:
-        print(f"berth: error: {command[0]}: {e.strerror} in the container", file=sys.stderr)
+        print(f"berth: error: {program or command[0]}: {e.strerror} in the container",
+              file=sys.stderr)
         os._exit(127 if isinstance(e, FileNotFoundError) else 126)
 
 
@@ -132,12 +139,16 @@ def _child(plan, status, hold):
             entry.mount_own_proc()
         if plan.ids is not None:
             seccomp.install()
+        shell = None  # an Apptainer image starts as apptainer exec starts it: no login
         if image["apptainer"]:
             env = {**_apptainer_environment(env, plan.entrypoint_timeout), **plan.env}
+        elif plan.login:
+            shell = _login_shell(env)
         if plan.detach:
             _exec_keeper(keeper, status, hold, env,
-                         (image["entrypoint"] or []) if plan.entrypoint else [])
-        _exec(_command(plan, image), env)
+                         (image["entrypoint"] or []) if plan.entrypoint else [], shell)
+        argv, program = _command(plan, image, shell)
+        _exec(argv, env, program)
     except (BerthError, OSError) as e:
         _send(status, f"error {e}")
     finally:  # whatever happens, never return into berth's own code
@@ -220,10 +231,11 @@ def _run_hooks(plan, root, env):
 _KEEPER = ("/bin/sh", "-c", "echo ready >&3 && exec 3>&- && read -r _ <&4")
 
 
-def _exec_keeper(pid, status, hold, env, entrypoint):
+def _exec_keeper(pid, status, hold, env, entrypoint, shell):
     """Become the keeper, host pid `pid`; given the image's entrypoint, run that
-    with the keeper as its arguments (its environment then becomes the container's)."""
-    _send(status, f"keeper {pid}")
+    with the keeper as its arguments (its environment then becomes the container's);
+    given a login `shell`, through it, so that what its profile exports does too."""
+    _send(status, f"keeper {pid}" + (" login" if shell else ""))
     status, hold = fcntl.fcntl(status, fcntl.F_DUPFD, 5), fcntl.fcntl(hold, fcntl.F_DUPFD, 5)
     os.dup2(status, 3)
     os.dup2(hold, 4)
@@ -234,9 +246,11 @@ def _exec_keeper(pid, status, hold, env, entrypoint):
     command = [*entrypoint, *_KEEPER]
     _restore_signals()
     try:
+        if shell:
+            os.execve(shell, _through_login(shell, command), env)
         entry.execvpe(command, env)
     except OSError as e:
-        what = (f"entrypoint {command[0]}" if entrypoint
+        what = (f"login shell {shell}" if shell else f"entrypoint {command[0]}" if entrypoint
                 else f"{command[0]} (the keeper of --detach)")
         os.write(3, f"error {what}: {e.strerror} in the container\n".encode())
         os._exit(1)
@@ -288,15 +302,39 @@ def _apptainer_environment(env, seconds):
     return {key: value for key, _, value in pairs if key}
 
 
-def _command(plan, image):
+def _login_shell(env):
+    """The shell enroot-switchroot --login runs: the container's $SHELL where
+    it is an executable of the image, else /bin/sh; None in an image with
+    neither (it then starts as without ENROOT_LOGIN_SHELL)."""
+    for shell in (env.get("SHELL", ""), "/bin/sh"):
+        if shell.startswith("/") and os.access(shell, os.X_OK):
+            return shell
+    return None
+
+
+def _through_login(shell, command):
+    """The argv of `shell` running `command` as a login shell: argv[0] "-sh"
+    (the sign every shell reads as login: dash and ash then read /etc/profile
+    and ~/.profile; bash only when interactive), then exec "$@"."""
+    name = os.path.basename(shell)
+    return [f"-{name}", "-c", 'exec "$@"', name, *command] if command else [f"-{name}"]
+
+
+def _command(plan, image, shell=None):
+    """(argv, the shell to exec with it) for the command; (argv, None): exec
+    argv[0] from PATH. A login `shell` runs the rc, /etc/rc or the command."""
     command = plan.command
     if plan.entrypoint:  # Docker's rule: ENTRYPOINT + (the command, else CMD)
         command = (image["entrypoint"] or []) + (command or image["cmd"] or [])
+    login = f"-{os.path.basename(shell)}" if shell else None
     if plan.rc is not None:
-        return ["/bin/sh", "-c", plan.rc, "rc", *command]
+        return [login or "/bin/sh", "-c", plan.rc, "rc", *command], shell or "/bin/sh"
     if os.path.isfile("/etc/rc"):
-        return ["/bin/sh", "/etc/rc", *command]
-    return command or (image["entrypoint"] or []) + (image["cmd"] or []) or ["/bin/sh"]
+        return [login or "/bin/sh", "/etc/rc", *command], shell or "/bin/sh"
+    command = command or (image["entrypoint"] or []) + (image["cmd"] or [])
+    if shell:  # no command at all: the login shell itself, as enroot's
+        return _through_login(shell, command), shell
+    return command or ["/bin/sh"], None
 
 
 def _forward_signals(pid):
@@ -339,7 +377,7 @@ def start(plan):
     os.close(hold_r)
     rootfs.write_file(f"{plan.runtime}/state", f"{child}\n")
     _forward_signals(child)  # until --detach is ready: a stop then ends the setup
-    helpers, error, keeper, ready = [], None, None, False
+    helpers, error, keeper, ready, login = [], None, None, False, ""
     try:
         with os.fdopen(status_r, encoding="utf-8") as messages:
             for line in messages:
@@ -349,16 +387,19 @@ def start(plan):
                 elif kind == "error":
                     error = value
                 elif kind == "keeper":  # "ready" then comes from the keeper shell
-                    keeper = int(value)
-                    if plan.entrypoint:
-                        _kill_after(keeper, plan.entrypoint_timeout)
+                    keeper, _, login = value.partition(" ")
+                    keeper = int(keeper)
+                    if plan.entrypoint or login:
+                        _kill_after(keeper, plan.entrypoint_timeout, plan.entrypoint)
                 elif kind == "ready":
                     ready = True
                     break  # (what the entrypoint left running may hold the pipe)
         signal.alarm(0)
         if keeper and not ready:
             error = error or ('the image\'s entrypoint exited; it must end with exec "$@"'
-                              if plan.entrypoint else "the container's keeper shell exited")
+                              if plan.entrypoint else "the container's keeper shell exited"
+                              + (" (in the login shell's profile: ENROOT_LOGIN_SHELL=no "
+                                 "skips it)" if login else ""))
         if ready:
             print(keeper, flush=True)
             _wait_for_stop(child)
@@ -382,13 +423,17 @@ def start(plan):
     return code
 
 
-def _kill_after(pid, seconds):
-    """An entrypoint that never runs its arguments must not hold the start forever."""
+def _kill_after(pid, seconds, entrypoint):
+    """An entrypoint that never runs its arguments, or a login shell's profile
+    that never ends, must not hold the start forever."""
     def expire(*_):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        raise BerthError(f"the image's entrypoint did not run its arguments within {seconds} s;"
-                         ' it must end with exec "$@"')
+        if entrypoint:
+            raise BerthError(f"the image's entrypoint did not run its arguments within "
+                             f'{seconds} s; it must end with exec "$@"')
+        raise BerthError(f"the login shell's profile has not finished after {seconds} s "
+                         "(BERTH_ENTRYPOINT_TIMEOUT; ENROOT_LOGIN_SHELL=no skips it)")
     signal.signal(signal.SIGALRM, expire)
     signal.alarm(seconds)
 

@@ -245,7 +245,8 @@ def _plan(args, cfg, container, conf, uri=False):
         pid_namespace=args.pid or cfg.flag("ENROOT_UNSHARE_PID"),
         restrict_dev=cfg.flag("ENROOT_RESTRICT_DEV"),
         mounts=user_mounts, env_files=_sorted_files(cfg, "environ.d", ".env"), env=env,
-        hooks=hooks.find(cfg), rc=rc, command=list(args.command), detach=args.detach,
+        hooks=hooks.find(cfg), rc=rc, login=cfg.flag("ENROOT_LOGIN_SHELL"),
+        command=list(args.command), detach=args.detach,
         entrypoint=args.entrypoint, entrypoint_timeout=_entrypoint_timeout(),
     )
     base = safedir.ensure(cfg["ENROOT_RUNTIME_PATH"], "ENROOT_RUNTIME_PATH")
