@@ -63,6 +63,9 @@ def _defaults(env):
         "BERTH_IMAGE_STORE": "",
         "BERTH_IMAGE_STORE_SOCKET": "/run/berth-store.sock",
         "BERTH_IMAGE_STORE_OWNER": "berth-store",
+        # how long a client waits for the store's answer before importing
+        # into its own cache (the service's import may run for hours)
+        "BERTH_IMAGE_STORE_TIMEOUT": "3600",
         # a node-local directory for copies of the store's entries; empty: none
         "BERTH_IMAGE_STORE_LOCAL": "",
         # the most those copies hold together (a size: 200G); empty: no cap
@@ -182,6 +185,7 @@ RANGES = {
     "ENROOT_TRANSFER_RETRIES": (0, 100),
     "ENROOT_MAX_CONNECTIONS": (1, 256),
     "ENROOT_MAX_PROCESSORS": (1, 4096),
+    "BERTH_IMAGE_STORE_TIMEOUT": (1, 86400),  # seconds
 }
 
 

@@ -796,6 +796,48 @@ def test_without_the_socket_the_user_imports_alone(site, proxy):
     assert not (site.store / "images").exists()
 
 
+class SilentStore(UnixServer):
+    """A store's socket whose service takes each request and never answers."""
+
+    def __init__(self, path):
+        self.released = threading.Event()
+        super().__init__(path)
+
+    def _serve(self, conn):
+        with conn:
+            self.released.wait(120)
+
+    def stop(self):
+        self.released.set()
+        super().stop()
+
+
+def test_a_client_waits_for_a_silent_store_no_longer_than_its_bound(site, proxy):
+    """A hung store (or an import of hours) holds no step beyond
+    BERTH_IMAGE_STORE_TIMEOUT: the client says so, --quiet or not, and imports
+    into the user's own cache."""
+    uri = uri_of(proxy)
+    silent = SilentStore(site.socket)
+    try:
+        for bad, why in (("0", "expected 1 or more, got '0'"),
+                         ("99999999999999999999", "expected at most 86400")):
+            refused = site.run(ALICE, "import", "--cache-only", uri,
+                               env={**site.env(ALICE), "BERTH_IMAGE_STORE_TIMEOUT": bad})
+            assert refused.returncode == 1 and refused.stdout == ""
+            assert refused.stderr == f"berth: error: BERTH_IMAGE_STORE_TIMEOUT: {why}\n"
+            assert site.own_images(ALICE) == []
+        result = site.run(ALICE, "--quiet", "import", "--cache-only", uri,
+                          env={**site.env(ALICE), "BERTH_IMAGE_STORE_TIMEOUT": "2"})
+    finally:
+        silent.stop()
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (f"berth: the image store at {site.socket} has not answered within "
+                             "2 s (BERTH_IMAGE_STORE_TIMEOUT); importing into your own cache\n")
+    [own] = site.own_images(ALICE)
+    assert result.stdout == f"{own}\n"
+    assert not (site.store / "images").exists()
+
+
 def test_without_a_store_nothing_changes(site, proxy):
     (site.sysconf / "enroot.conf").write_text("")
     result = site.run(ALICE, "import", "--cache-only", uri_of(proxy))

@@ -8,6 +8,7 @@ lock, no mark of use but a read, no removal.
 import contextlib
 import os
 import sys
+import time
 
 from berth.errors import BerthError
 from berth.image import reference
@@ -75,18 +76,27 @@ def _mark(image):
 def ask(cfg, uri, quiet):
     """The store's entry of `uri`, asked of the store's socket; None when
     the caller must import into its own cache (said on stderr unless
-    quiet). Waits as long as the import takes: SIGTERM ends the wait."""
+    quiet). Waits as long as the import takes, up to
+    BERTH_IMAGE_STORE_TIMEOUT seconds (then says so, quiet or not)."""
     import socket  # (only here: not on a cached step's way)
     path = cfg["BERTH_IMAGE_STORE_SOCKET"]
+    seconds = cfg.number("BERTH_IMAGE_STORE_TIMEOUT")
+    deadline = time.monotonic() + seconds
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(seconds)
         try:
             sock.connect(path)
+        except TimeoutError:
+            return _gave_up(path, seconds)
         except OSError as e:
             return _own_cache(quiet, f"no image store answers at {path} ({e.strerror or e})")
         with contextlib.suppress(OSError):  # (an early answer is read all the same)
             sock.sendall(uri.encode() + b"\n")
             sock.shutdown(socket.SHUT_WR)
-        answer = _read_answer(sock, path)
+        try:
+            answer = _read_answer(sock, path, deadline)
+        except TimeoutError:
+            return _gave_up(path, seconds)
     if answer is None:
         return _own_cache(quiet, f"the image store at {path} closed without answering")
     kind, _, rest = answer.partition(" ")
@@ -102,15 +112,23 @@ def ask(cfg, uri, quiet):
                      "not ok, private, busy or error; refusing it")
 
 
+def _gave_up(path, seconds):
+    """The bound of a client's wait hit: a line even under --quiet (a log
+    line for the site), then the caller's own import."""
+    return _own_cache(False, f"the image store at {path} has not answered within {seconds} s "
+                             "(BERTH_IMAGE_STORE_TIMEOUT)")
+
+
 def _own_cache(quiet, why):
     if not quiet:
         print(f"berth: {why}; importing into your own cache", file=sys.stderr)
     return None
 
 
-def _read_answer(sock, path):
+def _read_answer(sock, path, deadline):
     data = b""
     while b"\n" not in data:
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
         chunk = sock.recv(4096)
         if not chunk:
             break
