@@ -12,9 +12,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "runtime"))
-from berth.image import cache, squash  # noqa: E402
+from berth import config  # noqa: E402
+from berth.image import cache, manifests, squash  # noqa: E402
 from berth.site import userdirs  # noqa: E402
 from berth.store import service  # noqa: E402
+
+
+BARE = {"HOME": "/", "ENROOT_SYSCONF_PATH": "/nonexistent"}  # the defaults alone
 
 
 def _rows():
@@ -37,6 +41,9 @@ def _row(constant):
     ("IMPORT_BYTES_PER_HOUR", service.IMPORT_BYTES_PER_HOUR // 2**30, "or 100 GiB an hour"),
     ("FREE_FLOOR_SHARE", squash.FREE_FLOOR_SHARE, "a tenth of the filesystem"),
     ("FREE_FLOOR_BYTES", squash.FREE_FLOOR_BYTES // 2**30, "at least 1 GiB"),
+    ("UPSTREAM_CHECK_SECONDS", manifests.UPSTREAM_CHECK_SECONDS, "that answers, within 5 s"),
+    ("BERTH_IMAGE_STORE_TIMEOUT", config.load(BARE).number("BERTH_IMAGE_STORE_TIMEOUT"),
+     "a client waits at most 3600 s"),
 ])
 def test_each_number_is_the_codes(constant, value, said):
     assert said in _row(constant)

@@ -201,6 +201,9 @@ class Proxy:
             def do_GET(self):
                 proxy._handle(self)
 
+            def do_HEAD(self):
+                proxy._handle(self)
+
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -214,7 +217,7 @@ class Proxy:
 
     def _handle(self, handler):
         path = handler.path
-        self.requests.append(path)
+        self.requests.append(path if handler.command == "GET" else f"{handler.command} {path}")
         if path.startswith("/token"):
             if handler.headers.get("Authorization") == self.basic:
                 token = f"token-{len(self.tokens)}"
@@ -227,7 +230,8 @@ class Proxy:
                          f'Bearer realm="http://{self.host}/token",service="test"')
             return self._reply(handler, 401, b"{}", {"WWW-Authenticate": challenge})
         headers = {k: v for k, v in handler.headers.items() if k.lower() == "accept"}
-        upstream = requests.get(self.upstream + path, headers=headers, timeout=10)
+        upstream = requests.request(handler.command, self.upstream + path, headers=headers,
+                                    timeout=10)
         status, body = upstream.status_code, upstream.content
         if path in self.tamper:
             status, body = 200, self.tamper[path]
@@ -264,6 +268,8 @@ class Proxy:
             handler.send_header(key, value)
         handler.send_header("Content-Length", str(len(body)))
         handler.end_headers()
+        if handler.command == "HEAD":
+            return
         handler.wfile.write(body[:len(body) // 2] if broken else body)
         handler.wfile.flush()
         if broken:
@@ -423,7 +429,7 @@ class HostileRegistry:
 
     def _handle(self, handler):
         path = handler.path
-        self.requests.append(path)
+        self.requests.append(path if handler.command == "GET" else f"{handler.command} {path}")
         self.authorizations.append(handler.headers.get("Authorization"))
         if self.hang_up:
             handler.close_connection = True

@@ -288,6 +288,8 @@ def test_toml_nested_thousands_deep_is_bad_toml_not_a_traceback(tmp_path, value)
 needs_registry = pytest.mark.skipif(not shutil.which("docker-registry"),
                                     reason="needs docker-registry (Debian package)")
 LAYER = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=mirrored\n")))
+# what a stale or hostile mirror answers for test/app:v1
+FORGED = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=forged\n")))
 
 
 @pytest.fixture(scope="module")
@@ -297,6 +299,7 @@ def registry(tmp_path_factory):
     reg = Registry(tmp_path_factory.mktemp("registry"))
     reg.digest = reg.push_image("test/app", "v1", [LAYER])
     reg.push_image("mirrored/test/app", "v1", [LAYER])
+    reg.moved = reg.push_image("moved/test/app", "v1", [FORGED])
     yield reg
     reg.stop()
 
@@ -319,6 +322,10 @@ def conf(env, text):
     write(env["ENROOT_SYSCONF_PATH"], text)
 
 
+# the one request a rule's location gets when a mirror answers for a tag
+TAG_CHECK = "HEAD /v2/test/app/manifests/v1"
+
+
 def manifests(proxy):
     return [p for p in proxy.requests if "/manifests/" in p]
 
@@ -330,9 +337,48 @@ def test_the_mirror_serves_manifest_and_blobs(tmp_path, env, origin, mirror):
     result = berth(["import", "-o", "a.sqsh", f"docker://{origin.host}#test/app:v1"], env,
                    tmp_path)
     assert result.returncode == 0, result.stderr
-    assert origin.requests == []
+    assert origin.requests == [TAG_CHECK]  # the tag checked, no more
     assert "/v2/mirrored/test/app/manifests/v1" in mirror.requests
     assert len(mirror.blob_requests()) == 2  # the config and the layer
+
+
+@needs_registry
+def test_a_mirrors_tag_is_checked_against_the_rules_location(tmp_path, env, origin, mirror,
+                                                              registry):
+    """A mirror whose tag names another image than the upstream's (stale, or
+    one a user made answer on its port) is not used where the upstream
+    answers; where it does not (air-gapped, no such tag), the mirror's word
+    stands."""
+    conf(env, f'[[registry]]\nprefix = "{origin.host}/test"\n'
+              f'[[registry.mirror]]\nlocation = "{mirror.host}/moved/test"\n')
+    uri = f"docker://{origin.host}#test/app:v1"
+    for args in (["-q", "import", "--resolve", uri], ["import", "-o", "a.sqsh", uri]):
+        result = berth(args, env, tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert (f"berth: not using {mirror.host}/moved/test/app:v1: it answers {registry.moved}, "
+                f"{origin.host}/test/app:v1 {registry.digest}\n") in result.stderr  # even -q
+    assert berth(["-q", "import", "--resolve", uri], env, tmp_path).stdout == (
+        f"docker://{origin.host}#test/app@{registry.digest}\n")
+    assert mirror.blob_requests() == [] and len(origin.blob_requests()) == 2
+    listing = subprocess.run(["unsquashfs", "-cat", str(tmp_path / "a.sqsh"), "etc/os-release"],
+                             capture_output=True, text=True, check=True)
+    assert listing.stdout == "ID=mirrored\n"
+
+    # the upstream unreachable, or without the tag: the mirror is taken at its word
+    dead = f"127.0.0.1:{free_port()}"
+    for location in (dead, f"{origin.host}/absent"):
+        conf(env, f'[[registry]]\nprefix = "{origin.host}/test"\nlocation = "{location}"\n'
+                  f'[[registry.mirror]]\nlocation = "{mirror.host}/moved/test"\n')
+        result = berth(["-q", "import", "--resolve", uri], env, tmp_path)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        assert result.stdout == f"docker://{origin.host}#test/app@{registry.moved}\n"
+    # a digest needs no check: it is its own proof
+    mirror.requests.clear()
+    origin.requests.clear()
+    pinned = f"docker://{origin.host}#test/app@{registry.moved}"
+    result = berth(["import", "-o", "b.sqsh", pinned], env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert origin.requests == []
 
 
 @needs_registry
@@ -427,7 +473,7 @@ def test_mirror_credentials_come_from_the_credentials_file_by_mirror_host(
         result = berth(["-q", "import", "-o", "a.sqsh",
                         f"docker://bob@{origin.host}#test/app:v1"], env, tmp_path)
         assert result.returncode == 0, result.stderr
-        assert origin.requests == []
+        assert origin.requests == [TAG_CHECK]
         assert len(guarded.blob_requests()) == 2
         # Without the entry the mirror refuses; the origin (no auth) then serves.
         credentials.write_text("machine elsewhere.example login x password y\n")
@@ -447,7 +493,7 @@ def test_one_cache_entry_whether_the_mirror_or_the_origin_answered(tmp_path, env
     conf(env, f'[[registry]]\nprefix = "{origin.host}/test"\n'
               f'[[registry.mirror]]\nlocation = "{mirror.host}/mirrored/test"\n')
     first = berth(["-q", "import", "--cache-only", uri], env, tmp_path)
-    assert first.returncode == 0 and origin.requests == [], first.stderr
+    assert first.returncode == 0 and origin.requests == [TAG_CHECK], first.stderr
     (Path(env["ENROOT_SYSCONF_PATH"]) / "registries.conf").unlink()
     second = berth(["-q", "import", "--cache-only", uri], env, tmp_path)
     assert second.returncode == 0, second.stderr
@@ -464,7 +510,7 @@ def test_short_name_through_the_search_registries(tmp_path, env, origin, mirror)
     result = berth(["-q", "import", "-o", "a.sqsh", "docker://test/app:v1"], env, tmp_path)
     assert result.returncode == 0, result.stderr
     assert manifests(mirror) == ["/v2/mirrored/test/app/manifests/v1"]
-    assert origin.requests == []
+    assert origin.requests == [TAG_CHECK]
 
 
 @needs_registry

@@ -136,11 +136,11 @@ def test_the_pinned_uri_names_the_rules_registry_not_the_mirror(tmp_path, env, r
                   f'[[registry.mirror]]\nlocation = "{mirror.host}/mirrored/test"\n')
         pinned = resolved(f"docker://{origin.host}#test/app:v1", env, tmp_path)
         assert pinned == f"docker://{origin.host}#test/app@{registry.app_digest}"
-        assert origin.requests == []
+        assert origin.requests == ["HEAD /v2/test/app/manifests/v1"]  # the tag's check
         assert mirror.requests == ["/v2/mirrored/test/app/manifests/v1"]
         # and the node's import of it goes through the same rule: the mirror again
         assert imported_digest(pinned, env, tmp_path)[1] == registry.app_digest
-        assert origin.requests == []
+        assert origin.requests == ["HEAD /v2/test/app/manifests/v1"]  # a digest: no check
         assert f"/v2/mirrored/test/app/manifests/{registry.app_digest}" in mirror.requests
     finally:
         origin.stop()

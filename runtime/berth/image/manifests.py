@@ -12,6 +12,7 @@ import collections
 import os
 import sys
 
+from berth.config import Config
 from berth.errors import AccessDenied, BerthError, ImageNotFound
 from berth.image.imageconfig import goarch
 from berth.image.reference import DIGEST
@@ -53,6 +54,7 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
     and why. pick_platform=False: the first manifest alone (one request, no
     platform chosen; manifest and manifest_digest are the index's then)."""
     failures, kinds = [], set()
+    upstream = {}  # candidate -> (digest, name) of its tag where its rule's location answers
     for endpoint, candidate in plan:
         # USER@ names an account on the registry of the URI: a mirror takes
         # the credentials file's entry for its own host.
@@ -83,6 +85,17 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
                 print(f"berth: {endpoint.name(candidate)} failed ({e}); trying the next",
                       file=sys.stderr)
             continue
+        if endpoint.mirror and not candidate.digest:
+            if candidate not in upstream:
+                upstream[candidate] = _upstream_digest(plan, candidate, cfg, credentials,
+                                                       credentials_path)
+            checked = upstream[candidate]
+            if checked and checked[0] != found[1]:
+                # said quiet or not: a mirror serving a tag of its own is news to the site
+                failures.append(f"{endpoint.name(candidate)}: it answers {found[1]}, "
+                                f"{checked[1]} {checked[0]}")
+                print(f"berth: not using {failures[-1]}", file=sys.stderr)
+                continue
         if not quiet and len(plan) > 1:
             doing = "pulling" if pick_platform else "resolving"
             print(f"berth: {doing} {ref} from {endpoint.name(candidate)}", file=sys.stderr)
@@ -92,6 +105,35 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
     kind = AccessDenied if AccessDenied in kinds else \
         ImageNotFound if kinds == {ImageNotFound} else BerthError
     raise kind(f"cannot get {ref} from any of {len(plan)} places: {'; '.join(failures)}")
+
+
+# A mirror's answer for a tag is checked against the rule's own location
+# where that answers within this bound: an air-gapped site's resolve waits
+# no longer than this for a location it cannot reach.
+UPSTREAM_CHECK_SECONDS = 5
+
+
+def _upstream_digest(plan, candidate, cfg, credentials, credentials_path):
+    """(digest, name) the location of `candidate`'s rule gives for its tag
+    now, one HEAD request; None where it does not answer (unreachable,
+    refused, no such tag: the mirror is then taken at its word)."""
+    for endpoint, other in plan:
+        if endpoint.mirror or other != candidate:
+            continue
+        bounded = min(cfg.number("ENROOT_CONNECT_TIMEOUT") or UPSTREAM_CHECK_SECONDS,
+                      UPSTREAM_CHECK_SECONDS)
+        values = {**dict(cfg.items()), "ENROOT_CONNECT_TIMEOUT": str(bounded),
+                  "ENROOT_TRANSFER_TIMEOUT": str(UPSTREAM_CHECK_SECONDS),
+                  "ENROOT_TRANSFER_RETRIES": "0"}
+        ref = candidate._replace(registry=endpoint.host, repository=endpoint.repository)
+        registry = Registry(ref, Config(values), credentials, credentials_path,
+                            insecure=endpoint.insecure, direct=True)
+        try:
+            digest = registry.tag_digest(ref.reference, INDEX_TYPES + MANIFEST_TYPES)
+        except BerthError:
+            return None
+        return (digest, endpoint.name(candidate)) if digest else None
+    return None
 
 
 def malformed(ref):

@@ -27,6 +27,7 @@ import sys
 from urllib.parse import urlencode, urljoin, urlsplit
 
 from berth.errors import AccessDenied, BerthError, ImageNotFound
+from berth.image.reference import DIGEST
 from berth.image.transport import (TLSError, TransferError, UntrustedCertificate, open_transport,
                                    origin)
 
@@ -97,7 +98,7 @@ class Registry:
 
     # -- connection and authentication ------------------------------------
 
-    def _first_get(self, path, headers):
+    def _first_get(self, path, headers, method="GET"):
         """GET `path` as the first request to the registry: it finds the
         scheme the registry speaks (HTTPS, else plain HTTP where allowed) and,
         on a 401, authenticates as its challenge says and asks again. The
@@ -106,7 +107,7 @@ class Registry:
         certificate is refused has TLS: never asked over plain HTTP then."""
         host = self.ref.registry
         try:
-            response = self._get(f"https://{host}{path}", headers)
+            response = self._get(f"https://{host}{path}", headers, method)
             self.base = f"https://{host}"
         except UntrustedCertificate as e:
             raise BerthError(
@@ -118,12 +119,12 @@ class Registry:
                 raise BerthError(
                     f"registry {host} does not speak HTTPS ({e}); if it is a plain "
                     "HTTP registry, set ENROOT_ALLOW_HTTP=yes in enroot.conf") from None
-            response = self._get(f"http://{host}{path}", headers)
+            response = self._get(f"http://{host}{path}", headers, method)
             self.base = f"http://{host}"
         if response.status_code == 401 and not self.authenticated:
             response.close()  # only its challenge counts: its body is never read
             self._authenticate(response.headers.get("WWW-Authenticate", ""))
-            response = self._get(f"{self.base}{path}", headers)
+            response = self._get(f"{self.base}{path}", headers, method)
         return response
 
     def _login(self, *hosts):
@@ -200,25 +201,25 @@ class Registry:
                             f"{self.ref.repository} ({status}) with {source}"
                             f"{self.ref.registry_hint()}")
 
-    def _get(self, url, headers=None):
-        """GET from the registry; a 401 once authenticated means our token
-        expired (long pulls outlive them): get a fresh one and ask again."""
-        response = self._get_with_retries(url, headers)
+    def _get(self, url, headers=None, method="GET"):
+        """GET (or HEAD) from the registry; a 401 once authenticated means our
+        token expired (long pulls outlive them): get a fresh one and ask again."""
+        response = self._get_with_retries(url, headers, method)
         if response.status_code == 401 and self.authenticated:
             challenge = response.headers.get("WWW-Authenticate", "")
             response.close()
             self._authenticate(challenge)
-            response = self._get_with_retries(url, headers)
+            response = self._get_with_retries(url, headers, method)
         return response
 
-    def _get_with_retries(self, url, headers):
+    def _get_with_retries(self, url, headers, method):
         """GET with retries on connection failures and server errors."""
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
                 # Streamed always: no body is read whole before its size is checked.
                 response = self._follow(url, headers, self.authorization,
-                                        f"registry {self.ref.registry}")
+                                        f"registry {self.ref.registry}", method)
             except TLSError as e:
                 if not self.base:
                     raise  # _first_get is finding out whether the registry speaks TLS
@@ -232,7 +233,7 @@ class Registry:
             response.close()
         raise AssertionError("unreachable")
 
-    def _follow(self, url, headers, authorization, who):
+    def _follow(self, url, headers, authorization, who, method="GET"):
         """GET `url`, following redirects; `authorization` goes to url's own
         origin alone. `who` names the server in errors."""
         own, first = origin(url), url
@@ -240,7 +241,7 @@ class Registry:
             sent = {"User-Agent": "berth", **(headers or {})}
             if authorization and origin(url) == own:
                 sent["Authorization"] = authorization
-            response = self.transport.get(url, sent)
+            response = self.transport.get(url, sent, method)
             location = response.headers.get("Location")
             if response.status_code not in _REDIRECTS or not location:
                 return response
@@ -265,6 +266,20 @@ class Registry:
         return target
 
     # -- manifests and blobs ------------------------------------------------
+
+    def tag_digest(self, tag, accept):
+        """The digest the registry gives for `tag` now, from a HEAD (which
+        Docker Hub does not count as a pull); None when it names none."""
+        path = f"/v2/{self.ref.repository}/manifests/{tag}"
+        headers = {"Accept": ", ".join(accept)}
+        response = (self._get(f"{self.base}{path}", headers, "HEAD") if self.base
+                    else self._first_get(path, headers, "HEAD"))
+        response.close()
+        if response.status_code != 200:
+            raise BerthError(f"registry {self.ref.registry}: manifest {tag} answered "
+                             f"{response.status_code}")
+        digest = response.headers.get("Docker-Content-Digest", "")
+        return digest if DIGEST.fullmatch(digest) else None
 
     def manifest(self, reference, accept):
         """(parsed manifest, media type, digest) for a tag or digest; the

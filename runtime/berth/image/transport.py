@@ -155,7 +155,7 @@ def origin(url):
 # -- http.client -------------------------------------------------------------------
 
 class Direct:
-    """GETs over http.client, one connection per origin, kept for the next
+    """GETs (and HEADs) over http.client, one connection per origin, kept for the next
     request once an answer was read whole. Not requests: importing it and
     urllib3 costs a resolve more than its requests do. urllib3 reads its
     answers with http.client too, so every registry answer, a resolve's or
@@ -167,7 +167,7 @@ class Direct:
         self.context = None  # the TLS context, made at the first HTTPS request
         self.idle = {}  # origin -> a connection whose last answer was read whole
 
-    def get(self, url, headers):
+    def get(self, url, headers, method="GET"):
         parts = urlsplit(url)
         try:
             where = origin(url)
@@ -181,10 +181,10 @@ class Direct:
         kept = self.idle.pop(where, None)
         if kept is not None:
             try:
-                return self._ask(kept, where, target, headers, kept=True)
+                return self._ask(kept, where, target, headers, method, kept=True)
             except _Closed:
                 pass  # the server closed the kept connection meanwhile: a new one
-        return self._ask(self._connect(where), where, target, headers)
+        return self._ask(self._connect(where), where, target, headers, method)
 
     def _connect(self, where):
         import http.client
@@ -225,10 +225,10 @@ class Direct:
             self.context = context
         return self.context
 
-    def _ask(self, connection, where, target, headers, kept=False):
+    def _ask(self, connection, where, target, headers, method, kept=False):
         import http.client
         try:
-            connection.request("GET", target, headers=headers)
+            connection.request(method, target, headers=headers)
             response = connection.getresponse()
         except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
             connection.close()
@@ -339,7 +339,8 @@ def _unredirected_session(requests):
 
 
 class Pooled:
-    """GETs over a requests session, its pool as large as the parallel downloads."""
+    """GETs (and HEADs) over a requests session, its pool as large as the
+    parallel downloads."""
 
     def __init__(self, timeout, insecure, connections):
         import requests
@@ -356,11 +357,11 @@ class Pooled:
         if insecure:
             urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
-    def get(self, url, headers):
+    def get(self, url, headers, method="GET"):
         requests = self._requests
         try:
-            response = self.session.get(url, headers=headers, timeout=self.timeout,
-                                        stream=True, verify=self.verify, auth=_no_netrc)
+            response = self.session.request(method, url, headers=headers, timeout=self.timeout,
+                                            stream=True, verify=self.verify, auth=_no_netrc)
         except requests.exceptions.SSLError as e:
             raise tls_error(e) from None
         except (requests.RequestException, ValueError) as e:
