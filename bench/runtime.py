@@ -13,7 +13,9 @@ it, median of M runs (imports, create) or N runs (starts):
 
   berth import, cold (empty cache), with the layers cached but no cached
   squashfs (what every warm import did before the image cache), and with
-  the image cached; berth create; berth start NAME true and IMAGE.sqsh true;
+  the image cached; berth create; berth start NAME true (through a login
+  shell reading a Debian /etc/profile, ENROOT_LOGIN_SHELL's default, and
+  with it off) and IMAGE.sqsh true;
   berth start --detach NAME (the SPANK plugin's start) until it is ready,
   and how long it takes to go once its stdin closes; berth start IMAGE.sif
   true, the same squashfs as a SIF file's partition (made by siftool), and
@@ -177,16 +179,40 @@ def make_sifs(image, top):
     return sifs
 
 
+# Debian's /etc/profile in the container `bench`: a login shell's work
+PROFILE = """if [ "$(id -u)" -eq 0 ]; then
+  PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+else
+  PATH="/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+fi
+export PATH
+if [ -d /etc/profile.d ]; then
+  for i in /etc/profile.d/*.sh; do
+    if [ -r $i ]; then
+      . $i
+    fi
+  done
+  unset i
+fi
+"""
+
+
 def start_times(berth, env, image, sifs, runs):
     """Medians in seconds, the commands interleaved so that load hits all alike."""
+    profile = Path(env["ENROOT_DATA_PATH"]) / "bench/etc/profile"
+    profile.write_text(PROFILE)
+    (profile.parent / "profile.d").mkdir(exist_ok=True)
+    (profile.parent / "profile.d/bench.sh").write_text("export BENCH_PROFILE=1\n")
+    no_login = {**env, "ENROOT_LOGIN_SHELL": "no"}
     commands = {"floor": ["unshare", "-Urm", "true"],
                 "name": [berth, "start", "bench", "true"],
+                "name-no-login": [berth, "start", "bench", "true"],
                 "image": [berth, "start", str(image), "true"],
                 **{name: [berth, "start", str(path), "true"] for name, path in sifs.items()}}
     samples = {name: [] for name in (*commands, "ready", "stop")}
     for _ in range(runs):
         for name, command in commands.items():
-            samples[name].append(timed(command, env))
+            samples[name].append(timed(command, no_login if name == "name-no-login" else env))
         ready, stop = detached(berth, env)
         samples["ready"].append(ready)
         samples["stop"].append(stop)
@@ -255,6 +281,8 @@ def rows_of(imports, base, create, starts):
         ("unshare -Urm true (floor)", floor, "", "", ""),
         ("berth start NAME true", starts["name"], over(starts["name"]),
          f"<= +{START_TARGET_MS} ms", "yes" if start_met else "NO"),
+        ("the same, ENROOT_LOGIN_SHELL=no", starts["name-no-login"],
+         over(starts["name-no-login"]), "", ""),
         ("berth start IMAGE.sqsh true", starts["image"], over(starts["image"]), "", ""),
         ("berth start IMAGE.sif true (the same squashfs)", starts["sif"],
          over_sqsh(starts["sif"]), f"<= +{SIF_TARGET_MS} ms", "yes" if sif_met else "NO"),

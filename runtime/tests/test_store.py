@@ -819,8 +819,9 @@ def test_a_client_waits_for_a_silent_store_no_longer_than_its_bound(site, proxy)
     uri = uri_of(proxy)
     silent = SilentStore(site.socket)
     try:
+        huge = "99999999999999999999"
         for bad, why in (("0", "expected 1 or more, got '0'"),
-                         ("99999999999999999999", "expected at most 86400")):
+                         (huge, f"expected at most 86400, got '{huge}'")):
             refused = site.run(ALICE, "import", "--cache-only", uri,
                                env={**site.env(ALICE), "BERTH_IMAGE_STORE_TIMEOUT": bad})
             assert refused.returncode == 1 and refused.stdout == ""
