@@ -206,7 +206,8 @@ def test_tasks_get_what_the_images_login_shell_exports():
     """ENROOT_LOGIN_SHELL (yes, enroot's default): the container starts
     through the image's login shell, so Debian's /etc/profile (which sets
     PATH) and the image's /etc/profile.d reach every task, as under pyxis;
-    `no` in the job's environment keeps the image's own PATH."""
+    `no` in the job's environment leaves PATH as the start made it (this
+    squashfs of the root alone has no image config: Berth's default PATH)."""
     login = srun(f"-N2 --ntasks-per-node=1 --container-image={IMAGE_SQSH} printenv PATH")
     assert login.rc == 0, login.stderr
     assert login.stdout.split() == [
@@ -215,8 +216,7 @@ def test_tasks_get_what_the_images_login_shell_exports():
         f"cd /tmp && runuser -u alice -- env ENROOT_LOGIN_SHELL=no srun -N1 "
         f"--container-image={IMAGE_SQSH} printenv PATH")
     assert plain.rc == 0, plain.stderr
-    assert plain.stdout.strip() == (
-        "/opt/mpi-test:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    assert plain.stdout.strip() == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def test_container_save_writes_a_squashfs():
