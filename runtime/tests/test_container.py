@@ -6,6 +6,7 @@ another user, they run `berth` as that user. The image is a busybox root
 (Debian's busybox-static) squashed in a few milliseconds.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -667,10 +668,21 @@ def test_a_detached_containers_environment_is_its_login_shells(berth, app):
         assert berth.leftovers() == []
 
 
+def _running(uid, needle):
+    """Pids of `uid` whose command line holds `needle`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            if os.stat(f"/proc/{pid}").st_uid == uid and needle.encode() in line:
+                found.append(pid)
+    return found
+
+
 @pytest.mark.parametrize("profile, needle", [
     ("exit 3\n", "keeper shell exited (in the login shell's profile: ENROOT_LOGIN_SHELL=no"),
-    ("sleep 30\n", "the login shell's profile has not finished after 1 s"),
-    ("exec sleep 30\n", "the login shell's profile has not finished after 1 s"),
+    ("sleep 31\n", "the login shell's profile has not finished after 1 s"),
+    ("exec sleep 32\n", "the login shell's profile has not finished after 1 s"),
 ])
 def test_a_profile_that_never_runs_the_keeper_fails_the_start_within_its_bound(
         berth, app, profile, needle):
@@ -680,6 +692,7 @@ def test_a_profile_that_never_runs_the_keeper_fails_the_start_within_its_bound(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("berth: error:") and needle in lines[0], lines
     assert berth.leftovers() == []
+    assert _running(berth.user.pw_uid, profile.strip()) == []  # what it started went too
     # a site (or the job) that turns it off starts the same image
     process, pid = start_detached(berth, "app", env={"ENROOT_LOGIN_SHELL": "no"})
     process.stdin.close()

@@ -427,8 +427,7 @@ def _kill_after(pid, seconds, entrypoint):
     """An entrypoint that never runs its arguments, or a login shell's profile
     that never ends, must not hold the start forever."""
     def expire(*_):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        _kill_tree(pid)
         if entrypoint:
             raise BerthError(f"the image's entrypoint did not run its arguments within "
                              f'{seconds} s; it must end with exec "$@"')
@@ -436,6 +435,25 @@ def _kill_after(pid, seconds, entrypoint):
                          "(BERTH_ENTRYPOINT_TIMEOUT; ENROOT_LOGIN_SHELL=no skips it)")
     signal.signal(signal.SIGALRM, expire)
     signal.alarm(seconds)
+
+
+def _kill_tree(pid):
+    """SIGKILL `pid` and every process under it (what a profile or an
+    entrypoint started would keep berth's stderr open): each is stopped as
+    it is found, so none forks past the walk."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(current, signal.SIGSTOP)
+            found.append(current)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    pending += [int(child) for child in f.read().split()]
+    for each in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGKILL)
 
 
 def exec_in(pid, command):
