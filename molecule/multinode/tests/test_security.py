@@ -198,6 +198,10 @@ def test_keeper_that_ignores_eof_is_stopped_through_its_pidfd():
     mark = log_mark()
     job_id = sbatch(f"srun --container-image={IMAGE_SQSH} sleep 3")
     keeper = keeper_pid()
+    # stopped once its task runs: a keeper stopped before it is ready holds
+    # only its own step (the plugin still waits for its pid line)
+    host.run("for i in $(seq 120); do pgrep -u alice -x sleep >/dev/null && break; "
+             "sleep 0.25; done")
     host.run(f"runuser -u alice -- kill -STOP {keeper}")
     state, code = wait_job_done(job_id, timeout=90)
     assert (state, code) == ("COMPLETED", "0:0")
