@@ -161,3 +161,10 @@ def test_a_parent_made_a_symlink_later_in_the_layer_sets_no_time_outside(root, o
     apply(root, layer_tar(("dir", "a"), ("dir", "a/b"), ("file", ".wh.a", b""),
                           ("symlink", "a", str(outside))))
     assert os.stat(outside / "b").st_mtime == before
+
+
+def test_a_parent_made_a_file_later_in_the_layer_keeps_no_time_to_set(root):
+    """The fuzz test's find: a directory's deferred time under a parent that a
+    later entry replaced with a file was a NotADirectoryError traceback."""
+    apply(root, layer_tar(("dir", "a/a"), ("file", "a", b"now a file")))
+    assert (root / "a").read_bytes() == b"now a file"

@@ -172,8 +172,8 @@ def _set_mtime(path, mtime):
         os.utime(path, (mtime, mtime), follow_symlinks=False)
     except (OverflowError, ValueError):
         pass  # (NaN, or past what time_t holds): the time of the unpack stays
-    except FileNotFoundError:
-        pass  # a later entry of the layer removed it
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # a later entry of the layer removed it, or made a parent a file
 
 
 def _entry_name(name, digest, what="entry"):
