@@ -132,6 +132,18 @@ static int child_held(const struct child *c)
 		      WEXITED | WNOHANG | WNOWAIT) == 0;
 }
 
+/* Is the child stopped (SIGSTOP, SIGTSTP) now? Asked, not reaped (WNOWAIT). */
+int child_stopped(const struct child *c)
+{
+	siginfo_t info;
+
+	memset(&info, 0, sizeof(info));
+	if (c->pidfd < 0 || waitid((idtype_t)P_PIDFD, (id_t)c->pidfd, &info,
+				   WSTOPPED | WNOHANG | WNOWAIT) < 0)
+		return 0;
+	return info.si_pid != 0 && info.si_code == CLD_STOPPED;
+}
+
 /* Signal the child through its pidfd: a process gone is no error, nor is a reused pid a target. */
 void child_signal(const struct child *c, int sig)
 {

@@ -30,6 +30,8 @@ int ms_left(long long deadline);
 
 /* Has the child exited within timeout_ms (-1: no limit)? 1: yes, 0: not yet. */
 int child_exited(const struct child *c, int timeout_ms);
+/* Is the child stopped (SIGSTOP, SIGTSTP) now? */
+int child_stopped(const struct child *c);
 /* Signal the child through its pidfd. */
 void child_signal(const struct child *c, int sig);
 /* Reap the child if it has exited and is still ours; forget it. */

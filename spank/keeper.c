@@ -18,6 +18,10 @@
 
 #include <slurm/slurm.h>
 
+/* How often a keeper not yet ready is looked at, and how long it may be stopped. */
+#define KEEPER_POLL_MS 500
+#define KEEPER_STOPPED_MS 10000
+
 /*
  * The step's PMIx server dir (PMIX_SERVER_TMPDIR of the tasks). Slurm puts
  * that variable only into each task's env, after the container starts; but
@@ -88,19 +92,33 @@ static int batch_script_mount(spank_t sp, const struct step *st, char *out, size
  * One line of the keeper's stdout into line (len bytes, NUL-terminated,
  * without its newline): its length, or 0 at EOF or a read error. With
  * slow_notice, that is logged if nothing came within a few seconds, so that
- * a long import shows.
+ * a long import shows. A keeper stopped (its user's SIGSTOP) for
+ * KEEPER_STOPPED_MS while nothing came is given up on: 0, and *stopped set;
+ * else this root-owned step would wait on it for ever, and no scancel could
+ * end the step (the keeper is outside the step's cgroup).
  */
-static size_t read_line(int fd, char *line, size_t len, const char *slow_notice)
+static size_t read_line(int fd, char *line, size_t len, const char *slow_notice,
+			const struct child *keeper, int *stopped)
 {
 	struct pollfd readable = { fd, POLLIN, 0 };
+	int waited_ms = 0, stopped_ms = 0, r;
 	size_t used = 0;
-	int r;
 
-	if (slow_notice != NULL) {
-		while ((r = poll(&readable, 1, SLOW_NOTICE_MS)) < 0 && errno == EINTR)
-			;
-		if (r == 0)
+	*stopped = 0;
+	line[0] = '\0';
+	while ((r = poll(&readable, 1, KEEPER_POLL_MS)) <= 0) {
+		if (r < 0 && errno != EINTR)
+			break;
+		if (r < 0)
+			continue;
+		waited_ms += KEEPER_POLL_MS;
+		if (slow_notice != NULL && waited_ms == SLOW_NOTICE_MS)
 			slurm_spank_log("spank_berth: %s", slow_notice);
+		stopped_ms = child_stopped(keeper) ? stopped_ms + KEEPER_POLL_MS : 0;
+		if (stopped_ms >= KEEPER_STOPPED_MS) {
+			*stopped = 1;
+			return 0;
+		}
 	}
 	while (used < len - 1) {
 		ssize_t n = read(fd, line + used, 1);
@@ -147,7 +165,7 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 	int in_pipe[2] = { -1, -1 }, out_pipe[2] = { -1, -1 };
 	char line[32] = "";
 	size_t used;
-	int rc = -1, status, imported;
+	int rc = -1, status, imported, stopped = 0;
 
 	if (start_cmd_begin(&cmd, sp, conf, flags) < 0)
 		goto out;
@@ -176,18 +194,26 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 	st->keeper_stdin = in_pipe[1];
 	in_pipe[1] = -1;
 	imported = image == NULL ||
-		   (read_line(out_pipe[0], image->digest, sizeof(image->digest), image->notice) > 0 &&
+		   (read_line(out_pipe[0], image->digest, sizeof(image->digest), image->notice,
+			      &st->keeper, &stopped) > 0 &&
 		    is_digest(image->digest, &image->cached));
-	used = imported ? read_line(out_pipe[0], line, sizeof(line), NULL) : 0;
+	used = imported ? read_line(out_pipe[0], line, sizeof(line), NULL, &st->keeper, &stopped)
+			: 0;
 	st->container_pid = (pid_t)strtol(line, NULL, 10);
 	if (used == 0 || st->container_pid <= 0 || strspn(line, "0123456789") != used) {
 		st->container_pid = 0;
+		if (stopped) {
+			slurm_error("spank_berth: berth start was stopped (SIGSTOP) for %d s before "
+				    "the container was ready; killed", KEEPER_STOPPED_MS / 1000);
+			child_signal(&st->keeper, SIGKILL);
+			report = 0;
+		}
 		close(st->keeper_stdin);
 		st->keeper_stdin = -1;
 		if (child_wait(&st->keeper, -1, "berth start", 0, &status) < 0)
 			status = -1;
 		/* no digest line: the import failed, in pyxis's words first */
-		if (!imported)
+		if (!imported && !stopped)
 			report_failure(st, "berth import", log_path, status, image->headline);
 		else if (report)
 			report_failure(st, "berth start", log_path, status, NULL);

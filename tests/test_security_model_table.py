@@ -68,3 +68,9 @@ def test_each_named_test_file_exists():
     for row in _rows():
         for path in re.findall(r"`((?:runtime/|spank/|molecule/|tests/)[^`:]+)", row):
             assert (REPO / path).exists(), path
+
+
+def test_the_plugins_numbers_are_its_code():
+    keeper = (REPO / "spank" / "keeper.c").read_text()
+    stopped_ms = int(re.search(r"#define KEEPER_STOPPED_MS (\d+)", keeper)[1])
+    assert f"a keeper stopped for {stopped_ms // 1000} s" in _row("KEEPER_STOPPED_MS")

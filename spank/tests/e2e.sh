@@ -238,6 +238,9 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     check "a failed resolve warns naming the image and why" "FAKE_BERTH_RESOLVE=fail srun --container-image=registry.local#test/unresolved:1 true" "spank_berth: warning: cannot resolve docker://registry.local#test/unresolved:1 to a digest here (cannot get docker://registry.local#test/unresolved:1 from any of 1 places: no route to host)"
     check "a failed resolve: the step runs the tag as the node finds it" "FAKE_BERTH_RESOLVE=fail srun --container-image=registry.local#test/unresolved:1 cat /etc/os-release 2>/dev/null && grep -c '^start --detach .*--reuse docker://registry.local#test/unresolved:1\$' $calls" "ID=berth-test
 2"
+    # a user stopping her own runtime before it is ready: no step or node waits on it
+    check "a keeper its user stopped before it was ready fails the step" "FAKE_BERTH_STOP_BEFORE_READY=1 timeout 60 srun $img true" "spank_berth: berth start was stopped (SIGSTOP) for 10 s before the container was ready; killed"
+    check "... and leaves the node idle" "sleep 2; sinfo -h -o %T" "idle"
     # srun asks the registry while slurmctld allocates: the resolve answers
     # only once the job runs, and the step still gets its digest
     check "srun resolves while its job is allocated" "FAKE_BERTH_RESOLVE_AFTER_JOB=overlap srun -J overlap --container-image=registry.local#test/overlap:1 cat /etc/os-release && grep -c '^start --detach .*--reuse docker://registry.local#test/overlap@$(pin overlap:1 0)\$' $calls" "ID=berth-test
