@@ -17,8 +17,8 @@ from berth.errors import BerthError
 from berth.image import imagefile, sif
 from berth.image.imageconfig import goarch
 from test_container import (  # noqa: F401 (fixtures)
-    AS_ROOT, _make_readable, _world_readable_dir, berth, build_root, images, library, squash,
-    usable_fuse, user)
+    AS_ROOT, _make_readable, _running, _world_readable_dir, berth, build_root, images, library,
+    squash, usable_fuse, user)
 
 FINGERPRINT = "433FE984155206BD962725E20E8713472A879943"
 ENV_SCRIPT = """\
@@ -88,6 +88,9 @@ def sifs():
     apptainer_root(top / "hanging", env_script="while :; do :; done\n")
     squash(top / "hanging", top / "hanging.sqsh")
     make_sif(top / "hanging.sif", top / "hanging.sqsh")
+    apptainer_root(top / "sleeping", env_script="sleep 301\n")
+    squash(top / "sleeping", top / "sleeping.sqsh")
+    make_sif(top / "sleeping.sif", top / "sleeping.sqsh")
     _make_readable(top)
     yield top
     shutil.rmtree(top)
@@ -177,6 +180,10 @@ def test_env_scripts_that_fail_or_hang_fail_the_start_in_one_line(berth, sifs):
     berth.fails("start", sifs / "hanging.sif", "true", env={"BERTH_ENTRYPOINT_TIMEOUT": "2"},
                 needle="/.singularity.d/env scripts have not finished after 2 s")
     assert time.monotonic() - began < 30
+    # a script waiting on a child: that child goes too (it held berth's stderr)
+    berth.fails("start", sifs / "sleeping.sif", "true", env={"BERTH_ENTRYPOINT_TIMEOUT": "1"},
+                needle="/.singularity.d/env scripts have not finished after 1 s")
+    assert _running(berth.user.pw_uid, "sleep 301") == []
 
 
 def test_a_sif_file_is_a_data_image_for_a_sqsh_mount(berth, sifs, images):

@@ -281,6 +281,7 @@ def _apptainer_environment(env, seconds):
             os._exit(127)
 
     def too_late(*_):
+        _kill_tree(pid)  # what a script started would keep stderr open
         raise BerthError(f"the image's {rootfs.APPTAINER_ENV} scripts have not finished "
                          f"after {seconds} s (BERTH_ENTRYPOINT_TIMEOUT)")
     previous = signal.signal(signal.SIGALRM, too_late)
@@ -326,11 +327,11 @@ def _command(plan, image, shell=None):
     command = plan.command
     if plan.entrypoint:  # Docker's rule: ENTRYPOINT + (the command, else CMD)
         command = (image["entrypoint"] or []) + (command or image["cmd"] or [])
-    login = f"-{os.path.basename(shell)}" if shell else None
+    argv0 = f"-{os.path.basename(shell)}" if shell else "/bin/sh"
     if plan.rc is not None:
-        return [login or "/bin/sh", "-c", plan.rc, "rc", *command], shell or "/bin/sh"
+        return [argv0, "-c", plan.rc, "rc", *command], shell or "/bin/sh"
     if os.path.isfile("/etc/rc"):
-        return [login or "/bin/sh", "/etc/rc", *command], shell or "/bin/sh"
+        return [argv0, "/etc/rc", *command], shell or "/bin/sh"
     command = command or (image["entrypoint"] or []) + (image["cmd"] or [])
     if shell:  # no command at all: the login shell itself, as enroot's
         return _through_login(shell, command), shell
