@@ -49,6 +49,19 @@ container_env() {
     done <"$ENROOT_ENVIRON"
 }
 
+# switch_on NAME DEFAULT: whether the on/off variable NAME (the hook's own,
+# from enroot.conf, the caller's environment or an EDF annotation) is on;
+# DEFAULT where it is unset or empty. yes/no, true/false, y/n, 1/0, in any
+# case; anything else fails the start naming the variable.
+switch_on() {
+    local value=${!1:-$2}
+    case ${value,,} in
+        1 | y | yes | true) return 0 ;;
+        0 | n | no | false) return 1 ;;
+        *) die "$1: expected yes or no, got '${value//[^[:print:]]/?}'" ;;
+    esac
+}
+
 mounts=()
 declare -A bound=()
 bind() { # SRC DST OPTIONS; each destination once

@@ -71,6 +71,14 @@ def _defaults(env):
         # the most those copies hold together (a size: 200G); empty: no cap
         # but the free-space floor
         "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": "",
+        # the site's default for the Slurm hook (hooks/80-slurm.sh), which
+        # reads it: a job's environment, then an EDF annotation, override it
+        "BERTH_HOOK_SLURM_ENABLE": "no",
+        # the same for the NCCL network plugin hook (hooks/85-aws_ofi_nccl.sh),
+        # and the site's directory of its plugins, one directory per variant
+        # (cuda12/, ...); empty: the site has none
+        "BERTH_HOOK_AWS_OFI_NCCL_ENABLE": "no",
+        "BERTH_NCCL_PLUGIN_DIR": "",
     }
 
 
