@@ -1,6 +1,7 @@
 """srun --environment on the deployed cluster: an EDF in the user's ~/.edf on
 the login node, resolved at submission, applied on both compute nodes."""
 
+import re
 import shlex
 
 import pytest
@@ -69,3 +70,43 @@ def test_an_edf_may_name_a_sif_image(edf):
                "sh -c 'echo $MPI_TEST_IMAGE $EDF_MARKER'")
     assert job.rc == 0, job.stderr
     assert job.stdout.splitlines() == ["sif from-the-edf"] * 2  # the image's scripts, the EDF's env
+
+
+# A task that starts a step of its own job, lists the job, and submits one
+# (held, then cancelled: it takes no node from the tests after it).
+SLURM_INSIDE = ('command -v srun; echo "job=$SLURM_JOB_ID"; srun --overlap -n1 hostname; '
+                'squeue -h -j "$SLURM_JOB_ID" -o %i; '
+                'held=$(sbatch --parsable --hold -o /dev/null --wrap true) && '
+                'echo "held=$held" && scancel "$held"')
+
+
+def test_the_slurm_hook_lets_a_task_start_steps_and_submit_jobs(edf):
+    """The MPI test image has no Slurm. With the EDF's com.hooks.slurm.enabled
+    (the CSCS spelling), or BERTH_HOOK_SLURM_ENABLE in the job's environment,
+    a task runs the node's srun, squeue, sbatch and scancel (through the
+    node's own loader and libraries): `srun --overlap` starts a step of the
+    same job on the node, squeue lists the job, sbatch submits one as alice.
+    Without either, the image has no srun."""
+    node(CONTROLLER).run(
+        "printf '%s\\n' 'image = \"/opt/berth-images/mpi-test.sqsh\"' '[annotations]' "
+        "'com.hooks.slurm.enabled = \"true\"' > /home/alice/.edf/slurmhook.toml && "
+        "chown alice /home/alice/.edf/slurmhook.toml")
+    job = srun(f"-N1 -w {COMPUTE[0]} --environment=slurmhook sh -c {shlex.quote(SLURM_INSIDE)}")
+    assert job.rc == 0, job.stdout + job.stderr
+    where, job_line, host, listed, held = job.stdout.splitlines()
+    assert where == "/usr/local/bin/srun"
+    assert host == COMPUTE[0]
+    assert job_line == f"job={listed}"
+    assert re.fullmatch(r"held=\d+", held) and held[5:] != listed
+    assert node(CONTROLLER).check_output(f"squeue -h -a -t all -j {held[5:]} -o %u:%T").strip() == \
+        "alice:CANCELLED"
+
+    by_env = node(CONTROLLER).run(
+        f"cd /tmp && runuser -u alice -- env BERTH_HOOK_SLURM_ENABLE=yes srun -N1 -w {COMPUTE[1]} "
+        "--container-image=/opt/berth-images/mpi-test.sqsh srun --overlap -n1 hostname")
+    assert by_env.rc == 0, by_env.stderr
+    assert by_env.stdout.strip() == COMPUTE[1]
+
+    plain = srun("-N1 --container-image=/opt/berth-images/mpi-test.sqsh "
+                 "sh -c 'command -v srun || echo none'")
+    assert plain.rc == 0 and plain.stdout.strip() == "none", plain.stderr
