@@ -61,6 +61,16 @@ plain_path() { # WHAT PATH
         die "$1: '${2//[^[:print:]]/?}' is not an absolute path without spaces"
 }
 
+# DIR, a path in the container's root, must lead to a place inside it: an
+# image's link on the way (/usr/local to /somewhere) could lead out. WANTED
+# is the path named in the message.
+inside() { # DIR WANTED
+    local real top_real
+    real=$(realpath -- "$1") && top_real=$(realpath -- "$ENROOT_ROOTFS") &&
+        [[ $real == "$top_real" || $real == "$top_real/"* ]] ||
+        die "${2#"$ENROOT_ROOTFS"}: a link of the image leads it out of the container's root"
+}
+
 # The image's own srun, on the container's PATH, printed as the container
 # sees it. A link counts (it may lead anywhere inside the image); an empty
 # file does not: it is where an earlier start of a container made with
@@ -84,7 +94,7 @@ image_srun() {
 # from its ld.so cache: what the node's own loader would search. awk, not a
 # shell loop: a node's cache has thousands of entries.
 library_dirs=()
-loader=''
+loader='' pmix=''
 find_libraries() {
     local ldconfig=${BERTH_LDCONFIG:-ldconfig -p} cache dir
     local -a found=()
@@ -93,37 +103,68 @@ find_libraries() {
     mapfile -t found < <(awk -F ' => ' 'NF == 2 && $1 ~ /64/ {
             path = $2; dir = path; sub(/\/[^\/]*$/, "", dir)
             split($1, name, " "); if (!loader && name[1] ~ /^ld-linux.*\.so\.[0-9]$/) loader = path
+            if (!pmix && name[1] == "libpmix.so.2") pmix = path
             if (!(dir in seen)) { seen[dir] = 1; dirs[++n] = dir }
         }
-        END { print loader; for (i = 1; i <= n; i++) print dirs[i] }' <<<"$cache")
+        END { print loader; print pmix; for (i = 1; i <= n; i++) print dirs[i] }' <<<"$cache")
     loader=${found[0]:-}
     [ -n "$loader" ] && [ -e "$loader" ] || die "no 64-bit ld-linux loader in the node's ld.so cache"
     # one realpath for all: a fork each costs more than the rest of the hook
-    while IFS= read -r dir; do
-        if [ -z "${seen[$dir]:-}" ] && [ -d "$dir" ]; then
-            seen[$dir]=1
-            library_dirs+=("$dir")
-        fi
-    done < <(realpath -m -- "${found[@]:1}")
-    loader=$(realpath -- "$loader")
+    found[1]=${found[1]:-/nonexistent}
+    {
+        IFS= read -r loader
+        IFS= read -r pmix
+        while IFS= read -r dir; do
+            if [ -z "${seen[$dir]:-}" ] && [ -d "$dir" ]; then
+                seen[$dir]=1
+                library_dirs+=("$dir")
+            fi
+        done
+    } < <(realpath -m -- "${found[@]}")
+    [ -f "$pmix" ] || pmix=''
 }
 
-# Slurm's plugin directory: slurm.conf's PluginDir, else where the node's
-# srun finds its libslurm (Debian's slurm-wlm keeps both together).
-plugin_dir() { # CONF SRUN
-    local line dir=''
+# What the node's slurm.conf says of the plugin directory and SlurmUser
+# (Slurm's defaults where it is silent: the plugin directory where the
+# node's srun finds its libslurm, as Debian's slurm-wlm keeps both; root).
+plugin_dir='' slurm_user=root
+read_conf() { # CONF SRUN
+    local line
     if [ -f "$1" ]; then
         while IFS= read -r line; do
             if [[ $line =~ ^[[:space:]]*[Pp]lugin[Dd]ir[[:space:]]*=[[:space:]]*([^[:space:]#]+) ]]; then
-                dir=${BASH_REMATCH[1]%%:*}
+                plugin_dir=${BASH_REMATCH[1]%%:*}
+            elif [[ $line =~ ^[[:space:]]*[Ss]lurm[Uu]ser[[:space:]]*=[[:space:]]*([^[:space:]#]+) ]]; then
+                slurm_user=${BASH_REMATCH[1]}
             fi
         done <"$1"
     fi
-    if [ -z "$dir" ]; then
-        dir=$("$loader" --list "$2" 2>/dev/null |
+    if [ -z "$plugin_dir" ]; then
+        plugin_dir=$("$loader" --list "$2" 2>/dev/null |
             awk '$1 ~ /^libslurm/ && $3 ~ /^\// { sub(/\/[^\/]*$/, "", $3); print $3; exit }') || true
     fi
-    echo "$dir"
+}
+
+# The commands refuse a configuration whose SlurmUser they cannot look up:
+# the node's entry for it joins the container's /etc/passwd, in a copy of
+# the one the container will have (10-shadow.sh's, where it made one)
+# bound over it, as 10-shadow.sh does for the caller.
+known_slurm_user() { # CONF
+    local passwd=${BERTH_RUNTIME_DIR:?}/passwd entry
+    [ "$slurm_user" != root ] || return 0
+    [[ $slurm_user =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$ ]] ||
+        die "$1: SlurmUser '${slurm_user//[^[:print:]]/?}' is not a user name"
+    if [ ! -f "$passwd" ]; then
+        passwd=$ENROOT_ROOTFS/etc/passwd
+        # a link could lead out of the container's root: such an image is left alone
+        [ -f "$passwd" ] && [ ! -L "$passwd" ] || return 0
+    fi
+    awk -F: -v user="$slurm_user" '$1 == user { found = 1 } END { exit !found }' "$passwd" && return 0
+    entry=$(getent passwd "$slurm_user") ||
+        die "$1: SlurmUser $slurm_user is no user of this node"
+    { cat "$passwd"; printf '%s\n' "$entry"; } >"$BERTH_RUNTIME_DIR/slurm-passwd"
+    plain_path BERTH_RUNTIME_DIR "$BERTH_RUNTIME_DIR"
+    bind "$BERTH_RUNTIME_DIR/slurm-passwd" /etc/passwd bind
 }
 
 main() {
@@ -146,7 +187,8 @@ main() {
     conf=${SLURM_CONF:-$etc/slurm/slurm.conf}
     plain_path SLURM_CONF "$conf"
     conf_dir=${conf%/*}
-    plugins=$(plugin_dir "$conf" "$srun")
+    read_conf "$conf" "$srun"
+    plugins=$plugin_dir
     [ -n "$plugins" ] && [ -d "$plugins" ] ||
         die "$srun: cannot tell Slurm's plugin directory (no PluginDir in $conf, no libslurm beside srun)"
 
@@ -179,6 +221,17 @@ main() {
     done
     plain_path PluginDir "$plugins"
     bind "$plugins" "$plugins" bind,ro,nosuid,nodev,x-create=dir
+    # Slurm's mpi/pmix plugin opens PMIx by the path it was built with, the
+    # development name in PMIx's own directory: the node's library there,
+    # and nothing else of the image's PMIx (its MPI keeps its libpmix.so.2).
+    # Where the image has that name itself (its PMIx's development files;
+    # an empty file is an earlier start's mount point), it is left alone:
+    # a bind would follow its link onto the library the image's MPI loads.
+    dir=$ENROOT_ROOTFS${pmix%/*}/libpmix.so
+    if [ -n "$pmix" ] && [ ! -s "$dir" ] && [ ! -L "$dir" ]; then
+        plain_path "the PMIx library" "$pmix"
+        bind "$pmix" "${pmix%/*}/libpmix.so" bind,ro,nosuid,nodev,x-create=file
+    fi
     if [ -d "$conf_dir" ]; then
         bind "$conf_dir" "$conf_dir" bind,ro,nosuid,nodev,noexec,x-create=dir
     fi
@@ -188,14 +241,24 @@ main() {
         bind "$dir" "$dir" bind,ro,nosuid,nodev,noexec,x-create=dir
     fi
 
+    known_slurm_user "$conf"
+
     # One wrapper per command, bound at /usr/local/bin (on every PATH), and
-    # over the image's own copies when replacing.
-    wrappers=${BERTH_RUNTIME_DIR:?}/slurm-hook
+    # over the image's own copies when replacing. They are written into the
+    # container's root, in the hook's own directory (an image's start writes
+    # its tmpfs upper layer; a container made by `berth create`, its own
+    # tree): the runtime directory may be mounted noexec, which a bind
+    # keeps in a user namespace.
+    wrappers=$ENROOT_ROOTFS$top/sbin
+    plain_path ENROOT_ROOTFS "$ENROOT_ROOTFS"
+    dir=$wrappers
+    until [ -e "$dir" ]; do dir=${dir%/*}; done
+    inside "$dir" "$wrappers"  # before anything is made on the way
     mkdir -p "$wrappers"
-    plain_path BERTH_RUNTIME_DIR "$wrappers"
     for name in "${found[@]}"; do
         local file
         IFS=: read -r name i file <<<"$name"
+        rm -f "$wrappers/$name"
         printf '#!/bin/sh\nunset LD_PRELOAD LD_AUDIT\nexec %s --library-path %s %s "$@"\n' \
             "$top/ld.so" "$library_path" "$top/bin/$i/$file" >"$wrappers/$name"
         bind "$wrappers/$name" "/usr/local/bin/$name" bind,ro,nosuid,nodev,x-create=file

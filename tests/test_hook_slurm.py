@@ -43,8 +43,8 @@ def node(tmp_path):
     (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     conf = tmp_path / "slurm" / "slurm.conf"
     conf.parent.mkdir()
-    conf.write_text("ClusterName=hooktest\nSlurmctldHost=localhost\nNodeName=n1\n"
-                    "PartitionName=p Nodes=n1\n")
+    conf.write_text("ClusterName=hooktest\nSlurmctldHost=localhost\nSlurmUser=daemon\n"
+                    "NodeName=n1\nPartitionName=p Nodes=n1\n")
     return tmp_path
 
 
@@ -76,6 +76,12 @@ def test_the_nodes_commands_run_in_an_image_without_a_c_library(node):
     assert sbatch + "\n" == host_version(node, "sbatch") and squeue + "\n" == host_version(node, "squeue")
     assert shebang == "#!/bin/sh"  # the wrapper through the node's loader
     assert result.stderr == ""
+    # The commands refuse a configuration whose SlurmUser they cannot look
+    # up: the node's entry joins the container's /etc/passwd, not the image's.
+    passwd = start(node, "cat", "/etc/passwd", env=ON).stdout.splitlines()
+    assert passwd == ["root:x:0:0:root:/root:/bin/sh",
+                      subprocess.check_output(["getent", "passwd", "daemon"], text=True).strip()]
+    assert (node / "data/app/etc/passwd").read_text() == "root:x:0:0:root:/root:/bin/sh\n"
     # The image's LD_PRELOAD would load into the node's commands: not given to them.
     result = start(node, "srun", "--version", env=ON,
                    options=("-e", "LD_PRELOAD=/no/such/library.so"))
@@ -127,12 +133,18 @@ def test_an_images_own_srun_is_kept_unless_replaced(node):
     ({**ON, "BERTH_SLURM_PATH": "/nonexistent"},
      "it is on (BERTH_HOOK_SLURM_ENABLE), but this node has no srun in /nonexistent (BERTH_SLURM_PATH)"),
     ({**ON, "BERTH_LDCONFIG": "false"}, "BERTH_LDCONFIG: 'false' failed"),
+    ("SlurmUser=berth-no-such-user", "{conf}: SlurmUser berth-no-such-user is no user of this node"),
+    ("SlurmUser=a:b", "{conf}: SlurmUser 'a:b' is not a user name"),
 ])
 def test_a_bad_setting_fails_the_start_in_one_line(node, env, needle):
+    conf = node / "slurm/slurm.conf"
+    if isinstance(env, str):  # a line of the node's slurm.conf
+        conf.write_text(conf.read_text().replace("SlurmUser=daemon", env))
+        env = ON
     result = start(node, "sh", "-c", "echo ran", env=env)
     assert result.returncode == 1 and result.stdout == ""
     hook_line, berth_line = result.stderr.splitlines()
-    assert hook_line.startswith(f"slurm hook: {needle}")
+    assert hook_line.startswith(f"slurm hook: {needle.format(conf=conf)}")
     assert berth_line.startswith("berth: error: hook ") and "80-slurm.sh failed" in berth_line
 
 
@@ -142,3 +154,19 @@ def test_an_image_without_a_shell_is_refused_in_one_line(node):
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.splitlines()[0] == \
         "slurm hook: the image has no /bin/sh to run the node's Slurm commands through"
+
+
+def test_an_image_whose_link_leads_out_of_its_root_gets_no_wrappers(node, tmp_path_factory):
+    """The wrappers are written into the container's root: an image whose
+    /usr/local is a link out of it (here to a directory of the host) is
+    refused in one line, and nothing is bound."""
+    outside = tmp_path_factory.mktemp("outside")
+    local = node / "data/app/usr/local"
+    (local / "bin").rmdir()
+    local.rmdir()
+    local.symlink_to(outside)
+    result = start(node, "sh", "-c", "echo ran", env=ON)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines()[0] == ("slurm hook: /usr/local/berth/slurm/sbin: a link of the "
+                                             "image leads it out of the container's root")
+    assert list(outside.iterdir()) == []  # nothing made there
