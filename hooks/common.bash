@@ -1,6 +1,6 @@
-# Shared by Berth's bash hooks (80-slurm.sh, 85-aws_ofi_nccl.sh, 90-nvidia.sh,
-# 91-mellanox.sh), which source it. Not a hook itself: without the .sh suffix
-# the runtime does not run it.
+# Shared by Berth's bash hooks (80-slurm.sh, 85-aws_ofi_nccl.sh, 86-mpi.sh,
+# 90-nvidia.sh, 91-mellanox.sh), which source it. Not a hook itself: without
+# the .sh suffix the runtime does not run it.
 #
 # The sourcing hook sets hook_name (for messages); it collects its fstab
 # lines with bind and writes them with flush_mounts once every check passed,

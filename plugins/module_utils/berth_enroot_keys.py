@@ -46,10 +46,13 @@ KEYS = {
     "BERTH_IMAGE_STORE_LOCAL": PATH,
     # a size (runtime/berth/units.py), checked by the role's preflight
     "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": TEXT,
-    # hooks' site defaults and settings (hooks/80-slurm.sh, 85-aws_ofi_nccl.sh read them)
+    # hooks' site defaults and settings (hooks/80-slurm.sh, 85-aws_ofi_nccl.sh,
+    # 86-mpi.sh read them)
     "BERTH_HOOK_SLURM_ENABLE": FLAG,
     "BERTH_HOOK_AWS_OFI_NCCL_ENABLE": FLAG,
     "BERTH_NCCL_PLUGIN_DIR": PATH,
+    "BERTH_HOOK_MPI_ENABLE": FLAG,
+    "BERTH_MPI_LIBRARY": PATH,
     # the network tools' environment, as enroot.conf may set it
     "http_proxy": TEXT,
     "https_proxy": TEXT,

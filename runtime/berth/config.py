@@ -79,6 +79,10 @@ def _defaults(env):
         # (cuda12/, ...); empty: the site has none
         "BERTH_HOOK_AWS_OFI_NCCL_ENABLE": "no",
         "BERTH_NCCL_PLUGIN_DIR": "",
+        # the same for the MPI replacement hook (hooks/86-mpi.sh), and the
+        # node's MPICH-ABI C library it binds; empty: none
+        "BERTH_HOOK_MPI_ENABLE": "no",
+        "BERTH_MPI_LIBRARY": "",
     }
 
 

@@ -118,6 +118,30 @@ def test_mpich_pmi2_inherits_pmi_fd():
     assert "allreduce sum 3" in job.stdout
 
 
+def test_the_mpi_hook_runs_the_images_mpich_program_on_the_nodes_mpich():
+    """The MPI replacement hook, turned on by the job's environment (the
+    scenario's enroot.conf names the node's MPICH, which prepare installs on
+    the compute nodes): the library the image's loader opens for
+    libmpich.so.12 is the node's file (its device and inode as the node sees
+    them), and the image's unchanged MPICH program computes the allreduce
+    over PMI2 with it. Off, the image's own file. (An Open MPI image is
+    refused: tests/test_hook_mpi.py; this image has both.)"""
+    library = "/usr/lib/x86_64-linux-gnu/libmpich.so.12"
+    host = node(COMPUTE[0])
+    nodes_file = host.check_output(f"stat -L -c %d:%i {library}").strip()
+    script = f"stat -L -c %d:%i {library}; exec {MPICH}"
+    job = node(CONTROLLER).run(
+        f"cd /tmp && runuser -u alice -- env BERTH_HOOK_MPI_ENABLE=yes srun -N1 -w {COMPUTE[0]} "
+        f"-n2 --mpi=pmi2 --container-image={IMAGE_SQSH} sh -c {shlex.quote(script)}")
+    assert job.rc == 0, job.stdout + job.stderr
+    assert job.stdout.splitlines().count(nodes_file) == 2, job.stdout
+    ranks = re.findall(r"^rank (\d+) of 2 on (\S+)$", job.stdout, re.M)
+    assert sorted(int(rank) for rank, _ in ranks) == [0, 1], job.stdout
+    assert "allreduce sum 3" in job.stdout
+    own = srun(f"-N1 -w {COMPUTE[0]} --container-image={IMAGE_SQSH} stat -L -c %d:%i {library}")
+    assert own.rc == 0 and own.stdout.strip() != nodes_file, own.stderr
+
+
 # The Debian release of the nodes, and the other one, whose MPI test image
 # /opt/berth-test-images/OTHER/ holds (molecule.yml mounts every release's).
 OTHER_RELEASE = {"bookworm": "trixie", "trixie": "bookworm"}
