@@ -2,6 +2,7 @@
 """What a container costs a Slurm step, against the bare step, in one run.
 
     python3 bench/srun_overhead.py [--runs N] [--big-mb MB] [--login CMD] [--cold-start]
+                                   [--mpi-runs N] [--mpi-only]
 
 Runs on the demo cluster (`bash scripts/demo.sh`): commands go to the login
 node through `--login` (default: docker exec into berth-ctl as alice) and the
@@ -19,7 +20,9 @@ images are those scripts/test-image.sh made, seen by the compute nodes under
     a small squashfs and the cached registry image,
     by tag and pinned
 and an MPI ping-pong between the two nodes and within one (shared memory),
-bare and in the container (latency of 8 bytes, bandwidth of 4 MiB). The steps
+bare and in the container (latency of 8 bytes, bandwidth of 4 MiB), --mpi-runs
+of each between the nodes (twice as many on one), bare and container in
+turns, medians with their spread (--mpi-only: those rows alone). The steps
 run in turns, one of each per round, so that the machine's changing speed hits
 all alike.
 With --cold-start, first steps of a registry image new to the cluster
@@ -102,7 +105,9 @@ def timings(login, commands, runs):
 
 
 def pingpong(login, nodes, runs):
-    """Median latency and bandwidth, bare and in the container, run in turns."""
+    """Latencies and bandwidths of `runs` runs each, bare and in the
+    container, in turns (bare, container, bare, ...): {variant: (latencies,
+    bandwidths)}."""
     results = {"bare": ([], []), "container": ([], [])}
     variants = (("bare", BARE_PINGPONG),
                 ("container", f"--container-image={SMALL} {CONTAINER_PINGPONG}"))
@@ -112,7 +117,25 @@ def pingpong(login, nodes, runs):
             latencies, bandwidths = results[variant]
             latencies.append(float(re.search(r"latency_us (\S+)", out).group(1)))
             bandwidths.append(float(re.search(r"bandwidth_MBps (\S+)", out).group(1)))
-    return [(statistics.median(lat), statistics.median(bw)) for lat, bw in results.values()]
+    return results
+
+
+def print_pingpong(mpi, runs):
+    """Medians and spread (lowest to highest run) of each MPI row, and the
+    container's median over the bare one."""
+    print(f"\n{'MPI ping-pong, ' + str(runs) + ' runs each, in turns':44} "
+          f"{'bare median':>12} {'(spread)':>17} {'container':>10} {'(spread)':>17} {'ratio':>7}")
+    for nodes, results in mpi:
+        where = "2 nodes (TCP)" if nodes == 2 else "1 node (shared memory)"
+        for index, label, digits in ((0, "latency, 8 B (us), ", 2),
+                                     (1, "bandwidth, 4 MiB (MB/s), ", 1)):
+            bare, contained = results["bare"][index], results["container"][index]
+            spread = [f"({min(values):.{digits}f}-{max(values):.{digits}f})"
+                      for values in (bare, contained)]
+            ratio = statistics.median(contained) / statistics.median(bare)
+            print(f"{label + where:44} {statistics.median(bare):12.{digits}f} {spread[0]:>17} "
+                  f"{statistics.median(contained):10.{digits}f} {spread[1]:>17} {ratio:7.3f}")
+    print("(target: ratios within 2% of 1; a ratio inside both spreads is the test bed's noise)")
 
 
 # -- cold start: the first step of an image new to the cluster ------------------
@@ -244,6 +267,10 @@ def main():
     parser.add_argument("--cold-start", action="store_true",
                         help="first steps of an image new to the cluster, with and without "
                              "the shared image store, instead of the warm rows")
+    parser.add_argument("--mpi-runs", type=int, default=10,
+                        help="runs of each MPI ping-pong, bare and in the container in turns")
+    parser.add_argument("--mpi-only", action="store_true",
+                        help="the MPI ping-pong rows alone")
     args = parser.parse_args()
     release = on_login(shlex.split(args.login),
                        "srun -N1 sh -c '. /etc/os-release; echo $PRETTY_NAME'; sinfo --version")
@@ -252,6 +279,12 @@ def main():
         cold_start(args.big_mb)
         return
     login = shlex.split(args.login)
+    # Two nodes bounce 2000 messages over TCP (seconds a run); one node's are quick.
+    mpi_rows = ((2, args.mpi_runs), (1, args.mpi_runs * 2))
+    if args.mpi_only:
+        print_pingpong([(nodes, pingpong(login, nodes, runs)) for nodes, runs in mpi_rows],
+                       args.mpi_runs)
+        return
     make_big_image(args.big_mb)
 
     on_login(login, f"srun -N2 --container-name=bench --container-image={SMALL} true")
@@ -280,9 +313,7 @@ def main():
     on_login(login, "srun -N2 sh -c 'berth list | grep -qx pyxis_bench || exit 0; "
                     "berth remove -f pyxis_bench'")
 
-    # A two-node run bounces 2000 messages over TCP (seconds); one node's are quick.
-    mpi = [(2, *pingpong(login, 2, max(args.runs // 3, 3))),
-           (1, *pingpong(login, 1, args.runs * 2))]
+    mpi = [(nodes, pingpong(login, nodes, runs)) for nodes, runs in mpi_rows]
 
     print(f"{'step':34} {'min ms':>8} {'median':>8} {'p90':>8} {'over bare':>10}")
     for label, low, median, p90 in rows:
@@ -296,14 +327,7 @@ def main():
           f"pinned by digest {over['the same, pinned by digest']:+.0f} ms, "
           f"{over['the same, pinned, one node']:+.0f} ms on one node (the difference: the "
           "tag's resolve at submission, less what of it the allocation hid)")
-    print(f"\n{'MPI ping-pong':48} {'bare':>10} {'container':>10} {'ratio':>8}")
-    for nodes, bare, contained in mpi:
-        where = "2 nodes (TCP)" if nodes == 2 else "1 node (shared memory)"
-        print(f"{'latency, 8 B (us), ' + where:48} {bare[0]:10.2f} {contained[0]:10.2f} "
-              f"{contained[0] / bare[0]:8.3f}")
-        print(f"{'bandwidth, 4 MiB (MB/s), ' + where:48} {bare[1]:10.1f} {contained[1]:10.1f} "
-              f"{contained[1] / bare[1]:8.3f}")
-    print("(target: ratios within 2% of 1)")
+    print_pingpong(mpi, args.mpi_runs)
 
 
 if __name__ == "__main__":
