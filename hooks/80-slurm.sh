@@ -55,12 +55,6 @@ container_env PATH  # (into PATH: the container's is kept aside, the hook's put 
 container_path=${PATH:-/usr/local/bin:/usr/bin:/bin}
 PATH=$host_path
 
-# A host path that goes into an fstab line: no spaces, no control characters.
-plain_path() { # WHAT PATH
-    [[ $2 == /* && $2 != *[[:space:][:cntrl:]]* ]] ||
-        die "$1: '${2//[^[:print:]]/?}' is not an absolute path without spaces"
-}
-
 # DIR, a path in the container's root, must lead to a place inside it: an
 # image's link on the way (/usr/local to /somewhere) could lead out. WANTED
 # is the path named in the message.
@@ -162,13 +156,13 @@ known_slurm_user() { # CONF
     awk -F: -v user="$slurm_user" '$1 == user { found = 1 } END { exit !found }' "$passwd" && return 0
     entry=$(getent passwd "$slurm_user") ||
         die "$1: SlurmUser $slurm_user is no user of this node"
-    { cat "$passwd"; printf '%s\n' "$entry"; } >"$BERTH_RUNTIME_DIR/slurm-passwd"
     plain_path BERTH_RUNTIME_DIR "$BERTH_RUNTIME_DIR"
+    { cat "$passwd"; printf '%s\n' "$entry"; } >"$BERTH_RUNTIME_DIR/slurm-passwd"
     bind "$BERTH_RUNTIME_DIR/slurm-passwd" /etc/passwd bind
 }
 
 main() {
-    local srun own='' conf conf_dir plugins dir name i wrappers library_path
+    local srun own='' conf conf_dir dir name i wrappers library_path
     local -a bin_dirs=() found=()
     local -A bin_index=()
     srun=$(PATH=$search type -P srun) ||
@@ -188,8 +182,7 @@ main() {
     plain_path SLURM_CONF "$conf"
     conf_dir=${conf%/*}
     read_conf "$conf" "$srun"
-    plugins=$plugin_dir
-    [ -n "$plugins" ] && [ -d "$plugins" ] ||
+    [ -n "$plugin_dir" ] && [ -d "$plugin_dir" ] ||
         die "$srun: cannot tell Slurm's plugin directory (no PluginDir in $conf, no libslurm beside srun)"
 
     # The commands this node has, links resolved (by one realpath: a fork
@@ -219,8 +212,8 @@ main() {
         plain_path "the command directory" "${bin_dirs[$i]}"
         bind "${bin_dirs[$i]}" "$top/bin/$i" bind,ro,nosuid,nodev,x-create=dir
     done
-    plain_path PluginDir "$plugins"
-    bind "$plugins" "$plugins" bind,ro,nosuid,nodev,x-create=dir
+    plain_path PluginDir "$plugin_dir"
+    bind "$plugin_dir" "$plugin_dir" bind,ro,nosuid,nodev,x-create=dir
     # Slurm's mpi/pmix plugin opens PMIx by the path it was built with, the
     # development name in PMIx's own directory: the node's library there,
     # and nothing else of the image's PMIx (its MPI keeps its libpmix.so.2).

@@ -64,8 +64,7 @@ main() {
         die "BERTH_HOOK_AWS_OFI_NCCL_VARIANT: '${variant//[^[:print:]]/?}' is not a variant name (cuda12, rocm6, ...)"
     top=${BERTH_NCCL_PLUGIN_DIR:-}
     [ -n "$top" ] || die "this site has no NCCL plugins (BERTH_NCCL_PLUGIN_DIR is not set in enroot.conf)"
-    [[ $top == /* && $top != *[[:space:][:cntrl:]]* ]] ||
-        die "BERTH_NCCL_PLUGIN_DIR: '${top//[^[:print:]]/?}' is not an absolute path without spaces"
+    plain_path BERTH_NCCL_PLUGIN_DIR "$top"
     dir=$top/$variant
     if [ ! -d "$dir" ]; then
         known=$(cd "$top" 2>/dev/null && for name in *; do [ -d "$name" ] && printf '%s ' "$name"; done) || true

@@ -49,8 +49,7 @@ main() {
     local -a found=() openmpi=()
     local -A node_lib=()
     [ -n "$node_c" ] || die "this site names no MPI to put in (BERTH_MPI_LIBRARY is not set in enroot.conf)"
-    [[ $node_c == /* && $node_c != *[[:space:][:cntrl:]]* ]] ||
-        die "BERTH_MPI_LIBRARY: '${node_c//[^[:print:]]/?}' is not an absolute path without spaces"
+    plain_path BERTH_MPI_LIBRARY "$node_c"
     [ -f "$node_c" ] || die "BERTH_MPI_LIBRARY: $node_c: no such library on this node"
     node_c=$(realpath -- "$node_c")
     node_dir=${node_c%/*}

@@ -63,6 +63,13 @@ switch_on() {
     esac
 }
 
+# plain_path WHAT PATH: PATH goes into an fstab line, so it must be absolute,
+# without spaces or control characters; else the start fails naming WHAT.
+plain_path() {
+    [[ $2 == /* && $2 != *[[:space:][:cntrl:]]* ]] ||
+        die "$1: '${2//[^[:print:]]/?}' is not an absolute path without spaces"
+}
+
 mounts=()
 declare -A bound=()
 bind() { # SRC DST OPTIONS; each destination once
