@@ -135,6 +135,9 @@ absent() { # description, command, substring that must not appear
     out=$(as_alice "$2" || true)
     if [[ $out != *"$3"* ]]; then echo "ok   $1"; else echo "FAIL $1: '$2' gave: $out"; failures=$((failures + 1)); fi
 }
+# the node's state once it settles: "idle" within 30 s, else the last seen
+# (a drained node never gets there; "planned" or "completing" soon pass)
+settled_state='for _ in $(seq 30); do s=$(sinfo -h -o %T); [ "$s" = idle ] && break; sleep 1; done; echo "$s"'
 jobs_so_far() { on_node sh -c 'scontrol show jobs -o 2>/dev/null | grep -c JobId= || true'; }
 
 img=--container-image=/srv/img.sqsh
@@ -240,7 +243,7 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
 2"
     # a user stopping her own runtime before it is ready: no step or node waits on it
     check "a keeper its user stopped before it was ready fails the step" "FAKE_BERTH_STOP_BEFORE_READY=1 timeout 60 srun $img true" "spank_berth: berth start was stopped (SIGSTOP) for 10 s before the container was ready; killed"
-    check "... and leaves the node idle" "sleep 2; sinfo -h -o %T" "idle"
+    check "... and leaves the node idle" "$settled_state" "idle"
     # srun asks the registry while slurmctld allocates: the resolve answers
     # only once the job runs, and the step still gets its digest
     check "srun resolves while its job is allocated" "FAKE_BERTH_RESOLVE_AFTER_JOB=overlap srun -J overlap --container-image=registry.local#test/overlap:1 cat /etc/os-release && grep -c '^start --detach .*--reuse docker://registry.local#test/overlap@$(pin overlap:1 0)\$' $calls" "ID=berth-test
@@ -406,7 +409,7 @@ check "container_prefix: the epilog removes the site's names" "berth list | grep
 plugstack container_scope=job
 # the user's own doing (a data directory open to all: the runtime refuses to
 # list) must not fail the epilog, which would drain the node
-check "container_scope=job: an unsafe data directory of the user drains no node" "d=\$HOME/.local/share/enroot; mkdir -p \$d; chmod 0777 \$d; sbatch -W -o /dev/null --wrap true >/dev/null; sleep 2; chmod 0700 \$d; sinfo -h -o %T" "idle"
+check "container_scope=job: an unsafe data directory of the user drains no node" "d=\$HOME/.local/share/enroot; mkdir -p \$d; chmod 0777 \$d; sbatch -W -o /dev/null --wrap true >/dev/null; $settled_state; chmod 0700 \$d" "idle"
 plugstack
 
 before=$(jobs_so_far)
