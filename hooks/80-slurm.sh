@@ -55,16 +55,6 @@ container_env PATH  # (into PATH: the container's is kept aside, the hook's put 
 container_path=${PATH:-/usr/local/bin:/usr/bin:/bin}
 PATH=$host_path
 
-# DIR, a path in the container's root, must lead to a place inside it: an
-# image's link on the way (/usr/local to /somewhere) could lead out. WANTED
-# is the path named in the message.
-inside() { # DIR WANTED
-    local real top_real
-    real=$(realpath -- "$1") && top_real=$(realpath -- "$ENROOT_ROOTFS") &&
-        [[ $real == "$top_real" || $real == "$top_real/"* ]] ||
-        die "${2#"$ENROOT_ROOTFS"}: a link of the image leads it out of the container's root"
-}
-
 # The image's own srun, on the container's PATH, printed as the container
 # sees it. A link counts (it may lead anywhere inside the image); an empty
 # file does not: it is where an earlier start of a container made with
@@ -243,11 +233,7 @@ main() {
     # tree): the runtime directory may be mounted noexec, which a bind
     # keeps in a user namespace.
     wrappers=$ENROOT_ROOTFS$top/sbin
-    plain_path ENROOT_ROOTFS "$ENROOT_ROOTFS"
-    dir=$wrappers
-    until [ -e "$dir" ]; do dir=${dir%/*}; done
-    inside "$dir" "$wrappers"  # before anything is made on the way
-    mkdir -p "$wrappers"
+    make_in_root "$wrappers"
     for name in "${found[@]}"; do
         local file
         IFS=: read -r name i file <<<"$name"

@@ -1,5 +1,5 @@
 # Shared by Berth's bash hooks (80-slurm.sh, 85-aws_ofi_nccl.sh, 86-mpi.sh,
-# 90-nvidia.sh, 91-mellanox.sh), which source it. Not a hook itself: without
+# 87-ssh.sh, 90-nvidia.sh, 91-mellanox.sh), which source it. Not a hook itself: without
 # the .sh suffix the runtime does not run it.
 #
 # The sourcing hook sets hook_name (for messages); it collects its fstab
@@ -68,6 +68,29 @@ switch_on() {
 plain_path() {
     [[ $2 == /* && $2 != *[[:space:][:cntrl:]]* ]] ||
         die "$1: '${2//[^[:print:]]/?}' is not an absolute path without spaces"
+}
+
+# inside DIR WANTED: DIR, a path in the container's root, must lead to a
+# place inside it: an image's link on the way (/usr/local to /somewhere)
+# could lead out. WANTED is the path named in the message.
+inside() {
+    local real top_real
+    real=$(realpath -- "$1") && top_real=$(realpath -- "$ENROOT_ROOTFS") &&
+        [[ $real == "$top_real" || $real == "$top_real/"* ]] ||
+        die "${2#"$ENROOT_ROOTFS"}: a link of the image leads it out of the container's root"
+}
+
+# make_in_root DIR: make DIR (a path in the container's root, absolute and
+# plain) and what leads to it, after checking that no image link on the
+# way leads out of the root. For files a hook writes into the root itself
+# (its tmpfs upper for an image): the runtime directory may be mounted
+# noexec, which a bind keeps in a user namespace.
+make_in_root() {
+    local dir=$1
+    plain_path ENROOT_ROOTFS "$ENROOT_ROOTFS"
+    until [ -e "$dir" ]; do dir=${dir%/*}; done
+    inside "$dir" "$1"  # before anything is made on the way
+    mkdir -p "$1"
 }
 
 mounts=()

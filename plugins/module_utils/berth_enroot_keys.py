@@ -47,12 +47,14 @@ KEYS = {
     # a size (runtime/berth/units.py), checked by the role's preflight
     "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": TEXT,
     # hooks' site defaults and settings (hooks/80-slurm.sh, 85-aws_ofi_nccl.sh,
-    # 86-mpi.sh read them)
+    # 86-mpi.sh, 87-ssh.sh read them)
     "BERTH_HOOK_SLURM_ENABLE": FLAG,
     "BERTH_HOOK_AWS_OFI_NCCL_ENABLE": FLAG,
     "BERTH_NCCL_PLUGIN_DIR": PATH,
     "BERTH_HOOK_MPI_ENABLE": FLAG,
     "BERTH_MPI_LIBRARY": PATH,
+    "BERTH_HOOK_SSH_ENABLE": FLAG,
+    "BERTH_HOOK_SSH_PORT": COUNT,
     # the network tools' environment, as enroot.conf may set it
     "http_proxy": TEXT,
     "https_proxy": TEXT,
@@ -70,6 +72,7 @@ RANGES = {
     "ENROOT_MAX_CONNECTIONS": (1, 256),
     "ENROOT_MAX_PROCESSORS": (1, 4096),
     "BERTH_IMAGE_STORE_TIMEOUT": (1, 86400),
+    "BERTH_HOOK_SSH_PORT": (1024, 65535),
 }
 
 

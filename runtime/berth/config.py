@@ -83,6 +83,10 @@ def _defaults(env):
         # node's MPICH-ABI C library it binds; empty: none
         "BERTH_HOOK_MPI_ENABLE": "no",
         "BERTH_MPI_LIBRARY": "",
+        # the same for the SSH hook (hooks/87-ssh.sh), and the port its
+        # server listens on where the job or EDF names none
+        "BERTH_HOOK_SSH_ENABLE": "no",
+        "BERTH_HOOK_SSH_PORT": "15263",
     }
 
 
@@ -198,6 +202,7 @@ RANGES = {
     "ENROOT_MAX_CONNECTIONS": (1, 256),
     "ENROOT_MAX_PROCESSORS": (1, 4096),
     "BERTH_IMAGE_STORE_TIMEOUT": (1, 86400),  # seconds
+    "BERTH_HOOK_SSH_PORT": (1024, 65535),  # an ordinary user's server
 }
 
 

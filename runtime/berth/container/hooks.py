@@ -17,6 +17,9 @@ every ENROOT_* setting and:
                     then what earlier hooks appended (the last line of a
                     KEY wins); the hook may append KEY=VALUE lines to it.
                     A variable whose value has a newline is left out.
+  BERTH_SERVICES    a file the hook may append `tcp PORT PROGRAM [ARG...]`
+                    lines to: programs started inside the container once
+                    it is ready, which must listen on PORT (services.py)
   BERTH_RUNTIME_DIR a private scratch directory removed when the container ends
   BERTH_UID, BERTH_GID  the ids the container's processes will have inside
 A hook that exits non-zero aborts the start. Its output goes to stderr.

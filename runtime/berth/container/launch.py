@@ -15,8 +15,10 @@ One start is two processes (three with --pid):
            the caller's open file descriptors (with --pid it forks pid 1
            for that and waits for it).
 Setup messages travel to berth over a close-on-exec pipe, one line each:
-`fuse PID` (a FUSE server to stop at the end), `error MESSAGE`, and for
---detach `keeper PID`, then `ready` from the keeper itself.
+`fuse PID` (a FUSE server to stop at the end), `service PID` (a hook's
+service, services.py, to kill at the end; in a pid namespace its end kills
+them), `error MESSAGE`, and for --detach `keeper PID`, then `ready` from
+the keeper itself.
 
 `berth start --detach` (the interface of the SPANK plugin):
   Does everything a start does, then runs a keeper inside the container's
@@ -50,7 +52,7 @@ import signal
 import sys
 
 from berth import rootpath, syscalls as sc
-from berth.container import entry, environ, hooks, mounts, rootfs, seccomp
+from berth.container import entry, environ, hooks, mounts, rootfs, seccomp, services
 from berth.errors import BerthError
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -123,7 +125,7 @@ def _child(plan, status, hold):
         sc.unshare(sc.CLONE_NEWNS)
         sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
         sc.mount(None, "/", None, sc.MS_REC | sc.MS_PRIVATE)
-        root, image, env = _build(plan, status)
+        root, image, env, wanted = _build(plan, status)
         workdir = image["workdir"]
         if not workdir or not os.path.isdir(rootpath.resolve(root, workdir, follow_last=True)):
             workdir = "/"
@@ -144,6 +146,11 @@ def _child(plan, status, hold):
             env = {**_apptainer_environment(env, plan.entrypoint_timeout), **plan.env}
         elif plan.login:
             shell = _login_shell(env)
+        if wanted:
+            started = services.start(wanted, env)
+            if not plan.pid_namespace:
+                for pid in started:
+                    _send(status, f"service {pid}")
         if plan.detach:
             _exec_keeper(keeper, status, hold, env,
                          (image["entrypoint"] or []) if plan.entrypoint else [], shell)
@@ -156,7 +163,8 @@ def _child(plan, status, hold):
 
 
 def _build(plan, status):
-    """Mount the root and everything into it, run the hooks: (root, image config, env)."""
+    """Mount the root and everything into it, run the hooks: (root, image
+    config, env, the services they asked for)."""
     if plan.image:
         # Always an overlay, read-only at the end unless --rw: mount points
         # missing in the image can then be created (in the tmpfs upper dir).
@@ -181,12 +189,11 @@ def _build(plan, status):
         if server:
             _send(status, f"fuse {server}")
     rootfs.make_dev_links(root, links)
-    if plan.hooks:
-        _run_hooks(plan, root, env)
+    wanted = _run_hooks(plan, root, env) if plan.hooks else []
     env.update(plan.env)
     if not plan.writable:
         mounts.remount_readonly(root)
-    return root, image, env
+    return root, image, env, wanted
 
 
 def _run_hooks(plan, root, env):
@@ -194,18 +201,20 @@ def _run_hooks(plan, root, env):
     (the image's Env, environ.d, -e) reach them as data only, KEY=VALUE
     lines in $ENROOT_ENVIRON, never as variables a shell or the loader acts
     on (BASH_ENV, LD_PRELOAD, PATH...). What they append there joins the
-    container's environment."""
+    container's environment. Returns the services they asked for."""
     mounts_file, environ_file = f"{plan.runtime}/mounts", f"{plan.runtime}/environ"
+    services_file = f"{plan.runtime}/services"
     scratch = f"{plan.runtime}/hooks"
     os.mkdir(scratch)
     rootfs.write_file(mounts_file, "")
+    rootfs.write_file(services_file, "")
     view = environ.to_lines({**env, **plan.env})
     rootfs.write_file(environ_file, view)
     uid, gid = plan.ids or (0, 0)
     protocol = {**dict(plan.cfg.items()),
                 "ENROOT_PID": os.readlink("/proc/self"), "ENROOT_ROOTFS": root,
                 "ENROOT_MOUNTS": mounts_file, "ENROOT_ENVIRON": environ_file,
-                "BERTH_RUNTIME_DIR": scratch, "BERTH_UID": str(uid), "BERTH_GID": str(gid)}
+                "BERTH_SERVICES": services_file, "BERTH_RUNTIME_DIR": scratch, "BERTH_UID": str(uid), "BERTH_GID": str(gid)}
     # They run as the container's uid: a uid other than 0 keeps this
     # process's capabilities in the user namespace only as ambient ones.
     ambient = uid != 0 and plan.ids is not None
@@ -222,6 +231,7 @@ def _run_hooks(plan, root, env):
     for mount in mounts.read_fstab(mounts_file, {**os.environ, **env, **protocol}):
         mounts.apply(root, mount)
     environ.read_file(environ_file, env, expand=False, skip=len(view.encode()))
+    return services.read(services_file)
 
 
 # The --detach keeper: a shell of the image (exec'd, so /proc/PID/environ is
@@ -378,13 +388,15 @@ def start(plan):
     os.close(hold_r)
     rootfs.write_file(f"{plan.runtime}/state", f"{child}\n")
     _forward_signals(child)  # until --detach is ready: a stop then ends the setup
-    helpers, error, keeper, ready, login = [], None, None, False, ""
+    helpers, started, error, keeper, ready, login = [], [], None, None, False, ""
     try:
         with os.fdopen(status_r, encoding="utf-8") as messages:
             for line in messages:
                 kind, _, value = line.rstrip("\n").partition(" ")
                 if kind == "fuse":
                     helpers.append(int(value))
+                elif kind == "service":
+                    started.append(int(value))
                 elif kind == "error":
                     error = value
                 elif kind == "keeper":  # "ready" then comes from the keeper shell
@@ -409,6 +421,10 @@ def start(plan):
         code = entry.exit_code(os.waitpid(child, 0)[1])
     finally:
         os.close(hold_w)
+        for pid in started:  # with their sessions, before their root goes
+            _kill_tree(pid)
+            with contextlib.suppress(ChildProcessError):  # orphans come to berth
+                os.waitpid(pid, 0)
         for pid in helpers:
             os.kill(pid, signal.SIGTERM)
             os.waitpid(pid, 0)
