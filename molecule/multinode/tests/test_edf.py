@@ -110,3 +110,40 @@ def test_the_slurm_hook_lets_a_task_start_steps_and_submit_jobs(edf):
     plain = srun("-N1 --container-image=/opt/berth-images/mpi-test.sqsh "
                  "sh -c 'command -v srun || echo none'")
     assert plain.rc == 0 and plain.stdout.strip() == "none", plain.stderr
+
+
+def test_the_ssh_hook_lets_the_user_into_her_running_container_with_her_key_only(edf):
+    """With the EDF's com.hooks.ssh.enabled, the batch step's container runs
+    the node's dropbear on port 15263: alice's key (her authorized_keys on
+    the compute node) logs her in from the login node, into the container
+    with its environment; bob's key does not; the server ends with the job."""
+    login, compute = node(CONTROLLER), node(COMPUTE[0])
+    for user in ("alice", "bob"):
+        login.run(f"runuser -u {user} -- sh -c 'mkdir -p -m 700 ~/.ssh && "
+                  "{ [ -f ~/.ssh/id_ed25519 ] || ssh-keygen -q -t ed25519 -N \"\" -f ~/.ssh/id_ed25519; }'")
+    key = login.check_output("cat /home/alice/.ssh/id_ed25519.pub").strip()
+    compute.run(f"install -d -m 700 -o alice /home/alice/.ssh && echo {shlex.quote(key)} "
+                "> /home/alice/.ssh/authorized_keys && chown alice /home/alice/.ssh/authorized_keys")
+    login.run("printf '%s\\n' 'image = \"/opt/berth-images/mpi-test.sqsh\"' '[annotations]' "
+              "'com.hooks.ssh.enabled = \"true\"' '[env]' 'SSH_MARKER = \"from-the-edf\"' "
+              "> /home/alice/.edf/sshhook.toml && chown alice /home/alice/.edf/sshhook.toml")
+    job = login.run(f"cd /tmp && runuser -u alice -- sbatch --parsable -w {COMPUTE[0]} -o /dev/null "
+                    "--environment=sshhook --wrap 'sleep 300'")
+    assert job.rc == 0, job.stderr
+    job_id = job.stdout.strip()
+    ssh = (f"ssh -o BatchMode=yes -o ConnectTimeout=5 -o StrictHostKeyChecking=accept-new "
+           f"-p 15263 alice@{COMPUTE[0]}")
+    try:
+        inside = login.run(f"for i in $(seq 60); do runuser -u alice -- {ssh} "
+                           "'grep ^VARIANT_ID= /etc/os-release; echo $SSH_MARKER; id -un' "
+                           "2>/dev/null && exit 0; sleep 1; done; exit 1")
+        assert inside.rc == 0, inside.stderr
+        assert inside.stdout.splitlines() == ["VARIANT_ID=berth-mpi-test", "from-the-edf", "alice"]
+        bob = login.run(f"runuser -u bob -- {ssh} true")
+        assert bob.rc == 255 and "Permission denied" in bob.stderr, bob.stderr
+    finally:
+        login.run(f"scancel {job_id}")
+    gone = login.run(f"for i in $(seq 30); do runuser -u alice -- {ssh} true 2>&1 | "
+                     "grep -q 'Connection refused' && exit 0; sleep 1; done; exit 1")
+    assert gone.rc == 0, "the server outlived the job"
+
