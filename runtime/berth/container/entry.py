@@ -113,6 +113,24 @@ def execvpe(command, env):
     raise first or last
 
 
+def spawn(program, argv, env):
+    """Fork a child that execs `program` with stdin /dev/null and its output
+    on stderr (stdout may be the --detach pid line); its pid. One that
+    cannot exec exits 127."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(2, 1)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these
+                signal.signal(sig, signal.SIG_DFL)
+            os.execve(program, argv, env)
+        finally:
+            os._exit(127)
+    return pid
+
+
 def exit_code(wait_status):
     """A shell-style exit code: 128 + N for a child killed by signal N."""
     code = os.waitstatus_to_exitcode(wait_status)

@@ -279,16 +279,7 @@ def _apptainer_environment(env, seconds):
     run where the command would run (inside, filtered, as the user); their
     output goes to stderr. A script that fails, or has not finished after
     `seconds`, fails the start."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.dup2(2, 1)
-            _restore_signals()
-            os.execve("/bin/sh", ["/bin/sh", "-c", _APPTAINER_SOURCE], env)
-        finally:
-            os._exit(127)
+    pid = entry.spawn("/bin/sh", ["/bin/sh", "-c", _APPTAINER_SOURCE], env)
 
     def too_late(*_):
         _kill_tree(pid)  # what a script started would keep stderr open

@@ -21,6 +21,7 @@ import os
 import signal
 import time
 
+from berth.container import entry
 from berth.errors import BerthError
 
 WAIT = 10  # seconds a service has to listen
@@ -55,7 +56,7 @@ def start(services, env):
         for port, argv in services:
             if _listeners(port):
                 raise BerthError(f"service {argv[0]}: TCP port {port} is taken by another process")
-            pid = _spawn(argv, env)
+            pid = entry.spawn(argv[0], argv, env)
             pids.append(pid)
             _wait_listening(pid, port, argv[0])
     except BaseException:
@@ -71,23 +72,6 @@ def stop(pids):
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
-
-
-def _spawn(argv, env):
-    pid = os.fork()
-    if pid == 0:
-        try:
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.dup2(2, 1)
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these
-                signal.signal(sig, signal.SIG_DFL)
-            os.execve(argv[0], argv, env)
-        except OSError as e:
-            os.write(2, f"berth: error: service {argv[0]}: {e.strerror} in the container\n"
-                     .encode(errors="replace"))
-        os._exit(127)
-    return pid
 
 
 def _wait_listening(pid, port, program):
