@@ -100,10 +100,10 @@ def start(node, user, *command, env=None, options=()):
 class Detached:
     """`berth start --detach app` with the hook on; stops at the end of the with."""
 
-    def __init__(self, node, user, env):
+    def __init__(self, node, user, env, options=()):
         self.process = subprocess.Popen(
             berth("start", "--detach", "-e", "PATH=/opt/tools/bin:/bin", "-e",
-                  "FROM_THE_CONTAINER=yes", "app"),
+                  "FROM_THE_CONTAINER=yes", *options, "app"),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=environment(node, user, env))
         self.pid = self.process.stdout.readline().strip()
@@ -120,12 +120,12 @@ class Detached:
         self.process.stderr.close()
 
 
-def ssh(keys, port, command, key="mine", known_hosts=None):
+def ssh(keys, port, command, key="mine", known_hosts=None, login=USER):
     options = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
                "-o", f"UserKnownHostsFile={known_hosts or '/dev/null'}",
                "-o", f"StrictHostKeyChecking={'yes' if known_hosts else 'no'}"]
     return subprocess.run(["ssh", *options, "-i", str(keys / key), "-p", str(port),
-                           f"{USER}@127.0.0.1", command],
+                           f"{login}@127.0.0.1", command],
                           capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -179,6 +179,19 @@ def test_the_annotations_key_file_lets_its_key_in(node, user, keys):
                                "BERTH_HOOK_SSH_AUTHORIZE_SSH_KEY": str(extra)}):
         assert ssh(keys, port, "true", key="stranger").returncode == 0
         assert ssh(keys, port, "true").returncode == 0
+
+
+def test_a_remapped_root_logs_in_as_root_with_the_users_key(node, user, keys):
+    """Under --root (pyxis's --container-remap-root) the container's user is
+    root, whose home is /root there: that is who logs in, by her key."""
+    port = free_port()
+    with Detached(node, user, {"BERTH_HOOK_SSH_ENABLE": "yes", "BERTH_HOOK_SSH_PORT": str(port)},
+                  options=("--root",)):
+        result = ssh(keys, port, "id -u; cat /etc/marker", login="root")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == ["0", "inside the container"]
+        assert ssh(keys, port, "true").returncode == 255  # not as herself: no such user inside
+    assert servers(port) == []
 
 
 def test_off_by_default(node, user):
