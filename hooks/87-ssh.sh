@@ -81,6 +81,7 @@ plain_path "the user's home in the container" "$home"
 # of at most $key_limit bytes.
 host_uid=$(awk '{ print $2; exit }' /proc/self/uid_map)
 node_home=$(getent passwd "$host_uid" | cut -d: -f6) || node_home=''
+plain_path BERTH_RUNTIME_DIR "$BERTH_RUNTIME_DIR"
 keys=$BERTH_RUNTIME_DIR/authorized_keys
 : >"$keys"
 chmod 600 "$keys"
