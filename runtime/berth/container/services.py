@@ -83,8 +83,9 @@ def _wait_listening(pid, port, program):
                              f"{os.waitstatus_to_exitcode(status)}) before listening on "
                              f"TCP port {port}")
         listening = _listeners(port)
-        if listening:
-            if listening - _sockets(pid):
+        mine = _sockets(pid)
+        if listening and mine is not None:  # (None: it ended meanwhile; waitpid says how)
+            if listening - mine:
                 raise BerthError(f"service {program}: TCP port {port} is taken by another process")
             return
         if time.monotonic() > deadline:
@@ -110,9 +111,14 @@ def _listeners(port):
 
 
 def _sockets(pid):
+    """Inodes of the sockets `pid` holds; None when it is gone."""
     inodes = set()
     fds = f"/proc/{pid}/fd"
-    for fd in os.listdir(fds):
+    try:
+        names = os.listdir(fds)
+    except FileNotFoundError:
+        return None
+    for fd in names:
         try:
             target = os.readlink(f"{fds}/{fd}")
         except OSError:  # closed meanwhile
