@@ -83,8 +83,8 @@ def _wait_listening(pid, port, program):
                              f"{os.waitstatus_to_exitcode(status)}) before listening on "
                              f"TCP port {port}")
         listening = _listeners(port)
-        mine = _sockets(pid)
-        if listening and mine is not None:  # (None: it ended meanwhile; waitpid says how)
+        mine = _sockets(pid) if listening else None
+        if mine is not None:  # (None: it ended meanwhile; waitpid then says how)
             if listening - mine:
                 raise BerthError(f"service {program}: TCP port {port} is taken by another process")
             return
@@ -116,7 +116,7 @@ def _sockets(pid):
     fds = f"/proc/{pid}/fd"
     try:
         names = os.listdir(fds)
-    except FileNotFoundError:
+    except OSError:  # gone, or exiting (a dying process's fds are no one's to read)
         return None
     for fd in names:
         try:
