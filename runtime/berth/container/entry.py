@@ -113,6 +113,12 @@ def execvpe(command, env):
     raise first or last
 
 
+def restore_signals():
+    """The default actions of the signals Python ignores, for a program it execs."""
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def spawn(program, argv, env):
     """Fork a child that execs `program` with stdin /dev/null and its output
     on stderr (stdout may be the --detach pid line); its pid. One that
@@ -123,8 +129,7 @@ def spawn(program, argv, env):
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
             os.dup2(2, 1)
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these
-                signal.signal(sig, signal.SIG_DFL)
+            restore_signals()
             os.execve(program, argv, env)
         finally:
             os._exit(127)

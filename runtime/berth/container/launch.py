@@ -92,15 +92,10 @@ def _send(fd, message):
     os.write(fd, (message.replace("\n", " ") + "\n").encode())
 
 
-def _restore_signals():
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these
-        signal.signal(sig, signal.SIG_DFL)
-
-
 def _exec(command, env, program=None):
     """Exec `command`, found on env's PATH, or with `program` exec that with
     `command` as its argv."""
-    _restore_signals()
+    entry.restore_signals()
     try:
         if program:
             os.execve(program, command, env)
@@ -214,7 +209,8 @@ def _run_hooks(plan, root, env):
     protocol = {**dict(plan.cfg.items()),
                 "ENROOT_PID": os.readlink("/proc/self"), "ENROOT_ROOTFS": root,
                 "ENROOT_MOUNTS": mounts_file, "ENROOT_ENVIRON": environ_file,
-                "BERTH_SERVICES": services_file, "BERTH_RUNTIME_DIR": scratch, "BERTH_UID": str(uid), "BERTH_GID": str(gid)}
+                "BERTH_SERVICES": services_file, "BERTH_RUNTIME_DIR": scratch,
+                "BERTH_UID": str(uid), "BERTH_GID": str(gid)}
     # They run as the container's uid: a uid other than 0 keeps this
     # process's capabilities in the user namespace only as ambient ones.
     ambient = uid != 0 and plan.ids is not None
@@ -254,7 +250,7 @@ def _exec_keeper(pid, status, hold, env, entrypoint, shell):
     os.dup2(2 if entrypoint else null, 1)  # an entrypoint's output joins berth's messages
     os.closerange(5, os.sysconf("SC_OPEN_MAX"))
     command = [*entrypoint, *_KEEPER]
-    _restore_signals()
+    entry.restore_signals()
     try:
         if shell:
             os.execve(shell, _through_login(shell, command), env)
