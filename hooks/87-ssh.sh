@@ -122,10 +122,9 @@ fi
 [ -f "$host_key" ] || die "$host_key is not a regular file"
 
 # The node's loader and the libraries dropbear needs, each bound alone.
-loader=$(${BERTH_LDCONFIG:-ldconfig -p} | awk -F ' => ' 'NF == 2 && $1 ~ /64/ {
-        split($1, name, " "); if (name[1] ~ /^ld-linux.*\.so\.[0-9]$/) { print $2; exit } }') ||
-    die "BERTH_LDCONFIG: '${BERTH_LDCONFIG:-ldconfig -p}' failed"
-[ -n "$loader" ] && [ -e "$loader" ] || die "no 64-bit ld-linux loader in the node's ld.so cache"
+loader=$(ld_cache_entries ld-linux-x86-64.so ld-linux-aarch64.so |
+    awk '$2 == 64 && !found { found = $3 } END { print found }') || exit 1
+[ -n "$loader" ] || die "no 64-bit ld-linux loader in the node's ld.so cache"
 bind "$loader" "$top/ld.so" bind,ro,nosuid,nodev,x-create=file
 bind "$server" "$top/dropbear" bind,ro,nosuid,nodev,x-create=file
 while read -r name arrow path _; do
