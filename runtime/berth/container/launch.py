@@ -54,6 +54,7 @@ import sys
 from berth import rootpath, syscalls as sc
 from berth.container import entry, environ, hooks, mounts, rootfs, seccomp, services
 from berth.errors import BerthError
+from berth.image import parts
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _NAMESPACES = (("user", sc.CLONE_NEWUSER), ("mnt", sc.CLONE_NEWNS), ("pid", sc.CLONE_NEWPID),
@@ -163,10 +164,17 @@ def _build(plan, status):
     if plan.image:
         # Always an overlay, read-only at the end unless --rw: mount points
         # missing in the image can then be created (in the tmpfs upper dir).
-        root = f"{plan.runtime}/root"
-        _send(status, f"fuse {mounts.mount_squashfs(plan.image, f'{plan.runtime}/lower')}")
-        server = rootfs.mount_overlay(f"{plan.runtime}/lower", root, f"{plan.runtime}/rw",
-                                      native=plan.cfg.flag("ENROOT_NATIVE_OVERLAYFS"))
+        root, lower = f"{plan.runtime}/root", f"{plan.runtime}/lower"
+        _send(status, f"fuse {mounts.mount_squashfs(plan.image, lower)}")
+        top = parts.top_of_mounted(lower)  # an image kept as parts: its top over its root
+        if top:
+            again = f"{plan.runtime}/top"
+            os.mkdir(again)
+            _send(status, f"fuse {mounts.mount_squashfs(plan.image, again)}")
+        server = rootfs.mount_overlay(f"{again}/{top}:{lower}" if top else lower, root,
+                                      f"{plan.runtime}/rw",
+                                      native=plan.cfg.flag("ENROOT_NATIVE_OVERLAYFS"),
+                                      user_xattrs=bool(top))
         if server:
             _send(status, f"fuse {server}")
     else:

@@ -51,8 +51,11 @@ def image_config(root):
     return config
 
 
-def mount_overlay(lower, target, scratch, native=True):
-    """A writable overlay over `lower`, upper and work dirs on a private tmpfs.
+def mount_overlay(lower, target, scratch, native=True, user_xattrs=False):
+    """A writable overlay over `lower` (lowerdir's list), upper and work dirs
+    on a private tmpfs; user_xattrs: the lower dirs mark opaque directories
+    with user.overlay.opaque (image/parts.py), as the kernel's overlay
+    reads them with `userxattr` and fuse-overlayfs always.
 
     Kernel overlayfs first (unless not `native`: ENROOT_NATIVE_OVERLAYFS=no);
     where the kernel refuses (old kernels in a user namespace, some lower
@@ -66,7 +69,8 @@ def mount_overlay(lower, target, scratch, native=True):
     options = f"lowerdir={lower},upperdir={scratch}/upper,workdir={scratch}/work"
     if native:
         try:
-            sc.mount("overlay", target, "overlay", 0, options)
+            sc.mount("overlay", target, "overlay", 0,
+                     f"{options},userxattr" if user_xattrs else options)
             return None
         except OSError as e:
             refused = e.strerror

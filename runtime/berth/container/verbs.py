@@ -29,7 +29,7 @@ import sys
 
 from berth import config, safedir, syscalls as sc
 from berth.container import environ, hooks, launch, mounts, rootfs
-from berth.image import imagefile, reference
+from berth.image import imagefile, parts, reference
 from berth.errors import BerthError
 
 
@@ -294,6 +294,10 @@ def _writable_image():
 
 def _unsquash(image, target):
     """Unpack the imagefile.Squashfs `image` into `target`."""
+    if not image.offset and parts.top_of_file(image.path):
+        parts.unpack(image.path, target)  # its merged tree, as a start shows it
+        _make_removable(target)
+        return
     # Unprivileged, unsquashfs cannot make device nodes: a non-fatal error.
     tolerate = ["-no-exit-code"] if os.getuid() else []
     offset = ["-o", str(image.offset)] if image.offset else []

@@ -42,21 +42,29 @@ from berth.errors import BerthError, one_line
 FORMAT = 1
 _LAYER_NAME = re.compile(r"[0-9a-f]{64}")
 IMAGE_NAME = re.compile(r"[0-9a-f]{64}\.sqsh")
+LAYERS_LINK = "layers-"  # the name's start of a record by layers, in uris/
 _KINDS = ("layers", "images", "partial")
 
 
 class ImageCache:
-    def __init__(self, cache_path):
+    def __init__(self, cache_path, parted=False):
         self.image_dir = os.path.join(cache_path, "images")
         self.lock_dir = os.path.join(cache_path, "locks")
         # uris/<hash of URI and options> -> ../images/<key>.sqsh: the entry
         # last imported for that URI, for `import --reuse`; dropped by prune.
+        # uris/layers-<hash of a run of layer digests> -> the same: the
+        # entry last made whose root holds that run (parts.py, base()).
         self.uri_dir = os.path.join(cache_path, "uris")
+        # Entries kept as parts (parts.py: --cache-only) have keys and
+        # records of their own: `import -o` copies plain ones only.
+        self.parted = parted
 
-    @staticmethod
-    def key(manifest_digest, digest, uri, squash_options):
-        fields = [FORMAT, manifest_digest, digest, uri, squash_options]
+    def key(self, manifest_digest, digest, uri, squash_options):
+        fields = [FORMAT, manifest_digest, digest, uri, squash_options, *self._parted()]
         return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
+
+    def _parted(self):
+        return ["parts"] if self.parted else []
 
     def path(self, key):
         return os.path.join(self.image_dir, f"{key}.sqsh")
@@ -73,14 +81,43 @@ class ImageCache:
         # The platform too: nodes of two architectures sharing a cache or a
         # store each have their own latest of a multi-arch URI.
         name = hashlib.sha256(json.dumps(
-            [FORMAT, uri, squash_options, arch or os.uname().machine]).encode()).hexdigest()
+            [FORMAT, uri, squash_options, arch or os.uname().machine, *self._parted()]
+        ).encode()).hexdigest()
         return os.path.join(self.uri_dir, name)
+
+    def _layers_link(self, layer_digests, squash_options):
+        name = hashlib.sha256(json.dumps(
+            [FORMAT, "layers", list(layer_digests), squash_options]).encode()).hexdigest()
+        return os.path.join(self.uri_dir, f"{LAYERS_LINK}{name}")
+
+    def remember_layers(self, layer_digests, squash_options, key):
+        """Record `key` as the latest entry whose root holds exactly these
+        layers (parts.py)."""
+        self._link(self._layers_link(layer_digests, squash_options), key)
+
+    def base(self, layer_digests, squash_options, quiet):
+        """(path, count): the cached entry, marked used, whose root holds
+        the longest run of `layer_digests` from the bottom, and how many of
+        them; None when no entry shares even the first layer."""
+        for count in range(len(layer_digests), 0, -1):
+            try:
+                target = os.readlink(self._layers_link(layer_digests[:count], squash_options))
+            except OSError:
+                continue
+            name = os.path.basename(target)
+            if IMAGE_NAME.fullmatch(name):
+                path = self.lookup(name[:-5], quiet)
+                if path is not None:
+                    return path, count
+        return None
 
     def remember(self, uri, squash_options, arch, key):
         """Record `key` as the latest image of `uri` for `arch` (--arch; None:
         this machine's), replaced in one rename."""
+        self._link(self._uri_link(uri, squash_options, arch), key)
+
+    def _link(self, link, key):
         make_dirs(self.uri_dir)
-        link = self._uri_link(uri, squash_options, arch)
         partial = f"{link}.{os.getpid()}"
         with contextlib.suppress(FileNotFoundError):
             os.unlink(partial)

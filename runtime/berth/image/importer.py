@@ -220,11 +220,11 @@ def _cached_image(args, cfg, ref):
     when it has or makes one. Sets args.found: whether it was there already
     (a build, or the store's answer, makes it False)."""
     args.found = True
-    from berth.image import squash
+    from berth.image import parts, squash
     from berth.image.cache import ImageCache
     store = args.store_client() if args.store_client else None
-    images = ImageCache(cfg["ENROOT_CACHE_PATH"])
     options = squash.options(cfg)
+    images = ImageCache(cfg["ENROOT_CACHE_PATH"], parts.wanted(args.cache_only, options))
     shared = store is not None and store.serves(args, cfg, ref)
     if shared and args.reuse:
         image = store.reused(cfg, args.uri, options, args.quiet)

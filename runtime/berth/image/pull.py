@@ -16,8 +16,8 @@ import threading
 
 from tqdm import tqdm
 
-from berth.errors import BerthError
-from berth.image import registries, sif, squash
+from berth.errors import BerthError, one_line
+from berth.image import parts, registries, sif, squash
 from berth.image.blobs import BlobCache
 from berth.image.imageconfig import from_oci, write_image_config
 from berth.image.layers import Room, apply_layer, remove_stale_unpack_dirs, unpack_dir
@@ -59,7 +59,10 @@ def build_cached(args, cfg, images, options, ref, source, manifest, digest, mani
             image = images.path(key)
             args.found = False
             with building(image):
-                _build(args, cfg, source, ref, manifest, digest, image, keep_free)
+                in_root = _build(args, cfg, source, ref, manifest, digest, image, keep_free,
+                                 images)
+            if in_root:
+                images.remember_layers(in_root, options, key)
         elif not args.quiet:
             print(f"berth: using the cached squashfs of {ref}: {image}", file=sys.stderr)
         try:
@@ -72,9 +75,11 @@ def build_cached(args, cfg, images, options, ref, source, manifest, digest, mani
         yield image
 
 
-def _build(args, cfg, registry, ref, manifest, digest, image, keep_free):
+def _build(args, cfg, registry, ref, manifest, digest, image, keep_free, images):
     """Fetch the missing layers and the image config, then make `image` of
-    them; or, for a SIF image (an ORAS artifact), see _build_sif."""
+    them; or, for a SIF image (an ORAS artifact), see _build_sif. Returns
+    the digests of the layers its root holds where it was made of parts
+    (parts.py: an entry of images.parted), else None."""
     show_progress = not args.quiet and sys.stderr.isatty()
     if _is_sif_artifact(manifest) or getattr(ref, "is_oras", False):
         _build_sif(args, cfg, registry, ref, manifest, digest, image, show_progress)
@@ -102,17 +107,101 @@ def _build(args, cfg, registry, ref, manifest, digest, image, keep_free):
     remove_stale_unpack_dirs(temp)  # of imports killed before they could
     squash.require_space(temp, total, "the unpacked image")
     squash.require_space(os.path.dirname(image), total // 2, "the squashfs image")
-    with unpack_dir(temp) as workdir:
-        root = os.path.join(workdir, "rootfs")
-        os.mkdir(root, 0o755)
-        room = Room(temp) if keep_free else None
-        for layer_digest, _ in tqdm(layers, desc="unpacking", unit="layer",
+    room = Room(temp) if keep_free else None
+
+    def unpack(root, chosen):
+        for layer_digest, _ in tqdm(chosen, desc="unpacking", unit="layer",
                                     disable=not show_progress):
             apply_layer(root, cache.path(layer_digest), layer_digest,
                         cfg["ENROOT_GZIP_PROGRAM"], room)
+
+    build = _Build(args, cfg, image, layers, unpack, image_config, show_progress)
+    with unpack_dir(temp) as workdir:
+        root = os.path.join(workdir, "rootfs")
+        if images.parted:
+            try:
+                return build.parted(workdir, root, images)
+            except parts.Unavailable as e:
+                if not args.quiet:
+                    print(f"berth: importing {ref} whole, not as parts: {one_line(str(e))}",
+                          file=sys.stderr)
+        done = 0
+        if os.path.isdir(root):  # the lower layers are there already
+            done = len(layers) - 1
+        else:
+            os.mkdir(root, 0o755)
+        unpack(root, layers[done:])
         write_image_config(root, image_config)
         squash.make_squashfs(root, image, cfg, show_progress,
                              verbose=getattr(args, "verbose", False))
+    return None
+
+
+class _Build:
+    """An image made of parts (parts.py): its lower layers' tree, and a top
+    part applied over it in a user namespace and appended."""
+
+    def __init__(self, args, cfg, image, layers, unpack, image_config, show_progress):
+        self.args, self.cfg, self.image, self.layers = args, cfg, image, layers
+        self.unpack, self.image_config, self.show_progress = unpack, image_config, show_progress
+
+    def parted(self, workdir, root, images):
+        """Make the image of parts; returns the digests its root holds.
+        parts.Unavailable: import it whole (what `root` holds then, if it
+        is there, is every layer but the last, applied)."""
+        digests = [layer_digest for layer_digest, _ in self.layers]
+        found = images.base(digests, squash.options(self.cfg), self.args.quiet)
+        number = parts.top_number([parts.top_of_file(found[0]) or ""]) + 1 if found else 0
+        if found and number <= parts.MAX_TOPS:
+            self._on_base(workdir, *found, number)
+            return digests[:found[1]]
+        if len(self.layers) < 2:
+            raise parts.Unavailable("one layer: nothing for a later tag to share")
+        os.mkdir(root, 0o755)
+        self.unpack(root, self.layers[:-1])
+        upper = self._top(workdir, root, self.layers[-1:], 1)
+        base = f"{self.image}.tmp-{os.getpid()}-base"
+        try:
+            squash.make_squashfs(root, base, self.cfg, self.show_progress)
+            self._append(upper, base, 1, move=True)
+        finally:
+            if os.path.lexists(base):
+                os.unlink(base)
+        return digests[:-1]
+
+    def _on_base(self, workdir, base, count, number):
+        """The image as a copy of the cached entry `base`, whose root holds
+        its first `count` layers, with top part `number` appended."""
+        if not self.args.quiet:
+            print(f"berth: {count} of {len(self.layers)} layers are in {base}; unpacking "
+                  f"the other {len(self.layers) - count}", file=sys.stderr)
+        squash.require_space(os.path.dirname(self.image), os.path.getsize(base),
+                             "the squashfs image")
+        mounted = os.path.join(workdir, "base")
+        upper = self._top(workdir, mounted, self.layers[count:], number, image=base)
+        self._append(upper, base, number)
+
+    def _top(self, workdir, lower, layers, number, image=None):
+        """The top part `number`: `layers` and the image config applied over
+        `lower`, into an upper directory of that name (returned)."""
+        upper = os.path.join(workdir, parts.name(number))
+        work = os.path.join(workdir, "work")
+        os.mkdir(upper, 0o755)
+        os.mkdir(work, 0o700)
+
+        def apply(merged):
+            self.unpack(merged, layers)
+            write_image_config(merged, self.image_config)
+
+        parts.apply_over(lower, os.path.join(workdir, "merged"), apply, upper=upper, work=work,
+                         image=image, mount_points=(lower,) if image else ())
+        parts.check_top(upper)
+        return upper
+
+    def _append(self, upper, base, number, move=False):
+        squash.make_squashfs(upper, self.image, self.cfg, self.show_progress,
+                             verbose=getattr(self.args, "verbose", False), append_to=base,
+                             move_base=move, pseudo=parts.whiteouts(number))
 
 
 def _is_sif_artifact(manifest):

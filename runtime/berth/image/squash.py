@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from berth.errors import BerthError
-from berth.image import sif
+from berth.image import parts, sif
 from berth.image.imageconfig import IMAGE_JSON, SQUASHFS_MAGIC
 from berth.image.reference import DIGEST  # (the form of image.json's "digest")
 
@@ -58,9 +58,13 @@ _STRIP_SETUID = "chmod(ug-s)@!type(d) && perm(/u+s,g+s)"
 
 
 def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=False,
-                  verbose=False):
+                  verbose=False, append_to=None, move_base=False, pseudo=()):
     """Pack `root` into `output` (0644 less the umask) through a temporary
-    file next to it, replacing any `output` there. show_progress: its
+    file next to it, replacing any `output` there; with `append_to` (a
+    squashfs made with the same options), into a copy of that file, as a
+    directory named as `root` beside what it holds (parts.py), with the
+    mksquashfs `pseudo` definitions (move_base: that file is a temporary
+    one of ours, taken rather than copied). show_progress: its
     progress bar on stderr; verbose: all it prints (the thirty lines of
     statistics enroot shows), else nothing but the bar. all_root stores every
     file as root's: a tree an unprivileged process unpacked (layers, or a
@@ -69,12 +73,16 @@ def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=
     container. strip_setuid drops the setuid and setgid bits of files: in
     an image all root's, they would be root's."""
     partial = f"{output}.tmp-{os.getpid()}"
-    command = ["mksquashfs", root, partial, "-noappend", *(["-all-root"] if all_root else []),
+    # (appending, mksquashfs would write a recovery file into the current directory)
+    where = ["-keep-as-directory", "-no-recovery", *pseudo] if append_to else ["-noappend"]
+    command = ["mksquashfs", root, partial, *where, *(["-all-root"] if all_root else []),
                *options(cfg), "-processors", str(cfg.number("ENROOT_MAX_PROCESSORS")),
                *(["-action", _STRIP_SETUID] if strip_setuid else [])]
     if not show_progress and not verbose:  # (-quiet would do, but squashfs-tools 4.4 lacks it)
         command.append("-no-progress")
     try:
+        if append_to:
+            (os.rename if move_base else shutil.copyfile)(append_to, partial)
         if verbose:
             result = subprocess.run(command, stdout=sys.stderr, stderr=subprocess.PIPE,
                                     text=True, check=False)
@@ -189,7 +197,10 @@ def recorded(image, key):
     no such file or string."""
     text = _sif_record(image)
     if text is None:
-        result = subprocess.run(["unsquashfs", "-cat", image, IMAGE_JSON], capture_output=True)
+        top = parts.top_of_file(image)  # an image kept as parts: its top's file
+        result = subprocess.run(["unsquashfs", "-cat", image,
+                                 f"{top}/{IMAGE_JSON}" if top else IMAGE_JSON],
+                                capture_output=True)
         text = result.stdout if result.returncode == 0 else None
     try:
         value = json.loads(text)[key] if text is not None else None

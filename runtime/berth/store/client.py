@@ -11,7 +11,7 @@ import sys
 import time
 
 from berth.errors import BerthError
-from berth.image import reference
+from berth.image import parts, reference
 from berth.image.cache import ImageCache
 from berth.store.paths import entry, local_path, path_of
 
@@ -37,7 +37,7 @@ def reused(cfg, uri, options, quiet):
     (the socket makes the copy). Reads only: the store is not the caller's
     to mark or repair."""
     store, local = path_of(cfg), local_path(cfg)
-    images = ImageCache(store)
+    images = ImageCache(store, parts.wanted(True, options))
     key = images.remembered(uri, options, None)  # (the store serves this node's platform)
     if key is None:
         return None

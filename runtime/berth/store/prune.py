@@ -48,7 +48,7 @@ RECENT = 3600  # seconds: what was used or written this recently stays
 # squash.make_squashfs's file beside the entry it builds, and
 # ImageCache.remember's link before its rename
 _BUILD_PARTIAL = re.compile(r"([0-9a-f]{64})\.sqsh\.tmp-.+")
-_LINK_PARTIAL = re.compile(r"[0-9a-f]{64}\.\d+")
+_LINK_PARTIAL = re.compile(r"(layers-)?[0-9a-f]{64}\.\d+")
 
 
 class _StoreDirs(CacheDirs):

@@ -32,7 +32,7 @@ import types
 
 from berth import safedir
 from berth.errors import AccessDenied, BerthError, ImageNotFound, Terminated, raise_terminated
-from berth.image import archive, reference, registries, squash
+from berth.image import archive, parts, reference, registries, squash
 from berth.image.cache import ImageCache, human_size
 from berth.store.paths import configured_path, local_limit, local_path, owned_store
 
@@ -271,7 +271,9 @@ def _import(cfg, store, uri, ref, uid):
     # no credentials: only what the registry gives anyone goes into the store
     answer = pull.first_answer(plan, ref, store_cfg, None, None, None, True)
     args = types.SimpleNamespace(uri=uri, arch=None, quiet=True)
-    with pull.build_cached(args, store_cfg, ImageCache(store), squash.options(cfg), ref,
+    options = squash.options(cfg)
+    with pull.build_cached(args, store_cfg, ImageCache(store, parts.wanted(True, options)),
+                           options, ref,
                            answer.source, answer.manifest, answer.digest,
                            answer.manifest_digest,
                            building=lambda image: _counted(store, uid, image),

@@ -8,7 +8,7 @@ import contextlib
 import json
 import os
 
-from berth.image.cache import CacheDirs, open_followed, scan
+from berth.image.cache import LAYERS_LINK, CacheDirs, open_followed, scan
 from berth.store import service
 from berth.store.paths import configured_path, entry_line, source
 
@@ -34,6 +34,8 @@ def _list(cfg, as_json):
     latest = set()
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(uris):
+            if name.startswith(LAYERS_LINK):  # a record of layers, not of a URI
+                continue
             with contextlib.suppress(OSError):
                 latest.add(os.path.basename(os.readlink(os.path.join(uris, name))))
     # The scan prune takes its order from: one meaning of "last use".

@@ -1,0 +1,214 @@
+"""Cached images of several layers kept as their lower layers and a top
+part, so that a new tag that shares the lower layers of a cached image
+costs what its own layers cost, not a whole import.
+
+Such an image is still one squashfs file (the store, its node copies,
+prune and the SPANK plugin see nothing new). Its root is the tree of its
+lower layers, unpacked as any import unpacks them. Beside it, the directory
+`.berth-top.N` holds what the remaining layers and Berth's image files
+(imageconfig.py) change, as an overlayfs upper directory made by the kernel
+itself: the layers are applied through an overlay of the lower tree in a
+user namespace, so their whiteouts, opaque directories, hard links to lower
+files and paths through lower symbolic links end exactly as in a flat
+import. Removals are character devices 0/0, a directory made anew carries
+`user.overlay.opaque` (hence `userxattr` at start). Each `.berth-top.*`
+name has a whiteout in the top part, so none shows in the container; the
+whiteout of its own name marks the part as ours (an import makes no
+device files). A start stacks the highest `.berth-top.N` over the root.
+
+A new tag: the cached image whose root holds the longest run of the same
+layers from the bottom (ImageCache.base) is copied and the new top part
+appended to the copy with mksquashfs (its compressed blocks are not made
+again); the parts the copy held below stay unused in it. Past MAX_TOPS
+parts, or where the kernel's overlay in a user namespace or user xattrs are
+not to be had, the image is imported whole (the caller's fallback).
+"""
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+
+from berth import syscalls as sc
+from berth.errors import BerthError
+
+PREFIX = ".berth-top."
+MAX_TOPS = 8  # parts a file may gather through new tags before a whole import
+_NAME = re.compile(r"\.berth-top\.([1-9])")
+# squashfuse's low-level server shows the inode numbers of the file (hard
+# links as one inode, which `cp -a` in unpack() keeps); the other does not.
+_SQUASHFUSE = "squashfuse_ll" if shutil.which("squashfuse_ll") else "squashfuse"
+
+
+class Unavailable(Exception):
+    """This image cannot be kept as parts here: import it whole."""
+
+
+def wanted(cache_only, squash_options):
+    """Whether an import keeps its image as parts: an image cache's entry
+    (--cache-only: the plugin's, `berth start docker://`'s, the store's),
+    never a file for the user (`berth import -o`: a plain squashfs), and
+    only while mksquashfs keeps the xattrs that mark opaque directories."""
+    return cache_only and "-no-xattrs" not in squash_options
+
+
+def name(number):
+    return f"{PREFIX}{number}"
+
+
+def top_number(names):
+    """The highest part number among a root's `names` (0: none)."""
+    numbers = [int(m.group(1)) for m in map(_NAME.fullmatch, names) if m]
+    return max(numbers, default=0)
+
+
+def top_of_mounted(root):
+    """The top part's name in the mounted squashfs `root`, or None for a
+    plain image: the highest `.berth-top.N` that holds the whiteout of its
+    own name. (The kernel refuses lower directories of which one holds
+    another: the top is stacked from a second mount of the same file.)"""
+    try:
+        number = top_number(os.listdir(root))
+    except OSError:
+        return None
+    if not number:
+        return None
+    try:
+        marker = os.lstat(os.path.join(root, name(number), name(number)))
+    except OSError:
+        return None
+    return name(number) if stat.S_ISCHR(marker.st_mode) and marker.st_rdev == 0 else None
+
+
+def top_of_file(image):
+    """The top part's name in the squashfs file `image`, or None (read with
+    unsquashfs, without mounting)."""
+    listing = subprocess.run(["unsquashfs", "-l", "-max-depth", "2", image,
+                              f"{PREFIX}[1-9]"], capture_output=True, check=False)
+    if listing.returncode != 0:
+        return None
+    names = listing.stdout.decode(errors="replace").splitlines()
+    roots = [line.split("/")[1] for line in names if line.count("/") == 1]
+    number = top_number(roots)
+    marker = f"squashfs-root/{name(number)}/{name(number)}"
+    return name(number) if number and marker in names else None
+
+
+def whiteouts(number):
+    """mksquashfs pseudo definitions of top part `number`: a whiteout of
+    every part's name, its own included."""
+    args = []
+    for below in range(1, number + 1):
+        args += ["-p", f"{name(number)}/{name(below)} c 0000 0 0 0 0"]
+    return args
+
+
+def apply_over(lowers, merged, apply, upper=None, work=None, image=None, mount_points=()):
+    """Run apply(merged) in a child, in a user namespace of its own where
+    `merged` is a kernel overlay of `lowers` (lowerdir's list), writable
+    into `upper` (with `work`) when given; with `image`, that squashfs
+    served at each of `mount_points` first. Unavailable when the namespace,
+    squashfuse or the overlay cannot be had; apply's BerthError comes back
+    as one."""
+    options = f"lowerdir={lowers},userxattr"
+    if upper is not None:
+        options += f",upperdir={upper},workdir={work}"
+    for directory in (merged, *mount_points):
+        os.makedirs(directory, exist_ok=True)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child says how it failed through the pipe
+        os.close(read_fd)
+        status, said = 1, b""
+        try:
+            sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
+            _own_namespace()
+            for mount_point in mount_points:
+                subprocess.run([_SQUASHFUSE, image, mount_point], check=True,
+                               capture_output=True)
+            sc.mount("overlay", merged, "overlay", 0, options)
+            apply(merged)
+            status = 0
+        except BerthError as e:
+            said = b"error " + str(e).encode(errors="replace")
+        except (OSError, subprocess.CalledProcessError) as e:
+            said = b"unavailable " + str(e).encode(errors="replace")
+        except BaseException as e:  # noqa: B036 - the child must reach os._exit
+            said = b"unavailable " + repr(e).encode(errors="replace")
+        finally:
+            with contextlib.suppress(BaseException):
+                os.write(write_fd, said[:4000])
+            os._exit(status)
+    os.close(write_fd)
+    try:
+        with os.fdopen(read_fd, "rb") as f:
+            said = f.read().decode(errors="replace")
+        _, wait_status = os.waitpid(pid, 0)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        raise
+    if wait_status == 0:
+        return
+    kind, _, message = said.partition(" ")
+    if kind == "error":
+        raise BerthError(message)
+    raise Unavailable(message or f"exit status {wait_status}")
+
+
+def _own_namespace():
+    """A user and mount namespace where this process is root, mapped to its
+    own uid and gid outside (a mount there makes nothing visible outside)."""
+    uid, gid = os.getuid(), os.getgid()
+    sc.unshare(sc.CLONE_NEWUSER | sc.CLONE_NEWNS)
+    for file, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
+                       ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{file}", "w", encoding="ascii") as f:
+            f.write(text)
+    sc.mount("none", "/", None, sc.MS_REC | sc.MS_PRIVATE)
+
+
+def check_top(upper):
+    """Refuse (Unavailable) a top part that cannot be stacked as it is: one
+    where a layer wrote a `.berth-top.*` name at the root (the whiteouts
+    would hide it), or that has Berth's image.json elsewhere than at
+    etc/berth (a symbolic link in the lower tree led it away: readers of
+    the file look for it there)."""
+    from berth.image.imageconfig import IMAGE_JSON
+    taken = [entry for entry in os.listdir(upper) if entry.startswith(PREFIX)]
+    if taken:
+        raise Unavailable(f"the image has /{taken[0]} at its root")
+    try:
+        found = os.lstat(os.path.join(upper, IMAGE_JSON))
+    except OSError:
+        found = None
+    if found is None or not stat.S_ISREG(found.st_mode):
+        raise Unavailable(f"its /{IMAGE_JSON} is not a file of the top part")
+
+
+def unpack(image, target):
+    """Copy the merged tree of the parted squashfs file `image` into the
+    existing directory `target`, as unsquashfs copies a plain one (modes,
+    times, links; every file the caller's)."""
+    work = f"{target.rstrip('/')}.parts"
+    os.mkdir(work, 0o700)
+    mounted, again = os.path.join(work, "image"), os.path.join(work, "top")
+
+    def copy(merged):
+        result = subprocess.run(["cp", "-a", "--no-preserve=ownership", f"{merged}/.",
+                                 f"{target}/"], capture_output=True, check=False)
+        if result.returncode != 0:
+            lines = result.stderr.decode(errors="replace").strip().splitlines()
+            raise BerthError(f"unpacking {image}: {lines[-1] if lines else 'cp failed'}")
+
+    try:
+        apply_over(f"{again}/{top_of_file(image)}:{mounted}", os.path.join(work, "merged"),
+                   copy, image=image, mount_points=(mounted, again))
+    finally:
+        for directory in ("merged", "image", "top", ""):
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(work, directory))

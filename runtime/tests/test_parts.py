@@ -1,0 +1,160 @@
+"""Images kept as parts (berth/image/parts.py): a new tag that shares the
+lower layers of a cached image unpacks and squashes only its own layers,
+and shows exactly what a whole import of it shows. Real registry, real
+namespaces, kernel overlay, squashfuse and mksquashfs, run as the test
+user (test_container's fixtures), as test_start_uri.py does.
+"""
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from registry_fixture import gzipped, layer_tar  # noqa: E402
+from test_container import (  # noqa: E402, F401 (fixtures)
+    berth, berth_pid, build_root, images, library, usable_fuse, user)
+from test_start_uri import (  # noqa: E402, F401 (fixtures)
+    HOST_ARCH, busybox_layer, pulling, registry, uri_of)
+
+CONFIG = {"architecture": HOST_ARCH, "os": "linux",
+          "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]}}
+
+# The layer every tag shares above busybox's: what the new tops act on.
+SHARED = layer_tar(
+    ("dir", "data", 0o755), ("file", "data/keep", b"keep\n"), ("file", "data/gone", b"x\n"),
+    ("dir", "data/sub", 0o755), ("file", "data/sub/old", b"old\n"),
+    ("dir", "opq", 0o755), ("file", "opq/old1", b"1\n"), ("file", "opq/old2", b"2\n"),
+    ("symlink", "lnk", "data"), ("file", "replace_me", b"file\n"),
+    ("dir", "dir_to_file", 0o755), ("file", "dir_to_file/child", b"c\n"),
+    ("file", "hard_src", b"shared bytes\n"), ("dir", "tmp", 0o1777))
+
+# A top layer doing everything a layer may do to what lies below it.
+HOSTILE_TOP = layer_tar(
+    ("dir", "data", 0o750), ("file", "data/.wh.gone", b""),
+    ("file", "data/.wh.sub", b""), ("dir", "data/sub", 0o700), ("file", "data/sub/new", b"n\n"),
+    ("dir", "opq", 0o755), ("file", "opq/.wh..wh..opq", b""), ("file", "opq/new", b"new\n"),
+    ("file", "lnk/through", b"through the link\n"), ("hardlink", "hard_copy", "hard_src"),
+    ("dir", "replace_me", 0o755), ("file", "replace_me/inside", b"in\n"),
+    ("file", "dir_to_file", b"now a file\n"), ("file", "tmp/new", b"t\n"))
+
+
+@pytest.fixture(scope="module")
+def tags(registry):
+    """test/app: v1 (busybox, SHARED, a plain top), v2 (the same two, the
+    hostile top), v3 (a top writing a part's name at the root)."""
+    lower = [busybox_layer(), gzipped(SHARED)]
+    tops = {"v1": layer_tar(("file", "v1", b"1\n")), "v2": HOSTILE_TOP,
+            "v3": layer_tar(("dir", ".berth-top.1", 0o755), ("file", ".berth-top.1/x", b"x\n"))}
+    return {tag: registry.push_image("test/app", tag, [*lower, gzipped(top)], CONFIG)
+            for tag, top in tops.items()}
+
+
+def cache_import(berth, uri, *flags):
+    result = berth("import", "--cache-only", *flags, uri)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def top_parts(image):
+    listing = subprocess.run(["unsquashfs", "-l", "-max-depth", "1", str(image)],
+                             capture_output=True, text=True, check=True).stdout
+    return sorted(line.split("/", 1)[1] for line in listing.splitlines()
+                  if line.startswith("squashfs-root/.berth-top."))
+
+
+def tree(root):
+    """Every entry below `root`: type, mode, size, content digest or link
+    target, and which entries share an inode."""
+    seen, result = {}, {}
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            info = os.lstat(path)
+            key = os.path.relpath(path, root)
+            if stat.S_ISLNK(info.st_mode):
+                what = os.readlink(path)
+            elif stat.S_ISREG(info.st_mode):
+                what = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                what += f" links:{seen.setdefault(info.st_ino, key)}"
+            else:
+                what = ""
+            result[key] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), what)
+    return result
+
+
+def test_a_new_tag_unpacks_only_its_own_layers_and_shows_what_a_whole_import_shows(
+        pulling, proxy, tags):
+    berth = pulling
+    first = cache_import(berth, uri_of(proxy, "test/app:v1")).stdout.strip()
+    assert top_parts(first) == [".berth-top.1"]
+    proxy.requests.clear()
+    second = cache_import(berth, uri_of(proxy, "test/app:v2"))
+    assert "2 of 3 layers are in" in second.stderr, second.stderr
+    # one layer fetched, the top part appended to a copy of the first tag's file
+    assert len(proxy.blob_requests()) == 2  # the new layer and the image config
+    entry = second.stdout.strip()
+    assert top_parts(entry) == [".berth-top.1", ".berth-top.2"]
+
+    # the same image imported whole (`import -o`: a plain squashfs)
+    flat = berth.base / "flat.sqsh"
+    berth.ok("import", "-o", flat, uri_of(proxy, "test/app:v2"))
+    assert top_parts(flat) == []
+    subprocess.run(["unsquashfs", "-no-progress", "-no-xattrs", "-no-exit-code", "-d",
+                    str(berth.base / "flat"), str(flat)], check=True, capture_output=True)
+    # created from the parted entry: its merged tree (parts.unpack)
+    berth.ok("create", "-n", "parted", entry)
+    expected = tree(berth.base / "flat")
+    assert tree(berth.base / "data/parted") == expected
+    assert "data/gone" not in expected and "opq/old1" not in expected
+    assert "data/sub/old" not in expected and "data/through" in expected
+
+    # started: the parts stacked by the kernel's overlay show the same
+    script = ("ls -A / /data /data/sub /opq /replace_me; cat /dir_to_file /hard_copy; "
+              "stat -c %a /data /data/sub /tmp")
+    started = berth("start", entry, "sh", "-c", script)
+    whole = berth("start", flat, "sh", "-c", script)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout == whole.stdout
+    assert ".berth-top" not in started.stdout
+    assert "now a file\nshared bytes\n750\n700\n1777\n" in started.stdout
+
+
+def test_the_digest_and_source_are_read_from_the_top_part(pulling, proxy, tags):
+    berth = pulling
+    cache_import(berth, uri_of(proxy, "test/app:v1"))
+    result = cache_import(berth, uri_of(proxy, "test/app:v2"), "--digest")
+    entry, digest = result.stdout.split()
+    assert top_parts(entry) == [".berth-top.1", ".berth-top.2"]
+    assert digest == tags["v2"]
+
+
+def test_a_layer_writing_a_parts_name_is_imported_whole(pulling, proxy, tags):
+    berth = pulling
+    cache_import(berth, uri_of(proxy, "test/app:v1"))
+    result = cache_import(berth, uri_of(proxy, "test/app:v3"))
+    assert "importing" in result.stderr and "whole, not as parts" in result.stderr
+    entry = result.stdout.strip()
+    assert top_parts(entry) == [".berth-top.1"]  # the image's own directory, nothing else
+    shown = berth("start", entry, "cat", "/.berth-top.1/x")
+    assert shown.returncode == 0 and shown.stdout == "x\n", shown.stderr
+
+
+def test_each_entry_stands_alone_when_the_one_it_was_made_from_is_pruned(pulling, proxy, tags):
+    berth = pulling
+    first = cache_import(berth, uri_of(proxy, "test/app:v1")).stdout.strip()
+    second = cache_import(berth, uri_of(proxy, "test/app:v2")).stdout.strip()
+    os.utime(first, (1, 1))
+    pruned = berth("cache", "prune", "--older-than", "1d")
+    assert pruned.returncode == 0, pruned.stderr
+    assert not os.path.exists(first) and os.path.exists(second)
+    shown = berth("start", second, "cat", "/data/through", "/data/keep")
+    assert shown.stdout == "through the link\nkeep\n", shown.stderr
+    # the record of the layers now names the newer entry: a third tag builds on it
+    third = cache_import(berth, uri_of(proxy, "test/app:v1"))
+    assert "2 of 3 layers are in" in third.stderr and second in third.stderr
