@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -340,9 +341,38 @@ def imports_at_once(uri, env, cwd, *outputs):
 
 
 def unsquash(image, directory):
+    """The tree of a squashfs image in `directory`; of an image cache's entry
+    kept as parts (berth/image/parts.py), its merged tree."""
+    from berth.image import parts
+    if parts.top_of_file(str(image)):
+        os.mkdir(directory)
+        parts.unpack(str(image), str(directory))
+        return Path(directory)
     subprocess.run(["unsquashfs", "-q", "-n", "-d", str(directory), str(image)], check=True,
                    stdout=subprocess.DEVNULL)
     return Path(directory)
+
+
+def listing(image):
+    """The paths of a squashfs image as `unsquashfs -l -d ''` prints them (the
+    images of one source must agree; bytes do not: mksquashfs records the
+    time it ran); of an entry kept as parts, those of its merged tree."""
+    from berth.image import parts
+    if not parts.top_of_file(str(image)):
+        return subprocess.run(["unsquashfs", "-l", "-d", "", str(image)], capture_output=True,
+                              text=True, check=True).stdout
+    lines = [""]
+
+    def walk(directory, prefix):
+        for name in sorted(os.listdir(directory), key=os.fsencode):
+            lines.append(f"{prefix}/{name}")
+            path = os.path.join(directory, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                walk(path, f"{prefix}/{name}")
+
+    with tempfile.TemporaryDirectory() as scratch:
+        walk(unsquash(image, Path(scratch) / "root"), "")
+    return "\n".join(lines) + "\n"
 
 
 # -- a registry that lies, floods and stalls ----------------------------------

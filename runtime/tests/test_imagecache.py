@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
-    Registry, berth, berth_env, gzipped, imports_at_once, layer_tar, unsquash)
+    Registry, berth, berth_env, gzipped, imports_at_once, layer_tar, listing, unsquash)
 
 from berth import cli  # noqa: E402
 from berth.errors import BerthError  # noqa: E402
@@ -63,11 +63,6 @@ def with_mksquashfs(tmp_path, env, script):
 
 def failing_mksquashfs(tmp_path, env):
     return with_mksquashfs(tmp_path, env, "echo 'not to be run' >&2; exit 1")
-
-
-def listing(image):
-    return subprocess.run(["unsquashfs", "-l", "-d", "", str(image)], capture_output=True,
-                          text=True, check=True).stdout
 
 
 def compressor(image):

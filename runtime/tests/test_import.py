@@ -23,7 +23,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
     DOCKER_MANIFEST, Proxy, Registry, berth, berth_env, gzipped, imports_at_once, layer_tar,
-    unsquash, zstd_compressed)
+    listing, unsquash, zstd_compressed)
 
 from berth.image.imageconfig import read_image_config  # noqa: E402
 
@@ -75,13 +75,6 @@ def layer_digests(registry, repo, tag="v1"):
 
 def blob_downloads(proxy, digests):
     return [path for path in proxy.blob_requests() if path.rsplit("/", 1)[-1] in digests]
-
-
-def listing(image):
-    """Paths in a squashfs: the images of one source must agree (bytes do
-    not: mksquashfs records the time it ran)."""
-    return subprocess.run(["unsquashfs", "-l", "-d", "", str(image)], capture_output=True,
-                          text=True, check=True).stdout
 
 
 def assert_nothing_left(tmp_path, keep=()):

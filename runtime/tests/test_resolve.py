@@ -15,7 +15,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
-    Proxy, Registry, berth, free_port, gzipped, layer_tar)
+    Proxy, Registry, berth, free_port, gzipped, layer_tar, listing)
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
                                 reason="needs docker-registry (Debian package docker-registry)")
@@ -56,11 +56,6 @@ def imported_digest(uri, env, cwd):
     assert result.returncode == 0, result.stderr
     path, digest = result.stdout.splitlines()
     return path, digest
-
-
-def listing(image):
-    return subprocess.run(["unsquashfs", "-l", "-d", "", str(image)], capture_output=True,
-                          text=True, check=True).stdout
 
 
 def conf(env, text):

@@ -19,6 +19,7 @@ so no writer corrupts another.
 
 import collections
 import contextlib
+import copy
 import errno
 import fcntl
 import hashlib
@@ -65,6 +66,12 @@ class ImageCache:
 
     def _parted(self):
         return ["parts"] if self.parted else []
+
+    def plain(self):
+        """This cache, for an image never kept as parts (a SIF file)."""
+        plain = copy.copy(self)
+        plain.parted = False
+        return plain
 
     def path(self, key):
         return os.path.join(self.image_dir, f"{key}.sqsh")

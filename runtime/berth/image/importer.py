@@ -224,7 +224,8 @@ def _cached_image(args, cfg, ref):
     from berth.image.cache import ImageCache
     store = args.store_client() if args.store_client else None
     options = squash.options(cfg)
-    images = ImageCache(cfg["ENROOT_CACHE_PATH"], parts.wanted(args.cache_only, options))
+    images = ImageCache(cfg["ENROOT_CACHE_PATH"], parts.wanted(args.cache_only, options)
+                        and not getattr(ref, "is_oras", False))  # (a SIF file: pull.py)
     shared = store is not None and store.serves(args, cfg, ref)
     if shared and args.reuse:
         image = store.reused(cfg, args.uri, options, args.quiet)

@@ -160,6 +160,16 @@ def apply_over(lowers, merged, apply, upper=None, work=None, image=None, mount_p
     raise Unavailable(message or f"exit status {wait_status}")
 
 
+def remove_work(work):
+    """Remove an overlay's work directory: the kernel leaves a directory in
+    it that not even its owner may enter (mode 0)."""
+    for top, dirs, _ in os.walk(work):
+        for directory in dirs:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(top, directory), 0o700)
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def _own_namespace():
     """A user and mount namespace where this process is root, mapped to its
     own uid and gid outside (a mount there makes nothing visible outside)."""

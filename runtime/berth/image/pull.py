@@ -51,6 +51,8 @@ def build_cached(args, cfg, images, options, ref, source, manifest, digest, mani
     A build runs inside building(image) (the store counts its users'
     imports there) and, with keep_free, unpacks within the temporary
     filesystem's free floor (layers.Room); it sets args.found False."""
+    if images.parted and (_is_sif_artifact(manifest) or getattr(ref, "is_oras", False)):
+        images = images.plain()  # a SIF file is kept as it came: one entry for every import
     key = images.key(manifest_digest, digest, args.uri, options)
     with images.locked(key, ref, args.quiet):
         image = images.lookup(key, args.quiet)
@@ -193,8 +195,11 @@ class _Build:
             self.unpack(merged, layers)
             write_image_config(merged, self.image_config)
 
-        parts.apply_over(lower, os.path.join(workdir, "merged"), apply, upper=upper, work=work,
-                         image=image, mount_points=(lower,) if image else ())
+        try:
+            parts.apply_over(lower, os.path.join(workdir, "merged"), apply, upper=upper,
+                             work=work, image=image, mount_points=(lower,) if image else ())
+        finally:
+            parts.remove_work(work)
         parts.check_top(upper)
         return upper
 
