@@ -32,7 +32,8 @@ SHARED = layer_tar(
     ("dir", "opq", 0o755), ("file", "opq/old1", b"1\n"), ("file", "opq/old2", b"2\n"),
     ("symlink", "lnk", "data"), ("file", "replace_me", b"file\n"),
     ("dir", "dir_to_file", 0o755), ("file", "dir_to_file/child", b"c\n"),
-    ("file", "hard_src", b"shared bytes\n"), ("dir", "tmp", 0o1777))
+    ("file", "hard_src", b"shared bytes\n"), ("dir", "tmp", 0o1777),
+    ("file", "data/odd\nname", b"odd\n"), ("file", "data/keep too", b"kept\n"))
 
 # A top layer doing everything a layer may do to what lies below it.
 HOSTILE_TOP = layer_tar(
@@ -41,16 +42,19 @@ HOSTILE_TOP = layer_tar(
     ("dir", "opq", 0o755), ("file", "opq/.wh..wh..opq", b""), ("file", "opq/new", b"new\n"),
     ("file", "lnk/through", b"through the link\n"), ("hardlink", "hard_copy", "hard_src"),
     ("dir", "replace_me", 0o755), ("file", "replace_me/inside", b"in\n"),
-    ("file", "dir_to_file", b"now a file\n"), ("file", "tmp/new", b"t\n"))
+    ("file", "dir_to_file", b"now a file\n"), ("file", "tmp/new", b"t\n"),
+    ("file", "data/.wh.odd\nname", b""), ("file", "data/new\nline", b"nl\n"))
 
 
 @pytest.fixture(scope="module")
 def tags(registry):
     """test/app: v1 (busybox, SHARED, a plain top), v2 (the same two, the
-    hostile top), v3 (a top writing a part's name at the root)."""
+    hostile top), v3 (a top writing a part's name at the root), v4 (another
+    plain top)."""
     lower = [busybox_layer(), gzipped(SHARED)]
     tops = {"v1": layer_tar(("file", "v1", b"1\n")), "v2": HOSTILE_TOP,
-            "v3": layer_tar(("dir", ".berth-top.1", 0o755), ("file", ".berth-top.1/x", b"x\n"))}
+            "v3": layer_tar(("dir", ".berth-top.1", 0o755), ("file", ".berth-top.1/x", b"x\n")),
+            "v4": layer_tar(("file", "v4", b"4\n"))}
     return {tag: registry.push_image("test/app", tag, [*lower, gzipped(top)], CONFIG)
             for tag, top in tops.items()}
 
@@ -112,6 +116,7 @@ def test_a_new_tag_unpacks_only_its_own_layers_and_shows_what_a_whole_import_sho
     expected = tree(berth.base / "flat")
     assert tree(berth.base / "data/parted") == expected
     assert "data/gone" not in expected and "opq/old1" not in expected
+    assert "data/odd\nname" not in expected and "data/new\nline" in expected
     assert "data/sub/old" not in expected and "data/through" in expected
 
     # started: the parts stacked by the kernel's overlay show the same
@@ -158,3 +163,16 @@ def test_each_entry_stands_alone_when_the_one_it_was_made_from_is_pruned(pulling
     # the record of the layers now names the newer entry: a third tag builds on it
     third = cache_import(berth, uri_of(proxy, "test/app:v1"))
     assert "2 of 3 layers are in" in third.stderr and second in third.stderr
+
+
+def test_a_third_tag_builds_on_the_newest_entry_and_quiet_says_nothing(pulling, proxy, tags):
+    berth = pulling
+    cache_import(berth, uri_of(proxy, "test/app:v1"))
+    cache_import(berth, uri_of(proxy, "test/app:v2"))
+    third = berth("--quiet", "import", "--cache-only", uri_of(proxy, "test/app:v4"))
+    assert third.returncode == 0 and third.stderr == "", third.stderr
+    entry = third.stdout.strip()
+    # a copy of the second tag's entry, whose hostile part stays unused, and a part of its own
+    assert top_parts(entry) == [".berth-top.1", ".berth-top.2", ".berth-top.3"]
+    shown = berth("start", entry, "sh", "-c", "cat /v4 /data/gone; ls /opq; test ! -e /v1")
+    assert shown.returncode == 0 and shown.stdout == "4\nx\nold1\nold2\n", shown.stderr

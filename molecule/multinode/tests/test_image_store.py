@@ -341,6 +341,81 @@ def test_a_tag_moved_between_two_jobs_runs_the_new_image(store):
     assert f"digest {moved}" in log
 
 
+# A new tag of the public image: its layers and one more, a gzip layer with
+# the file /opt/berth-tag, pushed as a registry client would (Python's
+# urllib on the controller; the lower layers' blobs are the repository's).
+LAYER_PUSH = r"""
+import gzip, hashlib, io, json, sys, tarfile, urllib.parse, urllib.request
+repo, base, tag, text = sys.argv[1:]
+top = "http://localhost:5000"
+def get(path, accept=""):
+    reply = urllib.request.urlopen(urllib.request.Request(
+        f"{top}/v2/{repo}/{path}", headers={"Accept": accept}))
+    return reply.read(), reply.headers["Content-Type"]
+def put_blob(data):
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    started = urllib.request.urlopen(urllib.request.Request(
+        f"{top}/v2/{repo}/blobs/uploads/", method="POST"))
+    where = urllib.parse.urljoin(top, started.headers["Location"])
+    where += ("&" if "?" in where else "?") + "digest=" + digest
+    urllib.request.urlopen(urllib.request.Request(
+        where, data=data, method="PUT", headers={"Content-Type": "application/octet-stream"}))
+    return {"digest": digest, "size": len(data)}
+body, media = get(f"manifests/{base}", "application/vnd.oci.image.manifest.v1+json, "
+                  "application/vnd.docker.distribution.manifest.v2+json")
+manifest = json.loads(body)
+config = json.loads(get(f"blobs/{manifest['config']['digest']}")[0])
+raw = io.BytesIO()
+with tarfile.open(fileobj=raw, mode="w") as tar:
+    opt = tarfile.TarInfo("opt")
+    opt.type, opt.mode = tarfile.DIRTYPE, 0o755
+    tar.addfile(opt)
+    data = text.encode() + b"\n"
+    info = tarfile.TarInfo("opt/berth-tag")
+    info.size, info.mode = len(data), 0o644
+    tar.addfile(info, io.BytesIO(data))
+config["rootfs"]["diff_ids"].append("sha256:" + hashlib.sha256(raw.getvalue()).hexdigest())
+config.setdefault("history", []).append({"created_by": "a layer of berth's test"})
+layer_type = ("application/vnd.docker.image.rootfs.diff.tar.gzip" if "docker" in media
+              else "application/vnd.oci.image.layer.v1.tar+gzip")
+manifest["layers"].append({"mediaType": layer_type,
+                           **put_blob(gzip.compress(raw.getvalue(), mtime=0))})
+manifest["config"].update(put_blob(json.dumps(config).encode()))
+body = json.dumps(manifest).encode()
+urllib.request.urlopen(urllib.request.Request(
+    f"{top}/v2/{repo}/manifests/{tag}", data=body, method="PUT",
+    headers={"Content-Type": media}))
+print("sha256:" + hashlib.sha256(body).hexdigest())
+"""
+
+
+def push_layer(tag, text):
+    """PUBLIC's image with one more layer (/opt/berth-tag holding `text`) as
+    PUBLIC_REPO:TAG; the tag's digest."""
+    return node(CONTROLLER).check_output(
+        f"python3 - {PUBLIC_REPO} 1 {tag} {text} <<'EOF'\n{LAYER_PUSH}EOF")
+
+
+def test_a_moved_tag_sharing_the_lower_layers_is_stored_as_its_new_layer_and_runs(store):
+    tag = f"layered-{RUN}"
+    image = f"{CONTROLLER}:5000#{PUBLIC_REPO}:{tag}"
+    push_layer(tag, "one")
+    job = srun(f"-w {COMPUTE[0]} --container-image={image} cat /opt/berth-tag", "alice")
+    assert job.rc == 0 and job.stdout == "one\n", job.stderr
+    moved = push_layer(tag, "two")
+    mark = now()
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={image} cat /opt/berth-tag",
+               "bob")
+    assert job.rc == 0 and job.stdout == "two\ntwo\n", job.stderr
+    fetched = blob_gets(mark)
+    assert len(fetched) == 2 and set(fetched.values()) == {1}, fetched  # the layer, the config
+    [entry] = [line.split()[-1] for line in listed_sources().splitlines()
+               if f"{PUBLIC_REPO}@{moved}" in line]
+    # made on the first tag's entry: a copy of it and a top part of the new layer
+    parts = node(COMPUTE[0]).check_output(f"unsquashfs -l -max-depth 1 {entry}").split()
+    assert len([name for name in parts if name.startswith("squashfs-root/.berth-top.")]) >= 2
+
+
 def prestage_task(output):
     """'changed' or 'ok' (or None): what the pre-staging task reported."""
     found = re.search(r"TASK \[container_runtime : Pull the pre-staged images[^\n]*\n"

@@ -86,8 +86,9 @@ def top_of_mounted(root):
 def top_of_file(image):
     """The top part's name in the squashfs file `image`, or None (read with
     unsquashfs, without mounting)."""
-    listing = subprocess.run(["unsquashfs", "-l", "-max-depth", "2", image,
-                              f"{PREFIX}[1-9]"], capture_output=True, check=False)
+    # (no -max-depth: squashfs-tools before 4.5 lack it; a top part is small)
+    listing = subprocess.run(["unsquashfs", "-l", image, f"{PREFIX}[1-9]"],
+                             capture_output=True, check=False)
     if listing.returncode != 0:
         return None
     names = listing.stdout.decode(errors="replace").splitlines()
@@ -218,6 +219,8 @@ def unpack(image, target):
     try:
         apply_over(f"{again}/{top_of_file(image)}:{mounted}", os.path.join(work, "merged"),
                    copy, image=image, mount_points=(mounted, again))
+    except Unavailable as e:
+        raise BerthError(f"unpacking {image} (an image kept as parts): {e}") from None
     finally:
         for directory in ("merged", "image", "top", ""):
             with contextlib.suppress(OSError):

@@ -177,11 +177,14 @@ class _Build:
         if not self.args.quiet:
             print(f"berth: {count} of {len(self.layers)} layers are in {base}; unpacking "
                   f"the other {len(self.layers) - count}", file=sys.stderr)
-        squash.require_space(os.path.dirname(self.image), os.path.getsize(base),
-                             "the squashfs image")
         mounted = os.path.join(workdir, "base")
-        upper = self._top(workdir, mounted, self.layers[count:], number, image=base)
-        self._append(upper, base, number)
+        try:
+            upper = self._top(workdir, mounted, self.layers[count:], number, image=base)
+            self._append(upper, base, number)
+        except FileNotFoundError as e:
+            if e.filename != base:
+                raise
+            raise parts.Unavailable(f"{base} was pruned meanwhile") from None
 
     def _top(self, workdir, lower, layers, number, image=None):
         """The top part `number`: `layers` and the image config applied over
@@ -204,6 +207,9 @@ class _Build:
         return upper
 
     def _append(self, upper, base, number, move=False):
+        if not move:  # (a copy of the whole entry first)
+            squash.require_space(os.path.dirname(self.image), os.path.getsize(base),
+                                 "the squashfs image")
         squash.make_squashfs(upper, self.image, self.cfg, self.show_progress,
                              verbose=getattr(self.args, "verbose", False), append_to=base,
                              move_base=move, pseudo=parts.whiteouts(number))
