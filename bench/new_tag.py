@@ -39,8 +39,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "runtime"), str(REPO / "runtime" / "tests")]
+sys.path[:0] = [str(REPO / "bench"), str(REPO / "runtime"), str(REPO / "runtime" / "tests")]
 from registry_fixture import Registry  # noqa: E402
+from runtime import busybox_layer  # noqa: E402 (bench/runtime.py's: a root that runs `true`)
 
 from berth import config  # noqa: E402
 from berth.image.imageconfig import goarch  # noqa: E402
@@ -74,21 +75,6 @@ def files_layer(seed, size, prefix):
 def _gzip(data):
     return subprocess.run(["gzip", "-1", "-n"], input=data, capture_output=True,
                           check=True).stdout
-
-
-def busybox_layer():
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        for name in ("bin", "etc", "proc", "dev", "sys", "tmp", "opt"):
-            info = tarfile.TarInfo(name)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-        tar.add(shutil.which("busybox") or "/bin/busybox", arcname="bin/busybox")
-        for applet in ("sh", "true"):
-            info = tarfile.TarInfo(f"bin/{applet}")
-            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
-            tar.addfile(info)
-    return _gzip(out.getvalue())
 
 
 def run(command, env, expect=None):

@@ -77,7 +77,8 @@ def tree(root):
     target, and which entries share an inode."""
     seen, result = {}, {}
     for top, dirs, files in os.walk(root):
-        for name in dirs + files:
+        dirs.sort()  # (the first name of a hard-linked inode: the same on both sides)
+        for name in sorted(dirs + files):
             path = os.path.join(top, name)
             info = os.lstat(path)
             key = os.path.relpath(path, root)

@@ -129,9 +129,9 @@ def test_a_public_image_is_pulled_once_for_both_nodes_and_both_users(store):
 
 # `apptainer push FILE oras://localhost:5000/REPO:TAG`, as the registry gets it:
 # an empty JSON config of the SIF config type, the SIF file the one layer
-ORAS_PUSH = r"""
-import hashlib, json, sys, urllib.parse, urllib.request
-path, repo, tag = sys.argv[1:]
+# A registry client's blob upload, for the Python scripts below: `repo`, `top`.
+PUT_BLOB = r"""
+import gzip, hashlib, io, json, sys, tarfile, urllib.parse, urllib.request
 top = "http://localhost:5000"
 def put_blob(data):
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
@@ -142,6 +142,12 @@ def put_blob(data):
     urllib.request.urlopen(urllib.request.Request(
         where, data=data, method="PUT", headers={"Content-Type": "application/octet-stream"}))
     return {"digest": digest, "size": len(data)}
+"""
+
+ORAS_PUSH = r"""
+import sys
+path, repo, tag = sys.argv[1:]
+""" + PUT_BLOB + r"""
 sif = open(path, "rb").read()
 manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "config": {"mediaType": "application/vnd.sylabs.sif.config.v1+json", **put_blob(b"{}")},
@@ -345,22 +351,13 @@ def test_a_tag_moved_between_two_jobs_runs_the_new_image(store):
 # the file /opt/berth-tag, pushed as a registry client would (Python's
 # urllib on the controller; the lower layers' blobs are the repository's).
 LAYER_PUSH = r"""
-import gzip, hashlib, io, json, sys, tarfile, urllib.parse, urllib.request
+import sys
 repo, base, tag, text = sys.argv[1:]
-top = "http://localhost:5000"
+""" + PUT_BLOB + r"""
 def get(path, accept=""):
     reply = urllib.request.urlopen(urllib.request.Request(
         f"{top}/v2/{repo}/{path}", headers={"Accept": accept}))
     return reply.read(), reply.headers["Content-Type"]
-def put_blob(data):
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    started = urllib.request.urlopen(urllib.request.Request(
-        f"{top}/v2/{repo}/blobs/uploads/", method="POST"))
-    where = urllib.parse.urljoin(top, started.headers["Location"])
-    where += ("&" if "?" in where else "?") + "digest=" + digest
-    urllib.request.urlopen(urllib.request.Request(
-        where, data=data, method="PUT", headers={"Content-Type": "application/octet-stream"}))
-    return {"digest": digest, "size": len(data)}
 body, media = get(f"manifests/{base}", "application/vnd.oci.image.manifest.v1+json, "
                   "application/vnd.docker.distribution.manifest.v2+json")
 manifest = json.loads(body)
