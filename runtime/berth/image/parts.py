@@ -116,7 +116,9 @@ def apply_over(lowers, merged, apply, upper=None, work=None, image=None, mount_p
     as one."""
     options = f"lowerdir={lowers},userxattr"
     if upper is not None:
-        options += f",upperdir={upper},workdir={work}"
+        # volatile: its unmount syncs nothing (else the whole file system the
+        # upper directory is on, the unpacked lower layers too: seconds)
+        options += f",upperdir={upper},workdir={work},volatile"
     for directory in (merged, *mount_points):
         os.makedirs(directory, exist_ok=True)
     read_fd, write_fd = os.pipe()
@@ -132,6 +134,9 @@ def apply_over(lowers, merged, apply, upper=None, work=None, image=None, mount_p
                                capture_output=True)
             sc.mount("overlay", merged, "overlay", 0, options)
             apply(merged)
+            # unmounted here, so that each squashfuse ends with this process
+            for mounted in (merged, *mount_points):
+                sc.umount2(mounted, sc.MNT_DETACH)
             status = 0
         except BerthError as e:
             said = b"error " + str(e).encode(errors="replace")
