@@ -130,8 +130,12 @@ def apply_over(lowers, merged, apply, upper=None, work=None, image=None, mount_p
             sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
             _own_namespace()
             for mount_point in mount_points:
-                subprocess.run([_SQUASHFUSE, image, mount_point], check=True,
-                               capture_output=True)
+                served = subprocess.run([_SQUASHFUSE, image, mount_point],
+                                        capture_output=True, check=False)
+                if served.returncode != 0:
+                    lines = served.stderr.decode(errors="replace").strip().splitlines()
+                    raise OSError(f"{_SQUASHFUSE} cannot serve {image}: "
+                                  f"{lines[-1] if lines else f'exit {served.returncode}'}")
             sc.mount("overlay", merged, "overlay", 0, options)
             apply(merged)
             # unmounted here, so that each squashfuse ends with this process
@@ -140,7 +144,7 @@ def apply_over(lowers, merged, apply, upper=None, work=None, image=None, mount_p
             status = 0
         except BerthError as e:
             said = b"error " + str(e).encode(errors="replace")
-        except (OSError, subprocess.CalledProcessError) as e:
+        except OSError as e:
             said = b"unavailable " + str(e).encode(errors="replace")
         except BaseException as e:  # noqa: B036 - the child must reach os._exit
             said = b"unavailable " + repr(e).encode(errors="replace")
