@@ -105,6 +105,38 @@ def test_the_store_is_set_up_on_every_node(store):
     assert (top.user, top.mode) == ("berth-store", 0o755)
 
 
+def test_a_moved_tag_sharing_the_lower_layers_is_stored_as_its_new_layer_and_runs(store):
+    # (early in the module: the tags the later tests import share these
+    # lower layers, and each builds on the last, up to the store's cap)
+    tag = f"layered-{RUN}"
+    image = f"{CONTROLLER}:5000#{PUBLIC_REPO}:{tag}"
+    first = push_layer(tag, "one")
+    job = srun(f"-w {COMPUTE[0]} --container-image={image} cat /opt/berth-tag", "alice")
+    assert job.rc == 0 and job.stdout == "one\n", job.stderr
+    moved = push_layer(tag, "two")
+    time.sleep(1.1)  # the push's own GET of the config falls in an earlier second
+    mark = now()
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={image} cat /opt/berth-tag",
+               "bob")
+    assert job.rc == 0 and job.stdout == "two\ntwo\n", job.stderr
+    fetched = blob_gets(mark)
+    assert len(fetched) == 2 and set(fetched.values()) == {1}, fetched  # the layer, the config
+    # made on the first tag's entry: a copy of it and a top part of the new layer
+    assert top_parts(stored_entry(f"{PUBLIC_REPO}@{moved}")) == \
+        top_parts(stored_entry(f"{PUBLIC_REPO}@{first}")) + 1
+
+
+def stored_entry(source):
+    [entry] = [line.split()[-1] for line in listed_sources().splitlines() if source in line]
+    return entry
+
+
+def top_parts(entry):
+    """How many parts the store's entry holds (the runtime's image/parts.py)."""
+    listing = node(COMPUTE[0]).check_output(f"unsquashfs -l -max-depth 1 {entry}").split()
+    return len([name for name in listing if name.startswith("squashfs-root/.berth-top.")])
+
+
 def test_a_public_image_is_pulled_once_for_both_nodes_and_both_users(store):
     before = {(name, user): own_images(name, user) for name in COMPUTE for user in UIDS}
     stored = store_images()
@@ -391,27 +423,6 @@ def push_layer(tag, text):
     PUBLIC_REPO:TAG; the tag's digest."""
     return node(CONTROLLER).check_output(
         f"python3 - {PUBLIC_REPO} 1 {tag} {text} <<'EOF'\n{LAYER_PUSH}EOF")
-
-
-def test_a_moved_tag_sharing_the_lower_layers_is_stored_as_its_new_layer_and_runs(store):
-    tag = f"layered-{RUN}"
-    image = f"{CONTROLLER}:5000#{PUBLIC_REPO}:{tag}"
-    push_layer(tag, "one")
-    job = srun(f"-w {COMPUTE[0]} --container-image={image} cat /opt/berth-tag", "alice")
-    assert job.rc == 0 and job.stdout == "one\n", job.stderr
-    moved = push_layer(tag, "two")
-    time.sleep(1.1)  # the push's own GET of the config falls in an earlier second
-    mark = now()
-    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={image} cat /opt/berth-tag",
-               "bob")
-    assert job.rc == 0 and job.stdout == "two\ntwo\n", job.stderr
-    fetched = blob_gets(mark)
-    assert len(fetched) == 2 and set(fetched.values()) == {1}, fetched  # the layer, the config
-    [entry] = [line.split()[-1] for line in listed_sources().splitlines()
-               if f"{PUBLIC_REPO}@{moved}" in line]
-    # made on the first tag's entry: a copy of it and a top part of the new layer
-    parts = node(COMPUTE[0]).check_output(f"unsquashfs -l -max-depth 1 {entry}").split()
-    assert len([name for name in parts if name.startswith("squashfs-root/.berth-top.")]) >= 2
 
 
 def prestage_task(output):
