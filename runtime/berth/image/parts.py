@@ -34,10 +34,12 @@ import subprocess
 
 from berth import syscalls as sc
 from berth.errors import BerthError
+from berth.image.imageconfig import IMAGE_JSON
 
 PREFIX = ".berth-top."
 MAX_TOPS = 8  # parts a file may gather through new tags before a whole import
-_NAME = re.compile(r"\.berth-top\.([1-9])")
+_DIGIT = "[1-9]"  # a part's number: one digit, MAX_TOPS at most
+_NAME = re.compile(rf"{re.escape(PREFIX)}({_DIGIT})")
 # squashfuse's low-level server shows the inode numbers of the file (hard
 # links as one inode, which `cp -a` in unpack() keeps); the other does not.
 _SQUASHFUSE = "squashfuse_ll" if shutil.which("squashfuse_ll") else "squashfuse"
@@ -86,16 +88,23 @@ def top_of_mounted(root):
 def top_of_file(image):
     """The top part's name in the squashfs file `image`, or None (read with
     unsquashfs, without mounting)."""
+    number = top_number_of_file(image)
+    return name(number) if number else None
+
+
+def top_number_of_file(image):
+    """The number of the top part in the squashfs file `image` (0: a plain
+    image): the highest `.berth-top.N` that holds the whiteout of its own
+    name, as top_of_mounted() finds it in a mounted one."""
     # (no -max-depth: squashfs-tools before 4.5 lack it; a top part is small)
-    listing = subprocess.run(["unsquashfs", "-l", image, f"{PREFIX}[1-9]"],
+    listing = subprocess.run(["unsquashfs", "-l", image, f"{PREFIX}{_DIGIT}"],
                              capture_output=True, check=False)
     if listing.returncode != 0:
-        return None
+        return 0
     names = listing.stdout.decode(errors="replace").splitlines()
-    roots = [line.split("/")[1] for line in names if line.count("/") == 1]
-    number = top_number(roots)
+    number = top_number([line.split("/")[1] for line in names if line.count("/") == 1])
     marker = f"squashfs-root/{name(number)}/{name(number)}"
-    return name(number) if number and marker in names else None
+    return number if number and marker in names else 0
 
 
 def whiteouts(number):
@@ -198,7 +207,6 @@ def check_top(upper):
     would hide it), or that has Berth's image.json elsewhere than at
     etc/berth (a symbolic link in the lower tree led it away: readers of
     the file look for it there)."""
-    from berth.image.imageconfig import IMAGE_JSON
     taken = [entry for entry in os.listdir(upper) if entry.startswith(PREFIX)]
     if taken:
         raise Unavailable(f"the image has /{taken[0]} at its root")

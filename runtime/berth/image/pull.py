@@ -62,7 +62,7 @@ def build_cached(args, cfg, images, options, ref, source, manifest, digest, mani
             args.found = False
             with building(image):
                 in_root = _build(args, cfg, source, ref, manifest, digest, image, keep_free,
-                                 images)
+                                 images, options)
             if in_root:
                 images.remember_layers(in_root, options, key)
         elif not args.quiet:
@@ -77,11 +77,12 @@ def build_cached(args, cfg, images, options, ref, source, manifest, digest, mani
         yield image
 
 
-def _build(args, cfg, registry, ref, manifest, digest, image, keep_free, images):
+def _build(args, cfg, registry, ref, manifest, digest, image, keep_free, images, options):
     """Fetch the missing layers and the image config, then make `image` of
     them; or, for a SIF image (an ORAS artifact), see _build_sif. Returns
     the digests of the layers its root holds where it was made of parts
-    (parts.py: an entry of images.parted), else None."""
+    (parts.py: an entry of images.parted, found by `options` as its key),
+    else None."""
     show_progress = not args.quiet and sys.stderr.isatty()
     if _is_sif_artifact(manifest) or getattr(ref, "is_oras", False):
         _build_sif(args, cfg, registry, ref, manifest, digest, image, show_progress)
@@ -122,7 +123,7 @@ def _build(args, cfg, registry, ref, manifest, digest, image, keep_free, images)
         root = os.path.join(workdir, "rootfs")
         if images.parted:
             try:
-                return build.parted(workdir, root, images)
+                return build.parted(workdir, root, images, options)
             except parts.Unavailable as e:
                 if not args.quiet:
                     print(f"berth: importing {ref} whole, not as parts: {one_line(str(e))}",
@@ -147,13 +148,13 @@ class _Build:
         self.args, self.cfg, self.image, self.layers = args, cfg, image, layers
         self.unpack, self.image_config, self.show_progress = unpack, image_config, show_progress
 
-    def parted(self, workdir, root, images):
+    def parted(self, workdir, root, images, options):
         """Make the image of parts; returns the digests its root holds.
         parts.Unavailable: import it whole (what `root` holds then, if it
         is there, is every layer but the last, applied)."""
         digests = [layer_digest for layer_digest, _ in self.layers]
-        found = images.base(digests, squash.options(self.cfg), self.args.quiet)
-        number = parts.top_number([parts.top_of_file(found[0]) or ""]) + 1 if found else 0
+        found = images.base(digests, options, self.args.quiet)
+        number = parts.top_number_of_file(found[0]) + 1 if found else 0
         if found and number <= parts.MAX_TOPS:
             self._on_base(workdir, *found, number)
             return digests[:found[1]]

@@ -39,8 +39,8 @@ import time
 from berth import safedir
 from berth.errors import BerthError
 from berth.image.blobs import PARTIAL_PREFIX
-from berth.image.cache import (IMAGE_NAME, CacheDirs, Entry, ImageCache, files, holding,
-                              human_size, open_followed, parse_duration, parse_size,
+from berth.image.cache import (IMAGE_NAME, LAYERS_LINK, CacheDirs, Entry, ImageCache, files,
+                              holding, human_size, open_followed, parse_duration, parse_size,
                               remove_lock, scan, unlink_unchanged)
 from berth.store.paths import entry_line, owned_store, source
 
@@ -48,7 +48,7 @@ RECENT = 3600  # seconds: what was used or written this recently stays
 # squash.make_squashfs's file beside the entry it builds, and
 # ImageCache.remember's link before its rename
 _BUILD_PARTIAL = re.compile(r"([0-9a-f]{64})\.sqsh\.tmp-.+")
-_LINK_PARTIAL = re.compile(r"(layers-)?[0-9a-f]{64}\.\d+")
+_LINK_PARTIAL = re.compile(rf"({re.escape(LAYERS_LINK)})?[0-9a-f]{{64}}\.\d+")
 
 
 class _StoreDirs(CacheDirs):
