@@ -283,6 +283,19 @@ def test_toml_nested_thousands_deep_is_bad_toml_not_a_traceback(site, value):
     assert failure(site, "deep") == f"{path}: invalid TOML: arrays or inline tables nested too deeply"
 
 
+# Before parsing: a key of 100,000 parts (tomllib's time grows with the
+# square of a key's parts: minutes), an integer past int()'s 4,300 digits (a
+# ValueError traceback).
+@pytest.mark.parametrize("text, why", [
+    ('image = "x"\n' + ".".join(["a"] * 100_000) + ' = "y"\n',
+     ":2: invalid TOML: a key of more than 100 dotted parts"),
+    ('image = "x"\nworkdir = ' + "9" * 5000 + "\n", ": invalid TOML: an integer of more than 4300 digits"),
+], ids=["100000-part-key", "5000-digit-integer"])
+def test_toml_too_costly_to_read_is_refused_in_one_line(site, text, why):
+    path = write(site / "edf", "costly.toml", text)
+    assert failure(site, "costly") == f"{path}{why}"
+
+
 def test_missing_environment_says_where_it_looked(site):
     message = failure(site, "nothere")
     assert message == (f"environment 'nothere' not found as nothere or nothere.toml in: "

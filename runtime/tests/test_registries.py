@@ -283,6 +283,29 @@ def test_toml_nested_thousands_deep_is_bad_toml_not_a_traceback(tmp_path, value)
         registries.load(str(tmp_path))
 
 
+# A key of 100,000 parts kept tomllib computing for minutes (its time grows
+# with the square of a key's parts); an integer past int()'s 4,300 digits
+# escaped as a ValueError traceback.
+@pytest.mark.parametrize("text, why", [
+    ("a = 1\n" + ".".join(["a"] * 100_000) + " = 1\n",
+     "a key of more than 100 dotted parts (at line 2, column 1)"),
+    ("unqualified-search-registries = " + "9" * 5000 + "\n", "an integer of more than 4300 digits"),
+], ids=["100000-part-key", "5000-digit-integer"])
+def test_toml_too_costly_to_read_is_refused_in_one_line(tmp_path, text, why):
+    path = write(tmp_path, text)
+    with pytest.raises(BerthError) as error:
+        registries.load(str(tmp_path))
+    assert str(error.value) == f"{path}: not valid TOML: {why}"
+
+
+def test_dots_in_strings_and_comments_are_no_keys_parts(tmp_path):
+    dots = "." * 300
+    write(tmp_path, f"# {dots}\nunqualified-search-registries = ['c.example'] # {dots} '\n"
+                    f"[[registry]]\nprefix = \"a.example\"\nlocation = \"b.example/x\"\n"
+                    f"blocked = false # '''{dots}\n")
+    assert registries.load(str(tmp_path)).search == ["c.example"]
+
+
 # -- berth import through the rules, against real registries -------------------------
 
 needs_registry = pytest.mark.skipif(not shutil.which("docker-registry"),
