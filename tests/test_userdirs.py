@@ -102,9 +102,11 @@ def test_a_bad_path_fails_naming_it_and_makes_nothing(monkeypatch, capsys, share
 
 
 @needs_root
-def test_unknown_user_is_named(capsys):
-    assert cli.main(["setup-user", "bdep-no-such-user"]) == 1
-    assert capsys.readouterr().err == "berth: error: setup-user: no such user 'bdep-no-such-user'\n"
+@pytest.mark.parametrize("name", ["bdep-no-such-user", "\u00b2", "9" * 5000])
+def test_unknown_user_is_named(capsys, name):
+    """'²' passed str.isdigit() and 5,000 digits int()'s limit: tracebacks."""
+    assert cli.main(["setup-user", name]) == 1
+    assert capsys.readouterr().err == f"berth: error: setup-user: no such user '{name}'\n"
 
 
 def test_refuses_to_run_unprivileged(monkeypatch, capsys, shared_root):

@@ -11,6 +11,7 @@ import os
 import pwd
 import re
 
+from berth import units
 from berth.errors import BerthError
 
 _TRUE = {"1", "true", "yes", "y"}
@@ -180,16 +181,23 @@ class Config:
 
     def number(self, key):
         """The whole number `key` holds, within RANGES where it has one."""
-        try:
-            value = int(self._values[key])
-        except ValueError:
-            raise BerthError(f"{key}: expected a number, got {_shown(self._values[key])}") from None
-        low, high = RANGES.get(key, (None, None))
-        if low is not None and value < low:
-            raise BerthError(f"{key}: expected {low} or more, got {_shown(self._values[key])}")
-        if high is not None and value > high:
-            raise BerthError(f"{key}: expected at most {high}, got {_shown(self._values[key])}")
-        return value
+        return number_in_range(key, self._values[key], *RANGES.get(key, (None, None)))
+
+
+def number_in_range(name, text, low, high):
+    """The whole number (ASCII digits, a minus sign allowed) the setting
+    `name` holds as `text`, from `low` to `high` where they are not None;
+    one line naming the setting otherwise."""
+    digits = text.strip()
+    value = units.whole(digits.removeprefix("-"))
+    if value is None:
+        raise BerthError(f"{name}: expected a number, got {_shown(text)}")
+    value = -value if digits.startswith("-") else value
+    if low is not None and value < low:
+        raise BerthError(f"{name}: expected {low} or more, got {_shown(text)}")
+    if high is not None and value > high:
+        raise BerthError(f"{name}: expected at most {high}, got {_shown(text)}")
+    return value
 
 
 #: The numeric keys' ranges (low, high), both inclusive: beyond them a value

@@ -158,7 +158,7 @@ def pid_alive(pid):
     """Whether a process `pid` exists (another user's counts: EPERM)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # (past any pid: a name that says 9999999999)
         return False
     except OSError:
         return True

@@ -199,6 +199,9 @@ def test_docker_archive_with_several_images_needs_a_choice(tmp_path, env):
     check_root(tmp_path, tmp_path / "a.sqsh")
     one_line_error(berth(["import", f"docker-archive:{archive}:nope:v1"], env, tmp_path),
                    "no image tagged 'nope:v1'")
+    for index in ("@\u00b2", "@" + "9" * 5000):  # (str.isdigit() took both; int() did not)
+        one_line_error(berth(["import", f"docker-archive:{archive}:{index}"], env, tmp_path),
+                       f"no image {index}: it holds 2")
 
 
 def test_legacy_layer_shared_by_a_symlink(tmp_path, env):

@@ -618,9 +618,14 @@ def test_detached_entrypoint_that_never_execs_fails_cleanly(berth, entrypoint_ap
     assert berth.leftovers() == []
 
 
-def test_entrypoint_timeout_is_checked_first(berth, entrypoint_app):
-    berth.fails("start", "--detach", "--entrypoint", "app", env={"BERTH_ENTRYPOINT_TIMEOUT": "0"},
-                needle="BERTH_ENTRYPOINT_TIMEOUT: expected a number of seconds")
+# '²' passed str.isdigit() and failed int() (a traceback); 10**20 overflowed
+# signal.alarm (a traceback).
+@pytest.mark.parametrize("value, why", [("0", "expected 1 or more"),
+                                        ("\u00b2", "expected a number"),
+                                        ("99999999999999999999", "expected at most 86400")])
+def test_entrypoint_timeout_is_checked_first(berth, entrypoint_app, value, why):
+    berth.fails("start", "--detach", "--entrypoint", "app", env={"BERTH_ENTRYPOINT_TIMEOUT": value},
+                needle=f"BERTH_ENTRYPOINT_TIMEOUT: {why}, got '{value}'")
 
 
 # ENROOT_LOGIN_SHELL ----------------------------------------------------------

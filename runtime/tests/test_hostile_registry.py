@@ -147,6 +147,13 @@ def test_a_body_cut_short_of_its_content_length_is_a_broken_transfer():
     _check_complete(_Answer({}, 10))  # chunked or until close: urllib3 checks those
 
 
+@pytest.mark.parametrize("length", ["\u00b2", "9" * 5000])
+def test_a_content_length_int_refuses_is_no_number(length):
+    """'²' passed str.isdigit() and 5,000 digits int()'s limit: both were
+    ValueError tracebacks; no number, as an absent length."""
+    _check_complete(_Answer({"Content-Length": length}, 10))
+
+
 @pytest.mark.parametrize("what", ["manifest", "layer"])
 def test_a_stalled_answer_times_out(tmp_path, env, hostile, what):
     image = hostile.image("test/app", "v1", [LAYER])

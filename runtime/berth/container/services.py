@@ -21,6 +21,7 @@ import os
 import signal
 import time
 
+from berth import units
 from berth.container import entry
 from berth.errors import BerthError
 
@@ -40,11 +41,12 @@ def read(path):
         where = f"BERTH_SERVICES line {number}"
         if len(words) < 3 or words[0] != "tcp":
             raise BerthError(f"{where}: expected 'tcp PORT PROGRAM [ARG...]'")
-        if not words[1].isdigit() or not 0 < int(words[1]) < 65536:
+        port = units.whole(words[1])
+        if port is None or not 0 < port < 65536:
             raise BerthError(f"{where}: port '{words[1][:20]}' is not a number from 1 to 65535")
         if not words[2].startswith("/"):
             raise BerthError(f"{where}: program '{words[2]}' is not an absolute path")
-        services.append((int(words[1]), words[2:]))
+        services.append((port, words[2:]))
     return services
 
 

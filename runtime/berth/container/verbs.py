@@ -190,11 +190,9 @@ def _sorted_files(cfg, directory, suffix):
 
 
 def _entrypoint_timeout():
-    text = os.environ.get("BERTH_ENTRYPOINT_TIMEOUT", "60")
-    if not text.isdigit() or int(text) == 0:
-        raise BerthError(f"BERTH_ENTRYPOINT_TIMEOUT: expected a number of seconds, 1 or more, "
-                         f"got '{text}'")
-    return int(text)
+    # (signal.alarm takes no more than an unsigned int: the others' day at most)
+    return config.number_in_range("BERTH_ENTRYPOINT_TIMEOUT",
+                                  os.environ.get("BERTH_ENTRYPOINT_TIMEOUT", "60"), 1, 86400)
 
 
 def _plan(args, cfg, container, conf, uri=False):

@@ -34,6 +34,7 @@ import posixpath
 import re
 import stat
 
+from berth import units
 from berth.errors import BerthError
 from berth.image.reference import DIGEST
 
@@ -524,10 +525,11 @@ def _choose_docker(listing, archive):
             if isinstance(e.get("RepoTags") or [], list) else [] for e in listing]
     selector = archive.selector
     if selector.startswith("@"):
-        if not selector[1:].isdigit() or int(selector[1:]) >= len(listing):
+        index = units.whole(selector[1:])
+        if index is None or index >= len(listing):
             raise BerthError(f"no image {selector}: it holds {len(listing)} "
                              f"(@0 to @{len(listing) - 1})")
-        return listing[int(selector[1:])]
+        return listing[index]
     if selector:
         wanted = {selector, f"docker.io/{selector}", f"docker.io/library/{selector}"}
         for entry, names in zip(listing, tags):

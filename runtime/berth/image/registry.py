@@ -26,6 +26,7 @@ import stat
 import sys
 from urllib.parse import urlencode, urljoin, urlsplit
 
+from berth import units
 from berth.errors import AccessDenied, BerthError, ImageNotFound
 from berth.image.reference import DIGEST
 from berth.image.transport import (TLSError, TransferError, UntrustedCertificate, open_transport,
@@ -416,8 +417,7 @@ def _check_complete(response):
 
 def _content_length(response):
     """The Content-Length the server announces, or 0 when none or not a number."""
-    value = response.headers.get("Content-Length", "")
-    return int(value) if value.isdigit() else 0
+    return units.whole(response.headers.get("Content-Length", "")) or 0
 
 
 def _basic(login):

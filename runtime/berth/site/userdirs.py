@@ -35,7 +35,7 @@ import stat
 import sys
 import time
 
-from berth import config
+from berth import config, units
 from berth.errors import BerthError
 
 USER_KEYS = ("ENROOT_CACHE_PATH", "ENROOT_DATA_PATH", "ENROOT_RUNTIME_PATH", "ENROOT_CONFIG_PATH")
@@ -178,7 +178,8 @@ def _read_until(fd, deadline):
 
 def _lookup(name):
     try:
-        return pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+        uid = units.whole(name)
+        return pwd.getpwnam(name) if uid is None else pwd.getpwuid(uid)
     except KeyError:
         raise BerthError(f"setup-user: no such user '{name}'") from None
 

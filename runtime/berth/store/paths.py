@@ -94,8 +94,9 @@ def local_limit(cfg):
 def owner_uid(cfg):
     """The uid of BERTH_IMAGE_STORE_OWNER (a user name, or a uid)."""
     owner = cfg["BERTH_IMAGE_STORE_OWNER"].strip()
-    if owner.isdigit():
-        return int(owner)
+    uid = units.whole(owner)
+    if uid is not None and uid < 2 ** 32 - 1:  # (uid_t; -1 is none)
+        return uid
     try:
         return pwd.getpwnam(owner).pw_uid
     except KeyError:

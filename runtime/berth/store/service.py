@@ -30,7 +30,7 @@ import sys
 import time
 import types
 
-from berth import safedir
+from berth import safedir, units
 from berth.errors import AccessDenied, BerthError, ImageNotFound, Terminated, raise_terminated
 from berth.image import archive, parts, reference, registries, squash
 from berth.image.cache import ImageCache, human_size
@@ -197,8 +197,8 @@ def _imports_of(store, uid):
         hour_ago, imports = time.time() - 3600, []
         for line in f.read(1 << 20).splitlines():
             fields = line.split()
-            if len(fields) == 3 and all(field.isdigit() for field in fields):
-                row = tuple(map(int, fields))
+            row = tuple(map(units.whole, fields))
+            if len(row) == 3 and None not in row:
                 if row[0] > hour_ago:
                     imports.append(row)
         yield imports
