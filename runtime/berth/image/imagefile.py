@@ -31,6 +31,8 @@ def locate(path):
             image = sif.read(fd, path)
             return Squashfs(os.path.abspath(path), image.offset, image)
         raise BerthError(f"{path}: not a squashfs or SIF image")
+    except OSError as e:  # a "regular" file that cannot be read: /proc/self/mem (EIO)
+        raise BerthError(f"{path}: cannot read: {e.strerror}") from None
     finally:
         os.close(fd)
 
