@@ -4,12 +4,15 @@ made by the format's reference tool, siftool (the fixtures are
 test_container's). The signature object's bytes are made up (siftool
 cannot sign): Berth reports signatures and never verifies them."""
 
+import contextlib
 import os
 import random
 import shutil
+import signal
 import struct
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +21,7 @@ from berth.image import imagefile, sif
 from berth.image.imageconfig import goarch
 from test_container import (  # noqa: F401 (fixtures)
     AS_ROOT, _make_readable, _running, _world_readable_dir, berth, build_root, images, library,
-    squash, usable_fuse, user)
+    squash, start_detached, usable_fuse, user)
 
 FINGERPRINT = "433FE984155206BD962725E20E8713472A879943"
 ENV_SCRIPT = """\
@@ -184,6 +187,67 @@ def test_env_scripts_that_fail_or_hang_fail_the_start_in_one_line(berth, sifs):
     berth.fails("start", sifs / "sleeping.sif", "true", env={"BERTH_ENTRYPOINT_TIMEOUT": "1"},
                 needle="/.singularity.d/env scripts have not finished after 1 s")
     assert _running(berth.user.pw_uid, "sleep 301") == []
+
+
+# Env scripts that leave processes behind: one detached by setsid through a
+# double fork, a crowd in the background, a loop that keeps forking.
+DETACHING_SCRIPT = """\
+( setsid sleep 9991 & )
+i=0
+while [ "$i" -lt 300 ]; do sleep 9992 & i=$((i + 1)); done
+( setsid sh -c 'while :; do sleep 9993 & sleep 0.2; done # fork loop' & )
+export FROM_SIF=after-detaching
+"""
+LEFT = ("fork loop", "sleep 999")
+
+
+@pytest.fixture(scope="module")
+def detaching_sif():
+    top = _world_readable_dir("bctr-sifd-")
+    apptainer_root(top / "root", env_script=DETACHING_SCRIPT)
+    squash(top / "root", top / "detaching.sqsh")
+    make_sif(top / "detaching.sif", top / "detaching.sqsh")
+    _make_readable(top)
+    yield top / "detaching.sif"
+    shutil.rmtree(top)
+
+
+def left_behind(uid):
+    return [pid for needle in LEFT for pid in _running(uid, needle)]
+
+
+def kill_left_behind(uid):
+    for needle in LEFT:  # the loop first: it makes more
+        for pid in _running(uid, needle):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def test_what_env_scripts_start_ends_with_their_reading(berth, detaching_sif):
+    """Nothing the scripts start outlives the reading of what they export,
+    nor holds the caller's output: `berth start X.sif true | cat` ends."""
+    uid = berth.user.pw_uid
+    try:
+        process = subprocess.Popen(berth.command("start", detaching_sif, "sh", "-c",
+                                                 "echo $FROM_SIF"),
+                                   env=berth.env, cwd=berth.base, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        out, err = process.communicate(timeout=60)  # both pipes at their end
+        assert process.returncode == 0, err
+        assert out == "after-detaching\n"
+        assert left_behind(uid) == []
+        # a detached start (a Slurm step's): gone before its pid is printed
+        process, pid = start_detached(berth, detaching_sif)
+        try:
+            assert left_behind(uid) == []
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            assert b"FROM_SIF=after-detaching" in environ
+        finally:
+            process.stdin.close()
+            assert process.wait(timeout=30) == 0
+        assert berth.leftovers() == []
+    finally:
+        kill_left_behind(uid)
 
 
 def test_a_sif_file_is_a_data_image_for_a_sqsh_mount(berth, sifs, images):

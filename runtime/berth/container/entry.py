@@ -4,8 +4,11 @@ These run after pivot_root, when the host's Python library is out of reach:
 they use only what is imported already.
 """
 
+import fcntl
 import os
+import select
 import signal
+import time
 
 from berth import syscalls as sc
 from berth.container import mounts
@@ -134,6 +137,119 @@ def spawn(program, argv, env):
         finally:
             os._exit(127)
     return pid
+
+
+# What read_environment runs after `script`: a shell exec'd with what it
+# exported, that says so on fd 8 and then blocks on fd 9 (dash reaches fds
+# 0-9 only) while its /proc/PID/environ is read.
+_REPORT = "exec /bin/sh -c 'echo >&8; read -r _ <&9'"
+
+
+def read_environment(script, env, seconds):
+    """The environment /bin/sh has after running `script` from `env`, as
+    ("environ", {KEY: VALUE}), or ("exit", its exit status), or ("timeout",
+    None) after `seconds`.
+
+    The shell runs as pid 1 of a pid namespace of its own: when the reading
+    ends, the kernel kills everything it started, however it detached
+    (setsid, double forks, a fork loop). It gets stdin /dev/null and its
+    output through a pipe relayed to stderr, so nothing it leaves holds the
+    caller's descriptors. Needs CAP_SYS_ADMIN in the user namespace."""
+    result_r, result_w = os.pipe()
+    reader = os.fork()
+    if reader == 0:
+        try:
+            os.close(result_r)
+            sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
+            try:
+                outcome = _read_in_own_namespace(script, env, seconds)
+            except OSError as e:
+                outcome = [b"error", e.strerror.encode()]
+            _report(result_w, outcome)
+        finally:
+            os._exit(0)
+    os.close(result_w)
+    with os.fdopen(result_r, "rb") as f:
+        kind, _, value = f.read().partition(b" ")
+    os.waitpid(reader, 0)
+    if kind == b"environ":
+        pairs = (os.fsdecode(e).partition("=") for e in value.split(b"\0") if e)
+        return "environ", {key: value for key, _, value in pairs if key}
+    if kind == b"exit":
+        return "exit", int(value)
+    if kind == b"timeout":
+        return "timeout", None
+    raise BerthError(f"cannot read the environment the image's scripts make: "
+                     f"{value.decode(errors='replace') or 'the reader died'}")
+
+
+def _report(fd, words):
+    with os.fdopen(fd, "wb") as f:
+        f.write(b" ".join(words))
+
+
+def _read_in_own_namespace(script, env, seconds):
+    """read_environment's reader: forks the shell as pid 1 of a new pid
+    namespace, relays its output, reads its environment or its end; the
+    shell's end (killed at the latest when this one dies) ends the rest."""
+    sc.unshare(sc.CLONE_NEWPID)
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()  # the reporting shell's block; never written to
+    output_r, output_w = os.pipe()
+    shell = os.fork()
+    if shell == 0:
+        try:
+            sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
+            ready = fcntl.fcntl(ready_w, fcntl.F_DUPFD, 10)  # out of the way of the dup2s
+            hold = fcntl.fcntl(hold_r, fcntl.F_DUPFD, 10)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(output_w, 1)
+            os.dup2(output_w, 2)
+            os.dup2(ready, 8)
+            os.dup2(hold, 9)
+            os.closerange(3, 8)
+            os.closerange(10, os.sysconf("SC_OPEN_MAX"))
+            restore_signals()
+            os.execve("/bin/sh", ["/bin/sh", "-c", f"{script}\n{_REPORT}"], env)
+        finally:
+            os._exit(127)
+    for fd in (ready_w, hold_r, output_w):
+        os.close(fd)
+    ended = os.pidfd_open(shell)
+    deadline = time.monotonic() + seconds
+    watched, outcome = [ready_r, output_r, ended], None
+    while outcome is None:
+        left = deadline - time.monotonic()
+        ready = select.select(watched, [], [], max(left, 0))[0]
+        if output_r in ready and not _relay(output_r):
+            watched.remove(output_r)
+        if ready_r in ready:
+            if os.read(ready_r, 1):
+                with open(f"/proc/{shell}/environ", "rb") as f:
+                    outcome = [b"environ", f.read()]
+                break
+            watched.remove(ready_r)  # closed by the scripts: only its end can tell now
+        if ended in ready:
+            outcome = [b"exit", str(exit_code(os.waitpid(shell, 0)[1])).encode()]
+            shell = None
+        elif left <= 0:
+            outcome = [b"timeout"]
+    if shell:
+        os.kill(shell, signal.SIGKILL)
+        os.waitpid(shell, 0)  # returns once its namespace is empty
+    while _relay(output_r):  # what is left of the output: every writer is gone
+        pass
+    return outcome
+
+
+def _relay(fd):
+    """Copy what `fd` has to stderr; False at its end."""
+    chunk = os.read(fd, 65536)
+    try:
+        os.write(2, chunk)
+    except OSError:  # a closed stderr: the output is lost, the reading goes on
+        pass
+    return bool(chunk)
 
 
 def exit_code(wait_status):

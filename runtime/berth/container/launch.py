@@ -271,41 +271,25 @@ def _exec_keeper(pid, status, hold, env, entrypoint, shell):
 
 
 # An Apptainer image's environment: its scripts sourced in order, as
-# Apptainer's exec does, by the image's own shell; then a shell exec'd and
-# stopped, so that its /proc/PID/environ holds what they exported.
+# Apptainer's exec does, by the image's own shell.
 _APPTAINER_SOURCE = (f'for script in {rootfs.APPTAINER_ENV}/*.sh; do '
-                     'if [ -f "$script" ]; then . "$script"; fi; done; '
-                     "exec /bin/sh -c 'kill -STOP $$'")
+                     'if [ -f "$script" ]; then . "$script"; fi; done')
 
 
 def _apptainer_environment(env, seconds):
     """The environment the image's /.singularity.d/env scripts make of `env`,
-    run where the command would run (inside, filtered, as the user); their
-    output goes to stderr. A script that fails, or has not finished after
-    `seconds`, fails the start."""
-    pid = entry.spawn("/bin/sh", ["/bin/sh", "-c", _APPTAINER_SOURCE], env)
-
-    def too_late(*_):
-        _kill_tree(pid)  # what a script started would keep stderr open
+    run where the command would run (inside, filtered, as the user), in a
+    pid namespace of their own: what they start ends with the reading
+    (entry.read_environment); their output goes to stderr. A script that
+    fails, or has not finished after `seconds`, fails the start."""
+    kind, value = entry.read_environment(_APPTAINER_SOURCE, env, seconds)
+    if kind == "exit":
+        raise BerthError(f"the image's {rootfs.APPTAINER_ENV} scripts failed (/bin/sh "
+                         f"exit status {value})")
+    if kind == "timeout":
         raise BerthError(f"the image's {rootfs.APPTAINER_ENV} scripts have not finished "
                          f"after {seconds} s (BERTH_ENTRYPOINT_TIMEOUT)")
-    previous = signal.signal(signal.SIGALRM, too_late)
-    signal.alarm(seconds)
-    try:
-        _, status = os.waitpid(pid, os.WUNTRACED)
-        if not os.WIFSTOPPED(status):
-            raise BerthError(f"the image's {rootfs.APPTAINER_ENV} scripts failed (/bin/sh "
-                             f"exit status {os.waitstatus_to_exitcode(status)})")
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            made = f.read()
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-        with contextlib.suppress(ProcessLookupError, ChildProcessError):
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    pairs = (os.fsdecode(entry).partition("=") for entry in made.split(b"\0") if entry)
-    return {key: value for key, _, value in pairs if key}
+    return value
 
 
 def _login_shell(env):
