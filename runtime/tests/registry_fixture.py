@@ -130,7 +130,7 @@ class Registry:
 
 def layer_tar(*entries):
     """A tar from entries: ("dir", name, mode), ("file", name, data[, mode]),
-    ("symlink", name, target), ("hardlink", name, target), ("char", name),
+    ("symlink", name, target), ("hardlink", name, target), ("char", name[, major, minor]),
     ("fifo", name)."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -146,8 +146,9 @@ def layer_tar(*entries):
             elif kind in ("symlink", "hardlink"):
                 info.type = tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE
                 info.linkname = rest[0]
-            elif kind == "char":
-                info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 1, 3
+            elif kind == "char":  # (major, minor) 1, 3 unless given
+                info.type = tarfile.CHRTYPE
+                info.devmajor, info.devminor = rest if rest else (1, 3)
             elif kind == "fifo":
                 info.type = tarfile.FIFOTYPE
             tar.addfile(info, io.BytesIO(data) if data is not None else None)

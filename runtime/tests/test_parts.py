@@ -6,6 +6,7 @@ user (test_container's fixtures), as test_start_uri.py does.
 """
 
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -16,11 +17,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import gzipped, layer_tar  # noqa: E402
+from berth.image import parts  # noqa: E402
+from registry_fixture import gzipped, layer_tar, listing  # noqa: E402
 from test_container import (  # noqa: E402, F401 (fixtures)
     berth, berth_pid, build_root, images, library, usable_fuse, user)
 from test_start_uri import (  # noqa: E402, F401 (fixtures)
-    HOST_ARCH, busybox_layer, pulling, registry, uri_of)
+    HOST_ARCH, busybox_layer, detached, pulling, registry, uri_of)
 
 CONFIG = {"architecture": HOST_ARCH, "os": "linux",
           "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]}}
@@ -47,11 +49,18 @@ HOSTILE_TOP = layer_tar(
 
 
 @pytest.fixture(scope="module")
-def tags(registry):
+def lower_layers():
+    """The lower layers every tag shares (busybox's, SHARED), made once:
+    busybox's layer holds the times it was made at."""
+    return [busybox_layer(), gzipped(SHARED)]
+
+
+@pytest.fixture(scope="module")
+def tags(registry, lower_layers):
     """test/app: v1 (busybox, SHARED, a plain top), v2 (the same two, the
     hostile top), v3 (a top writing a part's name at the root), v4 (another
     plain top)."""
-    lower = [busybox_layer(), gzipped(SHARED)]
+    lower = lower_layers
     tops = {"v1": layer_tar(("file", "v1", b"1\n")), "v2": HOSTILE_TOP,
             "v3": layer_tar(("dir", ".berth-top.1", 0o755), ("file", ".berth-top.1/x", b"x\n")),
             "v4": layer_tar(("file", "v4", b"4\n"))}
@@ -177,3 +186,136 @@ def test_a_third_tag_builds_on_the_newest_entry_and_quiet_says_nothing(pulling, 
     assert top_parts(entry) == [".berth-top.1", ".berth-top.2", ".berth-top.3"]
     shown = berth("start", entry, "sh", "-c", "cat /v4 /data/gone; ls /opq; test ! -e /v1")
     assert shown.returncode == 0 and shown.stdout == "4\nx\nold1\nold2\n", shown.stderr
+
+
+# -- what an image's layers hold never makes a part (nor what Berth reports) --
+
+FORGED_DIGEST = "sha256:" + "0" * 64
+
+
+def forged_part(number, device=False):
+    """Entries of a lower layer posing as top part `number`: its marker (a
+    plain file, or a character device 0/0 as Berth's), an image.json that
+    claims another source and digest, and a file to show it was seen."""
+    part = f".berth-top.{number}"
+    record = json.dumps({"source": "docker://nvcr.io#nvidia/pytorch:24.01",
+                         "digest": FORGED_DIGEST}).encode()
+    marker = ("char", f"{part}/{part}", 0, 0) if device else ("file", f"{part}/{part}", b"")
+    return (("dir", part, 0o755), marker, ("dir", f"{part}/etc", 0o755),
+            ("dir", f"{part}/etc/berth", 0o755),
+            ("file", f"{part}/etc/berth/image.json", record), ("file", f"{part}/seen", b"seen\n"))
+
+
+@pytest.fixture(scope="module")
+def forging(registry, lower_layers):
+    """test/forge: images whose lower layers carry directories posing as
+    parts, each with a plain top layer of its own (/top)."""
+    top = gzipped(layer_tar(("file", "top", b"top\n")))
+    lowers = {
+        # the shape that forged the digest: a lower layer, the marker a plain file
+        "nine": [*lower_layers, gzipped(layer_tar(*forged_part(9)))],
+        # the marker a device 0/0 (a layer's devices are skipped), named as part 1
+        "one": [lower_layers[0], gzipped(layer_tar(*forged_part(1, device=True),
+                                                   *forged_part(8)))],
+    }
+    return {tag: registry.push_image("test/forge", tag, [*lower, top], CONFIG)
+            for tag, lower in lowers.items()}
+
+
+@pytest.mark.parametrize("tag", ["nine", "one"])
+@pytest.mark.parametrize("sibling", [False, True], ids=["alone", "after-a-sibling-tag"])
+def test_no_layer_can_choose_the_digest_berth_reports(pulling, proxy, tags, forging, tag,
+                                                     sibling):
+    berth = pulling
+    if sibling:  # test/app:v1 shares the lower layers of test/forge:nine
+        cache_import(berth, uri_of(proxy, "test/app:v1"))
+    uri = uri_of(proxy, f"test/forge:{tag}")
+    result = cache_import(berth, uri, "--digest")
+    assert "whole, not as parts" in result.stderr and "touches /.berth-top." in result.stderr
+    entry, digest = result.stdout.split()
+    assert digest == forging[tag] != FORGED_DIGEST
+    assert not parts.top_of_file(entry)  # a plain entry: the directories are the image's
+    process, said, _ = detached(berth, "--reuse", uri)
+    process.stdin.close()
+    assert said == f"{forging[tag]} cached\n" and process.wait(timeout=30) == 0
+    # it runs with exactly what its layers hold, the posing directories included
+    part = ".berth-top.9" if tag == "nine" else ".berth-top.1"
+    shown = berth("start", entry, "sh", "-c", f"cat /top /{part}/seen; "
+                  f"grep -c {FORGED_DIGEST} /{part}/etc/berth/image.json; "
+                  "grep -c nvcr /etc/berth/image.json || true")
+    assert shown.returncode == 0 and shown.stdout == "top\nseen\n1\n0\n", shown.stderr
+    berth.ok("create", "-n", "forged", entry)
+    assert (berth.base / "data/forged/top").read_text() == "top\n"
+
+
+TOUCHING_TOPS = {
+    "file": layer_tar(("file", ".berth-top.1", b"mine\n")),
+    "whiteout": layer_tar(("file", ".wh..berth-top.1", b""), ("file", ".wh..berth-top.2", b""),
+                          ("file", "after", b"after\n")),
+    "symlink": layer_tar(("symlink", "to_part", ".berth-top.1"),
+                         ("file", "to_part/x", b"x\n")),
+    "opaque": layer_tar(("file", ".wh..wh..opq", b""), ("file", "only", b"only\n")),
+}
+
+
+@pytest.fixture(scope="module")
+def touching(registry, lower_layers):
+    """test/app tags of the shared lower layers whose top layer touches a
+    part's name at the root (TOUCHING_TOPS)."""
+    return {kind: registry.push_image("test/app", f"touch-{kind}", [*lower_layers, gzipped(top)],
+                                      CONFIG)
+            for kind, top in TOUCHING_TOPS.items()}
+
+
+@pytest.mark.parametrize("kind", sorted(TOUCHING_TOPS))
+def test_a_new_tag_touching_a_parts_name_is_imported_whole(pulling, proxy, tags, touching, kind):
+    berth = pulling
+    cache_import(berth, uri_of(proxy, "test/app:v1"))
+    result = cache_import(berth, uri_of(proxy, f"test/app:touch-{kind}"), "--digest")
+    assert "whole, not as parts" in result.stderr and "touches /.berth-top." in result.stderr
+    entry, digest = result.stdout.split()
+    assert "2 of 3 layers are in" in result.stderr  # (its base was found first)
+    assert digest == touching[kind] and not parts.top_of_file(entry)
+    if kind == "opaque":  # nothing of the lower layers is left to run: its tree says it
+        shown = listing(entry).split()
+        assert "/only" in shown and "/bin" not in shown and "/data" not in shown, shown
+        return
+    script = {"file": "cat /.berth-top.1", "whiteout": "cat /after /data/keep",
+              "symlink": "cat /to_part/x /.berth-top.1/x"}[kind]
+    shown = berth("start", entry, "sh", "-c", script)
+    expected = {"file": "mine\n", "whiteout": "after\nkeep\n", "symlink": "x\nx\n"}[kind]
+    assert shown.returncode == 0 and shown.stdout == expected, shown.stderr
+
+
+def test_a_part_is_a_directory_holding_its_own_whiteout_whatever_else_is_named_so(tmp_path):
+    """The one definition every reader uses (parts._is_part): names and
+    plain files, newlines in names that would forge a listing's line
+    included, never make a part."""
+    root = tmp_path / "root"
+    forged = root / ".berth-top.5" / "a\ncrw-r--r-- root/root 0,  0 2026-01-01 00:00 squashfs-root"
+    (forged / ".berth-top.5").mkdir(parents=True)
+    (forged / ".berth-top.5/.berth-top.5").write_text("")
+    (root / ".berth-top.5/.berth-top.5").write_text("")
+    (root / ".berth-top.1").mkdir()
+    image = tmp_path / "image.sqsh"
+    subprocess.run(["mksquashfs", root, image, "-quiet", "-no-progress", "-p",
+                    ".berth-top.1/.berth-top.1 c 0000 0 0 0 0"], check=True)
+    assert parts.top_of_file(str(image)) == ".berth-top.1"
+    (root / ".berth-top.1/.berth-top.1").write_text("")  # a plain file: no part at all
+    subprocess.run(["mksquashfs", root, image, "-quiet", "-no-progress", "-noappend"],
+                   check=True)
+    assert parts.top_of_file(str(image)) is None
+
+
+def test_a_base_whose_root_holds_names_of_the_image_posing_as_parts_is_not_built_on(tmp_path):
+    """An entry made before layers were guarded: its own `.berth-top.*`
+    names would be hidden or renamed by the next part."""
+    lower = tmp_path / "lower"
+    (lower / ".berth-top.1").mkdir(parents=True)
+    os.mknod(lower / ".berth-top.1/.berth-top.1", stat.S_IFCHR | 0o600, 0)
+    parts.check_lower(str(lower), 2)  # a part below the new one: fine
+    with pytest.raises(parts.Unavailable, match="/.berth-top.1 at its root"):
+        parts.check_lower(str(lower), 1)
+    (lower / ".berth-top.3").mkdir()
+    with pytest.raises(parts.Unavailable, match="/.berth-top.3 at its root"):
+        parts.check_lower(str(lower), 2)

@@ -100,14 +100,16 @@ class Room:
         self.left -= needed
 
 
-def apply_layer(root, path, digest, gzip_program, room=None):
+def apply_layer(root, path, digest, gzip_program, room=None, guard=None):
     """Apply the layer file `path` (tar, gzip or zstd) to `root`, within
-    `room` (a Room) where one is given."""
+    `room` (a Room) where one is given; guard(path, digest), where given,
+    is called with each path the layer would make, change, remove or link
+    to, before it does (it raises to refuse the layer)."""
     with open(path, "rb") as f:
         command = decompressor(f.read(4), gzip_program)
     with open(path, "rb") as raw:
         if command is None:
-            _apply_tar(root, raw, digest, room)
+            _apply_tar(root, raw, digest, room, guard)
             return
         try:
             proc = subprocess.Popen(command, stdin=raw, stdout=subprocess.PIPE,
@@ -117,7 +119,7 @@ def apply_layer(root, path, digest, gzip_program, room=None):
                 from None
         tar_error = None
         try:
-            _apply_tar(root, proc.stdout, digest, room)
+            _apply_tar(root, proc.stdout, digest, room, guard)
             # tar ends with zero blocks; drain the rest so the program exits cleanly.
             while proc.stdout.read(1 << 16):
                 pass
@@ -139,7 +141,7 @@ def apply_layer(root, path, digest, gzip_program, room=None):
                              f"{stderr.splitlines()[-1] if stderr else f'exit {status}'}")
 
 
-def _apply_tar(root, stream, digest, room):
+def _apply_tar(root, stream, digest, room, guard):
     created = set()  # host paths this layer made: an opaque marker spares them
     dir_times = {}
     try:
@@ -147,7 +149,8 @@ def _apply_tar(root, stream, digest, room):
             for member in archive:
                 if room is not None:
                     room.take(member.name, member.size if member.isreg() else 0, digest)
-                _apply_member(root, archive, member, created, dir_times, digest)
+                _apply_member(root, archive, member, created, dir_times, digest,
+                              guard or _anything)
     except (tarfile.TarError, EOFError, ValueError, OverflowError) as e:
         # (a malformed header can surface as any of these from tarfile)
         raise BerthError(f"layer {digest} is not a valid tar archive: {e}") from None
@@ -194,7 +197,11 @@ def _remove(path):
         os.unlink(path)
 
 
-def _apply_member(root, archive, member, created, dir_times, digest):
+def _anything(path, digest):
+    """The guard of a layer applied with none: every path is the layer's."""
+
+
+def _apply_member(root, archive, member, created, dir_times, digest, guard):
     name = _entry_name(member.name, digest)
     parent_name, base = posixpath.split(name.rstrip("/"))
     if base == OPAQUE:
@@ -203,17 +210,21 @@ def _apply_member(root, archive, member, created, dir_times, digest):
             for child in os.listdir(directory):
                 child_path = os.path.join(directory, child)
                 if child_path not in created:
+                    guard(child_path, digest)
                     _remove(child_path)
         return
     if base.startswith(WHITEOUT):
         hidden = base[len(WHITEOUT):]
         if hidden in ("", ".", ".."):
             raise BerthError(f"layer {digest}: whiteout '{name}' names no file")
-        _remove(resolve(root, posixpath.join(parent_name, hidden)))
+        hidden_path = resolve(root, posixpath.join(parent_name, hidden))
+        guard(hidden_path, digest)
+        _remove(hidden_path)
         return
     if member.ischr() or member.isblk():
         return  # devices come from the host at start, never from an image
     target = resolve(root, name) if base not in ("", ".") else root
+    guard(target, digest)
     if target[len(root):].count("/") > MAX_DEPTH:
         raise BerthError(f"layer {digest}: '{_shorten(name)}' lies more than {MAX_DEPTH} "
                          "directories deep; refusing the layer")
@@ -242,6 +253,7 @@ def _apply_member(root, archive, member, created, dir_times, digest):
         os.symlink(member.linkname, target)
     elif member.islnk():
         source = resolve(root, _entry_name(member.linkname, digest, "hard link target"))
+        guard(source, digest)
         if not os.path.lexists(source):
             raise BerthError(f"layer {digest}: hard link '{name}' to missing "
                              f"'{member.linkname}'")

@@ -40,6 +40,9 @@ PREFIX = ".berth-top."
 MAX_TOPS = 8  # parts a file may gather through new tags before a whole import
 _DIGIT = "[1-9]"  # a part's number: one digit, MAX_TOPS at most
 _NAME = re.compile(rf"{re.escape(PREFIX)}({_DIGIT})")
+# a marker in `unsquashfs -lls`: a character device 0/0 named as its part
+_MARKER_LINE = re.compile(
+    rf"c\S+ +\S+ +0, +0 .* squashfs-root/({re.escape(PREFIX)}({_DIGIT}))/\1")
 # squashfuse's low-level server shows the inode numbers of the file (hard
 # links as one inode, which `cp -a` in unpack() keeps); the other does not.
 _SQUASHFUSE = "squashfuse_ll" if shutil.which("squashfuse_ll") else "squashfuse"
@@ -61,28 +64,30 @@ def name(number):
     return f"{PREFIX}{number}"
 
 
-def top_number(names):
-    """The highest part number among a root's `names` (0: none)."""
-    numbers = [int(m.group(1)) for m in map(_NAME.fullmatch, names) if m]
-    return max(numbers, default=0)
+def _is_part(root, number):
+    """Whether `.berth-top.N` in the mounted `root` is a part of Berth's:
+    it holds the whiteout of its own name, a character device 0/0. That
+    is the one definition of a part: an import makes no device files (a
+    layer's are skipped), so no image can make one, whatever it names."""
+    try:
+        marker = os.lstat(os.path.join(root, name(number), name(number)))
+    except OSError:
+        return False
+    return stat.S_ISCHR(marker.st_mode) and marker.st_rdev == 0
 
 
 def top_of_mounted(root):
     """The top part's name in the mounted squashfs `root`, or None for a
-    plain image: the highest `.berth-top.N` that holds the whiteout of its
-    own name. (The kernel refuses lower directories of which one holds
-    another: the top is stacked from a second mount of the same file.)"""
+    plain image: the highest part (_is_part). (The kernel refuses lower
+    directories of which one holds another: the top is stacked from a
+    second mount of the same file.)"""
     try:
-        number = top_number(os.listdir(root))
+        names = os.listdir(root)
     except OSError:
         return None
-    if not number:
-        return None
-    try:
-        marker = os.lstat(os.path.join(root, name(number), name(number)))
-    except OSError:
-        return None
-    return name(number) if stat.S_ISCHR(marker.st_mode) and marker.st_rdev == 0 else None
+    numbers = [int(m.group(1)) for m in map(_NAME.fullmatch, names) if m]
+    numbers = [number for number in numbers if _is_part(root, number)]
+    return name(max(numbers)) if numbers else None
 
 
 def top_of_file(image):
@@ -94,17 +99,16 @@ def top_of_file(image):
 
 def top_number_of_file(image):
     """The number of the top part in the squashfs file `image` (0: a plain
-    image): the highest `.berth-top.N` that holds the whiteout of its own
-    name, as top_of_mounted() finds it in a mounted one."""
-    # (no -max-depth: squashfs-tools before 4.5 lack it; a top part is small)
-    listing = subprocess.run(["unsquashfs", "-l", image, f"{PREFIX}{_DIGIT}"],
+    image): its highest part, as _is_part() defines one in a mounted file."""
+    # Only the markers' own paths are listed (the filter admits no other
+    # name, so none of the image's, newlines and all, can forge a line).
+    listing = subprocess.run(["unsquashfs", "-lls", image, f"{PREFIX}{_DIGIT}/{PREFIX}{_DIGIT}"],
                              capture_output=True, check=False)
     if listing.returncode != 0:
         return 0
-    names = listing.stdout.decode(errors="replace").splitlines()
-    number = top_number([line.split("/")[1] for line in names if line.count("/") == 1])
-    marker = f"squashfs-root/{name(number)}/{name(number)}"
-    return number if number and marker in names else 0
+    lines = listing.stdout.decode(errors="replace").splitlines()
+    numbers = [int(m.group(2)) for m in map(_MARKER_LINE.fullmatch, lines) if m]
+    return max(numbers, default=0)
 
 
 def whiteouts(number):
@@ -153,7 +157,7 @@ def apply_over(lowers, merged, apply, upper=None, work=None, image=None, mount_p
             status = 0
         except BerthError as e:
             said = b"error " + str(e).encode(errors="replace")
-        except OSError as e:
+        except (Unavailable, OSError) as e:
             said = b"unavailable " + str(e).encode(errors="replace")
         except BaseException as e:  # noqa: B036 - the child must reach os._exit
             said = b"unavailable " + repr(e).encode(errors="replace")
@@ -201,12 +205,38 @@ def _own_namespace():
     sc.mount("none", "/", None, sc.MS_REC | sc.MS_PRIVATE)
 
 
+def guard(root):
+    """apply_layer's guard for a tree that holds parts or will: a layer
+    that would make, change, remove or link to a `.berth-top.*` name at
+    the root is Unavailable. Such an image is imported whole, where the
+    name is one of the image's like any other (only a part's marker, which
+    no layer can make, makes a directory of that name a part)."""
+    def check(path, digest):
+        first = os.path.relpath(path, root).split(os.sep, 1)[0]
+        if first.startswith(PREFIX):
+            raise Unavailable(f"layer {digest} touches /{first}")
+    return check
+
+
+def check_lower(root, number):
+    """Refuse (Unavailable) the lower tree `root` of top part `number` when
+    a `.berth-top.*` name at its root is not a part below `number` (an
+    entry made before layers were guarded: its whiteouts would hide the
+    name, an append of the same name would be renamed)."""
+    for entry in os.listdir(root):
+        match = _NAME.fullmatch(entry)
+        below = match and int(match.group(1)) < number and _is_part(root, int(match.group(1)))
+        if entry.startswith(PREFIX) and not below:
+            raise Unavailable(f"the image has /{entry} at its root")
+
+
 def check_top(upper):
     """Refuse (Unavailable) a top part that cannot be stacked as it is: one
-    where a layer wrote a `.berth-top.*` name at the root (the whiteouts
-    would hide it), or that has Berth's image.json elsewhere than at
-    etc/berth (a symbolic link in the lower tree led it away: readers of
-    the file look for it there)."""
+    with a `.berth-top.*` name at the root (the layers are guarded; Berth's
+    own image files are not, and a lower symbolic link could lead them
+    there), or that has Berth's image.json elsewhere than at etc/berth (a
+    symbolic link in the lower tree led it away: readers of the file look
+    for it there)."""
     taken = [entry for entry in os.listdir(upper) if entry.startswith(PREFIX)]
     if taken:
         raise Unavailable(f"the image has /{taken[0]} at its root")

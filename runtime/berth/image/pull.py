@@ -112,11 +112,11 @@ def _build(args, cfg, registry, ref, manifest, digest, image, keep_free, images,
     squash.require_space(os.path.dirname(image), total // 2, "the squashfs image")
     room = Room(temp) if keep_free else None
 
-    def unpack(root, chosen):
+    def unpack(root, chosen, guard=None):
         for layer_digest, _ in tqdm(chosen, desc="unpacking", unit="layer",
                                     disable=not show_progress):
             apply_layer(root, cache.path(layer_digest), layer_digest,
-                        cfg["ENROOT_GZIP_PROGRAM"], room)
+                        cfg["ENROOT_GZIP_PROGRAM"], room, guard)
 
     build = _Build(args, cfg, image, layers, unpack, image_config, show_progress)
     with unpack_dir(temp) as workdir:
@@ -161,7 +161,11 @@ class _Build:
         if len(self.layers) < 2:
             raise parts.Unavailable("one layer: nothing for a later tag to share")
         os.mkdir(root, 0o755)
-        self.unpack(root, self.layers[:-1])
+        try:
+            self.unpack(root, self.layers[:-1], parts.guard(root))
+        except parts.Unavailable:
+            shutil.rmtree(root)  # (some of the lower layers: the whole import starts anew)
+            raise
         upper = self._top(workdir, root, self.layers[-1:], 1)
         base = f"{self.image}.tmp-{os.getpid()}-base"
         try:
@@ -196,7 +200,8 @@ class _Build:
         os.mkdir(work, 0o700)
 
         def apply(merged):
-            self.unpack(merged, layers)
+            parts.check_lower(lower, number)  # (the overlay hides the parts' markers)
+            self.unpack(merged, layers, parts.guard(merged))
             write_image_config(merged, self.image_config)
 
         try:
