@@ -126,6 +126,27 @@ def test_a_moved_tag_sharing_the_lower_layers_is_stored_as_its_new_layer_and_run
         top_parts(stored_entry(f"{PUBLIC_REPO}@{first}")) + 1
 
 
+def test_no_layer_chooses_the_digest_the_store_and_the_plugin_report(store):
+    # an image whose lower layer poses as a part claiming another digest
+    forged = "sha256:" + "0" * 64
+    tag = f"forged-{RUN}"
+    digest = push_layer(tag, "forged", forged)
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={CONTROLLER}:5000#{PUBLIC_REPO}:{tag}"
+               " cat /opt/berth-tag /.berth-top.9/seen", "alice")
+    assert job.rc == 0 and sorted(job.stdout.split()) == ["forged"] * 2 + ["seen"] * 2, \
+        job.stderr
+    sources = listed_sources()
+    assert f"{PUBLIC_REPO}@{digest}" in sources and "nvcr.io" not in sources, sources
+    # stored whole: its /.berth-top.9 is a directory of the image's, no part
+    entry = stored_entry(f"{PUBLIC_REPO}@{digest}")
+    listing = node(COMPUTE[0]).check_output(f"unsquashfs -l -max-depth 1 {entry}").split()
+    assert [name for name in listing if ".berth-top." in name] == \
+        ["squashfs-root/.berth-top.9"], listing
+    for name in COMPUTE:  # the step's digest, as the plugin logs it
+        log = node(name).check_output("tail -n 80 /var/log/slurm/slurmd.log")
+        assert f"digest {digest}" in log and forged not in log, log
+
+
 def stored_entry(source):
     [entry] = [line.split()[-1] for line in listed_sources().splitlines() if source in line]
     return entry
@@ -382,9 +403,11 @@ def test_a_tag_moved_between_two_jobs_runs_the_new_image(store):
 # A new tag of the public image: its layers and one more, a gzip layer with
 # the file /opt/berth-tag, pushed as a registry client would (Python's
 # urllib on the controller; the lower layers' blobs are the repository's).
+# With `forged` (a digest), a layer before that one poses as a part of
+# Berth's: /.berth-top.9 with a marker and an image.json of that digest.
 LAYER_PUSH = r"""
 import sys
-repo, base, tag, text = sys.argv[1:]
+repo, base, tag, text, forged = sys.argv[1:]
 """ + PUT_BLOB + r"""
 def get(path, accept=""):
     reply = urllib.request.urlopen(urllib.request.Request(
@@ -394,21 +417,30 @@ body, media = get(f"manifests/{base}", "application/vnd.oci.image.manifest.v1+js
                   "application/vnd.docker.distribution.manifest.v2+json")
 manifest = json.loads(body)
 config = json.loads(get(f"blobs/{manifest['config']['digest']}")[0])
-raw = io.BytesIO()
-with tarfile.open(fileobj=raw, mode="w") as tar:
-    opt = tarfile.TarInfo("opt")
-    opt.type, opt.mode = tarfile.DIRTYPE, 0o755
-    tar.addfile(opt)
-    data = text.encode() + b"\n"
-    info = tarfile.TarInfo("opt/berth-tag")
-    info.size, info.mode = len(data), 0o644
-    tar.addfile(info, io.BytesIO(data))
-config["rootfs"]["diff_ids"].append("sha256:" + hashlib.sha256(raw.getvalue()).hexdigest())
-config.setdefault("history", []).append({"created_by": "a layer of berth's test"})
 layer_type = ("application/vnd.docker.image.rootfs.diff.tar.gzip" if "docker" in media
               else "application/vnd.oci.image.layer.v1.tar+gzip")
-manifest["layers"].append({"mediaType": layer_type,
-                           **put_blob(gzip.compress(raw.getvalue(), mtime=0))})
+def add_layer(dirs, files):
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name in dirs:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    config["rootfs"]["diff_ids"].append("sha256:" + hashlib.sha256(raw.getvalue()).hexdigest())
+    config.setdefault("history", []).append({"created_by": "a layer of berth's test"})
+    manifest["layers"].append({"mediaType": layer_type,
+                               **put_blob(gzip.compress(raw.getvalue(), mtime=0))})
+if forged != "-":
+    part = ".berth-top.9"
+    record = json.dumps({"source": "docker://nvcr.io#nvidia/pytorch:24.01", "digest": forged})
+    add_layer([part, f"{part}/etc", f"{part}/etc/berth"],
+              {f"{part}/{part}": b"", f"{part}/etc/berth/image.json": record.encode(),
+               f"{part}/seen": b"seen\n"})
+add_layer(["opt"], {"opt/berth-tag": text.encode() + b"\n"})
 manifest["config"].update(put_blob(json.dumps(config).encode()))
 body = json.dumps(manifest).encode()
 urllib.request.urlopen(urllib.request.Request(
@@ -418,11 +450,12 @@ print("sha256:" + hashlib.sha256(body).hexdigest())
 """
 
 
-def push_layer(tag, text):
+def push_layer(tag, text, forged="-"):
     """PUBLIC's image with one more layer (/opt/berth-tag holding `text`) as
-    PUBLIC_REPO:TAG; the tag's digest."""
+    PUBLIC_REPO:TAG, and with `forged` a layer posing as a part below it
+    (LAYER_PUSH); the tag's digest."""
     return node(CONTROLLER).check_output(
-        f"python3 - {PUBLIC_REPO} 1 {tag} {text} <<'EOF'\n{LAYER_PUSH}EOF")
+        f"python3 - {PUBLIC_REPO} 1 {tag} {text} {forged} <<'EOF'\n{LAYER_PUSH}EOF")
 
 
 def prestage_task(output):
