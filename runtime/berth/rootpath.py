@@ -5,6 +5,7 @@ leaves the root: layer unpacking, mount targets and image files all rely on it.
 """
 
 import collections
+import errno
 import os
 import stat
 
@@ -16,7 +17,9 @@ _MAX_SYMLINKS = 40
 def resolve(root, name, follow_last=False, what=None):
     """Host path of `name` in `root`, following symlinks with `root` as `/`.
     A `..` above `/` stays at `/`, as in the container; with `what` (a mount
-    destination, say) it is refused instead, naming `what` and `name`."""
+    destination, say) it is refused instead, naming `what` and `name`, with
+    the words of EXDEV, which enroot's realpathat() fails such a path with
+    (and scripts grep for)."""
     pending = collections.deque(p for p in name.split("/") if p not in ("", "."))
     parts = []
     followed = 0
@@ -26,7 +29,8 @@ def resolve(root, name, follow_last=False, what=None):
             if parts:
                 parts.pop()
             elif what:
-                raise BerthError(f"{what} {name} escapes the container root")
+                raise BerthError(f"{what} {name} escapes the container root: "
+                                 f"{os.strerror(errno.EXDEV)}")
             continue
         path = os.path.join(root, *parts, part)
         if not pending and not follow_last:

@@ -337,7 +337,8 @@ def test_mounts_from_options_and_fstab(berth, app):
 
 
 @pytest.mark.parametrize("spec, needle", [
-    ("{host}:../up", "-m {host}:../up: mount destination ../up escapes the container root"),
+    ("{host}:../up", "-m {host}:../up: mount destination ../up escapes the container root: "
+     "Invalid cross-device link"),
     ("{host}:a/../../up", "-m {host}:a/../../up: mount destination a/../../up escapes the"),
     ("{host}:/x:ro:extra", "-m {host}:/x:ro:extra: expected SRC[:DST[:FLAGS]]"),
     (":/x", "-m :/x: expected SRC[:DST[:FLAGS]]"),
@@ -777,6 +778,14 @@ echo "hook chatter"
 def test_failing_hook_aborts_and_is_named(berth, app):
     hook = berth.write("cfg/hooks.d/30-broken.sh", "#!/bin/sh\nexit 3\n", mode=0o755)
     berth.fails("start", "app", "true", needle=f"hook {hook} failed with exit status 3")
+    # its last line is the reason, in berth's one line; what it said before stays before it
+    berth.write("cfg/hooks.d/30-broken.sh", "#!/bin/sh\necho chatter\necho 'site hook: why' >&2\n"
+                "echo >&2\nexit 1\n", mode=0o755)
+    result = berth("start", "app", "true")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == "chatter\nberth: error: hook 30-broken.sh: site hook: why\n"
+    berth.write("cfg/hooks.d/30-broken.sh", "#!/bin/sh\necho 'only why' >&2\nexit 1\n", mode=0o755)
+    berth.fails("start", "app", "true", needle="berth: error: hook 30-broken.sh: only why")
     berth.write("cfg/hooks.d/30-broken.sh",
                 "#!/bin/sh\necho '/tmp ../../rel none bind' >> $ENROOT_MOUNTS\n", mode=0o755)
     berth.fails("start", "app", "true", needle="mount destination ../../rel escapes the container root")

@@ -75,6 +75,15 @@ def test_umount_removes_a_default_or_mounts_d_mount(berth, app, host):
                 needle="umount:DST takes no flag but nofail, got 'ro'")
 
 
+def test_umount_comes_after_the_hooks_mounts(berth, app, host):
+    """As under pyxis and enroot: `umount:/root` of the job removes what the
+    home hook mounted there (--container-mount-home with a remapped root)."""
+    berth.write("sys/hooks.d/10-home.sh", f"#!/bin/sh\necho '{host} /root none rbind,x-create=dir' "
+                ">>\"$ENROOT_MOUNTS\"\n", mode=0o755)
+    assert berth.ok("start", "app", "ls", "/root") == "in\n"
+    assert berth.ok("start", "-m", "umount:/root", "app", "ls", "/root") == ""
+
+
 def test_fstab_lines_may_leave_out_the_type(berth, app, host):
     berth.write("cfg/mounts.d/10-short.fstab", f"tmpfs /tmp\n{host} /work rbind,ro\n")
     out = berth.ok("start", "app", "sh", "-c", "cat /work/in; grep -E ' /(tmp|work) ' "

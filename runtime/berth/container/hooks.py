@@ -22,7 +22,10 @@ every ENROOT_* setting and:
                     it is ready, which must listen on PORT (services.py)
   BERTH_RUNTIME_DIR a private scratch directory removed when the container ends
   BERTH_UID, BERTH_GID  the ids the container's processes will have inside
-A hook that exits non-zero aborts the start. Its output goes to stderr.
+A hook that exits non-zero aborts the start, in one line: its last line of
+output is the reason (`hook NAME: LINE`); what it printed before goes to
+stderr, as all the output of a hook that succeeds does (stdout too: that
+of --detach is the pid line). The output is held until the hook ends.
 
 The container's variables never become the hook's own: an image's Env
 (BASH_ENV, LD_PRELOAD, PATH...) or `-e` is data in $ENROOT_ENVIRON, read as
@@ -46,16 +49,37 @@ def find(cfg):
 
 
 def run(hooks, env):
+    for hook in hooks:
+        status, output = _run_one(hook, env)
+        reason = b""
+        if status:  # its last line is why
+            before, _, reason = output.rstrip().rpartition(b"\n")
+            output = before + b"\n" if before else b""
+        sys.stderr.flush()
+        with open(sys.stderr.fileno(), "wb", closefd=False) as stderr:
+            stderr.write(output)
+        if reason:
+            raise BerthError(f"hook {os.path.basename(hook)}: "
+                             f"{reason.decode(errors='replace').strip()}")
+        if status:
+            raise BerthError(f"hook {hook} failed with exit status {status}")
+
+
+def _run_one(hook, env):
+    """Run `hook` with its stdout and stderr in a file (not a pipe: what it
+    leaves running cannot hold the start): (its exit status, its output)."""
     # posix_spawn rather than subprocess: every start runs every hook, and
     # subprocess costs an import of its own.
-    null = (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
-    to_stderr = (os.POSIX_SPAWN_DUP2, sys.stderr.fileno(), 1)  # stdout may be the --detach pid line
-    for hook in hooks:
+    output = os.memfd_create("hook-output")
+    try:
         try:
-            pid = os.posix_spawn(hook, [hook], env, file_actions=[null, to_stderr],
-                                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+            pid = os.posix_spawn(hook, [hook], env, file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, output, 1), (os.POSIX_SPAWN_DUP2, output, 2)],
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
         except OSError as e:
             raise BerthError(f"hook {hook}: cannot run: {e.strerror}") from None
         status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        if status:
-            raise BerthError(f"hook {hook} failed with exit status {status}")
+        return status, os.pread(output, os.fstat(output).st_size, 0)
+    finally:
+        os.close(output)

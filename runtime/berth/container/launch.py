@@ -187,12 +187,16 @@ def _build(plan, status):
     env.update(image["env"])
     private_dev = bool(plan.unshare & sc.CLONE_NEWIPC)
     links = rootfs.dev_links(plan.restrict_dev, private_dev)
-    for mount in rootfs.system_mounts(plan.restrict_dev, private_dev) + plan.mounts:
+    late = [m for m in plan.mounts if mounts.after_hooks(m)]
+    now = [m for m in plan.mounts if not mounts.after_hooks(m)]
+    for mount in rootfs.system_mounts(plan.restrict_dev, private_dev) + now:
         server = mounts.apply(root, mount)  # a sqsh mount's squashfuse
         if server:
             _send(status, f"fuse {server}")
     rootfs.make_dev_links(root, links)
     wanted = _run_hooks(plan, root, env) if plan.hooks else []
+    for mount in late:  # a -m umount: may remove what a hook mounted (/root), as under enroot
+        mounts.apply(root, mount)
     env.update(plan.env)
     if not plan.writable:
         mounts.remount_readonly(root)

@@ -13,7 +13,9 @@ than a bind, what is not in it goes to the filesystem as mount data
                       from the current directory)
   SRC                 the same, at the same path inside
   tmpfs:DST[:OPTS]    a fresh tmpfs, OPTS also tmpfs's (size=, mode=, huge=...)
-  umount:DST          remove what an earlier mount (built-in, mounts.d) put at DST
+  umount:DST          remove what is mounted at DST: applied last, after the
+                      hooks' mounts too (the home hook's /root, say), as
+                      under pyxis and enroot
   SRC:DST:sqsh        mount the squashfs image SRC (or a SIF file's partition) read-only at DST
 FLAGS and OPTS are joined by '+' (or ',').
 
@@ -30,8 +32,8 @@ DST) and sqsh.
 
 A destination is resolved inside the root with symlinks read with the root
 as `/`; one that still climbs above it (a `..` past `/`) is refused when it
-is mounted, naming it. `$VAR`/`${VAR}` in an fstab line expand from the
-container's environment.
+is mounted, naming it, with enroot's words for it (EXDEV's).
+`$VAR`/`${VAR}` in an fstab line expand from the container's environment.
 
 The FUSE servers are started here (mount_fuse): squashfuse for a sqsh mount
 and for a start's image (mount_squashfs), fuse-overlayfs for rootfs.py's
@@ -39,6 +41,7 @@ overlay where the kernel refuses one.
 """
 
 import collections
+import errno
 import os
 import re
 import signal
@@ -154,10 +157,13 @@ def read_fstab(path, environ):
     return found
 
 
+_SPEC_ORIGIN = "-m "
+
+
 def parse_spec(spec, cwd=None):
     """One `-m` spec (see the module's doc) as a Mount; a relative SRC is
     taken from `cwd` (default: the current directory)."""
-    origin = f"-m {spec}"
+    origin = f"{_SPEC_ORIGIN}{spec}"
     parts = spec.split(":")
     if len(parts) == 1:
         parts = [spec, os.path.abspath(os.path.join(cwd or os.getcwd(), spec))]
@@ -187,6 +193,11 @@ def parse_spec(spec, cwd=None):
         return Mount(source, target, "squashfs", ("x-create=dir", "ro", *flags), origin)
     recursion = () if "bind" in flags else ("rbind",)
     return Mount(source, target, "none", (*recursion, "x-create=auto", *flags), origin)
+
+
+def after_hooks(mount):
+    """Whether `mount` is applied after the hooks' mounts: a `-m umount:DST`."""
+    return mount.is_umount and mount.origin.startswith(_SPEC_ORIGIN)
 
 
 def locked_flags(path):
@@ -223,7 +234,8 @@ def _open_inside(root, path, name):
     top = os.path.realpath(root)
     if real != top and not real.startswith(top.rstrip("/") + "/"):
         os.close(fd)
-        raise BerthError(f"mount destination {name} escapes the container root")
+        raise BerthError(f"mount destination {name} escapes the container root: "
+                         f"{os.strerror(errno.EXDEV)}")
     return fd
 
 
