@@ -25,7 +25,7 @@
 # dropbear, the port is not one from 1024 to 65535 or is taken (by another
 # step's or another user's server: the runtime then checks that what
 # listens there is its own), no key would let anyone in, the key file is
-# not a small regular file, or the host key cannot be made. Knobs, from the
+# not a small regular file she can read, or the host key cannot be made. Knobs, from the
 # environment of berth start: BERTH_LDCONFIG (command printing the ld.so
 # cache, default: ldconfig -p), BERTH_SSH_SERVER (default: dropbear from
 # /usr/sbin:/usr/bin).
@@ -88,7 +88,8 @@ chmod 600 "$keys"
 add_keys() { # FILE WHAT
     [ -f "$1" ] || die "$2: '${1//[^[:print:]]/?}' is not a regular file"
     [ "$(stat -L -c %s -- "$1")" -le "$key_limit" ] || die "$2: $1 is larger than $key_limit bytes"
-    head -c "$key_limit" -- "$1" >>"$keys"
+    head -c "$key_limit" -- "$1" >>"$keys" 2>/dev/null ||
+        die "$2: '${1//[^[:print:]]/?}' cannot be read by this user"
     echo >>"$keys"
 }
 if [ -n "$node_home" ] && [ -f "$node_home/.ssh/authorized_keys" ]; then

@@ -87,9 +87,8 @@ host_library() {
     ${ldconfig:-ldconfig -p} | awk -v name="$1" '$1 == name && /x86-64|64bit/ { print $NF; exit }'
 }
 
-refused() { # VARIABLE OUTPUT: the hook's one line names VARIABLE, berth's follows
-    [ "$(wc -l <<<"$2")" = 2 ] && head -n1 <<<"$2" | grep -q "^nvidia hook: $1" &&
-        tail -n1 <<<"$2" | grep -q '^berth: error: hook .*90-nvidia.sh failed'
+refused() { # VARIABLE OUTPUT: berth's one line, the hook's reason naming VARIABLE
+    [ "$(wc -l <<<"$2")" = 1 ] && grep -q "^berth: error: hook 90-nvidia.sh: nvidia hook: $1" <<<"$2"
 }
 
 median_ms() { # COMMAND...: the median of five runs, in milliseconds
@@ -159,8 +158,8 @@ run_checks() {
         sh -c 'nvidia-smi -L && ! grep libcuda /proc/self/mountinfo' 2>&1) && rc=0 || rc=$?
     check "NVIDIA_DRIVER_CAPABILITIES=utility: nvidia-smi, no libcuda" "$rc" "$out"
 
-    # A refusal is the hook's line naming the variable, then berth's line
-    # naming the hook that failed (as enroot says which hook failed).
+    # A refusal is berth's one line naming the hook that failed (as enroot
+    # says which hook failed), then the hook's reason naming the variable.
     out=$(as_job -- start -e "NVIDIA_VISIBLE_DEVICES=$count" gpucheck true 2>&1) && rc=1 || rc=0
     refused NVIDIA_VISIBLE_DEVICES "$out" || rc=1
     check "a GPU the node lacks (NVIDIA_VISIBLE_DEVICES=$count) is refused, named" "$rc" "$out"

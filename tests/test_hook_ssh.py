@@ -200,16 +200,14 @@ def test_off_by_default(node, user):
     assert f"{15263:04X}" not in result.stdout and servers(15263) == []
 
 
-def refused(result, needle):
-    """The hook's one line (then the runtime's that names the hook), or the
-    runtime's alone: the line naming `needle`."""
+def refused(result, needle, by_hook=True):
+    """The runtime's one line naming `needle`; the hook's refusal carries its
+    reason there (`hook 87-ssh.sh: ssh hook: ...`), the line a Slurm step shows."""
     assert result.returncode == 1 and result.stdout == "", (result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
-    if lines[0].startswith("ssh hook: "):
-        assert len(lines) == 2 and lines[1].startswith("berth: error: hook "), result.stderr
-        assert "87-ssh.sh failed" in lines[1]
-    else:
-        assert len(lines) == 1 and lines[0].startswith("berth: error: "), result.stderr
+    assert len(lines) == 1, result.stderr
+    prefix = "berth: error: hook 87-ssh.sh: ssh hook: " if by_hook else "berth: error: "
+    assert lines[0].startswith(prefix), result.stderr
     assert needle in lines[0], result.stderr
     return lines[0]
 
@@ -234,12 +232,27 @@ def test_a_bad_port_is_refused_naming_the_annotation(node, user, value):
 
 
 def test_bad_key_files_are_refused_in_one_line(node, user, keys):
-    base = {"BERTH_HOOK_SSH_ENABLE": "yes", "BERTH_HOOK_SSH_PORT": str(free_port())}
+    # refused before the server is used: any program stands in for dropbear
+    base = {"BERTH_HOOK_SSH_ENABLE": "yes", "BERTH_HOOK_SSH_PORT": str(free_port()),
+            "BERTH_SSH_SERVER": "/bin/true"}
     fifo = node / "keys.fifo"
     os.mkfifo(fifo)
     big = node / "big.pub"
     big.write_text("ssh-ed25519 AAAA x\n" * 5000)
+    huge = node / "huge.pub"  # 200 MB, sparse
+    with open(huge, "wb") as f:
+        f.truncate(200 << 20)
+    # another user's file, through a link of hers: the hook reads as she does
+    theirs = node / "theirs.pub"
+    theirs.write_text((keys / "stranger.pub").read_text())
+    theirs.chmod(0o600)
+    link = node / "cfg/link.pub"
+    link.symlink_to(theirs)
+    os.lchown(link, user.pw_uid, user.pw_gid)
     for path, needle in ((fifo, "is not a regular file"), (big, "larger than 65536 bytes"),
+                         (huge, "larger than 65536 bytes"), (node, "is not a regular file"),
+                         ("/dev/zero", "is not a regular file"),
+                         (link, f"'{link}' cannot be read by this user"),
                          ("relative.pub", "is not an absolute path"),
                          (node / "missing.pub", "is not a regular file")):
         result = start(node, user, "true",
@@ -290,7 +303,7 @@ def test_a_service_runs_beside_the_command_and_ends_with_it(node, user):
 def test_a_service_that_cannot_start_fails_the_start_in_one_line(node, user, line, needle):
     services_hook(node, line)
     result = start(node, user, "true")
-    assert refused(result, needle).startswith("berth: error: ")
+    refused(result, needle, by_hook=False)
     assert list((node / "run").iterdir()) == []
 
 
@@ -300,4 +313,5 @@ def test_a_service_port_another_process_holds_is_refused(node, user):
         other.listen()
         port = other.getsockname()[1]
         services_hook(node, f"tcp {port} /bin/nc -l -p {port}")
-        refused(start(node, user, "true"), f"TCP port {port} is taken by another process")
+        refused(start(node, user, "true"), f"TCP port {port} is taken by another process",
+                by_hook=False)
