@@ -71,6 +71,17 @@ def setns(fd, nstype=0):
     _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
 
 
+#: What no directory named in overlay's mount options may hold: ',' ends an
+#: option, ':' a lower directory, '\\' escapes them (fuse-overlayfs, which
+#: stands in for the kernel's overlay, reads no escapes).
+OVERLAY_UNSAFE = ",:\\"
+
+
+def overlay_unsafe(path):
+    """Whether `path` cannot be named in overlay's options (OVERLAY_UNSAFE)."""
+    return any(c in path for c in OVERLAY_UNSAFE)
+
+
 def mount(source, target, fstype=None, flags=0, data=None):
     def enc(s):
         return None if s is None else os.fsencode(s)

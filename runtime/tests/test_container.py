@@ -452,6 +452,23 @@ def test_native_overlayfs_no_takes_fuse_overlayfs_as_enroot_does(berth, images, 
     assert berth.leftovers() == []
 
 
+# A ',' or ':' in a directory named in overlay's options split them:
+# fuse-overlayfs took `x=y` for options ("unknown argument ignored"), then
+# failed ("Transport endpoint is not connected").
+@pytest.mark.parametrize("native", ["yes", "no"])
+def test_overlay_options_never_split_at_a_paths_comma_or_colon(berth, images, native):
+    odd = berth.base / "co:lon,x=y"
+    berth.fails("start", images / "app.sqsh", "true",
+                env={"ENROOT_NATIVE_OVERLAYFS": native, "ENROOT_RUNTIME_PATH": str(odd)},
+                needle=f"ENROOT_RUNTIME_PATH {odd}: a path with ',', ':' or '\\' cannot be")
+    assert not odd.exists()
+    named = berth.base / "a,b:c\\d.sqsh"  # the start's directory is named after it
+    shutil.copy(images / "app.sqsh", named)
+    berth.chown(named)
+    assert berth.ok("start", named, "echo", "ok", env={"ENROOT_NATIVE_OVERLAYFS": native}) == "ok\n"
+    assert berth.leftovers() == []
+
+
 @pytest.mark.skipif(not AS_ROOT, reason="mounts over /dev/fuse")
 def test_image_start_says_when_fuse_is_unusable(berth, images):
     """/dev/fuse at 0600 in a mount namespace of this start's own (a root-owned

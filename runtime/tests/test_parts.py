@@ -319,3 +319,17 @@ def test_a_base_whose_root_holds_names_of_the_image_posing_as_parts_is_not_built
     (lower / ".berth-top.3").mkdir()
     with pytest.raises(parts.Unavailable, match="/.berth-top.3 at its root"):
         parts.check_lower(str(lower), 2)
+
+
+@pytest.mark.parametrize("lowers, upper", [("{t}/a,b:{t}/c", None), ("{t}/a:{t}/b\\c", None),
+                                           ("{t}/a", "{t}/co:lon,x=y")])
+def test_an_overlays_directory_that_would_split_its_options_is_refused(tmp_path, lowers, upper):
+    """A ',' in a directory ends overlay's option there, a ':' a lower
+    directory: refused before any mount (the import goes whole)."""
+    def never(merged):
+        raise AssertionError("applied")
+    t = str(tmp_path)
+    with pytest.raises(parts.Unavailable, match="a path with ',', ':' or '.' cannot be an "
+                                                "overlay's directory"):
+        parts.apply_over(lowers.format(t=t), f"{t}/merged", never,
+                         upper=upper and upper.format(t=t), work=f"{t}/work")

@@ -207,6 +207,9 @@ def _plan(args, cfg, container, conf, uri=False):
     root = None if is_image else _container_root(cfg, container)
     writable = args.rw or cfg.flag("ENROOT_ROOTFS_WRITABLE")
     unpack = is_image and writable and _writable_image() == "unpack"
+    if is_image and not unpack and sc.overlay_unsafe(cfg["ENROOT_RUNTIME_PATH"]):
+        raise BerthError(f"ENROOT_RUNTIME_PATH {cfg['ENROOT_RUNTIME_PATH']}: a path with ',', "
+                         "':' or '\\' cannot be an overlay's directory (the image's root is one)")
     if is_image and not unpack and not os.access("/dev/fuse", os.R_OK | os.W_OK):
         raise BerthError(f"/dev/fuse is not usable by uid {os.getuid()}: starting {container} "
                          "without unpacking needs it with mode 0666 (or use berth create)")
@@ -251,8 +254,9 @@ def _plan(args, cfg, container, conf, uri=False):
     if uri:  # from here on, as a start of the image cache's IMAGE.sqsh
         container = _pulled(args, cfg, container)
         plan.image = image = imagefile.locate(container)
-    # an image's file name, made a safe directory name (the start's, for berth list)
-    label = "".join(c if c.isprintable() and c != "/" else "_"
+    # an image's file name, made a safe directory name (the start's, for berth
+    # list) that overlay's options (sc.OVERLAY_UNSAFE) can hold
+    label = "".join(c if c.isprintable() and c not in f"/{sc.OVERLAY_UNSAFE}" else "_"
                     for c in os.path.basename(container))[:NAME_MAX]
     try:
         plan.runtime = _fresh_dir(base, label)

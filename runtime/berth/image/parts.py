@@ -127,6 +127,10 @@ def apply_over(lowers, merged, apply, upper=None, work=None, image=None, mount_p
     served at each of `mount_points` first. Unavailable when the namespace,
     squashfuse or the overlay cannot be had; apply's BerthError comes back
     as one."""
+    for directory in (*lowers.split(":"), upper or "", work or ""):
+        if sc.overlay_unsafe(directory):
+            raise Unavailable(f"{directory}: a path with ',', ':' or '\\' cannot be an "
+                              "overlay's directory")
     options = f"lowerdir={lowers},userxattr"
     if upper is not None:
         # volatile: its unmount syncs nothing (else the whole file system the
