@@ -238,6 +238,7 @@ def test_create_list_remove(berth, images):
     (["{images}/not-an-image.sqsh"], "not-an-image.sqsh: not a squashfs or SIF image"),
     (["{images}"], "is a directory"),
     (["docker://ubuntu"], "docker://ubuntu: No such file"),
+    (["-n", "x", ""], "berth: error: '': an empty path is no image file"),
     (["-n", "", "{images}/app.sqsh"], "invalid container name ''"),
     (["-n", ".hidden", "{images}/app.sqsh"], "invalid container name '.hidden'"),
     (["-n", "a/b", "{images}/app.sqsh"], "invalid container name 'a/b'"),

@@ -40,6 +40,8 @@ def locate(path):
 def open_regular(path):
     """`path` opened for reading, refused in one line unless it is a regular
     file (opening a FIFO would block; a directory would fail later)."""
+    if not path:  # (else the line would start ": No such file")
+        raise BerthError("'': an empty path is no image file")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
