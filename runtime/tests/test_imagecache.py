@@ -20,9 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
     Registry, berth, berth_env, gzipped, imports_at_once, layer_tar, listing, unsquash)
 
-from berth import cli  # noqa: E402
+from berth import cli, config  # noqa: E402
 from berth.errors import BerthError  # noqa: E402
 from berth.image import cache as cache_module  # noqa: E402
+from berth.image import squash  # noqa: E402
 from berth.image.imageconfig import read_image_config  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
@@ -710,3 +711,29 @@ def test_a_killed_builds_partial_file_goes_with_the_next_build(tmp_path, env, pr
     assert again.stdout == first.stdout and entry.exists()
     assert not partial.exists()
     assert other.exists()
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 512 KiB tmpfs of the test's own."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount_point)],
+                   check=True)
+    yield mount_point
+    subprocess.run(["umount", str(mount_point)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+def test_a_full_file_system_is_named_not_mksquashfs_last_line(tmp_path, small_filesystem):
+    """The error quoted mksquashfs's last line, `Creating 4.0 filesystem`
+    (its stdout, flushed after its error)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "noise").write_bytes(os.urandom(2 << 20))  # (random: it does not compress)
+    output = small_filesystem / "image.sqsh"
+    with pytest.raises(BerthError) as error:
+        squash.make_squashfs(str(root), str(output), config.load({}), show_progress=False)
+    assert str(error.value).startswith(f"mksquashfs failed for {output}: the file system "
+                                       f"mounted at {small_filesystem} is full (")
+    assert os.listdir(small_filesystem) == []

@@ -99,10 +99,8 @@ def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=
             finally:
                 result.stdout.close()
         if result.returncode != 0:
-            lines = (said or "").strip().splitlines()
             raise BerthError(f"mksquashfs failed for {output}: "
-                             f"{lines[-1] if lines else f'exit {result.returncode}'} "
-                             f"({free_bytes(output)} bytes free in {os.path.dirname(output)})")
+                             f"{_failure(said, result.returncode, output)}")
         os.chmod(partial, 0o644 & ~umask())
         os.rename(partial, output)
     except FileNotFoundError as e:
@@ -112,6 +110,23 @@ def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=
     finally:
         if os.path.lexists(partial):
             os.unlink(partial)
+
+
+def _failure(said, returncode, output):
+    """Why mksquashfs failed, from what it said: its error lines (stderr)
+    come before its buffered stdout's (`Creating 4.0 filesystem ...`), so
+    its last line is no reason; a full file system is named as such."""
+    lines = (said or "").strip().splitlines()
+    directory = os.path.dirname(os.path.abspath(output))
+    if any("No space left on device" in line for line in lines):
+        mount_point = directory
+        while not os.path.ismount(mount_point):
+            mount_point = os.path.dirname(mount_point)
+        return (f"the file system mounted at {mount_point} is full "
+                f"({free_bytes(output)} bytes free in {directory})")
+    reasons = [line for line in lines if line.startswith("FATAL ERROR")] or lines
+    return (f"{reasons[-1] if reasons else f'exit {returncode}'} "
+            f"({free_bytes(output)} bytes free in {directory})")
 
 
 def _relay_progress(stream, show):
