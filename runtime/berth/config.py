@@ -10,6 +10,8 @@ USER (the caller's), so a site can write per-user paths.
 import os
 import pwd
 import re
+import secrets
+import stat
 
 from berth import units
 from berth.errors import BerthError
@@ -29,7 +31,10 @@ def _defaults(env):
     home = env.get("HOME") or os.path.expanduser("~")
     runtime_dir = _xdg(env, "XDG_RUNTIME_DIR", f"/run/user/{uid}")
     if "XDG_RUNTIME_DIR" not in env and not os.access(runtime_dir, os.W_OK):
-        runtime_dir = os.path.join(env.get("TMPDIR") or "/tmp", f"berth-{uid}")
+        tmp = env.get("TMPDIR") or "/tmp"
+        # (a new name, made by safedir.ensure with mkdir, is found here next time)
+        runtime_dir = (private_runtime_dirs(tmp, uid)
+                       or [os.path.join(tmp, f"berth-{uid}.{secrets.token_hex(8)}")])[0]
     return {
         "ENROOT_LIBRARY_PATH": os.path.dirname(os.path.realpath(__file__)),
         "ENROOT_SYSCONF_PATH": "/etc/enroot",
@@ -89,6 +94,30 @@ def _defaults(env):
         "BERTH_HOOK_SSH_ENABLE": "no",
         "BERTH_HOOK_SSH_PORT": "15263",
     }
+
+
+def private_runtime_dirs(tmp, uid):
+    """The runtime directories of `uid` where it has no /run/user/UID: in
+    `tmp`, world-writable, each `berth-UID.RANDOM` that is a directory of
+    its own, 0700, in name order. No other user can guess such a name to
+    take or block it first (as /tmp/berth-UID could be, by a link, a
+    directory, a file or a FIFO), and any of that form that is not the
+    user's own is passed over. Two first starts at once may make one each:
+    both are then looked in for running starts (container/verbs.running)."""
+    prefix = f"berth-{uid}."
+    try:
+        names = sorted(n for n in os.listdir(tmp) if n.startswith(prefix))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        try:
+            st = os.lstat(os.path.join(tmp, name))
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+            found.append(os.path.join(tmp, name))
+    return found
 
 
 def _which(program):

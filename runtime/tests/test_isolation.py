@@ -39,7 +39,7 @@ def one_error_line(result, *needles):
 def fallback(berth, tmp_path):
     """berth's environment without XDG_RUNTIME_DIR nor ENROOT_RUNTIME_PATH, and a
     TMPDIR like /tmp (sticky, world-writable): the runtime dir falls back to
-    $TMPDIR/berth-UID. Returns (run, that path)."""
+    $TMPDIR/berth-UID.RANDOM. Returns (run, $TMPDIR)."""
     if os.access(f"/run/user/{berth.user.pw_uid}", os.W_OK):
         pytest.skip("the test user has a /run/user directory")
     tmp = _world_readable_dir("bsec-tmp-")
@@ -50,40 +50,68 @@ def fallback(berth, tmp_path):
     def run(*args):
         return subprocess.run(berth.command(*args), env=env, cwd=berth.base,
                               capture_output=True, text=True, timeout=60, check=False)
-    yield run, tmp / f"berth-{berth.user.pw_uid}"
+    yield run, tmp
     shutil.rmtree(tmp)
 
 
-def test_fallback_runtime_dir_is_made_private(fallback, app):
-    run, runtime = fallback
+def runtime_dirs(tmp, uid):
+    return sorted(tmp.glob(f"berth-{uid}.*"))
+
+
+def test_fallback_runtime_dir_is_made_private_and_found_again(fallback, app, berth):
+    run, tmp = fallback
+    for _ in range(2):
+        result = run("start", "app", "true")
+        assert result.returncode == 0, result.stderr
+        [runtime] = runtime_dirs(tmp, berth.user.pw_uid)  # the second start found the first's
+        st = os.lstat(runtime)
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
+        assert st.st_uid == berth.user.pw_uid
+
+
+# Another user's /tmp/berth-UID, made first, made every start of hers refuse
+# until he removed it: her runtime directory's name is one he cannot guess,
+# and what he makes in its form (he can guess the prefix) is passed over.
+@needs_root
+@pytest.mark.parametrize("planted", ["symlink", "dir-0777", "dir-0700", "file", "fifo"])
+def test_no_user_can_take_or_block_anothers_fallback_runtime_dir(fallback, app, berth, planted):
+    run, tmp = fallback
+    uid = berth.user.pw_uid
+    target = berth.base / "host"  # the caller's own dir, 0755, for the link
+    make = {"symlink": ["ln", "-s", str(target)], "dir-0777": ["mkdir", "-m", "0777"],
+            "dir-0700": ["mkdir", "-m", "0700"], "file": ["touch"], "fifo": ["mkfifo"]}[planted]
+    planted_paths = [tmp / f"berth-{uid}", tmp / f"berth-{uid}.0", tmp / f"berth-{uid}.zz"]
+    for path in planted_paths:  # as the other user, an ordinary one
+        subprocess.run(["runuser", "-u", "nobody", "--", *make, str(path)], check=True)
     result = run("start", "app", "true")
     assert result.returncode == 0, result.stderr
-    st = os.lstat(runtime)
-    assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
-    assert st.st_uid == os.stat(app).st_uid
-
-
-@needs_root
-@pytest.mark.parametrize("mode", [0o777, 0o700])
-def test_another_users_fallback_runtime_dir_is_refused(fallback, app, mode):
-    """Made first by another user: world-writable (it could swap the per-start
-    dir and its environ file) or private (it would block every start)."""
-    run, runtime = fallback
-    runtime.mkdir()
-    runtime.chmod(mode)
-    os.chown(runtime, NOBODY, NOBODY)
-    one_error_line(run("start", "app", "true"), str(runtime))
-    assert list(runtime.iterdir()) == []  # nothing of ours went in there
-
-
-@needs_root
-def test_planted_symlink_runtime_dir_is_refused(fallback, app, berth):
-    run, runtime = fallback
-    target = berth.base / "host"  # the caller's own dir, 0755
-    runtime.symlink_to(target)
-    os.lchown(runtime, NOBODY, NOBODY)
-    one_error_line(run("start", "app", "true"), str(runtime), "symlink")
+    [runtime] = [p for p in runtime_dirs(tmp, uid) if p not in planted_paths]
+    assert os.lstat(runtime).st_uid == uid
+    for path in planted_paths:  # untouched, and nothing of hers went in there
+        st = os.lstat(path)
+        assert st.st_uid == NOBODY
+        if stat.S_ISDIR(st.st_mode):
+            assert list(path.iterdir()) == []
     assert list(target.iterdir()) == []
+
+
+def test_two_first_starts_at_once_each_see_the_others_start(fallback, app, berth):
+    """Each may have made a fallback directory: `list -f` (and `remove`'s
+    check that a container is not running) looks in both."""
+    run, tmp = fallback
+    uid = berth.user.pw_uid
+    assert run("start", "app", "true").returncode == 0
+    second = tmp / f"berth-{uid}.{'f' * 16}"  # (made as the other start would have)
+    subprocess.run(["runuser", "-u", berth.user.pw_name, "--", "mkdir", "-m", "0700",
+                    str(second), str(second / "enroot")], check=True)
+    process, pid = start_detached(berth, "app", env={"ENROOT_RUNTIME_PATH": f"{second}/enroot"})
+    try:
+        result = run("list", "-f")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[1].split()[:2] == ["app", str(pid)]
+    finally:
+        process.stdin.close()
+        assert process.wait(timeout=10) == 0
 
 
 @needs_root

@@ -391,13 +391,16 @@ def running(cfg):
     found = {}
     base = cfg["ENROOT_RUNTIME_PATH"]
     safedir.check_if_present(base, "ENROOT_RUNTIME_PATH")
-    for start in _entries(base):
-        try:
-            pid = int(_read_text(f"{base}/{start}/state"))
-        except (OSError, ValueError):
-            continue
-        if os.path.exists(f"/proc/{pid}"):
-            found.setdefault(start.rsplit(".", 1)[0], []).append(pid)
+    parent = os.path.dirname(base)
+    fallbacks = config.private_runtime_dirs(os.path.dirname(parent), os.getuid())
+    for base in [f"{d}/enroot" for d in fallbacks] if parent in fallbacks else [base]:
+        for start in _entries(base):
+            try:
+                pid = int(_read_text(f"{base}/{start}/state"))
+            except (OSError, ValueError):
+                continue
+            if os.path.exists(f"/proc/{pid}"):
+                found.setdefault(start.rsplit(".", 1)[0], []).append(pid)
     return found
 
 
