@@ -18,8 +18,8 @@
 # BERTH_HOOK_SSH_AUTHORIZE_SSH_KEY (com.hooks.ssh.authorize_ssh_key) names;
 # never by password. The host key is the user's own, made once in
 # $ENROOT_CONFIG_PATH/ssh and kept: every node and job shows the same one.
-# A session lands in the container with its environment (PATH and preloads,
-# which dropbear resets, through /usr/local/berth/ssh/session).
+# A session lands in the container with the environment its tasks get (the
+# runtime's BERTH_READY_ENVIRON, sourced by /usr/local/berth/ssh/session).
 #
 # Fails the start, in one line, when it is on and: the node has no
 # dropbear, the port is not one from 1024 to 65535 or is taken (by another
@@ -136,28 +136,37 @@ done < <("$loader" --list "$server" 2>/dev/null)
 bind "$host_key" "$top/host_key" bind,ro,nosuid,nodev,noexec,x-create=file
 bind "$keys" "$home/.ssh/authorized_keys" bind,ro,nosuid,nodev,noexec,x-create=file
 
-# The session: the container's PATH and preloads back (dropbear sets its
-# own PATH; the runtime starts services without the image's preloads),
-# then the user's shell, with the client's command if it sent one. Written
-# into the container's root: the runtime directory may be noexec.
-host_path=$PATH
-container_env PATH LD_PRELOAD LD_AUDIT
-container_path=${PATH:-/usr/local/bin:/usr/bin:/bin}
-PATH=$host_path
-quoted() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
+# The session: the environment the container's tasks get, from the file
+# the runtime fills once the container is ready (dropbear passes on only
+# its own variables: no -e), over dropbear's variables of the session,
+# which stay (its terminal, where it comes from); then the user's shell,
+# with the client's command if it sent one, else interactive as a task's
+# shell is (the login shell's profile already ran for the container).
+# Written into the container's root: the runtime directory may be noexec.
+plain_path BERTH_READY_ENVIRON "${BERTH_READY_ENVIRON:?}"
+bind "$BERTH_READY_ENVIRON" "$top/environment" bind,ro,nosuid,nodev,noexec,x-create=file
 session=$ENROOT_ROOTFS$top/session
 make_in_root "${session%/*}"
 rm -f -- "$session"
 {
     echo '#!/bin/sh'
-    echo "PATH=$(quoted "$container_path"); export PATH"
-    for name in LD_PRELOAD LD_AUDIT; do
-        if [ -n "${!name:-}" ]; then echo "$name=$(quoted "${!name}"); export $name"; fi
-    done
-    # shellcheck disable=SC2016 # expanded by the session's shell
-    echo 'if [ -n "${SSH_ORIGINAL_COMMAND:-}" ]; then exec "$SHELL" -c "$SSH_ORIGINAL_COMMAND"; fi'
-    # shellcheck disable=SC2016
-    echo 'exec "$SHELL"'
+    echo "environment=$top/environment"
+    cat <<'EOF'
+if [ ! -s "$environment" ]; then
+    echo "ssh hook: the container is not ready yet: try again" >&2
+    exit 1
+fi
+berth_shell=$SHELL berth_command=${SSH_ORIGINAL_COMMAND-} berth_term=${TERM-}
+berth_client=${SSH_CLIENT-} berth_connection=${SSH_CONNECTION-} berth_tty=${SSH_TTY-}
+unset SSH_ORIGINAL_COMMAND
+. "$environment"
+if [ -n "$berth_term" ]; then export TERM="$berth_term"; fi
+if [ -n "$berth_client" ]; then export SSH_CLIENT="$berth_client"; fi
+if [ -n "$berth_connection" ]; then export SSH_CONNECTION="$berth_connection"; fi
+if [ -n "$berth_tty" ]; then export SSH_TTY="$berth_tty"; fi
+if [ -n "$berth_command" ]; then exec "$berth_shell" -c "$berth_command"; fi
+exec "$berth_shell"
+EOF
 } >"$session"
 chmod 755 "$session"
 
@@ -166,4 +175,4 @@ flush_mounts
 # of itself rather than re-executing itself by that name, which would run
 # it through the image's loader.
 echo "tcp $port $top/ld.so --library-path $top/lib --argv0 dropbear $top/dropbear" \
-    "-F -s -e -P /dev/null -p $port -r $top/host_key -c $top/session" >>"${BERTH_SERVICES:?}"
+    "-F -s -P /dev/null -p $port -r $top/host_key -c $top/session" >>"${BERTH_SERVICES:?}"

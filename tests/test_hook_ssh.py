@@ -6,6 +6,7 @@ client on 127.0.0.1. The multinode scenario logs in from the login node
 
 import os
 import pwd
+import re
 import shutil
 import socket
 import stat
@@ -98,12 +99,14 @@ def start(node, user, *command, env=None, options=()):
 
 
 class Detached:
-    """`berth start --detach app` with the hook on; stops at the end of the with."""
+    """`berth start --detach app` with the hook on, each of `variables` given
+    as -e (as an EDF's [env]); stops at the end of the with."""
 
-    def __init__(self, node, user, env, options=()):
+    def __init__(self, node, user, env, options=(), container="app",
+                 variables=("PATH=/opt/tools/bin:/bin", "FROM_THE_CONTAINER=yes")):
         self.process = subprocess.Popen(
-            berth("start", "--detach", "-e", "PATH=/opt/tools/bin:/bin", "-e",
-                  "FROM_THE_CONTAINER=yes", *options, "app"),
+            berth("start", "--detach", *(w for v in variables for w in ("-e", v)), *options,
+                  container),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=environment(node, user, env))
         self.pid = self.process.stdout.readline().strip()
@@ -120,12 +123,15 @@ class Detached:
         self.process.stderr.close()
 
 
-def ssh(keys, port, command, key="mine", known_hosts=None, login=USER):
+def ssh(keys, port, command, key="mine", known_hosts=None, login=USER, typed=None):
+    """`command` through ssh; with `typed` instead, an interactive session
+    (`ssh -tt`, no command) that gets those lines on its terminal."""
     options = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
                "-o", f"UserKnownHostsFile={known_hosts or '/dev/null'}",
                "-o", f"StrictHostKeyChecking={'yes' if known_hosts else 'no'}"]
+    session = ["-tt"] if typed is not None else [command]
     return subprocess.run(["ssh", *options, "-i", str(keys / key), "-p", str(port),
-                           f"{login}@127.0.0.1", command],
+                           f"{login}@127.0.0.1", *session], input=typed,
                           capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -192,6 +198,93 @@ def test_a_remapped_root_logs_in_as_root_with_the_users_key(node, user, keys):
         assert result.stdout.splitlines() == ["0", "inside the container"]
         assert ssh(keys, port, "true").returncode == 255  # not as herself: no such user inside
     assert servers(port) == []
+
+
+# A Debian-like login profile: PATH set anew, then /etc/profile.d
+DEBIAN_PROFILE = """\
+PATH=/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games
+export PATH
+for i in /etc/profile.d/*.sh; do if [ -r "$i" ]; then . "$i"; fi; done
+"""
+
+
+def debian_like(node, user):
+    """`app` with that profile and a profile.d entry (the login shell runs it)."""
+    root = node / "data/app"
+    (root / "etc/profile.d").mkdir()
+    (root / "etc/profile").write_text(DEBIAN_PROFILE)
+    (root / "etc/profile.d/mpi-test.sh").write_text("PATH=/opt/mpi-test:$PATH\n")
+    return "app", "/opt/mpi-test:"
+
+
+def apptainer_sif(node, user):
+    """`sif`, created from a SIF file (siftool's) of `app`'s root with an
+    environment script in /.singularity.d/env (no login shell: as Apptainer)."""
+    root = node / "data/app"
+    (root / ".singularity.d/env").mkdir(parents=True)
+    (root / ".singularity.d/env/90-environment.sh").write_text(
+        'export PATH="/opt/sif/bin:$PATH"\n')
+    squashfs, image = node / "sif.sqsh", node / "sif.sif"
+    subprocess.run(["mksquashfs", str(root), str(squashfs), "-noappend", "-all-root",
+                    "-no-progress", "-quiet"], check=True, stdout=subprocess.DEVNULL)
+    arch = {"x86_64": 2, "aarch64": 4}[os.uname().machine]  # SIF's codes for amd64, arm64
+    for args in (["new", image], ["add", image, squashfs, "--datatype", 4, "--parttype", 2,
+                                  "--partfs", 1, "--partarch", arch]):
+        subprocess.run(["siftool", *map(str, args)], check=True, capture_output=True)
+    image.chmod(0o644)
+    created = subprocess.run(berth("create", "-n", "sif", str(image)), capture_output=True,
+                             text=True, env=environment(node, user, {}), check=False)
+    assert created.returncode == 0, created.stderr
+    return "sif", "/opt/sif/bin:"
+
+
+def keeper_environ(pid):
+    """What the SPANK plugin gives a task of the container: the keeper's environment."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(e.decode().split("=", 1) for e in f.read().split(b"\0") if e)
+
+
+@pytest.mark.parametrize("image", [debian_like, apptainer_sif])
+def test_a_session_has_the_environment_of_the_containers_tasks(node, user, keys, image):
+    """After the login shell's profile or the image's Apptainer scripts, with
+    an EDF's [env] variable: a command and an interactive session alike."""
+    container, first_on_path = image(node, user)
+    port = free_port()
+    on = {"BERTH_HOOK_SSH_ENABLE": "yes", "BERTH_HOOK_SSH_PORT": str(port)}
+    value = """it's "quoted", $HOME"""  # as a shell would have to quote it
+    with Detached(node, user, on, container=container,
+                  variables=[f"FROM_THE_CONTAINER={value}"]) as started:
+        task = keeper_environ(started.pid)
+        assert task["PATH"].startswith(first_on_path) and task["FROM_THE_CONTAINER"] == value
+        expected = f"{task['PATH']}|{value}"
+        result = ssh(keys, port, r"""printf '%s\n' "$PATH|$FROM_THE_CONTAINER" """)
+        assert (result.returncode, result.stdout) == (0, f"{expected}\n"), result.stderr
+        # typed on a terminal, which echoes it: the markers appear whole only in the output
+        result = ssh(keys, port, None,
+                     typed=r"""printf '%s\n' "<""<$PATH|$FROM_THE_CONTAINER>"">" """ + "\nexit\n")
+        assert result.returncode == 0, result.stderr
+        assert re.findall(r"<<(.*?)>>", result.stdout) == [expected], result.stdout
+
+
+def test_a_plain_starts_session_has_the_environment_its_command_started_with(
+        node, user, keys):
+    """Without --detach the command is the container's one task."""
+    container, _ = apptainer_sif(node, user)
+    port = free_port()
+    process = subprocess.Popen(
+        berth("start", "-e", "FROM_THE_CONTAINER=yes", container, "sh", "-c",
+              'echo "$PATH|$FROM_THE_CONTAINER"; read _'),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=environment(node, user, {"BERTH_HOOK_SSH_ENABLE": "yes",
+                                     "BERTH_HOOK_SSH_PORT": str(port)}))
+    try:
+        expected = process.stdout.readline().strip()
+        assert expected.startswith("/opt/sif/bin:") and expected.endswith("|yes")
+        result = ssh(keys, port, 'echo "$PATH|$FROM_THE_CONTAINER"')
+        assert (result.returncode, result.stdout) == (0, f"{expected}\n"), result.stderr
+    finally:
+        process.communicate("\n", timeout=30)
+    assert process.returncode == 0
 
 
 def test_off_by_default(node, user):

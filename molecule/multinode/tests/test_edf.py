@@ -116,7 +116,9 @@ def test_the_ssh_hook_lets_the_user_into_her_running_container_with_her_key_only
     """With the EDF's com.hooks.ssh.enabled, the batch step's container runs
     the node's dropbear on port 15263: alice's key (her authorized_keys on
     the compute node) logs her in from the login node, into the container
-    with its environment; bob's key does not; the server ends with the job."""
+    with the environment of its tasks (the batch script's PATH, after the
+    image's profile.d, and the EDF's [env]); bob's key does not; the server
+    ends with the job."""
     login, compute = node(CONTROLLER), node(COMPUTE[0])
     for user in ("alice", "bob"):
         login.run(f"runuser -u {user} -- sh -c 'mkdir -p -m 700 ~/.ssh && "
@@ -127,22 +129,28 @@ def test_the_ssh_hook_lets_the_user_into_her_running_container_with_her_key_only
     login.run("printf '%s\\n' 'image = \"/opt/berth-images/mpi-test.sqsh\"' '[annotations]' "
               "'com.hooks.ssh.enabled = \"true\"' '[env]' 'SSH_MARKER = \"from-the-edf\"' "
               "> /home/alice/.edf/sshhook.toml && chown alice /home/alice/.edf/sshhook.toml")
-    job = login.run(f"cd /tmp && runuser -u alice -- sbatch --parsable -w {COMPUTE[0]} -o /dev/null "
-                    "--environment=sshhook --wrap 'sleep 300'")
+    job = login.run(f"cd /tmp && runuser -u alice -- sbatch --parsable -w {COMPUTE[0]} "
+                    "-o /home/alice/sshhook-%j.out --environment=sshhook "
+                    "--wrap 'echo \"PATH=$PATH\"; sleep 300'")
     assert job.rc == 0, job.stderr
     job_id = job.stdout.strip()
     ssh = (f"ssh -o BatchMode=yes -o ConnectTimeout=5 -o StrictHostKeyChecking=accept-new "
            f"-p 15263 alice@{COMPUTE[0]}")
     try:
         inside = login.run(f"for i in $(seq 60); do runuser -u alice -- {ssh} "
-                           "'grep ^VARIANT_ID= /etc/os-release; echo $SSH_MARKER; id -un' "
-                           "2>/dev/null && exit 0; sleep 1; done; exit 1")
+                           "'grep ^VARIANT_ID= /etc/os-release; echo $SSH_MARKER; id -un; "
+                           "echo \"PATH=$PATH\"' 2>/dev/null && exit 0; sleep 1; done; exit 1")
         assert inside.rc == 0, inside.stderr
-        assert inside.stdout.splitlines() == ["VARIANT_ID=berth-mpi-test", "from-the-edf", "alice"]
+        task = compute.run(f"for i in $(seq 30); do grep -h ^PATH= "
+                           f"/home/alice/sshhook-{job_id}.out && exit 0; sleep 1; done; exit 1")
+        assert task.rc == 0 and task.stdout.startswith("PATH=/opt/mpi-test:"), task.stdout
+        assert inside.stdout.splitlines() == ["VARIANT_ID=berth-mpi-test", "from-the-edf", "alice",
+                                              task.stdout.strip()]
         bob = login.run(f"runuser -u bob -- {ssh} true")
         assert bob.rc == 255 and "Permission denied" in bob.stderr, bob.stderr
     finally:
         login.run(f"scancel {job_id}")
+        compute.run(f"rm -f /home/alice/sshhook-{job_id}.out")
     gone = login.run(f"for i in $(seq 30); do runuser -u alice -- {ssh} true 2>&1 | "
                      "grep -q 'Connection refused' && exit 0; sleep 1; done; exit 1")
     assert gone.rc == 0, "the server outlived the job"

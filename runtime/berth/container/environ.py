@@ -9,6 +9,7 @@ so `PATH=${PATH}:/opt/bin` extends it.
 """
 
 import re
+import shlex
 
 from berth.config import text_lines
 from berth.errors import BerthError
@@ -55,6 +56,13 @@ def to_lines(env):
     hooks do not see it (the container still gets it)."""
     return "".join(f"{key}={value}\n" for key, value in env.items()
                    if "\n" not in key and "\n" not in value and "\r" not in value)
+
+
+def to_shell(env):
+    """`env` as lines a POSIX shell sources, `export NAME='VALUE'`; a name no
+    shell can assign (bash's exported functions, `BASH_FUNC_f%%`) is left out."""
+    return "".join(f"export {key}={shlex.quote(value)}\n" for key, value in env.items()
+                   if _KEY.match(key))
 
 
 def parse_option(spec, caller):

@@ -122,6 +122,9 @@ def _child(plan, status, hold):
         sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
         sc.mount(None, "/", None, sc.MS_REC | sc.MS_PRIVATE)
         root, image, env, wanted = _build(plan, status)
+        # a plain start's services learn its environment as the command starts
+        ready_environ = (os.open(_ready_environ(plan), os.O_WRONLY)
+                         if wanted and not plan.detach else None)
         workdir = image["workdir"]
         if not workdir or not os.path.isdir(rootpath.resolve(root, workdir, follow_last=True)):
             workdir = "/"
@@ -151,6 +154,9 @@ def _child(plan, status, hold):
             _exec_keeper(keeper, status, hold, env,
                          (image["entrypoint"] or []) if plan.entrypoint else [], shell)
         argv, program = _command(plan, image, shell)
+        if ready_environ is not None:  # (a login shell's profile is yet to run)
+            with os.fdopen(ready_environ, "wb") as f:
+                f.write(os.fsencode(environ.to_shell(env)))
         _exec(argv, env, program)
     except (BerthError, OSError) as e:
         _send(status, f"error {e}")
@@ -211,6 +217,7 @@ def _run_hooks(plan, root, env):
     container's environment. Returns the services they asked for."""
     mounts_file, environ_file = f"{plan.runtime}/mounts", f"{plan.runtime}/environ"
     services_file = f"{plan.runtime}/services"
+    rootfs.write_file(_ready_environ(plan), "")
     scratch = f"{plan.runtime}/hooks"
     os.mkdir(scratch)
     rootfs.write_file(mounts_file, "")
@@ -221,7 +228,8 @@ def _run_hooks(plan, root, env):
     protocol = {**dict(plan.cfg.items()),
                 "ENROOT_PID": os.readlink("/proc/self"), "ENROOT_ROOTFS": root,
                 "ENROOT_MOUNTS": mounts_file, "ENROOT_ENVIRON": environ_file,
-                "BERTH_SERVICES": services_file, "BERTH_RUNTIME_DIR": scratch,
+                "BERTH_SERVICES": services_file, "BERTH_READY_ENVIRON": _ready_environ(plan),
+                "BERTH_RUNTIME_DIR": scratch,
                 "BERTH_UID": str(uid), "BERTH_GID": str(gid)}
     # They run as the container's uid: a uid other than 0 keeps this
     # process's capabilities in the user namespace only as ambient ones.
@@ -397,6 +405,7 @@ def start(plan):
                               + (" (in the login shell's profile: ENROOT_LOGIN_SHELL=no "
                                  "skips it)" if login else ""))
         if ready:
+            _fill_ready_environ(plan, keeper)
             print(keeper, flush=True)
             _wait_for_stop(child)
             with contextlib.suppress(ProcessLookupError):  # it may be gone already
@@ -421,6 +430,30 @@ def start(plan):
         sys.stderr.flush()
         os._exit(0)
     return code
+
+
+def _ready_environ(plan):
+    """The file, empty until then, that the container's environment fills once
+    it is ready: as its tasks get it (for --detach the keeper's, after the
+    login shell's profile and the image's scripts), `export NAME='VALUE'`
+    lines (environ.to_shell). Hooks get it as $BERTH_READY_ENVIRON, to bind it
+    in for their services (the SSH hook's sessions source it)."""
+    return f"{plan.runtime}/ready-environ"
+
+
+def _fill_ready_environ(plan, keeper):
+    path = _ready_environ(plan)
+    if not os.path.exists(path):  # no hooks ran
+        return
+    try:
+        with open(f"/proc/{keeper}/environ", "rb") as f:
+            made = f.read()
+    except OSError:  # it has just ended: so does the start
+        return
+    pairs = (os.fsdecode(e).partition("=") for e in made.split(b"\0") if e)
+    env = {key: value for key, _, value in pairs if key}
+    with open(path, "r+b") as f:  # in place: a bind of it shows the same file
+        f.write(os.fsencode(environ.to_shell(env)))
 
 
 def _kill_after(pid, seconds, entrypoint):
