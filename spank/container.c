@@ -414,8 +414,8 @@ static int prepare_named(spank_t sp, struct step *st, const struct plugin_conf *
 			goto out;
 		st->container_pid = running;
 		if (flags->mounts != NULL)
-			slurm_spank_log("spank_berth: warning: --container-mounts ignored: attaching "
-					"to the running container '%s', whose mounts are made", flags->name);
+			slurm_spank_log("spank_berth: warning: ignoring --container-mounts when "
+					"attaching to a running container '%s'", flags->name);
 		rc = 0;
 		goto out;
 	}

@@ -247,9 +247,10 @@ static int check_mount_flags(const char *flags, const char *end, int tmpfs,
 
 /*
  * One entry of len bytes at spec: SRC:DST[:FLAGS], SRC, tmpfs:DST[:OPTIONS]
- * or umount:DST. Only what can never work is refused here: where SRC is
- * and what it is, the node says, and where DST leads (a relative one is
- * taken from the container's root, as enroot takes it) too.
+ * or umount:DST. Only what can never work is refused here, and DST as pyxis
+ * refuses it: one that starts with neither '/' nor '.'. Where SRC is and
+ * what it is, the node says, and where DST leads (a relative one is taken
+ * from the container's root, as enroot takes it) too.
  */
 int check_mount(const char *spec, size_t len, char *err, size_t errlen)
 {
@@ -278,6 +279,9 @@ int check_mount(const char *spec, size_t len, char *err, size_t errlen)
 	dst_end = memchr(dst, ':', (size_t)(end - dst));
 	if (dst_end == NULL)
 		dst_end = end;
+	if (*dst != '/' && *dst != '.') /* pyxis's words, which scripts grep for */
+		return fail(err, errlen, "--container-mounts: mount target must be a relative path "
+			    "or an absolute path, in '%.*s'", (int)len, spec);
 	if (dst_end == end)
 		return 0;
 	if (umount && !(end - dst_end - 1 == 6 && strncmp(dst_end + 1, "nofail", 6) == 0))

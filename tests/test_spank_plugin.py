@@ -168,6 +168,8 @@ def test_srun_help_lists_the_flags(slurm_conf):
     ("--container-workdir=", "--container-workdir: empty path"),
     ("--container-mounts=data", "'data' alone is also the destination"),
     ("--container-mounts=umount:/a:ro", "umount takes no flag but nofail"),
+    ("--container-mounts=/tmp:mnt:ro",
+     "--container-mounts: mount target must be a relative path or an absolute path"),
     ("--container-mounts=tmpfs:/t:size=1M+$(x)", "unknown tmpfs option '$(x)'"),
     ("--container-name=n:sometimes", "--container-name: unknown mode 'sometimes'"),
     ("--container-unshare=pid", "--container-unshare: unknown namespace 'pid'"),
@@ -261,7 +263,7 @@ def test_srun_accepts_what_pyxis_accepts(slurm_conf):
     # relative workdir (resolved inside), every --container-mounts form
     result = _run(slurm_conf(), "srun", "--container-image=ubuntu", "--container-workdir=../w",
                   "--container-mounts=/data,./d:/d,.:/work:ro+runbindable,tmpfs:/t:size=1M,"
-                  "umount:/dev/shm", "true")
+                  "umount:/dev/shm,/tmp:./mnt,/tmp:../up", "true")
     assert _reached_the_controller(result), result.stderr
 
 

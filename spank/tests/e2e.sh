@@ -165,8 +165,9 @@ rel-ok"
 check "--container-mounts tmpfs with options" "srun $img --container-mounts=tmpfs:/scratch:size=1M sh -c 'cat /proc/mounts'" "/scratch tmpfs"
 check "--container-mounts umount" "srun $img --container-mounts=/srv/data:/data,umount:/data sh -c 'ls /data; echo listed'" "listed"
 absent "--container-mounts umount removes the mount" "srun $img --container-mounts=/srv/data:/data,umount:/data ls /data" "hello"
-check "--container-mounts relative destination, from the container's root" "srun $img --container-mounts=/srv/data:data/rel cat /data/rel/hello" "hello-from-host"
-check "--container-mounts relative destination escaping the root: refused on the node, named" "srun $img --container-mounts=/srv/data:../up true" "mount destination ../up escapes the container root"
+check "--container-mounts relative destination, from the container's root" "srun $img --container-mounts=/srv/data:./data/rel cat /data/rel/hello" "hello-from-host"
+check "--container-mounts ./mnt mounts at the container's /mnt" "srun $img --container-mounts=/srv/data:./mnt cat /mnt/hello" "hello-from-host"
+check "--container-mounts relative destination escaping the root: refused on the node, named, in enroot's errno words" "srun $img --container-mounts=/srv/data:../up true" "mount destination ../up escapes the container root: Invalid cross-device link"
 check "relative --container-workdir, inside the container" "srun $img --container-workdir=tmp sh -c 'echo cwd=\$(pwd)'" "cwd=/tmp"
 check "relative --container-workdir: ../ from / is /" "srun $img --container-workdir=../../tmp sh -c 'echo cwd=\$(pwd)'" "cwd=/tmp"
 check "PYXIS_CONTAINER_IMAGE acts as the flag" "PYXIS_CONTAINER_IMAGE=/srv/img.sqsh srun cat /etc/os-release" "ID=berth-test"
@@ -295,6 +296,13 @@ on_node sh -ec 'mkdir -p /srv/data/sub /home/alice/.edf
         >/srv/50-probe.sh'
 if [[ $mode == real ]]; then
     on_node install -D -m 0755 /srv/50-probe.sh /etc/enroot/hooks.d/50-probe.sh
+    # Berth's home and SSH hooks, as the role installs them (the node has no dropbear)
+    for hook in 10-home.sh 87-ssh.sh; do put /etc/enroot/hooks.d/$hook 0755 <"$repo/hooks/$hook"; done
+    put /etc/enroot/hooks.d/common.bash 0644 <"$repo/hooks/common.bash"
+    printf 'image = "/srv/img.sqsh"\n[annotations]\ncom.hooks.ssh.enabled = "true"\n' |
+        put /home/alice/.edf/ssh.toml 0644
+    printf 'image = "/srv/img.sqsh"\nmounts = ["/srv/data:mnt"]\n' | put /home/alice/.edf/reltarget.toml 0644
+    reltarget_says="mount '/srv/data:mnt': destination 'mnt' is not an absolute path"
     edf_file=toml edf_text='image = "/srv/img.sqsh"
 workdir = "/data"
 mounts = ["${EDF_SRC}:/data:ro"]
@@ -311,6 +319,8 @@ mount=/srv/data:/data:ro
 env=EDF_VAR=from-edf
 env=IMAGE_VAR=edf-beats-image
 env=EDF_CLASH=edf-beats-task'
+    printf 'image=/srv/img.sqsh\nmount=/srv/data:mnt\n' | put /home/alice/.edf/reltarget.spank 0644
+    reltarget_says="mount target must be a relative path or an absolute path, in '/srv/data:mnt'"
 fi
 for f in e2e once; do put /home/alice/.edf/$f.$edf_file 0644 <<<"$edf_text"; done
 printf 'imagee = "/srv/img.sqsh"\n' | put /home/alice/.edf/broken.toml 0644
@@ -342,10 +352,18 @@ bspk-node"
     check "--environment \${VAR} from the submitter" "EDF_SRC=/srv/registry srun --environment=e2e ls /data" "image.sqsh"
     check "--environment annotations reach the hooks" "$edf env" "HOOK_SAW=vanilla"
     check "--environment=PATH.toml" "EDF_SRC=/srv/data srun --environment=/home/alice/.edf/e2e.toml cat /data/hello" "hello-from-host"
+    # the job's umount: entries come after every hook's mounts, as under pyxis and enroot
+    home_at_root="srun $img --container-mount-home --container-remap-root"
+    check "--container-mount-home, remapped root: the home hook mounts it at /root" "$home_at_root sh -c 'echo at-root=\$(busybox grep -c \" /root \" /proc/mounts)'" "at-root=1"
+    check "umount:/root after the home hook's mount leaves /root unmounted" "$home_at_root --container-mounts=umount:/root sh -c 'echo at-root=\$(busybox grep -c \" /root \" /proc/mounts)'" "at-root=0"
+    # a hook's refusal: its own reason is the one line the step shows
+    check "a hook's refusal reaches the user in its own words" "srun --environment=ssh true" "spank_berth: berth start failed: berth: error: hook 87-ssh.sh: ssh hook: "
+    absent "... not only that it failed" "srun --environment=ssh true" "failed with exit status"
     check "sbatch --export=NONE: the batch step still gets the EDF of submission" "EDF_SRC=/srv/data sbatch -W -o exn.txt --export=NONE --environment=e2e --wrap 'cat /data/hello' >/dev/null; cat exn.txt" "hello-from-host"
 fi
 before=$(jobs_so_far)
 check "missing EDF refused" "sbatch --environment=nothere --wrap true" "spank_berth: --environment: environment 'nothere' not found"
+check "an EDF mount target neither absolute nor relative refused" "srun --environment=reltarget true" "$reltarget_says"
 if [[ $mode == real ]]; then
     check "broken EDF refused naming file, line and key" "srun --environment=broken true" "spank_berth: --environment: /home/alice/.edf/broken.toml:1: unknown key 'imagee'"
     check "unset \${VAR} refused" "srun --environment=e2e true" "\${EDF_SRC} in 'mounts' is not set"
@@ -362,7 +380,7 @@ check "named container mode create refuses an existing one" "srun --container-na
 as_alice "srun --container-name=live --container-remap-root $img sh -c 'mount -t tmpfs none /mnt && echo up > /mnt/flag && sleep 12'" >/dev/null &
 sleep 3
 check "named container :exec joins the running one" "srun --container-name=live:exec cat /mnt/flag" "up"
-check "attaching: --container-mounts ignored, saying so" "srun --container-name=live --container-mounts=/srv/data:/data cat /mnt/flag" "warning: --container-mounts ignored: attaching to the running container 'live'"
+check "attaching: --container-mounts ignored, saying so in pyxis's words" "srun --container-name=live --container-mounts=/srv/data:/data cat /mnt/flag" "spank_berth: warning: ignoring --container-mounts when attaching to a running container 'live'"
 check "attaching with --container-unshare needs the container's own namespace" "srun --container-name=live:exec --container-unshare=net true" "--container-unshare=net requested but the container is not in a separate network namespace: the running container 'live' was started without it"
 check "named container :no_exec starts its own" "srun --container-name=live:no_exec ls /mnt | grep -c flag" "0"
 wait
@@ -415,6 +433,9 @@ plugstack
 before=$(jobs_so_far)
 check "bad flag refused by srun" "srun --container-mounts=/data: true" "spank_berth: --container-mounts: missing destination in '/data:'"
 check "bad image refused by srun" "srun --container-image=nvcr.io true" "registry host without an image"
+# pyxis's rule: a target starts with '/' or '.'
+check "a mount target neither absolute nor relative refused before anything runs" "srun $img --container-mounts=/tmp:mnt:ro true" "spank_berth: --container-mounts: mount target must be a relative path or an absolute path, in '/tmp:mnt:ro'"
+check "... in PYXIS_CONTAINER_MOUNTS too" "PYXIS_CONTAINER_MOUNTS=/tmp:mnt srun $img true" "mount target must be a relative path or an absolute path, in '/tmp:mnt'"
 after=$(jobs_so_far)
 if [[ $before == "$after" ]]; then echo "ok   refused flags submitted no job"; else
     echo "FAIL refused flags submitted a job ($before -> $after)"; failures=$((failures + 1)); fi

@@ -249,8 +249,14 @@ static void test_mounts(struct container_flags *f)
 	REFUSED(set_mounts(f, "/a:/b,/data:", err, sizeof(err)), "missing destination in '/data:'");
 	REFUSED(set_mounts(f, ":/b", err, sizeof(err)), "missing source in ':/b'");
 	/* a relative destination is the node's to resolve, from the container's root */
-	ACCEPTED(set_mounts(f, "/a:b,/a:../b,tmpfs:scratch", err, sizeof(err)));
-	CHECK(strcmp(f->mounts, "/a:b,/a:../b,tmpfs:scratch") == 0);
+	ACCEPTED(set_mounts(f, "/a:./b,/a:../b,tmpfs:./scratch,umount:./x", err, sizeof(err)));
+	CHECK(strcmp(f->mounts, "/a:./b,/a:../b,tmpfs:./scratch,umount:./x") == 0);
+	/* but as pyxis takes one: it starts with '.' */
+	REFUSED(set_mounts(f, "/tmp:mnt:ro", err, sizeof(err)),
+		"--container-mounts: mount target must be a relative path or an absolute path, "
+		"in '/tmp:mnt:ro'");
+	REFUSED(set_mounts(f, "/a:/b,tmpfs:scratch", err, sizeof(err)), "in 'tmpfs:scratch'");
+	REFUSED(set_mounts(f, "umount:x", err, sizeof(err)), "mount target must be a relative");
 	REFUSED(set_mounts(f, "umount:", err, sizeof(err)), "missing destination in 'umount:'");
 	REFUSED(set_mounts(f, "umount:/x:ro", err, sizeof(err)), "umount takes no flag but nofail");
 	ACCEPTED(set_mounts(f, "umount:/x:nofail,/d.sqsh:/d:sqsh,/a:/b:nosymfollow+dirsync",
@@ -360,6 +366,9 @@ static void test_pyxis_env(void)
 	CHECK(f.image == NULL && !flags_want_container(&f));
 
 	/* bad values name the variable */
+	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_MOUNTS=/tmp:mnt", NULL }),
+		"PYXIS_CONTAINER_MOUNTS (as --container-mounts): mount target must be a relative "
+		"path or an absolute path, in '/tmp:mnt'");
 	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_MOUNT_HOME=maybe", NULL }),
 		"PYXIS_CONTAINER_MOUNT_HOME: 'maybe' is not a boolean");
 	REFUSED(with_env(&f, (const char *const[]){ "PYXIS_CONTAINER_MOUNTS=/a:", NULL }),
@@ -503,6 +512,8 @@ static void test_edf(void)
 		"--environment: e: --container-image: no such file '/no/such.sqsh'");
 	REFUSED(apply_edf(&f, "mount=:/a\n", 0, err, sizeof(err)), "missing source");
 	REFUSED(apply_edf(&f, "mount=/a,b:/b\n", 0, err, sizeof(err)), "has a ','");
+	REFUSED(apply_edf(&f, "mount=/a:mnt\n", 0, err, sizeof(err)),
+		"mount target must be a relative path or an absolute path, in '/a:mnt'");
 	REFUSED(apply_edf(&f, "writable=maybe\n", 0, err, sizeof(err)), "not yes or no");
 	REFUSED(apply_edf(&f, "env=NOVALUE\n", 0, err, sizeof(err)), "not KEY=VALUE");
 	REFUSED(apply_edf(&f, "colour=blue\n", 0, err, sizeof(err)), "unexpected line");
