@@ -222,7 +222,7 @@ def test_archive_image_forms_are_the_runtimes():
 
 def test_tasks_install_the_runtimes_seccomp_filter():
     """seccomp_filter.h, which joining tasks install, is the runtime's filter
-    (berth/seccomp.py) instruction for instruction, on each architecture."""
+    (berth/container/seccomp.py) instruction for instruction, on each architecture."""
     header = (SPANK / "seccomp_filter.h").read_text()
     sys.path.insert(0, str(SPANK.parent / "runtime"))
     try:
