@@ -22,7 +22,7 @@ CI_LIMIT=5400  # CI stops a run after 90 minutes: past it, nothing lands
 # key|budget in seconds|what it runs
 STAGES=(
     "bootstrap|180|host bootstrap (packages, Docker daemon, venv, node images)"
-    "lint|45|ansible-lint (production profile), syntax check, module documentation"
+    "lint|45|ansible-lint (production profile), syntax check, module documentation, the docs site"
     "images|240|test images (Open MPI, MPICH) of Debian 12 and 13"
     "pytest|800|unit and integration tests (tests, runtime/tests)"
     "runtime-trixie|240|runtime suite on Debian 13 (Python 3.13), SPANK plugin against Slurm 24.11"
@@ -174,6 +174,8 @@ lint() {
         ansible-doc -M library "$name" >/dev/null \
             || { echo "ansible-doc fails for $name" >&2; return 1; }
     done
+    # the documentation site: a broken link or anchor fails (mkdocs.yml: strict)
+    NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir .cache/site
 }
 
 images() {

@@ -1,0 +1,77 @@
+"""The documentation site (mkdocs.yml, docs/) builds with `mkdocs build
+--strict`, so a broken link or anchor fails, and its navigation leads an
+admin through the guide in the order a site installs Berth."""
+
+import os
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The admin guide's pages, in install order: what the site provides first,
+# the inventory and its variables and secrets, the deployment and its check,
+# then what a site turns on, runs and fixes afterwards.
+ADMIN_GUIDE = [
+    ("admin/prerequisites/", "Prerequisites"),
+    ("admin/inventory/", "Inventory"),
+    ("admin/variables/", "Variables"),
+    ("admin/vault/", "The vault file"),
+    ("admin/deploy/", "Deploy"),
+    ("admin/validate/", "Validate"),
+    ("admin/accounting/", "Accounting"),
+    ("admin/store/", "The shared image store"),
+    ("admin/mirrors/", "Mirrors and the registry cache"),
+    ("admin/hooks/", "Hooks"),
+    ("admin/day2/", "Day 2 and upgrades"),
+    ("admin/troubleshooting/", "Troubleshooting"),
+]
+
+
+class _NavLinks(HTMLParser):
+    """(href, label) of every link of the site's navigation, in page order."""
+
+    def __init__(self):
+        super().__init__()
+        self.links, self._open = [], None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "a" and "md-nav__link" in (attrs.get("class") or "").split():
+            self._open = [attrs.get("href", ""), ""]
+
+    def handle_data(self, data):
+        if self._open is not None:
+            self._open[1] += data
+
+    def handle_endtag(self, tag):
+        if tag == "a" and self._open is not None:
+            href, label = self._open
+            if not href.startswith("#"):  # a page's own table of contents
+                self.links.append((href, " ".join(label.split())))
+            self._open = None
+
+
+def _build(site):
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    parser = _NavLinks()
+    parser.feed((site / "index.html").read_text())
+    return parser.links
+
+
+def test_the_site_builds_strict_and_its_admin_guide_follows_the_install_order(tmp_path):
+    links = _build(tmp_path / "site")
+    admin = [(href, label) for href, label in links if href.startswith("admin/") and href != "admin/"]
+    assert admin == ADMIN_GUIDE
+    for href, _ in ADMIN_GUIDE:
+        assert (tmp_path / "site" / href / "index.html").is_file(), href
+    labels = [label for _, label in links]
+    for part in ["Admin guide", "User guide", "Compatibility", "Security model", "Architecture",
+                 "Testing", "Benchmarks"]:
+        assert part in labels, labels
+    # the admin guide comes before the rest, after the home page only
+    assert labels.index("Admin guide") == 1, labels
