@@ -20,10 +20,10 @@ MAX_KEY_PARTS = 100
 # the end of its line or of the text (such TOML is refused anyway), so that
 # no text is matched twice: linear time whatever the text.
 _STRING_OR_COMMENT = re.compile(
-    r'"""(?:[^"\\]|\\.|"(?!""))*+(?:""")?'
-    r"|'''(?:[^']|'(?!''))*+(?:''')?"
-    r'|"(?:[^"\\\n]|\\.)*+"?'
-    r"|'[^'\n]*+'?"
+    r'"""(?:[^"\\]|\\.|"(?!""))*(?:""")?'
+    r"|'''(?:[^']|'(?!''))*(?:''')?"
+    r'|"(?:[^"\\\n]|\\.)*"?'
+    r"|'[^'\n]*'?"
     r"|#[^\n]*", re.DOTALL)
 
 
