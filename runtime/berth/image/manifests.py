@@ -55,7 +55,7 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
     platform chosen; manifest and manifest_digest are the index's then)."""
     failures, kinds = [], set()
     upstream = {}  # candidate -> (digest, name) of its tag where its rule's location answers
-    for endpoint, candidate in plan:
+    for place, (endpoint, candidate) in enumerate(plan):
         # USER@ names an account on the registry of the URI: a mirror takes
         # the credentials file's entry for its own host.
         endpoint_ref = candidate._replace(
@@ -63,8 +63,10 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
             user="" if endpoint.mirror else candidate.user)
         # (a resolve's one manifest request over transport.Direct: requests
         # and urllib3 would cost it more than its requests do)
+        # (a busy endpoint with another after it is not waited for: that one is asked now)
         registry = Registry(endpoint_ref, cfg, credentials, credentials_path,
-                            insecure=endpoint.insecure, direct=not pick_platform)
+                            insecure=endpoint.insecure, direct=not pick_platform, quiet=quiet,
+                            fails_over=place < len(plan) - 1)
         try:
             try:
                 if pick_platform:
@@ -122,12 +124,12 @@ def _upstream_digest(plan, candidate, cfg, credentials, credentials_path):
             continue
         bounded = min(cfg.number("ENROOT_CONNECT_TIMEOUT") or UPSTREAM_CHECK_SECONDS,
                       UPSTREAM_CHECK_SECONDS)
+        # (retried, quietly, within the bound as any request)
         values = {**dict(cfg.items()), "ENROOT_CONNECT_TIMEOUT": str(bounded),
-                  "ENROOT_TRANSFER_TIMEOUT": str(UPSTREAM_CHECK_SECONDS),
-                  "ENROOT_TRANSFER_RETRIES": "0"}
+                  "ENROOT_TRANSFER_TIMEOUT": str(UPSTREAM_CHECK_SECONDS)}
         ref = candidate._replace(registry=endpoint.host, repository=endpoint.repository)
         registry = Registry(ref, Config(values), credentials, credentials_path,
-                            insecure=endpoint.insecure, direct=True)
+                            insecure=endpoint.insecure, direct=True, quiet=True)
         try:
             digest = registry.tag_digest(ref.reference, INDEX_TYPES + MANIFEST_TYPES)
         except BerthError:

@@ -11,7 +11,15 @@ A registry is not trusted to be sane: every body read into memory has a
 cap (manifests, indexes and token answers MAX_MANIFEST, image configs
 MAX_CONFIG), a blob is cut at the size its manifest declares and refused
 past it, and ENROOT_TRANSFER_TIMEOUT is a stall timeout: a connection on
-which no byte arrives for that many seconds (answer or body) fails.
+which no byte arrives for that many seconds (answer or body) fails; a
+document read into memory must also arrive whole within it, so that one
+dripping a byte at a time never holds an import for days.
+
+A busy registry is waited for: a 429, 502, 503 or 504 answer, or a
+connection refused, reset or broken, is asked again after a wait (see
+_Patience), at most ENROOT_TRANSFER_RETRIES times per request; a broken
+blob download resumes from the bytes it has where the registry honours a
+Range request.
 
 The requests go over a transport of transport.py: http.client for a
 resolve (direct=True), requests for pulls.
@@ -21,16 +29,18 @@ import base64
 import hashlib
 import json
 import os
+import random
 import re
 import stat
 import sys
+import time
 from urllib.parse import urlencode, urljoin, urlsplit
 
 from berth import units
 from berth.errors import AccessDenied, BerthError, ImageNotFound
 from berth.image.reference import DIGEST
-from berth.image.transport import (TLSError, TransferError, UntrustedCertificate, open_transport,
-                                   origin)
+from berth.image.transport import (TLSError, TransferError, UntrustedCertificate, deadline,
+                                   open_transport, origin)
 
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -46,6 +56,11 @@ MAX_MANIFEST = 4 << 20  # manifests, indexes, token answers: a few KiB in practi
 MAX_CONFIG = 8 << 20  # image configs: tens of KiB in practice
 MAX_REDIRECTS = 10
 _REDIRECTS = (301, 302, 303, 307, 308)
+BUSY = (429, 502, 503, 504)  # answers that say: ask again later
+# With ENROOT_TRANSFER_TIMEOUT 0 (no limit), how long a request's retries
+# may go on (a Retry-After past it is not waited for).
+UNTIMED_RETRY_BOUND = 3600
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-\d+/(?:\d+|\*)")
 
 
 def sha256_digest(data):
@@ -74,7 +89,7 @@ class Registry:
     direct=True: over http.client (transport.Direct), for a resolve's few requests."""
 
     def __init__(self, ref, cfg, credentials=None, credentials_path="", insecure=False,
-                 direct=False):
+                 direct=False, quiet=False, fails_over=False):
         self.ref = ref
         self.credentials = credentials
         self.credentials_path = credentials_path
@@ -88,6 +103,11 @@ class Registry:
         self.transfer_timeout = cfg.number("ENROOT_TRANSFER_TIMEOUT") or None
         self.timeout = (connect, self.transfer_timeout)
         self.retries = cfg.number("ENROOT_TRANSFER_RETRIES")
+        self.quiet = quiet  # no line while a retry waits
+        # fails_over: another endpoint is asked when this one fails: until it
+        # has answered a manifest, a failure is not retried (the next is asked now)
+        self.fails_over = fails_over
+        self.answered = False
         # (a pool as large as the parallel downloads, so that none waits)
         self.transport = open_transport(self.timeout, insecure,
                                         cfg.number("ENROOT_MAX_CONNECTIONS"), direct)
@@ -99,7 +119,7 @@ class Registry:
 
     # -- connection and authentication ------------------------------------
 
-    def _first_get(self, path, headers, method="GET"):
+    def _first_get(self, path, headers, method="GET", what=None):
         """GET `path` as the first request to the registry: it finds the
         scheme the registry speaks (HTTPS, else plain HTTP where allowed) and,
         on a 401, authenticates as its challenge says and asks again. The
@@ -108,7 +128,7 @@ class Registry:
         certificate is refused has TLS: never asked over plain HTTP then."""
         host = self.ref.registry
         try:
-            response = self._get(f"https://{host}{path}", headers, method)
+            response = self._get(f"https://{host}{path}", headers, method, what)
             self.base = f"https://{host}"
         except UntrustedCertificate as e:
             raise BerthError(
@@ -120,12 +140,12 @@ class Registry:
                 raise BerthError(
                     f"registry {host} does not speak HTTPS ({e}); if it is a plain "
                     "HTTP registry, set ENROOT_ALLOW_HTTP=yes in enroot.conf") from None
-            response = self._get(f"http://{host}{path}", headers, method)
+            response = self._get(f"http://{host}{path}", headers, method, what)
             self.base = f"http://{host}"
         if response.status_code == 401 and not self.authenticated:
             response.close()  # only its challenge counts: its body is never read
             self._authenticate(response.headers.get("WWW-Authenticate", ""))
-            response = self._get(f"{self.base}{path}", headers, method)
+            response = self._get(f"{self.base}{path}", headers, method, what)
         return response
 
     def _login(self, *hosts):
@@ -170,10 +190,9 @@ class Registry:
         url = f"{realm}{'&' if urlsplit(realm).query else '?'}{urlencode(query)}"
         realm_host = urlsplit(realm).hostname or ""
         login = self._login(host, host.split(":")[0], realm_host)
-        try:
-            response = self._follow(url, {}, login and _basic(login), f"token service {realm}")
-        except TransferError as e:
-            raise BerthError(f"token service {realm}: {e}") from None
+        response = self._get_with_retries(url, {}, "GET", "the token request",
+                                          authorization=login and _basic(login),
+                                          who=f"token service {realm}")
         if response.status_code != 200:
             response.close()
             if response.status_code in (401, 403):
@@ -202,37 +221,54 @@ class Registry:
                             f"{self.ref.repository} ({status}) with {source}"
                             f"{self.ref.registry_hint()}")
 
-    def _get(self, url, headers=None, method="GET"):
+    def _get(self, url, headers=None, method="GET", what=None, patience=None):
         """GET (or HEAD) from the registry; a 401 once authenticated means our
-        token expired (long pulls outlive them): get a fresh one and ask again."""
-        response = self._get_with_retries(url, headers, method)
+        token expired (long pulls outlive them): get a fresh one and ask again.
+        `what` names the document in the lines about retries."""
+        response = self._get_with_retries(url, headers, method, what, patience)
         if response.status_code == 401 and self.authenticated:
             challenge = response.headers.get("WWW-Authenticate", "")
             response.close()
             self._authenticate(challenge)
-            response = self._get_with_retries(url, headers, method)
+            response = self._get_with_retries(url, headers, method, what, patience)
         return response
 
-    def _get_with_retries(self, url, headers, method):
-        """GET with retries on connection failures and server errors."""
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
+    def _patience(self, who, what):
+        """The retries one request may make (none before a failing-over
+        endpoint has answered)."""
+        count = 0 if self.fails_over and not self.answered else self.retries
+        return _Patience(who, what, count, self.transfer_timeout, self.quiet)
+
+    def _get_with_retries(self, url, headers, method, what, patience=None, authorization=None,
+                          who=None):
+        """GET, asking again while the registry is busy or the connection
+        fails, as `patience` allows (by default, the registry's own for one
+        request); past that, one line naming the server, the last answer or
+        error and how long it was tried. who, authorization: another server's
+        (a token service), the registry's by default."""
+        if who is None:
+            who, authorization = f"registry {self.ref.registry}", self.authorization
+        what = what or urlsplit(url).path
+        patience = patience or self._patience(who, what)
+        while True:
             try:
                 # Streamed always: no body is read whole before its size is checked.
-                response = self._follow(url, headers, self.authorization,
-                                        f"registry {self.ref.registry}", method)
+                response = self._follow(url, headers, authorization, who, method)
             except TLSError as e:
                 if not self.base:
                     raise  # _first_get is finding out whether the registry speaks TLS
-                raise BerthError(f"registry {self.ref.registry}: {e}") from None
+                raise BerthError(f"{who}: {e}") from None
             except TransferError as e:
-                if last:
-                    raise BerthError(f"registry {self.ref.registry}: {e}") from None
-                continue
-            if response.status_code < 500 or last:
+                if patience.wait(f"failed ({e})"):
+                    continue
+                raise BerthError(f"{who}: {e}{patience.gave_up()}") from None
+            if response.status_code not in BUSY:
                 return response
+            answered = f"answered {_status(response.status_code)}"
+            asked = _retry_after(response.headers.get("Retry-After", ""))
             response.close()
-        raise AssertionError("unreachable")
+            if not patience.wait(answered, asked):
+                raise BerthError(f"{who}: {what} {answered}{patience.gave_up()}")
 
     def _follow(self, url, headers, authorization, who, method="GET"):
         """GET `url`, following redirects; `authorization` goes to url's own
@@ -273,8 +309,9 @@ class Registry:
         Docker Hub does not count as a pull); None when it names none."""
         path = f"/v2/{self.ref.repository}/manifests/{tag}"
         headers = {"Accept": ", ".join(accept)}
-        response = (self._get(f"{self.base}{path}", headers, "HEAD") if self.base
-                    else self._first_get(path, headers, "HEAD"))
+        what = f"manifest {tag}"
+        response = (self._get(f"{self.base}{path}", headers, "HEAD", what) if self.base
+                    else self._first_get(path, headers, "HEAD", what))
         response.close()
         if response.status_code != 200:
             raise BerthError(f"registry {self.ref.registry}: manifest {tag} answered "
@@ -287,8 +324,9 @@ class Registry:
         first manifest asked for connects (see _first_get)."""
         path = f"/v2/{self.ref.repository}/manifests/{reference}"
         headers = {"Accept": ", ".join(accept)}
-        response = (self._get(f"{self.base}{path}", headers) if self.base
-                    else self._first_get(path, headers))
+        what = f"manifest {reference}"
+        response = (self._get(f"{self.base}{path}", headers, what=what) if self.base
+                    else self._first_get(path, headers, what=what))
         if response.status_code != 200:
             response.close()
         if response.status_code == 404:
@@ -303,6 +341,7 @@ class Registry:
             raise BerthError(f"registry {self.ref.registry}: manifest {reference} answered "
                              f"{response.status_code}")
         body = self._read(response, MAX_MANIFEST, f"manifest {reference} of {self.ref}")
+        self.answered = True
         digest = sha256_digest(body)
         expected = reference if reference.startswith("sha256:") else \
             response.headers.get("Docker-Content-Digest", digest)
@@ -336,18 +375,25 @@ class Registry:
 
     def download(self, digest, size, out, on_bytes):
         """Stream a blob of `size` bytes (as its manifest declares) into the
-        open file `out`, retrying a broken transfer from the start; returns
-        the sha256 digest of what was written. A blob larger than declared
-        is cut there and refused, never retried."""
-        for attempt in range(self.retries + 1):
-            out.seek(0)
-            out.truncate()
-            hasher = hashlib.sha256()
-            written = 0
+        open file `out`; returns the sha256 digest of what was written. A
+        broken transfer is asked again within the request's retries, from
+        the bytes written where the registry answers the Range asked for
+        (206), else from the start. A blob larger than declared is cut there
+        and refused, never retried."""
+        out.seek(0)
+        out.truncate()
+        hasher, written = hashlib.sha256(), 0
+        patience = self._patience(f"registry {self.ref.registry}", f"blob {digest}")
+        while True:
             try:
-                response = self._blob_response(digest)
+                response = self._blob_response(digest, patience, written)
                 with response:
-                    if _content_length(response) > size:
+                    if response.status_code == 200 and written:  # the whole blob again
+                        out.seek(0)
+                        out.truncate()
+                        on_bytes(-written)
+                        hasher, written = hashlib.sha256(), 0
+                    if written + _content_length(response) > size:
                         raise self._oversized(digest, size)
                     for chunk in response.chunks(_CHUNK):
                         if written + len(chunk) > size:
@@ -356,14 +402,13 @@ class Registry:
                         hasher.update(chunk)
                         written += len(chunk)
                         on_bytes(len(chunk))
+                        patience.progressed()
                     _check_complete(response)
                 return "sha256:" + hasher.hexdigest()
             except TransferError as e:  # a broken transfer, _CutShort included
-                on_bytes(-written)
-                if attempt == self.retries:
+                if not patience.wait(f"failed ({e}) after {written} of {size} bytes"):
                     raise BerthError(f"download of {digest} from {self.ref.registry} "
-                                     f"failed: {e}") from None
-        raise AssertionError("unreachable")
+                                     f"failed: {e}{patience.gave_up()}") from None
 
     def _oversized(self, digest, size):
         return BerthError(f"registry {self.ref.registry} sends blob {digest} of "
@@ -374,7 +419,7 @@ class Registry:
         """The body of `response`, refused past `limit` bytes before it is all read."""
         limit_is = limit_is or f"the {limit >> 20} MiB berth reads"
         try:
-            with response:
+            with response, deadline(response, self.transfer_timeout):
                 if _content_length(response) > limit:
                     raise BerthError(f"{what} is larger than {limit_is} ({limit} bytes); "
                                      "refusing it")
@@ -390,14 +435,104 @@ class Registry:
             raise BerthError(f"registry {self.ref.registry}: reading {what} failed: "
                              f"{e}") from None
 
-    def _blob_response(self, digest):
+    def _blob_response(self, digest, patience=None, start=0):
+        """The answer for a blob: 200, or from byte `start` on a 206 (a
+        resumed download asks for the Range from there)."""
         url = f"{self.base}/v2/{self.ref.repository}/blobs/{digest}"
-        response = self._get(url)
+        headers = {"Range": f"bytes={start}-"} if start else None
+        response = self._get(url, headers, what=f"blob {digest}", patience=patience)
+        if response.status_code == 206 and start:
+            match = _CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", ""))
+            if match and int(match.group(1)) == start:
+                return response
+            response.close()
+            raise BerthError(f"registry {self.ref.registry}: blob {digest} of "
+                             f"{self.ref.repository}: the range answered is not the "
+                             f"bytes={start}- asked for")
         if response.status_code != 200:
             response.close()
             raise BerthError(f"registry {self.ref.registry}: blob {digest} of "
                              f"{self.ref.repository} answered {response.status_code}")
         return response
+
+
+class _Patience:
+    """The retries left to one request (the tries of a blob download share
+    one): at most `count` after the first, each after a wait that doubles
+    from 0.5-1 s, jittered so that the nodes of a job ask apart, or as long
+    as the answer's Retry-After asks; none that would start later than
+    `bound` seconds (the transfer timeout, the stall timeout's measure)
+    after the first try or, for a download, its last byte. A line says each
+    wait (unless quiet); gave_up() what the line at the bound adds."""
+
+    def __init__(self, who, what, count, bound, quiet):
+        self.who, self.what, self.count, self.quiet = who, what, count, quiet
+        self.bound = bound or UNTIMED_RETRY_BOUND
+        self.bound_name = (f"ENROOT_TRANSFER_TIMEOUT={bound}" if bound
+                           else f"{UNTIMED_RETRY_BOUND} s, as ENROOT_TRANSFER_TIMEOUT=0")
+        self.retries = 0
+        self.started = self.last_progress = time.monotonic()
+        self.why_not = ""  # why the last failure was not tried again
+
+    def progressed(self):
+        """Bytes came: the time bound counts from now."""
+        self.last_progress = time.monotonic()
+
+    def wait(self, why, asked=None):
+        """After a try that failed (`why`: what it answered or how it broke;
+        `asked`: the seconds its Retry-After asks for, or None): wait, then
+        True for another try; False at once where the bound would be passed."""
+        if self.retries >= self.count:
+            self.why_not = f"ENROOT_TRANSFER_RETRIES={self.count}"
+            return False
+        delay = asked if asked is not None else 2 ** self.retries * random.uniform(0.5, 1)
+        if time.monotonic() + delay > self.last_progress + self.bound:
+            self.why_not = (f"its Retry-After of {asked:.0f} s" if asked is not None
+                            else "the next wait") + f" would pass {self.bound_name}"
+            return False
+        self.retries += 1
+        if not self.quiet:
+            until = time.strftime("%H:%M:%S", time.localtime(time.time() + delay))
+            print(f"berth: {self.who}: {self.what} {why}; asking again at {until} "
+                  f"(in {delay:.1f} s, retry {self.retries} of {self.count})", file=sys.stderr)
+        time.sleep(delay)
+        return True
+
+    def gave_up(self):
+        """How long and how often it was tried, and the bound that ended it;
+        nothing where no retry was allowed (ENROOT_TRANSFER_RETRIES=0)."""
+        if not self.count:
+            return ""
+        took = time.monotonic() - self.started
+        return (f" (tried {self.retries + 1} time{'s' if self.retries else ''} in {took:.0f} s; "
+                f"{self.why_not})")
+
+
+def _status(code):
+    """`429 Too Many Requests`: a status with its standard phrase."""
+    import http
+    try:
+        return f"{code} {http.HTTPStatus(code).phrase}"
+    except ValueError:
+        return str(code)
+
+
+def _retry_after(value):
+    """The seconds a Retry-After header asks to wait (a number of seconds
+    or an HTTP date), or None when it says neither."""
+    value = value.strip()
+    seconds = units.whole(value)
+    if seconds is not None:
+        return float(seconds)
+    import datetime
+    import email.utils
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # (a -0000 zone: UTC, with no place said)
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, when.timestamp() - time.time())
 
 
 class _CutShort(TransferError):

@@ -20,6 +20,9 @@ own origin) nor adds credentials of its own: requests' lookup of ~/.netrc
 is off, as the registry's credentials are $ENROOT_CONFIG_PATH/.credentials
 alone.
 
+deadline() cuts a response off after a time, whatever comes meanwhile:
+registry.py reads documents (manifests, tokens, configs) under it.
+
 Failures are TransferError (TLSError for a failed handshake, and of that
 UntrustedCertificate where TLS is there but its certificate is refused),
 whose text is the reason alone: "Connection refused", "timed out",
@@ -29,6 +32,7 @@ Either way the answers are parsed by http.client (urllib3 builds on it):
 no HTTP parser of the runtime's own reads what a registry sends.
 """
 
+import contextlib
 import os
 import re
 from urllib.parse import urlsplit
@@ -106,6 +110,42 @@ def lazy_ca_path(bundle):
     except OSError:
         return bundle
     return directory if hashed else bundle
+
+
+@contextlib.contextmanager
+def deadline(response, seconds):
+    """Read `response` within `seconds` from now (None: no limit): then its
+    socket is shut down, so that a body dripping a byte at a time, which a
+    stall timeout never ends, fails as a TransferError saying so."""
+    if not seconds:
+        yield
+        return
+    import threading
+    timer = threading.Timer(seconds, response.cut_off)
+    timer.daemon = True
+    timer.start()
+    late = TransferError(f"not whole within {seconds} s (ENROOT_TRANSFER_TIMEOUT)")
+    try:
+        yield
+    except TransferError:
+        if response.was_cut_off:
+            raise late from None
+        raise
+    finally:
+        timer.cancel()
+    if response.was_cut_off:  # a body that ends with its connection ended at the cut
+        raise late
+
+
+def _shut_down(sock):
+    """End the reads another thread makes on `sock` (None: gone already) at
+    once; a TLS socket's too: shut down below its TLS layer, which that
+    read goes on using."""
+    if sock is None:
+        return
+    import socket
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 _PROXY_SCHEMES = ("http", "https", "socks4", "socks4a", "socks5", "socks5h")
@@ -278,6 +318,12 @@ class _DirectResponse:
         self.status_code = response.status
         self.headers = response.headers  # get() ignores case and gives the first value
         self.received = 0  # body bytes read so far
+        self.was_cut_off = False
+
+    def cut_off(self):
+        """(deadline()'s, from its timer's thread)"""
+        self.was_cut_off = True
+        _shut_down(getattr(self._connection, "sock", None))
 
     def chunks(self, size):
         import http.client
@@ -294,6 +340,9 @@ class _DirectResponse:
 
     def close(self):
         if self._connection is None:
+            return
+        if self.was_cut_off:
+            self._drop()
             return
         left = self._response.length  # of the Content-Length; None: chunked or until close
         if not self._response.isclosed() and left is not None and left <= _IDLE_DRAIN:
@@ -374,6 +423,13 @@ class _PooledResponse:
         self._response, self._requests = response, requests
         self.status_code = response.status_code
         self.headers = response.headers
+        self.was_cut_off = False
+
+    def cut_off(self):
+        """(deadline()'s, from its timer's thread)"""
+        self.was_cut_off = True
+        connection = getattr(self._response.raw, "connection", None)  # urllib3's, 1.26 and 2
+        _shut_down(getattr(connection, "sock", None))
 
     @property
     def received(self):

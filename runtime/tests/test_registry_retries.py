@@ -1,0 +1,256 @@
+"""A busy registry is waited for (issue #49): 429, 502, 503 and 504 answers
+and broken connections are asked again after growing waits or as long as
+Retry-After asks, within ENROOT_TRANSFER_RETRIES and the transfer timeout;
+a broken download resumes with a Range request. And a document that drips
+a byte at a time ends at the transfer timeout (issue #42, item 4).
+
+The registries are HostileRegistry (registry_fixture.py), in this process.
+The waits asserted are lower bounds (what the registry asked for): none
+of these tests bounds how long a step may take.
+"""
+
+import email.utils
+import fcntl
+import json
+import os
+import socket
+import struct
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from registry_fixture import (  # noqa: E402
+    OCI_MANIFEST, HostileRegistry, berth, gzipped, layer_tar, sha256)
+
+LAYER = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=busy\n")))
+RETRIES = {"ENROOT_TRANSFER_RETRIES": "5"}  # what the role's enroot.conf sets
+
+
+@pytest.fixture
+def hostile():
+    registry = HostileRegistry()
+    yield registry
+    registry.stop()
+
+
+def run_import(hostile, tmp_path, env, *flags, **settings):
+    return berth(["import", *flags, f"docker://{hostile.host}#test/app:v1"],
+                 dict(env, **settings), tmp_path, timeout=60)
+
+
+def one_line_error(result, *needles):
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("berth: error: "), result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+
+
+def waits(result):
+    return [line for line in result.stderr.splitlines() if "asking again at" in line]
+
+
+def busy(*script, headers=None):
+    """Answer the requests with the statuses of `script` in turn, the last
+    over and over (None: the true answer), each with `headers` (a dict, or
+    a function giving one); `.times`: when each request came."""
+    times = []
+
+    def answer(hostile, handler, body):
+        times.append(time.monotonic())
+        status = script[min(len(times), len(script)) - 1]
+        if status is None:
+            kind = {"Content-Type": OCI_MANIFEST} if "/manifests/" in handler.path else {}
+            return hostile.send(handler, 200, body, kind)
+        hostile.send(handler, status, b"", headers() if callable(headers) else headers)
+    answer.times = times
+    return answer
+
+
+def gaps(times):
+    return [later - earlier for earlier, later in zip(times, times[1:])]
+
+
+# -- waits ----------------------------------------------------------------------------
+
+def test_a_429_is_asked_again_after_its_retry_after(tmp_path, env, hostile):
+    hostile.image("test/app", "v1", [LAYER])
+    manifest = hostile.behave["v1"] = busy(429, None, headers={"Retry-After": "2"})
+    result = run_import(hostile, tmp_path, env, **RETRIES)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "test+app+v1.sqsh").is_file()
+    [gap] = gaps(manifest.times)
+    assert gap >= 1.95, gap
+    [line] = waits(result)
+    assert line.startswith(f"berth: registry {hostile.host}: manifest v1 answered 429 Too Many "
+                           "Requests; asking again at "), line
+    assert line.endswith("(in 2.0 s, retry 1 of 5)"), line
+
+
+def test_a_retry_after_date_is_waited_for(tmp_path, env, hostile):
+    hostile.image("test/app", "v1", [LAYER])
+    # (an HTTP date has whole seconds: 3 s from now, cut, is more than 2 s)
+    manifest = hostile.behave["v1"] = busy(
+        503, None, headers=lambda: {"Retry-After": email.utils.formatdate(time.time() + 3,
+                                                                          usegmt=True)})
+    result = run_import(hostile, tmp_path, env, **RETRIES)
+    assert result.returncode == 0, result.stderr
+    [gap] = gaps(manifest.times)
+    assert gap >= 1.95, gap
+    assert len(waits(result)) == 1, result.stderr
+
+
+def test_503s_are_asked_again_after_growing_waits(tmp_path, env, hostile):
+    image = hostile.image("test/app", "v1", [LAYER])
+    blob = hostile.behave[image["layers"][0]] = busy(503, 503, 503, None)
+    result = run_import(hostile, tmp_path, env, **RETRIES)
+    assert result.returncode == 0, result.stderr
+    first, second, third = gaps(blob.times)
+    # 0.5-1 s, 1-2 s, 2-4 s: each at least the one before
+    assert first >= 0.45 and second >= 0.95 and third >= 1.95, (first, second, third)
+    assert third > first
+    lines = waits(result)
+    assert len(lines) == 3 and lines[2].endswith("retry 3 of 5)"), result.stderr
+    assert "blob sha256:" in lines[0] and "answered 503 Service Unavailable" in lines[0]
+
+
+def test_a_registry_that_stays_busy_ends_at_the_bound_in_one_line(tmp_path, env, hostile):
+    hostile.image("test/app", "v1", [LAYER])
+    manifest = hostile.behave["v1"] = busy(429, headers={"Retry-After": "1"})
+    # --quiet: no line while it waits, the one at the bound all the same
+    result = berth(["--quiet", "import", f"docker://{hostile.host}#test/app:v1"],
+                   dict(env, ENROOT_TRANSFER_TIMEOUT="3", **RETRIES), tmp_path, timeout=60)
+    tries = len(manifest.times)
+    assert 2 <= tries <= 3  # a try after 1 s and 2 s; one after 3 s would pass the bound
+    one_line_error(result, f"berth: error: registry {hostile.host}: manifest v1 answered 429 "
+                           f"Too Many Requests (tried {tries} times in ",
+                   " would pass ENROOT_TRANSFER_TIMEOUT=3)")
+
+
+def test_a_retry_after_past_the_bound_is_not_waited_for(tmp_path, env, hostile):
+    hostile.image("test/app", "v1", [LAYER])
+    manifest = hostile.behave["v1"] = busy(503, headers={"Retry-After": "86400"})
+    result = run_import(hostile, tmp_path, env, **RETRIES)
+    one_line_error(result, f"registry {hostile.host}: manifest v1 answered 503 Service "
+                           "Unavailable (tried 1 time in 0 s; its Retry-After of 86400 s "
+                           "would pass ENROOT_TRANSFER_TIMEOUT=60)")
+    assert len(manifest.times) == 1
+
+
+def test_without_retries_a_busy_answer_ends_the_import_as_before(tmp_path, env, hostile):
+    hostile.image("test/app", "v1", [LAYER])
+    manifest = hostile.behave["v1"] = busy(429, None, headers={"Retry-After": "1"})
+    result = run_import(hostile, tmp_path, env)  # the runtime's default: enroot's 0
+    one_line_error(result, f"registry {hostile.host}: manifest v1 answered 429 Too Many "
+                           "Requests\n")
+    assert len(manifest.times) == 1
+
+
+def test_a_busy_mirror_is_not_waited_for_when_another_place_follows(tmp_path, env, hostile):
+    origin = HostileRegistry()
+    try:
+        origin.image("test/app", "v1", [LAYER])
+        hostile.image("test/app", "v1", [LAYER])
+        mirror = hostile.behave["v1"] = busy(503)
+        (tmp_path / "sysconf").mkdir()
+        (tmp_path / "sysconf/registries.conf").write_text(
+            f'[[registry]]\nlocation = "{origin.host}"\n'
+            f'  [[registry.mirror]]\n  location = "{hostile.host}"\n')
+        result = berth(["import", f"docker://{origin.host}#test/app:v1"], dict(env, **RETRIES),
+                       tmp_path, timeout=60)
+    finally:
+        origin.stop()
+    assert result.returncode == 0, result.stderr
+    assert len(mirror.times) == 1
+    assert waits(result) == [] and "trying the next" in result.stderr
+
+
+def test_the_roles_retries_all_fit_within_the_default_transfer_timeout():
+    """The count the role's enroot.conf sets: its longest waits (1, 2, 4, 8
+    and 16 s) end within the runtime's default transfer timeout, so that
+    no retry it allows is cut by the time bound."""
+    import yaml
+    from berth import config
+    roles_vars = yaml.safe_load((Path(__file__).resolve().parents[2] /
+                                 "roles/container_runtime/vars/main.yml").read_text())
+    count = roles_vars["container_runtime_enroot_conf_base"]["ENROOT_TRANSFER_RETRIES"]
+    assert count == 5
+    default = int(config._defaults(dict(os.environ))["ENROOT_TRANSFER_TIMEOUT"])
+    assert sum(2 ** n for n in range(count)) < default
+
+
+# -- a broken download resumes ----------------------------------------------------------------
+
+def reset(handler):
+    """Reset the connection (RST, not an orderly close) once the client's
+    kernel has taken every byte written."""
+    sock = handler.connection
+    give_up = time.monotonic() + 10
+    while struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0] and \
+            time.monotonic() < give_up:
+        time.sleep(0.01)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+    handler.close_connection = True
+
+
+def test_a_download_reset_midway_resumes_with_a_range(tmp_path, env, hostile):
+    # 3 MiB that gzip cannot shrink: the client keeps at least the first 1 MiB read
+    layer = gzipped(layer_tar(("file", "noise", os.urandom(3 << 20))))
+    image = hostile.image("test/app", "v1", [layer])
+    ranges = []
+
+    def answer(hostile, handler, body):
+        asked = handler.headers.get("Range")
+        ranges.append(asked)
+        if asked is None:  # half the blob, then a reset
+            hostile.send(handler, 200, b"", length=len(body))
+            hostile.write(handler, body[:len(body) // 2])
+            return reset(handler)
+        start = int(asked.removeprefix("bytes=").removesuffix("-"))
+        hostile.send(handler, 206, b"",
+                     {"Content-Range": f"bytes {start}-{len(body) - 1}/{len(body)}"},
+                     length=len(body) - start)
+        hostile.write(handler, body[start:])
+    hostile.behave[image["layers"][0]] = answer
+
+    result = run_import(hostile, tmp_path, env, **RETRIES)
+    assert result.returncode == 0, result.stderr
+    assert len(ranges) == 2 and ranges[0] is None, ranges
+    start = int(ranges[1].removeprefix("bytes=").removesuffix("-"))
+    assert 0 < start <= len(layer) // 2
+    blob = tmp_path / "cache/blobs/sha256" / image["layers"][0][7:]
+    assert sha256(blob.read_bytes()) == image["layers"][0]
+    [line] = waits(result)
+    assert f"after {start} of {len(layer)} bytes" in line, line
+
+
+# -- a document that drips (issue #42, item 4) --------------------------------------------------
+
+def drip_forever(length):
+    """Announce `length` bytes, then send one every 0.5 s: never a stall."""
+    def answer(hostile, handler, body):
+        hostile.send(handler, 200, b"", {"Content-Type": OCI_MANIFEST}, length=length)
+        while not hostile.release.wait(0.5):
+            hostile.write(handler, b" ")
+    return answer
+
+
+@pytest.mark.parametrize("what", ["manifest", "resolve", "config"])
+def test_a_document_that_drips_ends_at_the_transfer_timeout(tmp_path, env, hostile, what):
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {}}).encode()
+    hostile.image("test/app", "v1", [LAYER], raw_config=config,
+                  declared={sha256(config): 1 << 20})
+    if what == "config":
+        hostile.behave[sha256(config)] = drip_forever(1 << 20)
+        needle = f"reading image config {sha256(config)} of"
+    else:
+        hostile.behave["v1"] = drip_forever((4 << 20) - 1)  # under the 4 MiB cap
+        needle = "reading manifest v1 of"
+    flags = ["--resolve"] if what == "resolve" else []  # (over http.client, not requests)
+    result = run_import(hostile, tmp_path, env, *flags, ENROOT_TRANSFER_TIMEOUT="2")
+    one_line_error(result, needle, "failed: not whole within 2 s (ENROOT_TRANSFER_TIMEOUT)")
