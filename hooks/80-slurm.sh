@@ -36,13 +36,11 @@
 # (default /etc), BERTH_MUNGE_DIR (default /run/munge).
 set -eu -o pipefail
 
-hook_name=slurm
 here=${BASH_SOURCE[0]%/*}
-if [ -L "${BASH_SOURCE[0]}" ]; then here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")"); fi
+if [ -L "${BASH_SOURCE[0]}" ]; then here=$(readlink -f "${BASH_SOURCE[0]}") here=${here%/*}; fi
 # shellcheck source=hooks/common.bash
 . "$here/common.bash"
-
-switch_on BERTH_HOOK_SLURM_ENABLE no || exit 0
+hook_begin slurm BERTH_HOOK_SLURM_ENABLE
 replace=''
 if switch_on BERTH_HOOK_SLURM_REPLACE no; then replace=1; fi
 

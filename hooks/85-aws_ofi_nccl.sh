@@ -29,13 +29,11 @@
 # container's): BERTH_SYS_ROOT (default /sys), BERTH_DEV_ROOT (default /dev).
 set -eu -o pipefail
 
-hook_name=aws_ofi_nccl
 here=${BASH_SOURCE[0]%/*}
-if [ -L "${BASH_SOURCE[0]}" ]; then here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")"); fi
+if [ -L "${BASH_SOURCE[0]}" ]; then here=$(readlink -f "${BASH_SOURCE[0]}") here=${here%/*}; fi
 # shellcheck source=hooks/common.bash
 . "$here/common.bash"
-
-switch_on BERTH_HOOK_AWS_OFI_NCCL_ENABLE no || exit 0
+hook_begin aws_ofi_nccl BERTH_HOOK_AWS_OFI_NCCL_ENABLE
 
 sys=${BERTH_SYS_ROOT:-/sys}
 dev=${BERTH_DEV_ROOT:-/dev}

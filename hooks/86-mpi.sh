@@ -24,13 +24,11 @@
 # image has a C++ or Fortran library the node's MPI lacks.
 set -eu -o pipefail
 
-hook_name=mpi
 here=${BASH_SOURCE[0]%/*}
-if [ -L "${BASH_SOURCE[0]}" ]; then here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")"); fi
+if [ -L "${BASH_SOURCE[0]}" ]; then here=$(readlink -f "${BASH_SOURCE[0]}") here=${here%/*}; fi
 # shellcheck source=hooks/common.bash
 . "$here/common.bash"
-
-switch_on BERTH_HOOK_MPI_ENABLE no || exit 0
+hook_begin mpi BERTH_HOOK_MPI_ENABLE
 
 lib_dir=/usr/local/berth/mpi/lib
 # the C library's own, which the image keeps

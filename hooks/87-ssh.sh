@@ -31,13 +31,11 @@
 # /usr/sbin:/usr/bin).
 set -eu -o pipefail
 
-hook_name=ssh
 here=${BASH_SOURCE[0]%/*}
-if [ -L "${BASH_SOURCE[0]}" ]; then here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")"); fi
+if [ -L "${BASH_SOURCE[0]}" ]; then here=$(readlink -f "${BASH_SOURCE[0]}") here=${here%/*}; fi
 # shellcheck source=hooks/common.bash
 . "$here/common.bash"
-
-switch_on BERTH_HOOK_SSH_ENABLE no || exit 0
+hook_begin ssh BERTH_HOOK_SSH_ENABLE
 
 top=/usr/local/berth/ssh
 key_limit=65536  # bytes of authorized keys: a few hundred keys

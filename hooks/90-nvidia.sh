@@ -37,12 +37,10 @@
 set -eu -o pipefail
 
 here=${BASH_SOURCE[0]%/*}
-# A hook linked into hooks.d finds its files beside the real one; forks
-# (readlink, dirname) only then: every hook runs in every container start.
 if [ -L "${BASH_SOURCE[0]}" ]; then here=$(readlink -f "${BASH_SOURCE[0]}") here=${here%/*}; fi
-hook_name=nvidia
 # shellcheck source=hooks/common.bash
 . "$here/common.bash"
+hook_begin nvidia
 container_env NVIDIA_VISIBLE_DEVICES NVIDIA_DRIVER_CAPABILITIES NVIDIA_DISABLE_REQUIRE 'NVIDIA_REQUIRE_*'
 
 proc=${BERTH_PROC_ROOT:-/proc}
@@ -103,27 +101,24 @@ index_of_uuid() {
 # Parse a device list into selected_gpus (indices) and selected_migs (uuids).
 declare -A selected_gpus=()
 selected_migs=()
-select_devices() {
-    local variable=$1 list=$2 item index
-    local -a items
-    IFS=, read -ra items <<<"$list"
-    for item in "${items[@]}"; do
-        item=${item//[[:space:]]/}
-        if [[ $item =~ ^[0-9]+$ ]]; then
-            [ "${#item}" -lt 6 ] && [ "$((10#$item))" -lt "${#gpu_minor[@]}" ] ||
-                die "$variable: no GPU $item on this node (it has ${#gpu_minor[@]})"
-            selected_gpus[$((10#$item))]=1
-        elif [[ $item =~ ^GPU-$uuid_re$ ]]; then
-            index=$(index_of_uuid "$item") || die "$variable: no GPU $item on this node"
-            selected_gpus[$index]=1
-        elif [[ $item =~ ^MIG-$uuid_re$ ]]; then
-            index=$(mig_parent "$item") || die "$variable: no MIG device $item on this node"
-            selected_gpus[$index]=1
-            selected_migs+=("$item")
-        else
-            die "$variable: '$item' is neither a GPU index, a GPU-<uuid> nor a MIG-<uuid>"
-        fi
-    done
+select_devices() { # VARIABLE LIST
+    each_device "$1" "$2" GPU "${#gpu_minor[@]}" select_gpu
+}
+
+select_gpu() { # VARIABLE index N | VARIABLE name ITEM (each_device's handler)
+    local variable=$1 item=$3 index
+    if [ "$2" = index ]; then
+        selected_gpus[$item]=1
+    elif [[ $item =~ ^GPU-$uuid_re$ ]]; then
+        index=$(index_of_uuid "$item") || die "$variable: no GPU $item on this node"
+        selected_gpus[$index]=1
+    elif [[ $item =~ ^MIG-$uuid_re$ ]]; then
+        index=$(mig_parent "$item") || die "$variable: no MIG device $item on this node"
+        selected_gpus[$index]=1
+        selected_migs+=("$item")
+    else
+        die "$variable: '$item' is neither a GPU index, a GPU-<uuid> nor a MIG-<uuid>"
+    fi
 }
 
 # Slurm's binding of GPUs to this step into "binding", as "VARIABLE=VALUE",

@@ -26,13 +26,11 @@
 # (default /dev), BERTH_ETC_ROOT (default /etc).
 set -eu -o pipefail
 
-hook_name=mellanox
 here=${BASH_SOURCE[0]%/*}
-# A hook linked into hooks.d finds its files beside the real one; forks
-# (readlink, dirname) only then: every hook runs in every container start.
-if [ -L "${BASH_SOURCE[0]}" ]; then here=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")"); fi
+if [ -L "${BASH_SOURCE[0]}" ]; then here=$(readlink -f "${BASH_SOURCE[0]}") here=${here%/*}; fi
 # shellcheck source=hooks/common.bash
 . "$here/common.bash"
+hook_begin mellanox
 container_env MELLANOX_VISIBLE_DEVICES
 
 sys=${BERTH_SYS_ROOT:-/sys}
@@ -41,11 +39,12 @@ etc=${BERTH_ETC_ROOT:-/etc}
 lib_dir=/usr/local/rdma/lib64
 libraries=(libibverbs.so librdmacm.so libibumad.so libmlx5.so libmlx4.so libnl-3.so libnl-route-3.so)
 
-# MELLANOX_VISIBLE_DEVICES -> selected (HCA names), checked against this node.
+# MELLANOX_VISIBLE_DEVICES -> selected (HCA names), checked against this
+# node's HCAs (hcas, in name order).
 selected=()
+hcas=()
 select_hcas() {
     local item
-    local -a hcas items
     mapfile -t hcas < <(
         for item in "$sys"/class/infiniband/*; do
             if [ -e "$item" ]; then echo "${item##*/}"; fi
@@ -55,20 +54,19 @@ select_hcas() {
         selected=("${hcas[@]}")
         return
     fi
-    IFS=, read -ra items <<<"$MELLANOX_VISIBLE_DEVICES"
-    for item in "${items[@]}"; do
-        item=${item//[[:space:]]/}
-        if [[ $item =~ ^[0-9]+$ ]]; then
-            [ "${#item}" -lt 6 ] && [ "$((10#$item))" -lt "${#hcas[@]}" ] ||
-                die "MELLANOX_VISIBLE_DEVICES: no HCA $item on this node (it has ${#hcas[@]})"
-            item=${hcas[$((10#$item))]}
-        elif [[ ! $item =~ ^[A-Za-z0-9][A-Za-z0-9_.-]*$ ]]; then
-            die "MELLANOX_VISIBLE_DEVICES: '$item' is neither an HCA index nor a name"
-        elif [ ! -d "$sys/class/infiniband/$item" ]; then
-            die "MELLANOX_VISIBLE_DEVICES: no HCA $item on this node"
-        fi
-        [[ " ${selected[*]} " == *" $item "* ]] || selected+=("$item")
-    done
+    each_device MELLANOX_VISIBLE_DEVICES "$MELLANOX_VISIBLE_DEVICES" HCA "${#hcas[@]}" select_hca
+}
+
+select_hca() { # VARIABLE index N | VARIABLE name ITEM (each_device's handler)
+    local variable=$1 hca=$3
+    if [ "$2" = index ]; then
+        hca=${hcas[$3]}
+    elif [[ ! $hca =~ ^[A-Za-z0-9][A-Za-z0-9_.-]*$ ]]; then
+        die "$variable: '$hca' is neither an HCA index nor a name"
+    elif [ ! -d "$sys/class/infiniband/$hca" ]; then
+        die "$variable: no HCA $hca on this node"
+    fi
+    [[ " ${selected[*]} " == *" $hca "* ]] || selected+=("$hca")
 }
 
 # An HCA's character devices, named by its sysfs entries: the verbs node

@@ -2,17 +2,30 @@
 # 87-ssh.sh, 90-nvidia.sh, 91-mellanox.sh), which source it. Not a hook itself: without
 # the .sh suffix the runtime does not run it.
 #
-# The sourcing hook sets hook_name (for messages); it collects its fstab
-# lines with bind and writes them with flush_mounts once every check passed,
-# so a refused start leaves $ENROOT_MOUNTS as it was.
+# A hook finds it beside its own real file (a hook linked into hooks.d too;
+# readlink forks only then: every hook runs in every container start), and
+# begins with hook_begin:
+#   here=${BASH_SOURCE[0]%/*}
+#   if [ -L "${BASH_SOURCE[0]}" ]; then here=$(readlink -f "${BASH_SOURCE[0]}") here=${here%/*}; fi
+#   . "$here/common.bash"
+#   hook_begin NAME [SWITCH]
+# It collects its fstab lines with bind and writes them with flush_mounts
+# once every check passed, so a refused start leaves $ENROOT_MOUNTS as it was.
 
 # Host programs (ldconfig, nvidia-smi) live in sbin dirs an ordinary user's PATH may lack.
 PATH=${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 die() {
-    # shellcheck disable=SC2154 # hook_name: set by the sourcing hook
     echo "$hook_name hook: $*" >&2
     exit 1
+}
+
+# hook_begin NAME [SWITCH]: NAME names the hook in its messages; with
+# SWITCH, the hook's on/off variable (see switch_on, off by default), the
+# hook ends here, doing nothing, unless it is on.
+hook_begin() {
+    hook_name=$1
+    if [ -n "${2:-}" ]; then switch_on "$2" no || exit 0; fi
 }
 
 # container_env NAME... : the container's values of NAME (a name ending in
@@ -61,6 +74,27 @@ switch_on() {
         0 | n | no | false) return 1 ;;
         *) die "$1: expected yes or no, got '${value//[^[:print:]]/?}'" ;;
     esac
+}
+
+# each_device VARIABLE LIST WHAT COUNT HANDLER: the items of the comma
+# list LIST (VARIABLE's value, a *_VISIBLE_DEVICES one; blanks dropped),
+# each in turn to HANDLER as "VARIABLE index N" for an index, checked
+# against the node's COUNT devices of kind WHAT (GPU, HCA), or as
+# "VARIABLE name ITEM" for anything else, which HANDLER checks itself.
+each_device() {
+    local variable=$1 list=$2 what=$3 count=$4 handler=$5 item
+    local -a items
+    IFS=, read -ra items <<<"$list"
+    for item in "${items[@]}"; do
+        item=${item//[[:space:]]/}
+        if [[ $item =~ ^[0-9]+$ ]]; then
+            [ "${#item}" -lt 6 ] && [ "$((10#$item))" -lt "$count" ] ||
+                die "$variable: no $what $item on this node (it has $count)"
+            "$handler" "$variable" index "$((10#$item))"
+        else
+            "$handler" "$variable" name "$item"
+        fi
+    done
 }
 
 # plain_path WHAT PATH: PATH goes into an fstab line, so it must be absolute,
