@@ -12,6 +12,7 @@ from ansible.errors import AnsibleFilterError
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "runtime"))
 from berth.image import reference, registries  # noqa: E402
+from berth.errors import BerthError  # noqa: E402
 
 
 def _filters(path, name):
@@ -77,17 +78,19 @@ def test_no_rules_and_no_cache_render_an_empty_file(tmp_path):
 
 
 @pytest.mark.parametrize("rules, search, message", [
-    ("x", None, "container_runtime_registries: expected a list"),
-    ([{"prefix": "a b"}], None, "container_runtime_registries[0].prefix: 'a b' is not"),
-    ([{"insecure": True}], None, "container_runtime_registries[0]: needs a prefix or a location"),
-    ([{"prefix": "r.io", "blocked": "yes"}], None, "container_runtime_registries[0].blocked: 'yes' is not true"),
+    ("x", None, "container_runtime_registries: 'registry' must be [[registry]] tables"),
+    ([{"prefix": "a b"}], None, "container_runtime_registries[0].prefix: prefix 'a b' does not start with"),
+    ([{"insecure": True}], None, "container_runtime_registries[0]: a [[registry]] needs a prefix or a location"),
+    ([{"prefix": "r.io", "blocked": "yes"}], None,
+     "container_runtime_registries[0].blocked: blocked must be true or false"),
     ([{"prefix": "r.io", "mirror": []}], None, "container_runtime_registries[0]: unknown key 'mirror'"),
     ([{"prefix": "r.io", "mirrors": [{"url": "m"}]}], None,
-     "container_runtime_registries[0].mirrors[0]: unknown key 'url'"),
+     "container_runtime_registries[0].mirrors[0].url: unsupported [[registry.mirror]] key 'url'"),
     ([{"prefix": "r.io", "mirrors": [{"location": "m", "pull-from-mirror": "some"}]}], None,
-     "container_runtime_registries[0].mirrors[0].pull-from-mirror: 'some' is not one of"),
-    ([], "docker.io", "container_runtime_unqualified_search_registries: expected a list"),
-    ([], ["docker.io/x"], "container_runtime_unqualified_search_registries[0]: 'docker.io/x' is not HOST[:PORT]"),
+     "container_runtime_registries[0].mirrors[0].pull-from-mirror: pull-from-mirror must be one of"),
+    ([], "docker.io", "container_runtime_unqualified_search_registries: unqualified-search-registries must be a list"),
+    ([], ["docker.io/x"],
+     "container_runtime_unqualified_search_registries: unqualified-search registry 'docker.io/x' is not HOST[:PORT]"),
 ])
 def test_malformed_rules_are_one_line_naming_the_variable(rules, search, message):
     problems = RUNTIME["berth_registries_problems"](rules, search, [], {})
@@ -96,8 +99,25 @@ def test_malformed_rules_are_one_line_naming_the_variable(rules, search, message
 
 
 def test_rendering_malformed_rules_raises_the_first_problem():
-    with pytest.raises(AnsibleFilterError, match=r"container_runtime_registries\[0\]: unknown key"):
+    with pytest.raises(AnsibleFilterError, match=r"container_runtime_registries\[0\]\.oops: unsupported"):
         RUNTIME["berth_registries_rules"]([{"prefix": "r.io", "oops": 1}], [], {})
+
+
+@pytest.mark.parametrize("rule", [
+    {"prefix": "*.r.io", "location": "mirror.r.io"},
+    {"prefix": "r.io", "mirrors": [{"location": "m.io/Team"}]},
+    {"prefix": "r.io/x", "mirror-by-digest-only": "true"},
+])
+def test_the_role_refuses_what_the_runtime_refuses_in_its_own_words(tmp_path, rule):
+    """One check of the rules: the runtime's, naming the variable where a
+    registries.conf's problem names FILE:LINE."""
+    problems = RUNTIME["berth_registries_problems"]([rule], None, [], {})
+    (tmp_path / "registries.conf").write_text(RUNTIME["berth_registries_toml"]([rule]))
+    with pytest.raises(BerthError) as refused:
+        registries.load(str(tmp_path))
+    in_file = str(refused.value).split(": ", 1)[1]
+    assert len(problems) == 1 and problems[0].startswith("container_runtime_registries[0]"), problems
+    assert problems[0].split(": ", 1)[1] == in_file
 
 
 def test_a_cache_entry_without_a_port_is_named():

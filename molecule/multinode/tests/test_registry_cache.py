@@ -289,6 +289,6 @@ def test_malformed_rule_is_refused_before_any_change(tmp_path):
     bad = {"container_runtime_registries": [{"prefix": "berth-upstream:5000", "mirrors": [{"url": "x:1"}]}]}
     rc, output, recap = play(inventory_copy(tmp_path), "-e", json.dumps(bad))
     assert rc != 0
-    assert "container_runtime_registries[0].mirrors[0]: unknown key 'url'" in output, output[-3000:]
+    assert "container_runtime_registries[0].mirrors[0].url: unsupported [[registry.mirror]] key 'url'" in output, output[-3000:]
     assert all(changed == 0 for changed in recap.values()), recap
     assert node(COMPUTE[0]).check_output("sha256sum /etc/enroot/registries.conf") == before

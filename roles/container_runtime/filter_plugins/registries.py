@@ -1,87 +1,73 @@
 """registries.conf (containers-registries.conf v2, as berth reads it) from the
 role's variables, with the registry_cache hosts' instances first in each
-mirror list. Every problem is one line naming the variable, so preflight can
-refuse bad input before any host changes; the runtime checks the rendered
-file again when it is written."""
+mirror list. The rules are checked by the runtime's own code
+(runtime/berth/image/registries.py of this checkout), its messages naming
+the variable where they name FILE:LINE, so preflight refuses before any host
+changes what the runtime would refuse in the file."""
 
-import importlib.util
 import re
+import sys
 from pathlib import Path
 
 from ansible.errors import AnsibleFilterError
 
-_RULE_KEYS = {"prefix", "location", "insecure", "blocked", "mirror-by-digest-only", "mirrors"}
-_MIRROR_KEYS = {"location", "insecure", "pull-from-mirror"}
-_PULL = ("all", "digest-only", "tag-only")
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-_HOST = rf"(?:{_LABEL}\.)*{_LABEL}(?::[0-9]{{1,5}})?"
-_PATH = r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-_NAME = re.compile(_HOST + _PATH)
-_WILDCARD = re.compile(rf"\*\.(?:{_LABEL}\.)*{_LABEL}")
-_SEARCH = re.compile(_HOST)
+# The runtime of this checkout, first on the path: a berth installed on the
+# controller, of another version, plays no part.
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "runtime"))
+from berth import tomlwrite  # noqa: E402
+from berth.errors import BerthError  # noqa: E402
+from berth.image import registries  # noqa: E402
+
+_RULES = "container_runtime_registries"
+_SEARCH = "container_runtime_unqualified_search_registries"
 _TOKEN = re.compile(r"[^\s\"'#]+")
 
 
-def _writer():
-    """The runtime's TOML writer (runtime/berth/tomlwrite.py, Berth's one),
-    loaded by its path in this checkout: the controller need not have the
-    runtime installed."""
-    path = Path(__file__).resolve().parents[3] / "runtime" / "berth" / "tomlwrite.py"
-    spec = importlib.util.spec_from_file_location("berth_tomlwrite", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+class _Variables:
+    """Where the runtime's checks place a problem: the role's variable
+    (container_runtime_registries[0].mirrors[1].location), for a file's
+    FILE:LINE."""
+
+    @staticmethod
+    def at(scope, key):
+        if not scope:
+            return _SEARCH if key == "unqualified-search-registries" else _RULES
+        where = f"{_RULES}[{scope[1]}]"
+        if len(scope) == 4:
+            where += f".mirrors[{scope[3]}]"
+        if key is not None:
+            where += ".mirrors" if key == "mirror" else f".{key}"
+        return where
 
 
-_TOML = _writer()
-
-
-def _string(problems, where, value, pattern, what):
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        problems.append(f"{where}: {value!r} is not {what}")
-
-
-def _bool(problems, where, value):
-    if not isinstance(value, bool):
-        problems.append(f"{where}: {value!r} is not true or false")
-
-
-def _check_rules(rules, problems):
+def _tables(rules):
+    """The rules as registries.conf's tables: a rule's mirrors are its
+    [[registry.mirror]] tables (mirror). Anything else goes as it is, for
+    the runtime to refuse."""
     if not isinstance(rules, list):
-        problems.append("container_runtime_registries: expected a list of rules")
-        return
-    for index, rule in enumerate(rules):
-        where = f"container_runtime_registries[{index}]"
-        if not isinstance(rule, dict):
-            problems.append(f"{where}: expected a mapping with prefix, location, mirrors ...")
-            continue
-        for key in sorted(set(rule) - _RULE_KEYS):
-            problems.append(f"{where}: unknown key '{key}' (known: {', '.join(sorted(_RULE_KEYS))})")
-        if "prefix" not in rule and "location" not in rule:
-            problems.append(f"{where}: needs a prefix or a location")
-        if "prefix" in rule and not (isinstance(rule["prefix"], str) and _WILDCARD.fullmatch(rule["prefix"])):
-            _string(problems, f"{where}.prefix", rule["prefix"], _NAME, "HOST[:PORT][/PATH] or *.DOMAIN")
-        if "location" in rule:
-            _string(problems, f"{where}.location", rule["location"], _NAME, "HOST[:PORT][/PATH]")
-        for key in ("insecure", "blocked", "mirror-by-digest-only"):
-            if key in rule:
-                _bool(problems, f"{where}.{key}", rule[key])
-        mirrors = rule.get("mirrors", [])
-        if not isinstance(mirrors, list):
-            problems.append(f"{where}.mirrors: expected a list of mirrors")
-            continue
-        for number, mirror in enumerate(mirrors):
-            at = f"{where}.mirrors[{number}]"
-            if not isinstance(mirror, dict):
-                problems.append(f"{at}: expected a mapping with location, insecure, pull-from-mirror")
-                continue
-            for key in sorted(set(mirror) - _MIRROR_KEYS):
-                problems.append(f"{at}: unknown key '{key}' (known: {', '.join(sorted(_MIRROR_KEYS))})")
-            _string(problems, f"{at}.location", mirror.get("location"), _NAME, "HOST[:PORT][/PATH]")
-            if "insecure" in mirror:
-                _bool(problems, f"{at}.insecure", mirror["insecure"])
-            if "pull-from-mirror" in mirror and mirror["pull-from-mirror"] not in _PULL:
-                problems.append(f"{at}.pull-from-mirror: {mirror['pull-from-mirror']!r} is not one of {', '.join(_PULL)}")
+        return rules
+    tables = []
+    for rule in rules:
+        if isinstance(rule, dict):
+            rule = {("mirror" if key == "mirrors" else key): value for key, value in rule.items()}
+        tables.append(rule)
+    return tables
+
+
+def _check_rules(rules, search):
+    """The runtime's first problem with the rules (and the search list, when given), or None."""
+    for index, rule in enumerate(rules if isinstance(rules, list) else []):
+        # registries.conf's own name, which _tables gives the role's mirrors
+        if isinstance(rule, dict) and "mirror" in rule:
+            return f"{_RULES}[{index}]: unknown key 'mirror' (a rule lists its mirrors under mirrors)"
+    data = {"registry": _tables(rules)}
+    if search is not None:
+        data["unqualified-search-registries"] = search
+    try:
+        registries.check(data, _Variables)
+    except BerthError as e:
+        return str(e)
+    return None
 
 
 def _cache_mirrors(cache_hosts, hostvars, problems):
@@ -99,8 +85,13 @@ def _cache_mirrors(cache_hosts, hostvars, problems):
             where = f"registry_cache_upstreams[{index}] of {host}"
             prefix = upstream.get("prefix") if isinstance(upstream, dict) else None
             port = upstream.get("port") if isinstance(upstream, dict) else None
-            if not isinstance(prefix, str) or not _NAME.fullmatch(prefix) or not str(port).isdigit():
+            if not isinstance(prefix, str) or not str(port).isdigit():
                 problems.append(f"{where}: needs a prefix HOST[:PORT][/PATH] and a port")
+                continue
+            try:
+                registries.check_name(f"{where}.prefix", "prefix", prefix)
+            except BerthError as e:
+                problems.append(str(e))
                 continue
             # The cache mirrors the upstream's whole namespace: a prefix's
             # path (ghcr.io/team) stays in the mirror's location.
@@ -113,15 +104,8 @@ def _cache_mirrors(cache_hosts, hostvars, problems):
 
 
 def _check(rules, search, cache_hosts, hostvars):
-    problems = []
-    _check_rules(rules, problems)
-    if search is not None:
-        if not isinstance(search, list):
-            problems.append("container_runtime_unqualified_search_registries: expected a list of HOST[:PORT]")
-        else:
-            for index, host in enumerate(search):
-                _string(problems, f"container_runtime_unqualified_search_registries[{index}]",
-                        host, _SEARCH, "HOST[:PORT]")
+    problem = _check_rules(rules, search)
+    problems = [problem] if problem else []
     caches = _cache_mirrors(cache_hosts or [], hostvars, problems)
     return problems, caches
 
@@ -156,20 +140,25 @@ def berth_registries_toml(rules, search=None):
     out = []
     if search is not None:
         key = "unqualified-search-registries"
-        out.append(f"{key} = {_TOML.value(list(search), key)}")
+        out.append(f"{key} = {tomlwrite.value(list(search), key)}")
         out.append("")
     for rule in rules:
         out.append("[[registry]]")
         for key in ("prefix", "location", "insecure", "blocked", "mirror-by-digest-only"):
             if key in rule:
-                out.append(f"{key} = {_TOML.value(rule[key], key)}")
+                out.append(f"{key} = {tomlwrite.value(rule[key], key)}")
         for mirror in rule.get("mirrors", []):
             out.append("  [[registry.mirror]]")
             for key in ("location", "insecure", "pull-from-mirror"):
                 if key in mirror:
-                    out.append(f"  {key} = {_TOML.value(mirror[key], key)}")
+                    out.append(f"  {key} = {tomlwrite.value(mirror[key], key)}")
         out.append("")
     return "\n".join(out)
+
+
+def _string(problems, where, value, pattern, what):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        problems.append(f"{where}: {value!r} is not {what}")
 
 
 def berth_credentials_problems(users):
@@ -189,7 +178,7 @@ def berth_credentials_problems(users):
             if not isinstance(entry, dict) or set(entry) != {"machine", "login", "password"}:
                 problems.append(f"{at}: expected exactly the keys machine, login, password")
                 continue
-            _string(problems, f"{at}.machine", entry["machine"], _SEARCH, "HOST[:PORT]")
+            _string(problems, f"{at}.machine", entry["machine"], registries.HOST, "HOST[:PORT]")
             _string(problems, f"{at}.login", entry["login"], _TOKEN, "a login without spaces, quotes or #")
             # The password itself is never printed.
             if not isinstance(entry["password"], str) or not _TOKEN.fullmatch(entry["password"]):

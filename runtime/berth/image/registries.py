@@ -43,8 +43,9 @@ HUB = "docker.io"  # Docker Hub's name in these files; its API answers at DEFAUL
 _HUB_ALIASES = {HUB, "index.docker.io", DEFAULT_REGISTRY}
 _MAX_FILE = 1 << 20
 
-_HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)*"
-                   r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?::[0-9]{1,5})?")
+# HOST[:PORT]; the roles check their registry hosts with it too
+HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)*"
+                  r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?::[0-9]{1,5})?")
 _COMPONENT = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 _WILDCARD = re.compile(r"\*\.((?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)*"
                        r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)")
@@ -254,7 +255,17 @@ def _merge(registries, path):
         raise BerthError(f"{path}: not UTF-8 text") from None
     except tomlread.DecodeError as e:
         raise BerthError(f"{path}: not valid TOML: {e}") from None
-    lines = _Lines(path, text)
+    _add(registries, data, _Lines(path, text))
+
+
+def check(data, lines):
+    """The rules of `data`, a registries.conf's tables (the roles' variables
+    among them), checked as a file's are: BerthError at the first problem,
+    placed by `lines.at(scope, key)` (see _Lines)."""
+    _add(Registries(), data, lines)
+
+
+def _add(registries, data, lines):
     for key in data:
         if key not in _TOP_KEYS:
             raise _unsupported(lines, (), key)
@@ -265,7 +276,7 @@ def _merge(registries, path):
             raise BerthError(f"{where}: unqualified-search-registries must be a list of "
                              "strings")
         for host in value:
-            if not _HOST.fullmatch(host):
+            if not HOST.fullmatch(host):
                 raise BerthError(f"{where}: unqualified-search registry '{host}' is not "
                                  "HOST[:PORT]")
         registries.search, registries.search_where = list(value), where
@@ -298,9 +309,9 @@ def _rule(lines, index, table):
                              f"wildcard prefix '{prefix}' may not set a location")
     else:
         if prefix is not None:
-            _check_name(lines.at(scope, "prefix"), "prefix", prefix)
+            check_name(lines.at(scope, "prefix"), "prefix", prefix)
         if location is not None:
-            _check_name(lines.at(scope, "location"), "location", location)
+            check_name(lines.at(scope, "location"), "location", location)
     prefix = _canonical(prefix if prefix is not None else location)
     location = _canonical(location) if location else prefix
     mirrors = []
@@ -317,7 +328,7 @@ def _rule(lines, index, table):
         if not mirror_location:
             raise BerthError(f"{lines.at(mscope, None)}: a [[registry.mirror]] needs a "
                              "location")
-        _check_name(lines.at(mscope, "location"), "mirror location", mirror_location)
+        check_name(lines.at(mscope, "location"), "mirror location", mirror_location)
         pull_from = _string(lines, mscope, entry, "pull-from-mirror") or "all"
         if pull_from not in _PULL_FROM_MIRROR:
             raise BerthError(f"{lines.at(mscope, 'pull-from-mirror')}: pull-from-mirror must "
@@ -339,9 +350,10 @@ def _canonical(name):
     return f"{host}{slash}{path}"
 
 
-def _check_name(where, what, value):
+def check_name(where, what, value):
+    """HOST[:PORT][/PATH], as a prefix or location, or BerthError naming `where`."""
     host, _, path = value.partition("/")
-    if not _HOST.fullmatch(host):
+    if not HOST.fullmatch(host):
         raise BerthError(f"{where}: {what} '{value}' does not start with HOST[:PORT]")
     if "@" in path or ":" in path:
         raise BerthError(f"{where}: {what} '{value}' names a tag or digest; berth supports "
