@@ -11,12 +11,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -89,7 +87,6 @@ static int run_cmd(spank_t sp, const struct step *st, const struct plugin_conf *
 	char **env;
 	int pipe_fds[2] = { -1, -1 };
 	struct child cmd;
-	size_t used = 0;
 	int status = 0, rc;
 
 	if (st->deadline_ms > 0 && (deadline < 0 || st->deadline_ms < deadline))
@@ -106,33 +103,16 @@ static int run_cmd(spank_t sp, const struct step *st, const struct plugin_conf *
 		free(env);
 		return -1;
 	}
-	rc = spawn(sp, st, argv, env, -1, pipe_fds[1], log_path, &cmd);
+	rc = spawn(sp, st, argv, env, &(struct child_io){ -1, pipe_fds[1], -1, log_path }, &cmd);
 	free(env);
 	if (out != NULL) {
-		struct pollfd printed = { pipe_fds[0], POLLIN, 0 };
+		struct child_output printed = { .out_fd = pipe_fds[0], .err_fd = -1, .out = out,
+						.outlen = outlen };
 
 		close(pipe_fds[1]);
-		if (slow_notice != NULL && rc == 0 && poll(&printed, 1, SLOW_NOTICE_MS) == 0)
-			slurm_spank_log("spank_berth: %s", slow_notice);
-		while (rc == 0) {
-			char sink[256];
-			ssize_t n;
-			int r = poll(&printed, 1, ms_left(deadline));
-
-			if (r < 0 && errno == EINTR)
-				continue;
-			if (r <= 0) /* past the deadline: child_wait says so */
-				break;
-			n = used + 1 < outlen ? read(pipe_fds[0], out + used, outlen - 1 - used)
-					      : read(pipe_fds[0], sink, sizeof(sink));
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n <= 0)
-				break;
-			if (used + 1 < outlen)
-				used += (size_t)n;
-		}
-		out[used] = '\0';
+		out[0] = '\0';
+		if (rc == 0)
+			child_read(&printed, deadline, slow_notice);
 		close(pipe_fds[0]);
 	}
 	if (rc < 0)
@@ -330,58 +310,35 @@ void start_cmd_free(struct start_cmd *cmd)
 
 /* The submission side: the runtime run as the submitting user, its output captured. */
 
-static int wait_child(pid_t pid, int *status)
-{
-	while (waitpid(pid, status, 0) < 0) {
-		if (errno != EINTR)
-			return -1;
-	}
-	return 0;
-}
-
 /*
- * Start argv as the submitting user in its environment, stdout and stderr
- * into c's pipes (collect with capture_finish). The child ends with this
- * process: a resolve left running by an srun that failed to allocate.
+ * Start argv as the submitting user in its environment (spawn), stdout and
+ * stderr into c's pipes (collect with capture_finish). The child ends with
+ * this process: a resolve left running by an srun that failed to allocate.
  */
 static int capture_start(char *const argv[], struct capture *c, char *msg, size_t msglen)
 {
 	int out_pipe[2] = { -1, -1 }, err_pipe[2] = { -1, -1 };
-	pid_t parent = getpid();
+	int rc = -1;
 
-	c->pid = -1;
-	if (pipe2(out_pipe, O_CLOEXEC) < 0 || pipe2(err_pipe, O_CLOEXEC) < 0) {
+	c->out_fd = c->err_fd = -1;
+	if (pipe2(out_pipe, O_CLOEXEC) < 0 || pipe2(err_pipe, O_CLOEXEC) < 0)
 		snprintf(msg, msglen, "pipe: %s", strerror(errno));
-		goto fail;
+	else if (spawn(NULL, NULL, argv, NULL, &(struct child_io){ -1, out_pipe[1], err_pipe[1], NULL },
+		       &c->child) < 0)
+		snprintf(msg, msglen, "cannot start %s (see above)", argv[0]);
+	else {
+		c->out_fd = out_pipe[0];
+		c->err_fd = err_pipe[0];
+		out_pipe[0] = err_pipe[0] = -1;
+		rc = 0;
 	}
-	c->pid = fork();
-	if (c->pid == 0) {
-		int null_fd = open("/dev/null", O_RDONLY);
-
-		if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent || null_fd < 0 ||
-		    dup2(null_fd, 0) < 0 || dup2(out_pipe[1], 1) < 0 || dup2(err_pipe[1], 2) < 0)
-			_exit(126);
-		execv(argv[0], argv);
-		_exit(127);
-	}
-	if (c->pid < 0) {
-		snprintf(msg, msglen, "fork: %s", strerror(errno));
-		goto fail;
-	}
-	close(out_pipe[1]);
-	close(err_pipe[1]);
-	c->out_fd = out_pipe[0];
-	c->err_fd = err_pipe[0];
-	return 0;
-fail:
 	for (int i = 0; i < 2; i++) {
 		if (out_pipe[i] >= 0)
 			close(out_pipe[i]);
 		if (err_pipe[i] >= 0)
 			close(err_pipe[i]);
 	}
-	c->pid = -1;
-	return -1;
+	return rc;
 }
 
 /* A started capture not to be collected: its child killed and reaped. */
@@ -389,13 +346,12 @@ static void capture_cancel(struct capture *c)
 {
 	int status;
 
-	if (c->pid <= 0)
+	if (c->child.pidfd < 0)
 		return;
 	close(c->out_fd);
 	close(c->err_fd);
-	kill(c->pid, SIGKILL);
-	wait_child(c->pid, &status);
-	c->pid = -1;
+	child_signal(&c->child, SIGKILL);
+	child_wait(&c->child, -1, "the runtime", 0, &status);
 }
 
 /*
@@ -405,61 +361,29 @@ static void capture_cancel(struct capture *c)
 static int capture_finish(const char *program, struct capture *c, char *out, size_t outlen,
 			  char *msg, size_t msglen)
 {
-	char errbuf[4096];
-	size_t used = 0, errused = 0;
-	int status = 0, overflow = 0, rc = -1;
+	struct child_output o = { .out_fd = c->out_fd, .err_fd = c->err_fd, .out = out,
+				  .outlen = outlen };
+	int status = 0, rc = -1;
 
-	/* both pipes at once: a child blocked on a full one would never exit */
-	for (struct pollfd fds[2] = { { c->out_fd, POLLIN, 0 }, { c->err_fd, POLLIN, 0 } };
-	     fds[0].fd >= 0 || fds[1].fd >= 0;) {
-		char sink[4096];
-		ssize_t n;
-
-		if (poll(fds, 2, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			snprintf(msg, msglen, "poll: %s", strerror(errno));
-			capture_cancel(c);
-			return -1;
-		}
-		if (fds[0].revents) {
-			n = used + 1 < outlen ? read(fds[0].fd, out + used, outlen - 1 - used)
-					      : read(fds[0].fd, sink, sizeof(sink));
-			if (n > 0 && used + 1 < outlen)
-				used += (size_t)n;
-			else if (n > 0)
-				overflow = 1;
-			else if (n == 0 || errno != EINTR)
-				fds[0].fd = -1;
-		}
-		if (fds[1].revents) {
-			if (errused > sizeof(errbuf) / 2) { /* keep the tail: the last line counts */
-				memmove(errbuf, errbuf + errused - sizeof(errbuf) / 2, sizeof(errbuf) / 2);
-				errused = sizeof(errbuf) / 2;
-			}
-			n = read(fds[1].fd, errbuf + errused, sizeof(errbuf) - errused);
-			if (n > 0)
-				errused += (size_t)n;
-			else if (n == 0 || errno != EINTR)
-				fds[1].fd = -1;
-		}
+	if (child_read(&o, -1, NULL) < 0) {
+		snprintf(msg, msglen, "cannot read what %s printed", program);
+		capture_cancel(c);
+		return -1;
 	}
-	out[used] = '\0';
 	close(c->out_fd);
 	close(c->err_fd);
-	if (wait_child(c->pid, &status) < 0)
-		snprintf(msg, msglen, "waitpid: %s", strerror(errno));
-	else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !overflow)
+	if (child_wait(&c->child, -1, program, 0, &status) < 0)
+		snprintf(msg, msglen, "%s: cannot get its exit status", program);
+	else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !o.overflow)
 		rc = 0;
-	else if (overflow)
+	else if (o.overflow)
 		snprintf(msg, msglen, "%s printed more than %zu bytes", program, outlen - 1);
-	else if (errused > 0)
-		last_line(errbuf, errused, 1, msg, msglen);
+	else if (o.err_used > 0)
+		last_line(o.err, o.err_used, 1, msg, msglen);
 	else if (WIFEXITED(status) && WEXITSTATUS(status) >= 126)
 		snprintf(msg, msglen, "cannot execute %s", program);
 	else
 		snprintf(msg, msglen, "%s failed with status %d", program, status);
-	c->pid = -1;
 	return rc;
 }
 

@@ -8,6 +8,7 @@
 #ifndef BERTH_SPANK_BERTH_CMD_H
 #define BERTH_SPANK_BERTH_CMD_H
 
+#include "child.h"
 #include "container_flags.h"
 #include "plugstack.h"
 #include "step.h"
@@ -71,7 +72,7 @@ void report_failure(const struct step *st, const char *what, const char *log_pat
 
 /* On the submission side: a runtime command started, its output not yet read. */
 struct capture {
-	pid_t pid; /* -1: none */
+	struct child child; /* pidfd -1: none */
 	int out_fd, err_fd;
 };
 

@@ -1,7 +1,8 @@
 /*
- * See child.h. Every process the plugin forks on the node is the job user's
- * (fork_user) and is held by a pidfd; the runtime is started one way only
- * (spawn).
+ * See child.h. Every process the plugin forks is held by a pidfd, and on
+ * the node is the job user's (fork_user); the runtime is started one way
+ * only (spawn), on the node and at submission alike, and its output read
+ * one way (child_read).
  */
 #define _GNU_SOURCE
 #include "child.h"
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -249,16 +251,20 @@ static int become_user(const struct step *st, const gid_t *groups, int ngroups, 
  * Fork a child that is the job user (setgroups, setresgid, setresuid), in a
  * process group of its own, with default signals. The parent holds it by a
  * pidfd opened before the child may exit: the child waits for that on a
- * pipe, and while it waits it is root's, out of the user's reach. Returns
- * 0 in the child, 1 in the parent (c filled in), -1 (logged) on failure.
+ * pipe, and while it waits it is root's, out of the user's reach. st NULL
+ * (the submission side): the child stays the caller, in its process group,
+ * and is killed when the caller's thread ends (a resolve left running by an
+ * srun that failed to allocate). Returns 0 in the child, 1 in the parent (c
+ * filled in), -1 (logged) on failure.
  */
 int fork_user(struct child *c, const struct step *st, const gid_t *groups, int ngroups,
 	      int *oom_failed)
 {
 	int go[2] = { -1, -1 };
 	char ok = 1;
-	pid_t pid;
+	pid_t parent = getpid(), pid;
 
+	*oom_failed = 0;
 	c->pid = 0;
 	c->pidfd = -1;
 	if (pipe2(go, O_CLOEXEC) < 0) {
@@ -276,12 +282,13 @@ int fork_user(struct child *c, const struct step *st, const gid_t *groups, int n
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
 		close(go[1]);
-		if (setpgid(0, 0) < 0)
+		if (st != NULL ? setpgid(0, 0) < 0
+			       : prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
 			_exit(EXIT_NO_USER);
 		while ((n = read(go[0], &ok, 1)) < 0 && errno == EINTR)
 			;
 		close(go[0]);
-		if (n != 1 || become_user(st, groups, ngroups, oom_failed) < 0)
+		if (n != 1 || (st != NULL && become_user(st, groups, ngroups, oom_failed) < 0))
 			_exit(EXIT_NO_USER);
 		return 0;
 	}
@@ -310,19 +317,22 @@ int fork_user(struct child *c, const struct step *st, const gid_t *groups, int n
 }
 
 /*
- * Start argv as the job user (fork_user). stdin/stdout of the child: the
- * given fds (-1: /dev/null); stderr: log_path, opened as the user. Only
- * async-signal-safe calls after fork: slurmstepd has threads. 0 or -1.
+ * Start argv (fork_user): on the node as st's job user, in its step dir; st
+ * NULL: as the caller, where it is (the submission side). The child's
+ * stdin, stdout, stderr as io says; env NULL: the caller's environment.
+ * Only async-signal-safe calls after fork: slurmstepd and srun have
+ * threads. 0 or -1.
  */
-int spawn(spank_t sp, const struct step *st, char *const argv[], char **env, int in_fd, int out_fd,
-	  const char *log_path, struct child *c)
+int spawn(spank_t sp, const struct step *st, char *const argv[], char **env,
+	  const struct child_io *io, struct child *c)
 {
 	static const char oom_msg[] = "spank_berth: cannot reset oom_score_adj to 0\n";
 	const gid_t *groups = NULL;
 	int ngroups = 0, oom_failed = 0;
-	int null_fd, log_fd, forked;
+	int null_fd, err_fd, forked;
 
-	job_groups(sp, st, &groups, &ngroups);
+	if (st != NULL)
+		job_groups(sp, st, &groups, &ngroups);
 	null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
 	if (null_fd < 0) {
 		slurm_error("spank_berth: cannot open /dev/null: %m");
@@ -330,24 +340,90 @@ int spawn(spank_t sp, const struct step *st, char *const argv[], char **env, int
 	}
 	forked = fork_user(c, st, groups, ngroups, &oom_failed);
 	if (forked == 0) {
-		log_fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
-		if (log_fd < 0 || dup2(log_fd, 2) < 0 ||
-		    dup2(in_fd >= 0 ? in_fd : null_fd, 0) < 0 ||
-		    dup2(out_fd >= 0 ? out_fd : null_fd, 1) < 0)
+		err_fd = io->err_path == NULL ? (io->err_fd >= 0 ? io->err_fd : null_fd)
+			 : open(io->err_path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+		if (err_fd < 0 || dup2(err_fd, 2) < 0 ||
+		    dup2(io->in_fd >= 0 ? io->in_fd : null_fd, 0) < 0 ||
+		    dup2(io->out_fd >= 0 ? io->out_fd : null_fd, 1) < 0)
 			_exit(EXIT_NO_LOG);
 		if (oom_failed && write(2, oom_msg, sizeof(oom_msg) - 1) < 0)
 			_exit(EXIT_NO_LOG);
-		/* slurmstepd's own fds are none of the runtime's business */
+		/* slurmstepd's (or srun's) own fds are none of the runtime's business */
 		if (close_range(3, ~0U, 0) < 0)
 			for (int fd = 3; fd < 1024; fd++)
 				close(fd);
-		if (chdir(st->step_dir[0] ? st->step_dir : "/") < 0)
+		if (st != NULL && chdir(st->step_dir[0] ? st->step_dir : "/") < 0)
 			_exit(EXIT_NO_LOG);
-		execve(argv[0], argv, env);
+		execve(argv[0], argv, env != NULL ? env : environ);
 		_exit(127);
 	}
 	close(null_fd);
 	return forked < 0 ? -1 : 0;
+}
+
+/*
+ * Read a started child's stdout and stderr (child_read in child.h): both
+ * at once, since a child blocked on a full pipe would never exit.
+ */
+int child_read(struct child_output *o, long long deadline, const char *slow_notice)
+{
+	struct pollfd fds[2] = { { o->out_fd, POLLIN, 0 }, { o->err_fd, POLLIN, 0 } };
+	long long notice_at = slow_notice != NULL ? now_ms() + SLOW_NOTICE_MS : -1;
+	int rc = 0;
+
+	o->used = o->err_used = 0;
+	o->overflow = 0;
+	while (fds[0].fd >= 0 || fds[1].fd >= 0) {
+		int waited = notice_at >= 0 ? ms_left(notice_at) : ms_left(deadline);
+		int r = poll(fds, 2, deadline >= 0 && ms_left(deadline) < waited ? ms_left(deadline)
+										 : waited);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			slurm_error("spank_berth: poll: %m");
+			rc = -1;
+			break;
+		}
+		if (r == 0 && notice_at >= 0 && ms_left(notice_at) == 0) {
+			slurm_spank_log("spank_berth: %s", slow_notice);
+			notice_at = -1;
+			continue;
+		}
+		if (r == 0) /* past the deadline: child_wait says so */
+			break;
+		notice_at = -1; /* it has printed: no notice */
+		if (fds[0].revents) {
+			char sink[4096];
+			ssize_t n = o->used + 1 < o->outlen
+				? read(fds[0].fd, o->out + o->used, o->outlen - 1 - o->used)
+				: read(fds[0].fd, sink, sizeof(sink));
+
+			if (n > 0 && o->used + 1 < o->outlen)
+				o->used += (size_t)n;
+			else if (n > 0)
+				o->overflow = 1;
+			else if (n == 0 || errno != EINTR)
+				fds[0].fd = -1;
+		}
+		if (fds[1].revents) {
+			size_t half = sizeof(o->err) / 2;
+			ssize_t n;
+
+			if (o->err_used > half) { /* keep the tail: the last line counts */
+				memmove(o->err, o->err + o->err_used - half, half);
+				o->err_used = half;
+			}
+			n = read(fds[1].fd, o->err + o->err_used, sizeof(o->err) - o->err_used);
+			if (n > 0)
+				o->err_used += (size_t)n;
+			else if (n == 0 || errno != EINTR)
+				fds[1].fd = -1;
+		}
+	}
+	if (o->outlen > 0)
+		o->out[o->used] = '\0';
+	return rc;
 }
 
 /*

@@ -1,8 +1,9 @@
 /*
- * Processes the plugin forks on the node, all as the job user and held by a
- * pidfd (struct child, step.h): the runtime's commands (spawn; their
- * command lines are berth_cmd.c's), and the helpers that read or remove the
- * user's files for root.
+ * Processes the plugin forks, all held by a pidfd (struct child, step.h):
+ * the runtime's commands (spawn, their output read by child_read; their
+ * command lines are berth_cmd.c's), on the node as the job user and at
+ * submission as the submitting user; and on the node the helpers that read
+ * or remove the user's files for root.
  */
 #ifndef BERTH_SPANK_CHILD_H
 #define BERTH_SPANK_CHILD_H
@@ -46,8 +47,9 @@ int child_wait(struct child *c, long long deadline, const char *what, int timeou
 
 /*
  * Fork a child that is st's user (groups: its group list), in a process
- * group of its own. 0 in the child, 1 in the parent (c filled in), -1
- * (logged). oom_failed, in the child: oom_score_adj could not be reset.
+ * group of its own; st NULL: the caller still, ending with it. 0 in the
+ * child, 1 in the parent (c filled in), -1 (logged). oom_failed, in the
+ * child: oom_score_adj could not be reset.
  */
 int fork_user(struct child *c, const struct step *st, const gid_t *groups, int ngroups,
 	      int *oom_failed);
@@ -55,12 +57,36 @@ int fork_user(struct child *c, const struct step *st, const gid_t *groups, int n
 /* The job's environment (a login's in the epilog) with KEY=VALUE overrides; free() it. */
 char **child_env(spank_t sp, const struct step *st, char **overrides, int noverrides);
 
+/* A spawned child's stdin, stdout and stderr: fds (-1: /dev/null), or stderr into err_path. */
+struct child_io {
+	int in_fd, out_fd, err_fd;
+	const char *err_path; /* opened by the child, as the user; NULL: err_fd */
+};
+
 /*
- * Start argv as the job user with env; stdin/stdout in_fd/out_fd (-1:
- * /dev/null), stderr into log_path. 0 (c holds it) or -1 (logged).
+ * Start argv as st's job user with env, in the step dir; st NULL: as the
+ * caller (the submission side), where it is, with env (NULL: its own). 0
+ * (c holds it) or -1 (logged).
  */
-int spawn(spank_t sp, const struct step *st, char *const argv[], char **env, int in_fd, int out_fd,
-	  const char *log_path, struct child *c);
+int spawn(spank_t sp, const struct step *st, char *const argv[], char **env,
+	  const struct child_io *io, struct child *c);
+
+/* A spawned child's output as child_read collects it. */
+struct child_output {
+	int out_fd, err_fd; /* the pipes' read ends (-1: none); child_read leaves them open */
+	char *out;          /* stdout, up to outlen - 1 bytes, NUL-terminated */
+	size_t outlen, used;
+	int overflow;       /* it printed more than that */
+	char err[4096];     /* the tail of its stderr (not NUL-terminated) */
+	size_t err_used;
+};
+
+/*
+ * Read o's pipes until both close or deadline (now_ms() time, -1: none)
+ * passes; slow_notice: logged when nothing came for SLOW_NOTICE_MS. 0, or
+ * -1 (logged) when they cannot be polled.
+ */
+int child_read(struct child_output *o, long long deadline, const char *slow_notice);
 
 /*
  * The last (up to len - 1) bytes of a regular file below the user's tree,

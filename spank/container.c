@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "container.h"
 #include "berth_cmd.h"
+#include "edf.h"
 #include "image_ref.h"
 #include "keeper.h"
 #include "paths.h"
@@ -36,6 +37,34 @@ static int step_label(char *out, size_t outlen, uint32_t jobid, uint32_t stepid)
 					     : snprintf(out, outlen, "%u.%u", jobid, stepid);
 
 	return n < 0 || (size_t)n >= outlen ? -1 : 0;
+}
+
+/* --environment: the values resolved at submission (submit.h), from the job's environment. */
+static int node_environment(spank_t sp, struct container_flags *flags)
+{
+	char err[ERR_LEN];
+	char *text = malloc(EDF_MAX);
+	const char *body = NULL;
+	spank_err_t got;
+	int rc = -1;
+
+	if (text == NULL) {
+		slurm_error("spank_berth: out of memory");
+		return -1;
+	}
+	got = spank_getenv(sp, EDF_VAR, text, EDF_MAX);
+	if (got == ESPANK_SUCCESS)
+		body = edf_body(text, flags->environment);
+	if (body == NULL)
+		slurm_error("spank_berth: --environment: '%s' resolved at submission did not reach "
+			    "the node (%s: %s; does --export drop it?)", flags->environment, EDF_VAR,
+			    got == ESPANK_SUCCESS ? "for another environment" : spank_strerror(got));
+	else if (apply_edf(flags, body, 0, err, sizeof(err)) < 0)
+		slurm_error("spank_berth: %s", err);
+	else
+		rc = 0;
+	free(text);
+	return rc;
 }
 
 int step_init(spank_t sp, struct step *st, const struct plugin_conf *conf,
@@ -167,6 +196,24 @@ static void import_messages(struct image_request *req, const char *image, const 
 	else
 		snprintf(req->notice, sizeof(req->notice), "importing %s into this node's image "
 			 "cache", req->uri);
+}
+
+/*
+ * 1 and the pinned URI (docker://...@sha256:...) in pinned when the
+ * submission resolved uri (submit.h), else 0: import the tag as given.
+ */
+static int node_image(spank_t sp, const char *uri, char *pinned, size_t len)
+{
+	char text[PATH_MAX * 2 + 2];
+	const char *pin;
+
+	if (spank_getenv(sp, IMAGE_VAR, text, sizeof(text)) != ESPANK_SUCCESS)
+		return 0;
+	pin = image_pin(text, uri);
+	if (pin == NULL || strlen(pin) >= len)
+		return 0;
+	memcpy(pinned, pin, strlen(pin) + 1);
+	return 1;
 }
 
 /*

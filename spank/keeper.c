@@ -185,7 +185,8 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		slurm_error("spank_berth: pipe: %m");
 		goto out;
 	}
-	status = spawn(sp, st, cmd.argv, env, in_pipe[0], out_pipe[1], log_path, &st->keeper);
+	status = spawn(sp, st, cmd.argv, env,
+		       &(struct child_io){ in_pipe[0], out_pipe[1], -1, log_path }, &st->keeper);
 	close(in_pipe[0]);
 	close(out_pipe[1]);
 	in_pipe[0] = out_pipe[1] = -1;

@@ -12,23 +12,6 @@
 #include <string.h>
 
 /*
- * The EDF is resolved once, at submission (the submitting environment
- * expands its ${VAR}s), and its values reach the nodes in the job's
- * environment under this name: see edf_body() in edf.h. SLURM_* names
- * survive sbatch --export=NONE, so a containerized batch step finds it too.
- */
-#define EDF_VAR "SLURM_BERTH_EDF"
-#define EDF_MAX 65536
-
-/*
- * A registry image's tag, resolved to its digest once at submission, the
- * same way: "URI\nPINNED" (image_pin() in image_ref.h). Every node of the
- * job imports PINNED, so a tag that moves meanwhile changes nothing, and
- * the next job sees where it points then.
- */
-#define IMAGE_VAR "SLURM_BERTH_IMAGE"
-
-/*
  * Resolve --environment through the runtime and put the result into this
  * process's environment, which srun/sbatch/salloc hand to the job. A job
  * step inside an sbatch/salloc of the same environment finds it there
@@ -74,34 +57,6 @@ int submit_environment(const struct plugin_conf *conf, struct container_flags *f
 	}
 	rc = 0;
 out:
-	free(text);
-	return rc;
-}
-
-/* On the node: the values resolved at submission, from the job's environment. */
-int node_environment(spank_t sp, struct container_flags *flags)
-{
-	char err[ERR_LEN];
-	char *text = malloc(EDF_MAX);
-	const char *body = NULL;
-	spank_err_t got;
-	int rc = -1;
-
-	if (text == NULL) {
-		slurm_error("spank_berth: out of memory");
-		return -1;
-	}
-	got = spank_getenv(sp, EDF_VAR, text, EDF_MAX);
-	if (got == ESPANK_SUCCESS)
-		body = edf_body(text, flags->environment);
-	if (body == NULL)
-		slurm_error("spank_berth: --environment: '%s' resolved at submission did not reach "
-			    "the node (%s: %s; does --export drop it?)", flags->environment, EDF_VAR,
-			    got == ESPANK_SUCCESS ? "for another environment" : spank_strerror(got));
-	else if (apply_edf(flags, body, 0, err, sizeof(err)) < 0)
-		slurm_error("spank_berth: %s", err);
-	else
-		rc = 0;
 	free(text);
 	return rc;
 }
@@ -165,7 +120,7 @@ void submit_image_finish(const struct plugin_conf *conf, struct image_resolve *r
 	char *text = NULL;
 	size_t len;
 
-	if (resolve->child.pid <= 0)
+	if (resolve->child.child.pidfd < 0)
 		return;
 	if (berth_resolve_finish(conf, &resolve->child, pinned, sizeof(pinned), msg,
 				 sizeof(msg)) < 0) {
@@ -193,21 +148,6 @@ void submit_image_finish(const struct plugin_conf *conf, struct image_resolve *r
 void submit_image_cancel(struct image_resolve *resolve)
 {
 	berth_resolve_cancel(&resolve->child);
-}
-
-/* On the node: the URI this step's image was pinned to at submission, if any. */
-int node_image(spank_t sp, const char *uri, char *pinned, size_t len)
-{
-	char text[PATH_MAX * 2 + 2];
-	const char *pin;
-
-	if (spank_getenv(sp, IMAGE_VAR, text, sizeof(text)) != ESPANK_SUCCESS)
-		return 0;
-	pin = image_pin(text, uri);
-	if (pin == NULL || strlen(pin) >= len)
-		return 0;
-	memcpy(pinned, pin, strlen(pin) + 1);
-	return 1;
 }
 
 /* PYXIS_CONTAINER_* lookups: the submitting process's environment, or the job's. */

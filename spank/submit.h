@@ -2,7 +2,7 @@
  * The submission side (srun, sbatch, salloc: local and allocator contexts)
  * and what it hands the nodes: PYXIS_CONTAINER_* variables, the
  * --environment EDF and a registry image's digest, each resolved once at
- * submission and read back on the node.
+ * submission and read back on the node (container.c).
  */
 #ifndef BERTH_SPANK_SUBMIT_H
 #define BERTH_SPANK_SUBMIT_H
@@ -18,6 +18,23 @@
 #pragma GCC visibility push(hidden) /* the plugin's own: see step.h */
 
 /*
+ * The EDF is resolved once, at submission (the submitting environment
+ * expands its ${VAR}s), and its values reach the nodes in the job's
+ * environment under this name: see edf_body() in edf.h. SLURM_* names
+ * survive sbatch --export=NONE, so a containerized batch step finds it too.
+ */
+#define EDF_VAR "SLURM_BERTH_EDF"
+#define EDF_MAX 65536
+
+/*
+ * A registry image's tag, resolved to its digest once at submission, the
+ * same way: "URI\nPINNED" (image_pin() in image_ref.h). Every node of the
+ * job imports PINNED, so a tag that moves meanwhile changes nothing, and
+ * the next job sees where it points then.
+ */
+#define IMAGE_VAR "SLURM_BERTH_IMAGE"
+
+/*
  * PYXIS_CONTAINER_* into flags, from the submitting process's environment
  * or (remote) the job's. -1 (logged) on a bad value.
  */
@@ -28,9 +45,6 @@ int pyxis_env(spank_t sp, int remote, struct container_flags *flags);
  * into this process's environment, which srun/sbatch/salloc hand to the job.
  */
 int submit_environment(const struct plugin_conf *conf, struct container_flags *flags);
-
-/* On the node: the values resolved at submission, from the job's environment. */
-int node_environment(spank_t sp, struct container_flags *flags);
 
 /*
  * A SIF --container-image checked through the runtime before submission:
@@ -43,7 +57,7 @@ struct image_resolve {
 	struct capture child;
 	char uri[PATH_MAX];
 };
-#define IMAGE_RESOLVE_INIT { { -1, -1, -1 }, "" }
+#define IMAGE_RESOLVE_INIT { { { 0, -1 }, -1, -1 }, "" }
 
 /*
  * A registry image's tag resolved to a digest through the runtime, once
@@ -56,12 +70,6 @@ void submit_image_start(const struct plugin_conf *conf, const struct container_f
 			struct image_resolve *resolve);
 void submit_image_finish(const struct plugin_conf *conf, struct image_resolve *resolve);
 void submit_image_cancel(struct image_resolve *resolve);
-
-/*
- * On the node: 1 and the pinned URI (docker://...@sha256:...) in pinned
- * when the submission resolved uri, else 0 (import the tag as given).
- */
-int node_image(spank_t sp, const char *uri, char *pinned, size_t len);
 
 #pragma GCC visibility pop
 
