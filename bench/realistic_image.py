@@ -74,7 +74,13 @@ def _zipf(rng, tokens):
     return lambda count: rng.choices(tokens, cum_weights=cumulative, k=count)
 
 
-def text_corpus(seed):
+def corpus_bytes(size_gib):
+    """Each corpus's size: CORPUS_BYTES, less for a small image (still far
+    beyond the compressors' windows)."""
+    return min(CORPUS_BYTES, max(1 << 20, int(size_gib * (1 << 30)) // 8))
+
+
+def text_corpus(seed, size=CORPUS_BYTES):
     """Source-like text: lines of Zipf-distributed words, keywords and
     punctuation, the lines themselves Zipf-distributed (code repeats itself)."""
     rng = random.Random(f"text-{seed}")
@@ -86,21 +92,21 @@ def text_corpus(seed):
     lines = ["    " * rng.randint(0, 3) + "".join(word(rng.randint(2, 12))) + "\n"
              for _ in range(20000)]
     line = _zipf(rng, lines)
-    out, size = [], 0
-    while size < CORPUS_BYTES:
+    out, made = [], 0
+    while made < size:
         piece = "".join(line(1 << 12)).encode()
         out.append(piece)
-        size += len(piece)
-    return b"".join(out)[:CORPUS_BYTES]
+        made += len(piece)
+    return b"".join(out)[:size]
 
 
-def binary_corpus(seed):
+def binary_corpus(seed, size=CORPUS_BYTES):
     """Machine-code-like bytes: Zipf-distributed short tokens, runs of zeros
     (padding, tables) and stretches of noise (packed data)."""
     rng = random.Random(f"binary-{seed}")
     token = _zipf(rng, [rng.randbytes(rng.randint(2, 8)) for _ in range(4096)])
-    out, size = [], 0
-    while size < CORPUS_BYTES:
+    out, made = [], 0
+    while made < size:
         roll = rng.random()
         if roll < 0.08:
             piece = bytes(rng.randint(16, 1024))
@@ -109,8 +115,8 @@ def binary_corpus(seed):
         else:
             piece = b"".join(token(rng.randint(512, 4096)))
         out.append(piece)
-        size += len(piece)
-    return b"".join(out)[:CORPUS_BYTES]
+        made += len(piece)
+    return b"".join(out)[:size]
 
 
 class Slice:
@@ -162,7 +168,7 @@ def plan(size_gib, files, layers, seed):
         contents[layer].append(("symlink", name, 0, 0, posixpath.basename(f"{name}.{number % 13}")))
 
     small_count = max(1, files - 2 * library_count)
-    packages = [f"{SITE}/{_word(rng)}{n}" for n in range(max(1, files // 400))]
+    packages = [f"{SITE}/{_word(rng)}{n}" for n in range(max(3, files // 400))]
     packages += [f"usr/share/doc/{_word(rng)}{n}" for n in range(max(1, files // 2000))]
     directories = []
     for package in packages:
@@ -230,6 +236,26 @@ def plan(size_gib, files, layers, seed):
         # hard links after their targets; a replaced file's last version wins
         ordered.append(sorted(dirs + entries, key=lambda e: (e[0] == "hardlink", e[1])))
     return ordered
+
+
+def final_paths(layers):
+    """The paths of the tree `layers` (plan's) make, applied as overlayfs
+    would: a whiteout deletes its path and all below it, an opaque marker
+    what lower layers put in its directory."""
+    paths = set()
+    for entries in layers:
+        made = set()
+        for kind, path, *_rest in entries:
+            parent, base = posixpath.split(path)
+            if kind == "opaque":
+                paths = {p for p in paths if not p.startswith(f"{parent}/") or p in made}
+            elif kind == "whiteout":
+                hidden = posixpath.join(parent, base.removeprefix(".wh."))
+                paths = {p for p in paths if p != hidden and not p.startswith(f"{hidden}/")}
+            else:
+                paths.add(path)
+                made.add(path)
+    return paths
 
 
 def _word(rng):
@@ -314,7 +340,8 @@ def cached(cache_dir, size_gib=10, files=250_000, layers=40, seed=1, quiet=False
     started = time.monotonic()
     _say(quiet, f"planning {size_gib:g} GiB, {files} files, {layers} layers...")
     entries = plan(size_gib, files, layers, seed)
-    _CORPORA["text"], _CORPORA["file"] = text_corpus(seed), binary_corpus(seed)
+    size = corpus_bytes(size_gib)
+    _CORPORA["text"], _CORPORA["file"] = text_corpus(seed, size), binary_corpus(seed, size)
     processors = os.cpu_count() or 1
     # the largest layers first, so the last one to finish is a small one
     order = sorted(range(layers), key=lambda n: -sum(e[2] for e in entries[n]))

@@ -1,0 +1,44 @@
+"""bench/realistic_image.py's image, small: the same bytes from the same
+arguments, and Berth's import of it is the tree its layers make as
+overlayfs would (whiteouts, a directory deleted whole, an opaque one,
+replaced files), entry by entry."""
+
+import json
+import sys
+from pathlib import Path
+
+from registry_fixture import berth, berth_env, listing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import realistic_image  # noqa: E402
+
+SHAPE = {"size_gib": 0.004, "files": 400, "layers": 40, "seed": 3}
+
+
+def test_the_same_arguments_make_the_same_image(tmp_path):
+    first = realistic_image.cached(tmp_path / "a", quiet=True, **SHAPE)
+    second = realistic_image.cached(tmp_path / "b", quiet=True, **SHAPE)
+    assert realistic_image.manifest_of(first) == realistic_image.manifest_of(second)
+    layers = json.loads(realistic_image.manifest_of(first))["layers"]
+    assert len(layers) == 40 and len({layer["digest"] for layer in layers}) > 30
+
+
+def test_berth_imports_the_tree_its_layers_make(tmp_path):
+    top = realistic_image.cached(tmp_path / "images", quiet=True, **SHAPE)
+    layers = realistic_image.plan(SHAPE["size_gib"], SHAPE["files"], SHAPE["layers"],
+                                  SHAPE["seed"])
+    kinds = {kind for entries in layers for kind, *_ in entries}
+    assert {"whiteout", "opaque", "hardlink", "symlink"} <= kinds
+    image = tmp_path / "image.sqsh"
+    result = berth(["import", "-o", str(image), f"oci:{top / 'oci'}:v1"], berth_env(tmp_path),
+                   tmp_path)
+    assert result.returncode == 0, result.stderr
+    # (the image has no /etc: what is there is Berth's, image.json, rc and the rest)
+    imported = {path for path in listing(image).splitlines()
+                if path and path != "/etc" and not path.startswith("/etc/")}
+    final = realistic_image.final_paths(layers)
+    assert imported == {f"/{path}" for path in final}
+    markers = {path for entries in layers for kind, path, *_ in entries
+               if kind in ("whiteout", "opaque")}
+    everything = {path for entries in layers for _, path, *_ in entries} - markers
+    assert len(everything - final) > 3  # what the whiteouts deleted
