@@ -40,6 +40,9 @@ def _add_import(sub):
     p.add_argument("--digest", action="store_true",
                    help="with --cache-only: a second line with the digest the image was "
                         "pulled by, as its image.json records it (for the job's log)")
+    p.add_argument("--porcelain", action="store_true",
+                   help="with --cache-only: instead, one line of KEY=VALUE pairs for programs "
+                        "(squashfs, digest, cached: berth/porcelain.py)")
     p.add_argument("--reuse", action="store_true",
                    help="take the image last imported for this URI here without asking the "
                         "registry (a moved tag is not seen); import when there is none")
@@ -73,6 +76,11 @@ def _add_start_options(p):
     p.add_argument(
         "-d", "--detach", action="store_true",
         help="print the container pid once ready; stay up until SIGTERM or stdin closes",
+    )
+    p.add_argument(
+        "--porcelain", action="store_true",
+        help="with --detach: stdout's lines for programs, as KEY=VALUE pairs (digest= and "
+             "cached= of a registry target, then pid=: berth/porcelain.py)",
     )
     p.add_argument(
         "--entrypoint", action="store_true",

@@ -16,7 +16,7 @@ BERTH = Path(__file__).resolve().parents[1] / "berth"
 PARTS = {
     "ground": (0, ("berth", "berth.config", "berth.errors", "berth.safedir",
                    "berth.rootpath", "berth.syscalls", "berth.units",
-                   "berth.tomlread", "berth.tomlwrite")),
+                   "berth.tomlread", "berth.tomlwrite", "berth.porcelain")),
     "image": (1, ("berth.image",)),
     "container": (2, ("berth.container",)),
     "store": (2, ("berth.store",)),

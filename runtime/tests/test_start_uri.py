@@ -17,6 +17,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -160,6 +161,43 @@ def test_start_with_reuse_asks_no_registry(pulling, proxy, registry):
     again = berth("--quiet", "start", uri_of(proxy), "true")
     assert again.returncode == 0 and again.stdout == "" and again.stderr == ""
     assert proxy.requests == ["/v2/test/busybox/manifests/v1"]
+
+
+def answer(line):
+    """{key: value} of a --porcelain line (berth/porcelain.py), its values decoded."""
+    assert line.endswith("\n") and line.count("\n") == 1, line
+    return {key: unquote(value) for key, _, value in
+            (pair.partition("=") for pair in line[:-1].split(" "))}
+
+
+def test_porcelain_answers_the_plugin_in_key_value_lines(pulling, proxy, registry):
+    """--porcelain: what the SPANK plugin reads (spank/answer.c), KEY=VALUE
+    pairs: a detached start's digest and cached, then its pid; import
+    --cache-only's squashfs, digest and cached. Only where there is such
+    an answer."""
+    berth = pulling
+    berth.fails("start", "--porcelain", uri_of(proxy), "true", needle="--porcelain: only with "
+                "--detach", stdin=subprocess.DEVNULL)
+    berth.fails("import", "--porcelain", uri_of(proxy), needle="--porcelain: only with "
+                "--cache-only")
+    process = subprocess.Popen(berth.command("start", "--detach", "--porcelain", uri_of(proxy)),
+                               env=berth.env, cwd=berth.base, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    image, ready = process.stdout.readline(), process.stdout.readline()
+    try:
+        assert answer(image) == {"digest": registry.busybox_digest, "cached": "no"}, \
+            process.stderr.read()
+        pid = answer(ready)["pid"]
+        assert list(answer(ready)) == ["pid"] and pid.isdigit()
+        assert berth("exec", pid, "cat", "/etc/os-release").stdout == OS_RELEASE
+    finally:
+        stop(process)
+    [entry] = cache_entries(berth)
+    imported = berth("--quiet", "import", "--cache-only", "--porcelain", "--reuse",
+                     uri_of(proxy))
+    assert imported.returncode == 0, imported.stderr
+    assert answer(imported.stdout) == {"squashfs": str(entry),
+                                       "digest": registry.busybox_digest, "cached": "yes"}
 
 
 def test_an_unreachable_registry_fails_before_anything_starts(pulling):

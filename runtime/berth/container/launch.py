@@ -51,7 +51,7 @@ import select
 import signal
 import sys
 
-from berth import rootpath, syscalls as sc
+from berth import porcelain, rootpath, syscalls as sc
 from berth.container import entry, environ, hooks, mounts, rootfs, seccomp, services
 from berth.errors import BerthError
 from berth.image import parts
@@ -71,6 +71,7 @@ class Plan:
     scratch      the root unpacked for this start only (a writable start of
                  an image), removed at the end; or None
     writable, pid_namespace, restrict_dev, detach   booleans
+    porcelain    --detach's pid line as pid=PID (berth/porcelain.py)
     ids          (uid, gid) of the container's processes inside (0, 0 with
                  --root), or None: no user namespace (ENROOT_ALLOW_SUPERUSER)
     unshare      extra CLONE_NEW* flags: net, ipc, uts
@@ -406,7 +407,8 @@ def start(plan):
                                  "skips it)" if login else ""))
         if ready:
             _fill_ready_environ(plan, keeper)
-            print(keeper, flush=True)
+            print(porcelain.line(pid=keeper) if plan.porcelain else f"{keeper}\n", end="",
+                  flush=True)
             _wait_for_stop(child)
             with contextlib.suppress(ProcessLookupError):  # it may be gone already
                 os.kill(keeper, signal.SIGKILL)

@@ -27,7 +27,7 @@ import fcntl
 import os
 import sys
 
-from berth import config, safedir, syscalls as sc
+from berth import config, porcelain, safedir, syscalls as sc
 from berth.container import environ, hooks, launch, mounts, rootfs
 from berth.image import imagefile, parts, reference
 from berth.errors import BerthError
@@ -199,6 +199,8 @@ def _plan(args, cfg, container, conf, uri=False):
     """Check every input, then make the runtime directory: a launch.Plan.
     With `uri`, `container` is a registry reference (docker://URI), its
     image pulled (_pulled) once every other input is checked."""
+    if args.porcelain and not args.detach:
+        raise BerthError("--porcelain: only with --detach")
     expand_env = {**os.environ, **dict(cfg.items())}
     # hooks.d, environ.d and mounts.d in there run as the caller or reach the container
     safedir.check_if_present(cfg["ENROOT_CONFIG_PATH"], "ENROOT_CONFIG_PATH")
@@ -247,7 +249,7 @@ def _plan(args, cfg, container, conf, uri=False):
         restrict_dev=cfg.flag("ENROOT_RESTRICT_DEV"),
         mounts=user_mounts, env_files=_sorted_files(cfg, "environ.d", ".env"), env=env,
         hooks=hooks.find(cfg), rc=rc, login=cfg.flag("ENROOT_LOGIN_SHELL"),
-        command=list(args.command), detach=args.detach,
+        command=list(args.command), detach=args.detach, porcelain=args.porcelain,
         entrypoint=args.entrypoint, entrypoint_timeout=_entrypoint_timeout(),
     )
     base = safedir.ensure(cfg["ENROOT_RUNTIME_PATH"], "ENROOT_RUNTIME_PATH")
@@ -360,7 +362,9 @@ def _pulled(args, cfg, uri):
     from berth.image import importer  # (only here: starts of a name or a file need none of it)
     image, digest, found = importer.cached_squashfs(cfg, uri, args.reuse, args.quiet,
                                                     store_client=args.store_client)
-    if args.detach:
+    if args.detach and args.porcelain:
+        print(porcelain.line(digest=digest, cached=found), end="", flush=True)
+    elif args.detach:
         print(f"{digest} cached" if found else digest, flush=True)
     return image
 

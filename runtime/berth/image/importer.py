@@ -35,7 +35,7 @@ import signal
 import sys
 import time
 
-from berth import safedir
+from berth import porcelain, safedir
 from berth.errors import BerthError, Terminated, raise_terminated
 from berth.image import archive, reference, registries
 
@@ -74,6 +74,7 @@ def _describe_sif(args):
     never taken as verified."""
     for flag, given in (("-o/--output", args.output), ("--cache-only", args.cache_only),
                         ("--resolve", args.resolve), ("--digest", args.digest),
+                        ("--porcelain", args.porcelain),
                         ("--reuse", args.reuse), ("-a/--arch", args.arch)):
         if given:
             raise BerthError(f"{flag}: not with a SIF image ({args.uri}): it is started as it "
@@ -151,9 +152,14 @@ def _import(args, cfg):
                          "references have a digest to resolve")
     if args.resolve and (args.reuse or args.dry_run or args.digest):
         raise BerthError("--resolve: not with --reuse, --dry-run or --digest")
+    if args.porcelain and (not args.cache_only or args.dry_run):
+        raise BerthError("--porcelain: only with --cache-only (not with --dry-run)")
     if args.cache_only and not args.dry_run:
-        image, digest, _ = cached_squashfs(cfg, args.uri, args.reuse, args.quiet, args.arch,
-                                           args.digest, args.store_client)
+        image, digest, found = cached_squashfs(cfg, args.uri, args.reuse, args.quiet, args.arch,
+                                               args.digest or args.porcelain, args.store_client)
+        if args.porcelain:
+            print(porcelain.line(squashfs=image, digest=digest, cached=found), end="")
+            return 0
         print(image)
         if args.digest:
             print(digest)
