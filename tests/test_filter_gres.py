@@ -143,6 +143,7 @@ PLAY = """
 """
 
 
+@pytest.mark.playbook
 def test_template_renders_the_cluster(tmp_path):
     empty = tmp_path / "cpu-node"
     (empty / "proc").mkdir(parents=True)

@@ -45,6 +45,7 @@ def play(tmp_path, **sizes):
                         ANSIBLE_FILTER_PLUGINS=str(REPO / "plugins" / "filter"))
 
 
+@pytest.mark.playbook
 def test_the_preflight_passes_every_size_the_runtime_takes(tmp_path):
     code, out = play(tmp_path, container_runtime_cache_max_size="1.5T",
                      container_runtime_image_store_max_size="",
@@ -52,6 +53,7 @@ def test_the_preflight_passes_every_size_the_runtime_takes(tmp_path):
     assert code == 0, out
 
 
+@pytest.mark.playbook
 def test_the_preflight_refuses_a_size_the_runtime_would(tmp_path):
     code, out = play(tmp_path, container_runtime_cache_max_size="20G",
                      container_runtime_image_store_max_size="20 G",

@@ -116,6 +116,7 @@ def test_unreadable_gpu_entry_is_named(tmp_path):
     assert str(information) in result["msg"] and "Device Minor" in result["msg"]
 
 
+@pytest.mark.playbook
 def test_facts_reach_the_play_in_check_mode(tmp_path):
     play = tmp_path / "play.yml"
     out = tmp_path / "facts.json"

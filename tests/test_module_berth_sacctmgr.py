@@ -61,17 +61,20 @@ def calls(program):
         if log.exists() else []
 
 
-def run(tmp_path, sacctmgr, accounts, check=False):
-    return ansible_module.run_module(
-        tmp_path, "berth_sacctmgr",
-        {"cluster": "berth", "accounts": accounts, "sacctmgr": str(sacctmgr)}, check)
+def args(sacctmgr, accounts):
+    return {"cluster": "berth", "accounts": accounts, "sacctmgr": str(sacctmgr)}
+
+
+def run(sacctmgr, accounts, check=False):
+    return ansible_module.call_module("berth_sacctmgr", args(sacctmgr, accounts), check)
 
 
 ACCOUNTS = {"physics": {"users": ["alice", "bob"]}, "biology": {"users": ["alice"]}}
 
 
+@pytest.mark.playbook
 def test_registers_cluster_accounts_and_users_then_changes_nothing(tmp_path, sacctmgr):
-    first = run(tmp_path, sacctmgr, ACCOUNTS)
+    first = ansible_module.run_module(tmp_path, "berth_sacctmgr", args(sacctmgr, ACCOUNTS))
     assert first["changed"] is True, first
     assert first["added"] == [
         "add cluster berth",
@@ -86,31 +89,31 @@ def test_registers_cluster_accounts_and_users_then_changes_nothing(tmp_path, sac
         ("berth", "physics", "alice"), ("berth", "physics", "bob"), ("berth", "biology", ""),
         ("berth", "biology", "alice")])
     adds = len(calls(sacctmgr))
-    again = run(tmp_path, sacctmgr, ACCOUNTS)
+    again = ansible_module.run_module(tmp_path, "berth_sacctmgr", args(sacctmgr, ACCOUNTS))
     assert again["changed"] is False and again["added"] == []
     assert len(calls(sacctmgr)) == adds  # nothing added twice
 
 
-def test_a_new_user_only_adds_that_user(tmp_path, sacctmgr):
-    run(tmp_path, sacctmgr, ACCOUNTS)
-    more = run(tmp_path, sacctmgr, {**ACCOUNTS, "physics": {"users": ["alice", "bob", "carol"]}})
+def test_a_new_user_only_adds_that_user(sacctmgr):
+    run(sacctmgr, ACCOUNTS)
+    more = run(sacctmgr, {**ACCOUNTS, "physics": {"users": ["alice", "bob", "carol"]}})
     assert more["changed"] is True
     assert more["added"] == ["add user carol account=physics cluster=berth"]
     assert "account physics user carol" in more["diff"]["after"]
     assert "account physics user carol" not in more["diff"]["before"]
 
 
-def test_check_mode_reports_and_adds_nothing(tmp_path, sacctmgr):
-    result = run(tmp_path, sacctmgr, ACCOUNTS, check=True)
+def test_check_mode_reports_and_adds_nothing(sacctmgr):
+    result = run(sacctmgr, ACCOUNTS, check=True)
     assert result["changed"] is True
     assert "add cluster berth" in result["added"]
     assert not sacctmgr.with_name("sacctmgr.json").exists()
     assert calls(sacctmgr) == []
 
 
-def test_accounts_left_out_are_left_alone(tmp_path, sacctmgr):
-    run(tmp_path, sacctmgr, ACCOUNTS)
-    fewer = run(tmp_path, sacctmgr, {"physics": {"users": ["alice"]}})
+def test_accounts_left_out_are_left_alone(sacctmgr):
+    run(sacctmgr, ACCOUNTS)
+    fewer = run(sacctmgr, {"physics": {"users": ["alice"]}})
     assert fewer["changed"] is False
     assert ["berth", "biology", "alice"] in state(sacctmgr)["assoc"]
 
@@ -121,17 +124,17 @@ def test_accounts_left_out_are_left_alone(tmp_path, sacctmgr):
     ({"physics": {"users": "alice"}}, "accounts.physics.users: expected a list of login names"),
     ({"physics": {"users": ["Alice Smith"]}}, "accounts.physics.users: 'Alice Smith' is not a lower-case login name"),
 ])
-def test_bad_accounts_are_refused_before_any_change(tmp_path, sacctmgr, accounts, message):
-    result = run(tmp_path, sacctmgr, accounts)
+def test_bad_accounts_are_refused_before_any_change(sacctmgr, accounts, message):
+    result = run(sacctmgr, accounts)
     assert result.get("failed") is True
     assert message in result["msg"]
     assert not sacctmgr.with_name("sacctmgr.json").exists()
     assert not sacctmgr.with_name("sacctmgr.log").exists()  # sacctmgr never ran
 
 
-def test_an_unreachable_slurmdbd_fails_in_one_line_naming_the_command(tmp_path, sacctmgr):
+def test_an_unreachable_slurmdbd_fails_in_one_line_naming_the_command(sacctmgr):
     sacctmgr.with_name("sacctmgr.json").write_text(json.dumps({"down": 1}))
-    result = run(tmp_path, sacctmgr, ACCOUNTS)
+    result = run(sacctmgr, ACCOUNTS)
     assert result.get("failed") is True
     assert result["msg"] == ("sacctmgr show cluster format=cluster failed: sacctmgr: error: "
                              "Problem talking to the database: Connection refused")

@@ -98,10 +98,13 @@ def tag(image, digest, directory):
     path.write_text(json.dumps({**tags, image: digest}))
 
 
+def module_args(tmp_path, store, images, **options):
+    return {"images": images, "berth": str(tmp_path / "berth"), "socket": store.path, **options}
+
+
 def run(tmp_path, store, images, check=False, **options):
-    return ansible_module.run_module(tmp_path / "play", "berth_store_image", {
-        "images": images, "berth": str(tmp_path / "berth"), "socket": store.path, **options},
-        check)
+    return ansible_module.call_module("berth_store_image", module_args(tmp_path, store, images, **options),
+                                      check)
 
 
 @pytest.fixture
@@ -110,13 +113,16 @@ def play_dir(tmp_path):
     return tmp_path
 
 
+@pytest.mark.playbook
 def test_pulls_the_pinned_image_once_then_changes_nothing(play_dir, store):
     pinned = "docker://registry#a/b@sha256:" + "1" * 64
-    first = run(play_dir, store, ["registry#a/b:1"])
+    first = ansible_module.run_module(play_dir / "play", "berth_store_image",
+                                      module_args(play_dir, store, ["registry#a/b:1"]))
     assert first["changed"] and first["pulled"] == [pinned]
     assert first["resolved"] == {"registry#a/b:1": pinned}
     assert store.requests == [pinned]
-    again = run(play_dir, store, ["registry#a/b:1"])
+    again = ansible_module.run_module(play_dir / "play", "berth_store_image",
+                                      module_args(play_dir, store, ["registry#a/b:1"]))
     assert not again["changed"] and again["present"] == [pinned] and again["pulled"] == []
     assert store.requests == [pinned]
 

@@ -1,4 +1,5 @@
-"""library/berth_venv.py: a real venv from Debian's python3, run through ansible-playbook."""
+"""library/berth_venv.py: a real venv from Debian's python3, made through
+ansible-playbook; the refusals called directly."""
 
 import os
 import shutil
@@ -20,6 +21,10 @@ def run_module(tmp_path, module_args, check=False, umask=0o022):
     return ansible_module.run_module(tmp_path, "berth_venv", module_args, check, umask)
 
 
+def call_module(module_args, check=False):
+    return ansible_module.call_module("berth_venv", module_args, check)
+
+
 def runtime_copy(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(REPO / "runtime", src, ignore=shutil.ignore_patterns("__pycache__", "tests"))
@@ -34,6 +39,7 @@ def berth_version(venv, tmp_path):
     return out.stdout.strip()
 
 
+@pytest.mark.playbook
 def test_installs_once_and_again_only_when_the_source_changes(tmp_path):
     src = runtime_copy(tmp_path)
     venv = tmp_path / "venv"
@@ -66,7 +72,7 @@ def test_installs_once_and_again_only_when_the_source_changes(tmp_path):
 
 def test_source_without_pyproject_fails_naming_src_and_creates_nothing(tmp_path):
     venv = tmp_path / "venv"
-    result = run_module(tmp_path, {"src": str(tmp_path), "venv": str(venv), "python": SYSTEM_PYTHON})
+    result = call_module({"src": str(tmp_path), "venv": str(venv), "python": SYSTEM_PYTHON})
     assert result["failed"] is True
     assert result["msg"] == f"src: {tmp_path} has no pyproject.toml"
     assert not venv.exists()
@@ -75,13 +81,13 @@ def test_source_without_pyproject_fails_naming_src_and_creates_nothing(tmp_path)
 def test_check_mode_with_the_source_not_yet_copied_plans_an_install(tmp_path):
     venv = tmp_path / "venv"
     args = {"src": str(tmp_path / "not-copied-yet"), "venv": str(venv), "python": SYSTEM_PYTHON}
-    assert run_module(tmp_path, args, check=True)["changed"] is True
+    assert call_module(args, check=True)["changed"] is True
     assert not venv.exists()
-    assert run_module(tmp_path, args)["msg"] == f"src: {tmp_path}/not-copied-yet has no pyproject.toml"
+    assert call_module(args)["msg"] == f"src: {tmp_path}/not-copied-yet has no pyproject.toml"
 
 
 def test_missing_interpreter_fails_naming_it_and_creates_nothing(tmp_path):
     venv = tmp_path / "venv"
     args = {"src": str(runtime_copy(tmp_path)), "venv": str(venv), "python": "/nonexistent/python3"}
-    assert run_module(tmp_path, args)["msg"] == "python: /nonexistent/python3 is not an executable"
+    assert call_module(args)["msg"] == "python: /nonexistent/python3 is not an executable"
     assert not venv.exists()

@@ -1,4 +1,5 @@
-"""library/enroot_conf.py, run through ansible-playbook as a site would run it."""
+"""library/enroot_conf.py: called directly, and once through ansible-playbook
+as a site would run it."""
 
 import importlib.util
 import os
@@ -15,9 +16,9 @@ sys.path.insert(0, str(REPO / "runtime"))
 from berth import config  # noqa: E402
 
 
-def run_module(tmp_path, module_args, check=False):
-    """Run enroot_conf once; return its registered result."""
-    return ansible_module.run_module(tmp_path, "enroot_conf", module_args, check)
+def run_module(module_args, check=False):
+    """Run enroot_conf once; return its result."""
+    return ansible_module.call_module("enroot_conf", module_args, check)
 
 
 def node_settings(conf):
@@ -44,9 +45,10 @@ def test_keys_match_the_runtime():
     assert set(keys.RANGES) == {key for key, kind in keys.KEYS.items() if kind == keys.COUNT}
 
 
+@pytest.mark.playbook
 def test_writes_a_file_the_runtime_reads_and_second_run_changes_nothing(tmp_path):
     conf = tmp_path / "enroot.conf"
-    first = run_module(tmp_path, node_settings(conf))
+    first = ansible_module.run_module(tmp_path, "enroot_conf", node_settings(conf))
     assert first["changed"] is True
     assert oct(conf.stat().st_mode & 0o777) == "0o644"
     assert "ENROOT_ALLOW_HTTP no\n" in conf.read_text()
@@ -58,14 +60,14 @@ def test_writes_a_file_the_runtime_reads_and_second_run_changes_nothing(tmp_path
     assert cfg.flag("ENROOT_ALLOW_HTTP") is False
     assert cfg.number("ENROOT_MAX_CONNECTIONS") == 4
 
-    second = run_module(tmp_path, node_settings(conf))
+    second = ansible_module.run_module(tmp_path, "enroot_conf", node_settings(conf))
     assert second["changed"] is False
 
 
 def test_check_mode_reports_the_diff_and_writes_nothing(tmp_path):
     conf = tmp_path / "enroot.conf"
     conf.write_text("ENROOT_ALLOW_HTTP yes\n")
-    result = run_module(tmp_path, node_settings(conf), check=True)
+    result = run_module(node_settings(conf), check=True)
     assert result["changed"] is True
     assert result["diff"]["before"] == "ENROOT_ALLOW_HTTP yes\n"
     assert "ENROOT_ALLOW_HTTP no\n" in result["diff"]["after"]
@@ -87,7 +89,7 @@ def test_bad_setting_fails_naming_the_key_and_keeps_the_file(tmp_path, key, valu
     conf.write_text("ENROOT_ALLOW_HTTP yes\n")
     args = node_settings(conf)
     args["settings"][key] = value
-    result = run_module(tmp_path, args)
+    result = run_module(args)
     assert result["failed"] is True
     assert message in result["msg"]
     assert conf.read_text() == "ENROOT_ALLOW_HTTP yes\n"
@@ -95,9 +97,9 @@ def test_bad_setting_fails_naming_the_key_and_keeps_the_file(tmp_path, key, valu
 
 def test_missing_directory_fails_naming_it_but_check_mode_plans_the_file(tmp_path):
     conf = tmp_path / "etc" / "enroot" / "enroot.conf"
-    planned = run_module(tmp_path, node_settings(conf), check=True)
+    planned = run_module(node_settings(conf), check=True)
     assert planned["changed"] is True
     assert planned["diff"]["before"] == ""
-    failed = run_module(tmp_path, node_settings(conf))
+    failed = run_module(node_settings(conf))
     assert failed["msg"] == f"{conf}: directory {conf.parent} does not exist"
     assert not conf.parent.exists()
