@@ -6,9 +6,10 @@
 # the first failing stage.
 #
 #   bash scripts/test.sh          everything, as CI runs it
-#   bash scripts/test.sh --fast   a developer's loop: lint, pytest, and the
-#                                 cluster's idempotence and verify steps on the
-#                                 demo cluster already running (scripts/demo.sh)
+#   bash scripts/test.sh --fast   a developer's loop: the unit tier first, lint,
+#                                 the other tiers of pytest, and the cluster's
+#                                 idempotence and verify steps on the demo
+#                                 cluster already running (scripts/demo.sh)
 #
 # Each stage has a budget in seconds (STAGES below, measured on the 2-core
 # machines CI runs on); the run ends with one table of each stage's seconds
@@ -22,6 +23,7 @@ CI_LIMIT=5400  # CI stops a run after 90 minutes: past it, nothing lands
 # key|budget in seconds|what it runs
 STAGES=(
     "bootstrap|180|host bootstrap (packages, Docker daemon, venv, node images)"
+    "unit|60|--fast only: the unit tier of pytest (pytest.ini; no root, network, playbook or namespaces)"
     "lint|45|ansible-lint (production profile), syntax check, module documentation, the docs site"
     "images|240|test images (Open MPI, MPICH) of Debian 12 and 13"
     "pytest|800|unit and integration tests (tests, runtime/tests)"
@@ -187,8 +189,13 @@ unit_tests() {
     # Two workers, a test file to each at a time (tests/conftest.py starts
     # the SPANK end-to-end file first): most tests wait on subprocesses, not
     # the CPU. runtime/tests/conftest.py sets the machine-wide state once.
+    # Arguments (--fast: -m "not unit") go to pytest; CI runs every tier.
     python -m pytest -q -rs -n 2 --dist loadfile --no-loadscope-reorder --durations=10 \
-        tests runtime/tests
+        "$@" tests runtime/tests
+}
+
+unit_tier() {
+    python -m pytest -q -rs -m unit tests runtime/tests
 }
 
 runtime_suite_trixie() {
@@ -223,9 +230,12 @@ fast_cluster() {
 
 stage bootstrap bash scripts/bootstrap-host.sh
 export PATH="${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin:$PATH" ANSIBLE_FORCE_COLOR=0 PY_COLORS=0
+if [[ $mode == fast ]]; then
+    stage unit unit_tier  # first: a broken unit fails the loop within a minute
+fi
 stage lint lint
 if [[ $mode == fast ]]; then
-    stage pytest unit_tests
+    stage pytest unit_tests -m "not unit"
     stage fast-cluster fast_cluster
 else
     stage images images
