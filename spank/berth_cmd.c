@@ -130,7 +130,7 @@ int berth_import(spank_t sp, const struct step *st, const struct plugin_conf *co
 		 const char *uri, int reuse, char *out, size_t outlen, const char *notice,
 		 const char *headline)
 {
-	char *argv[] = { (char *)conf->berth, "import", "--cache-only", "--digest", "--reuse",
+	char *argv[] = { (char *)conf->berth, "import", "--cache-only", "--porcelain", "--reuse",
 			 (char *)uri, NULL };
 
 	if (!reuse) {
@@ -255,6 +255,7 @@ int start_cmd_begin(struct start_cmd *cmd, spank_t sp, const struct plugin_conf 
 	cmd->argv[cmd->argc++] = (char *)conf->berth;
 	cmd->argv[cmd->argc++] = "start";
 	cmd->argv[cmd->argc++] = "--detach";
+	cmd->argv[cmd->argc++] = "--porcelain";
 	if (flags->entrypoint != UNSET ? flags->entrypoint == ON : conf->execute_entrypoint)
 		cmd->argv[cmd->argc++] = "--entrypoint";
 	for (const char *const *ns = (const char *const[]){ "net", "ipc", "uts", NULL }; *ns; ns++)

@@ -25,7 +25,7 @@
  * headline: logged first on failure; notice: logged when it is slow to
  * print (an import).
  */
-/* "berth import --cache-only --digest [--reuse] URI": out gets its "SQSH\nDIGEST\n". */
+/* "berth import --cache-only --porcelain [--reuse] URI": out gets its answer line (answer.h). */
 int berth_import(spank_t sp, const struct step *st, const struct plugin_conf *conf,
 		 const char *uri, int reuse, char *out, size_t outlen, const char *notice,
 		 const char *headline);
@@ -43,7 +43,8 @@ int berth_remove(spank_t sp, const struct step *st, const struct plugin_conf *co
 		 const char *name);
 
 /*
- * "berth start --detach ..." (the keeper, which keeper.c spawns): argv, and
+ * "berth start --detach --porcelain ..." (the keeper, which keeper.c
+ * spawns; its answer lines: answer.h): argv, and
  * env, the variables set over the job's environment for it (ENROOT_* from
  * the flags, the EDF's hook annotations). start_cmd_begin: the flags' part
  * (0, or -1 logged); start_cmd_end: more mounts ("" for none; NULL ends

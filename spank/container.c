@@ -1,6 +1,7 @@
 /* See container.h. */
 #define _GNU_SOURCE
 #include "container.h"
+#include "answer.h"
 #include "berth_cmd.h"
 #include "edf.h"
 #include "image_ref.h"
@@ -131,16 +132,6 @@ static void log_image(const struct step *st, const char *image, const char *dige
 		   (unsigned int)st->uid, image, digest);
 }
 
-/* Whether text is one non-empty line, its newline removed. */
-static int one_line(char *text)
-{
-	size_t len = strlen(text);
-
-	if (len > 0 && text[len - 1] == '\n')
-		text[--len] = '\0';
-	return len > 0 && strchr(text, '\n') == NULL;
-}
-
 /* A custom importer's copy of req->uri in state_dir/images, made once per node. */
 static int import_with_importer(spank_t sp, const struct step *st, const struct plugin_conf *conf,
 				const struct container_flags *flags,
@@ -259,13 +250,13 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 			const struct container_flags *flags, char *sqsh)
 {
 	struct image_request req;
-	char out[PATH_MAX + 128];
-	char *digest;
+	struct answer answer;
+	char out[3 * PATH_MAX + 256], err[ERR_LEN]; /* (a path percent-encoded) */
 	const char *uri = req.uri;
 	int reuse = 0;
-	size_t len, archive = image_archive_prefix(flags->image);
+	size_t archive = image_archive_prefix(flags->image);
 	char path[PATH_MAX];
-	int n, too_long;
+	int n, too_long, parsed;
 
 	if (archive == 0 && conf->importer[0] == '\0') {
 		if (registry_request(sp, flags, &req) < 0)
@@ -292,18 +283,19 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 	}
 	if (berth_import(sp, st, conf, uri, reuse, out, sizeof(out), req.notice, req.headline) < 0)
 		return -1;
-	/* two lines: the cached squashfs, then the digest it was pulled by */
-	digest = strchr(out, '\n');
-	if (digest != NULL)
-		*digest++ = '\0';
-	len = strlen(out);
-	if (digest == NULL || out[0] != '/' || len >= PATH_MAX || !one_line(digest)) {
+	/* the cached squashfs, and the digest it was pulled by */
+	answer_init(&answer);
+	parsed = answer_parse(out, &answer, err, sizeof(err));
+	if (parsed == 0 && (!ANSWER_HAS(&answer, squashfs) || !ANSWER_HAS(&answer, digest)))
+		parsed = fail(err, sizeof(err), "its answer has no squashfs or no digest");
+	if (parsed < 0) {
 		slurm_error("spank_berth: %s", req.headline);
-		slurm_error("spank_berth: berth import printed no path and digest for %s", req.uri);
+		slurm_error("spank_berth: berth import printed no path and digest for %s: %s",
+			    req.uri, err);
 		return -1;
 	}
-	memcpy(sqsh, out, len + 1);
-	log_image(st, req.uri, digest);
+	memcpy(sqsh, answer.squashfs, sizeof(answer.squashfs));
+	log_image(st, req.uri, answer.digest);
 	return 0;
 }
 

@@ -1,6 +1,7 @@
 /* See keeper.h. */
 #define _GNU_SOURCE
 #include "keeper.h"
+#include "answer.h"
 #include "berth_cmd.h"
 #include "child.h"
 #include "paths.h"
@@ -134,25 +135,9 @@ static size_t read_line(int fd, char *line, size_t len, const char *slow_notice,
 }
 
 /*
- * A digest line as the runtime prints it: sha256:, then 64 hex digits, then
- * " cached" where the image was there before; that word is cut off and
- * said in *cached.
- */
-static int is_digest(char *line, int *cached)
-{
-	if (strncmp(line, "sha256:", 7) != 0 || strspn(line + 7, "0123456789abcdef") != 64)
-		return 0;
-	*cached = strcmp(line + 71, " cached") == 0;
-	if (!*cached && line[71] != '\0')
-		return 0;
-	line[71] = '\0';
-	return 1;
-}
-
-/*
- * "berth start --detach ... TARGET" (or "--reuse URI" for an image to
- * import first, whose digest line comes before the pid line): wait for the
- * pid line; report: log a failure.
+ * "berth start --detach --porcelain ... TARGET" (or "--reuse URI" for an
+ * image to import first, whose answer line of digest and cached comes
+ * before the pid's): wait for the pid line; report: log a failure.
  */
 int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		 const struct container_flags *flags, const char *target,
@@ -163,7 +148,8 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 	struct start_cmd cmd;
 	char **env = NULL;
 	int in_pipe[2] = { -1, -1 }, out_pipe[2] = { -1, -1 };
-	char line[32] = "";
+	struct answer answer;
+	char line[256] = "", err[ERR_LEN];
 	size_t used;
 	int rc = -1, status, imported, stopped = 0;
 
@@ -194,15 +180,20 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		goto out;
 	st->keeper_stdin = in_pipe[1];
 	in_pipe[1] = -1;
+	answer_init(&answer);
 	imported = image == NULL ||
-		   (read_line(out_pipe[0], image->digest, sizeof(image->digest), image->notice,
-			      &st->keeper, &stopped) > 0 &&
-		    is_digest(image->digest, &image->cached));
+		   (read_line(out_pipe[0], line, sizeof(line), image->notice, &st->keeper,
+			      &stopped) > 0 &&
+		    answer_parse(line, &answer, err, sizeof(err)) == 0 &&
+		    ANSWER_HAS(&answer, digest));
+	if (image != NULL && imported) {
+		memcpy(image->digest, answer.digest, sizeof(answer.digest));
+		image->cached = answer.cached;
+	}
 	used = imported ? read_line(out_pipe[0], line, sizeof(line), NULL, &st->keeper, &stopped)
 			: 0;
-	st->container_pid = (pid_t)strtol(line, NULL, 10);
-	if (used == 0 || st->container_pid <= 0 || strspn(line, "0123456789") != used) {
-		st->container_pid = 0;
+	if (used == 0 || answer_parse(line, &answer, err, sizeof(err)) < 0 ||
+	    !ANSWER_HAS(&answer, pid)) {
 		if (stopped) {
 			slurm_error("spank_berth: berth start was stopped (SIGSTOP) for %d s before "
 				    "the container was ready; killed", KEEPER_STOPPED_MS / 1000);
@@ -220,6 +211,7 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 			report_failure(st, "berth start", log_path, status, NULL);
 		goto out;
 	}
+	st->container_pid = answer.pid;
 	rc = 0;
 out:
 	for (int i = 0; i < 2; i++) {

@@ -26,7 +26,7 @@ struct image_request {
 	const char *target;                /* what is imported: pinned, or uri */
 	char notice[PATH_MAX * 2 + 64];    /* logged when the import takes a while */
 	char headline[PATH_MAX + 64];      /* logged first when it fails */
-	char digest[128];                  /* out: the digest it was pulled by */
+	char digest[72];                   /* out: the digest it was pulled by */
 	int cached;                        /* out: the image was there before the step */
 };
 

@@ -220,6 +220,85 @@ def test_archive_image_forms_are_the_runtimes():
     assert plugin == set(archive.SCHEMES)
 
 
+def test_answer_keys_are_the_runtimes():
+    """spank/answer_keys.h, which the plugin's answer parser is made of, is
+    what scripts/answer_keys.py writes from the runtime's porcelain.KEYS."""
+    result = subprocess.run([sys.executable, SPANK.parent / "scripts/answer_keys.py", "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# A reader of the runtime's answer lines, as the plugin reads them: each
+# line of stdin parsed into one answer, its keys printed one a line (a
+# path as hex, since it may hold any byte), or the parser's refusal.
+ANSWER_READER = r"""
+#include "answer.h"
+#include <stdio.h>
+#include <string.h>
+int main(void)
+{
+    static char line[4 * PATH_MAX];
+    char err[ERR_LEN];
+    struct answer a;
+
+    answer_init(&a);
+    while (fgets(line, sizeof(line), stdin) != NULL)
+        if (answer_parse(line, &a, err, sizeof(err)) < 0) {
+            printf("refused: %s\n", err);
+            return 1;
+        }
+    if (ANSWER_HAS(&a, squashfs)) {
+        printf("squashfs ");
+        for (const char *p = a.squashfs; *p; p++)
+            printf("%02x", (unsigned char)*p);
+        printf("\n");
+    }
+    if (ANSWER_HAS(&a, digest))
+        printf("digest %s\n", a.digest);
+    if (ANSWER_HAS(&a, cached))
+        printf("cached %d\n", a.cached);
+    if (ANSWER_HAS(&a, pid))
+        printf("pid %ld\n", (long)a.pid);
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def answer_reader(tmp_path_factory):
+    out = tmp_path_factory.mktemp("answer")
+    (out / "reader.c").write_text(ANSWER_READER)
+    subprocess.run(["gcc", "-std=gnu11", "-Wall", "-Werror", f"-I{SPANK}", "-o", out / "reader",
+                    out / "reader.c", SPANK / "answer.c"], check=True)
+    return out / "reader"
+
+
+@pytest.mark.parametrize("path", [
+    "/cache/images/plain.sqsh", "/home/a b/x.sqsh", "/tmp/new\nline=key%20x.sqsh",
+    "/tmp/caf\u00e9/\udcff.sqsh",  # a name that is no UTF-8, as os.fsdecode gives it
+    "/tmp/" + "\t\r\x7f\"'\\ " + "".join(map(chr, range(1, 32))),
+])
+def test_plugin_reads_what_the_runtime_answers(answer_reader, path):
+    """The runtime's --porcelain lines (berth/porcelain.py) read back by the
+    plugin's one parser (answer.c), whatever bytes the path holds: import's
+    line, and a detached start's digest line then pid line."""
+    sys.path.insert(0, str(SPANK.parent / "runtime"))
+    try:
+        from berth import porcelain
+    finally:
+        sys.path.pop(0)
+    digest = "sha256:" + "0123456789abcdef" * 4
+    imported = porcelain.line(squashfs=path, digest=digest, cached=False)
+    assert imported.count("\n") == 1 and imported.count(" ") == 2
+    read = subprocess.run([answer_reader], input=imported.encode(), capture_output=True)
+    assert read.returncode == 0, read.stdout
+    assert read.stdout.decode().splitlines() == [
+        f"squashfs {os.fsencode(path).hex()}", f"digest {digest}", "cached 0"]
+    started = porcelain.line(digest=digest, cached=True) + porcelain.line(pid=4242)
+    read = subprocess.run([answer_reader], input=started.encode(), capture_output=True)
+    assert read.stdout.decode().splitlines() == [f"digest {digest}", "cached 1", "pid 4242"]
+
+
 def test_tasks_install_the_runtimes_seccomp_filter():
     """seccomp_filter.h, which joining tasks install, is the runtime's filter
     (berth/container/seccomp.py) instruction for instruction, on each architecture."""

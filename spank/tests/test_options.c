@@ -1,9 +1,11 @@
 /*
  * Tests for the option parser (PARSER_SRC in the Makefile): plugstack
- * options, flag values, EDF lines, PYXIS_CONTAINER_*, env merge rules.
+ * options, flag values, EDF lines, PYXIS_CONTAINER_*, env merge rules, and
+ * the runtime's --porcelain answer.
  * Prints one line per failed check and exits 1 if any failed.
  * Run under valgrind by tests/test_spank_plugin.py.
  */
+#include "../answer.h"
 #include "../container_flags.h"
 #include "../edf.h"
 #include "../env_merge.h"
@@ -557,6 +559,63 @@ static void test_env_merge(void)
 	CHECK(!dropped("LANG", "X,LANG") && !dropped("LC_CTYPE", NULL) && !dropped("LAN", NULL));
 }
 
+#define DIGEST "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+/* The runtime's answer (answer.c): what berth import and start --porcelain print. */
+static void test_answer(void)
+{
+	struct answer a;
+
+	answer_init(&a);
+	ACCEPTED(answer_parse("squashfs=/cache/a%20b%0Ac%3D.sqsh digest=" DIGEST " cached=no\n",
+			      &a, err, sizeof(err)));
+	CHECK(strcmp(a.squashfs, "/cache/a b\nc=.sqsh") == 0 && strcmp(a.digest, DIGEST) == 0);
+	CHECK(ANSWER_HAS(&a, squashfs) && ANSWER_HAS(&a, digest) && ANSWER_HAS(&a, cached) &&
+	      !ANSWER_HAS(&a, pid) && a.cached == 0);
+	/* start --detach: the digest line, then the pid line, into one answer */
+	answer_init(&a);
+	ACCEPTED(answer_parse("digest=sha256%3A0123456789abcdef0123456789abcdef0123456789abcdef"
+			      "0123456789abcdef cached=yes future=x%20y\n", &a, err, sizeof(err)));
+	CHECK(a.cached == 1 && strcmp(a.digest, DIGEST) == 0 && !ANSWER_HAS(&a, pid));
+	ACCEPTED(answer_parse("pid=4242", &a, err, sizeof(err)));
+	CHECK(a.pid == 4242 && a.cached == 1);
+	/* refused whole: a is as it was */
+	REFUSED(answer_parse("pid=1", &a, err, sizeof(err)), "gives pid twice");
+	CHECK(a.pid == 4242);
+	answer_init(&a);
+	REFUSED(answer_parse("cached=yes pid=12x", &a, err, sizeof(err)), "pid is no process id");
+	CHECK(a.given == 0);
+	REFUSED(answer_parse("pid=0", &a, err, sizeof(err)), "pid is no process id");
+	REFUSED(answer_parse("pid=", &a, err, sizeof(err)), "pid is no process id");
+	REFUSED(answer_parse("pid=99999999999999999999", &a, err, sizeof(err)), "no process id");
+	REFUSED(answer_parse("squashfs=cache/x", &a, err, sizeof(err)), "not an absolute path");
+	REFUSED(answer_parse("squashfs=/a%00b", &a, err, sizeof(err)), "not percent-encoded");
+	REFUSED(answer_parse("squashfs=/a b", &a, err, sizeof(err)), "no KEY=VALUE line");
+	REFUSED(answer_parse("squashfs=/a\tb", &a, err, sizeof(err)), "not percent-encoded");
+	REFUSED(answer_parse("squashfs=/a%2", &a, err, sizeof(err)), "not percent-encoded");
+	REFUSED(answer_parse("squashfs=/a\npid=1\n", &a, err, sizeof(err)), "more than one line");
+	REFUSED(answer_parse("digest=sha256:0123", &a, err, sizeof(err)), "no sha256 digest");
+	REFUSED(answer_parse("digest=" DIGEST "0", &a, err, sizeof(err)), "no sha256 digest");
+	REFUSED(answer_parse("cached=maybe", &a, err, sizeof(err)), "neither yes nor no");
+	REFUSED(answer_parse("", &a, err, sizeof(err)), "no KEY=VALUE line");
+	REFUSED(answer_parse("\n", &a, err, sizeof(err)), "no KEY=VALUE line");
+	REFUSED(answer_parse("pid=1 ", &a, err, sizeof(err)), "no KEY=VALUE line");
+	REFUSED(answer_parse("=1", &a, err, sizeof(err)), "no KEY=VALUE line");
+	REFUSED(answer_parse("sha256:" DIGEST, &a, err, sizeof(err)), "no KEY=VALUE line");
+	CHECK(a.given == 0);
+	{
+		/* a value (here a path) of PATH_MAX - 1 bytes fits, not one more */
+		static char long_line[9 + PATH_MAX + 1];
+
+		memcpy(long_line, "squashfs=/", 10);
+		memset(long_line + 10, 'a', PATH_MAX - 1);
+		REFUSED(answer_parse(long_line, &a, err, sizeof(err)), "too long");
+		long_line[9 + PATH_MAX - 1] = '\0';
+		ACCEPTED(answer_parse(long_line, &a, err, sizeof(err)));
+		CHECK(strlen(a.squashfs) == PATH_MAX - 1);
+	}
+}
+
 int main(void)
 {
 	struct container_flags f;
@@ -577,6 +636,7 @@ int main(void)
 	test_switches();
 	test_pyxis_env();
 	test_edf();
+	test_answer();
 	if (failures) {
 		printf("%d check(s) failed\n", failures);
 		return 1;
