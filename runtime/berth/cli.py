@@ -1,7 +1,9 @@
 """Command line: one sub-command per enroot verb.
 
 Verb modules are imported only when their verb runs, so `berth start` does
-not pay for the HTTP stack that `berth import` needs.
+not pay for the HTTP stack that `berth import` needs. Each verb is handed a
+typed request (a named tuple its module defines) made of the parsed command
+line: the argparse namespace stays here.
 """
 
 import argparse
@@ -13,18 +15,19 @@ from berth import __version__, config
 from berth.errors import BerthError, one_line
 
 
-def cmd_version(args, cfg):
+def cmd_version(_, cfg):
     print(__version__)
     return 0
 
 
 def store_client():
-    """The shared image store's client (store/client.py), handed to the
-    verbs that import (import, start docker://URI) as args.store_client:
-    the image import may not import the store, which stands beside the
-    container verbs, above image/. Imported only when an import asks."""
-    from berth.store import client
-    return client
+    """The shared image store's client (store/client.py's SharedStore, an
+    image.request.StoreClient), handed to the verbs that import (import,
+    start docker://URI) in their request's store_client: the image import
+    may not import the store, which stands beside the container verbs,
+    above image/. Imported only when an import asks."""
+    from berth.store.client import SharedStore
+    return SharedStore()
 
 
 def _add_import(sub):
@@ -215,22 +218,45 @@ def _add_version(sub):
     sub.add_parser("version", help="print the version")
 
 
-# verb -> (adds its sub-parser, "module:function" run with (args, cfg) -> exit status)
+# verb -> (adds its sub-parser, "module:function" run with (request, cfg) ->
+# exit status, "module:Request" the named tuple it takes, or None)
 VERBS = {
-    "import": (_add_import, "berth.image.importer:cmd_import"),
-    "create": (_add_create, "berth.container.verbs:cmd_create"),
-    "start": (_add_start, "berth.container.verbs:cmd_start"),
-    "exec": (_add_exec, "berth.container.verbs:cmd_exec"),
-    "list": (_add_list, "berth.container.verbs:cmd_list"),
-    "remove": (_add_remove, "berth.container.verbs:cmd_remove"),
-    "export": (_add_export, "berth.container.verbs:cmd_export"),
-    "batch": (_add_batch, "berth.container.verbs:cmd_batch"),
-    "edf": (_add_edf, "berth.site.edf:cmd_edf"),
-    "setup-user": (_add_setup_user, "berth.site.userdirs:cmd_setup_user"),
-    "cache": (_add_cache, "berth.image.cache:cmd_cache"),
-    "store": (_add_store, "berth.store.verbs:cmd_store"),
-    "version": (_add_version, "berth.cli:cmd_version"),
+    "import": (_add_import, "berth.image.importer:cmd_import",
+               "berth.image.request:ImportRequest"),
+    "create": (_add_create, "berth.container.verbs:cmd_create",
+               "berth.container.verbs:CreateRequest"),
+    "start": (_add_start, "berth.container.verbs:cmd_start",
+              "berth.container.verbs:StartRequest"),
+    "exec": (_add_exec, "berth.container.verbs:cmd_exec", "berth.container.verbs:ExecRequest"),
+    "list": (_add_list, "berth.container.verbs:cmd_list", "berth.container.verbs:ListRequest"),
+    "remove": (_add_remove, "berth.container.verbs:cmd_remove",
+               "berth.container.verbs:RemoveRequest"),
+    "export": (_add_export, "berth.container.verbs:cmd_export",
+               "berth.container.verbs:ExportRequest"),
+    "batch": (_add_batch, "berth.container.verbs:cmd_batch",
+              "berth.container.verbs:StartRequest"),
+    "edf": (_add_edf, "berth.site.edf:cmd_edf", "berth.site.edf:EdfRequest"),
+    "setup-user": (_add_setup_user, "berth.site.userdirs:cmd_setup_user",
+                   "berth.site.userdirs:SetupUserRequest"),
+    "cache": (_add_cache, "berth.image.cache:cmd_cache", "berth.image.cache:CacheRequest"),
+    "store": (_add_store, "berth.store.verbs:cmd_store", "berth.store.verbs:StoreRequest"),
+    "version": (_add_version, "berth.cli:cmd_version", None),
 }
+
+
+def _named(where):
+    """The object "module:name" names, its module imported."""
+    module_name, name = where.split(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def _request(request_type, args):
+    """The verb's request: the fields of the named tuple `request_type`
+    that the command line gives (its sub-parser's and the global options),
+    the rest left at their defaults."""
+    given = vars(args)
+    return request_type(**{name: given[name] for name in request_type._fields
+                           if name in given})
 
 
 def prog():
@@ -247,7 +273,7 @@ def parser(verb=None):
                    help="everything mksquashfs says (its statistics), as enroot shows it")
     p.add_argument("-v", "--version", action="version", version=__version__)
     sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for name, (add, _) in VERBS.items():
+    for name, (add, *_) in VERBS.items():
         if verb in (None, name):
             add(sub)
     return p
@@ -263,12 +289,12 @@ def _verb(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parser(_verb(argv)).parse_args(argv)
-    module_name, func_name = VERBS[args.verb][1].split(":")
+    _, func_where, request_where = VERBS[args.verb]
     try:
         cfg = config.load()
         os.environ.update(cfg.network_environment())
-        func = getattr(importlib.import_module(module_name), func_name)
-        return func(args, cfg)
+        func = _named(func_where)
+        return func(_request(_named(request_where), args) if request_where else None, cfg)
     except BerthError as e:
         print(f"{prog()}: error: {one_line(str(e))}", file=sys.stderr)
         return 1

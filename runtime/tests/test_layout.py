@@ -140,3 +140,29 @@ def test_no_import_circle():
                     seen.add(target)
                     stack.append((target, [*way, target]))
     assert not circles, "\n".join(circles)
+
+
+def test_no_command_line_namespace_below_cli():
+    """What crosses into the parts is a typed request (image/request.py and
+    each verb's named tuple, made by cli.py): no module below cli.py imports
+    argparse or makes a namespace (argparse.Namespace, types.SimpleNamespace)
+    to call another with."""
+    wrong = []
+    for module, path in modules().items():
+        if module in PARTS["cli"][1]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or "", *(alias.name for alias in node.names)]
+            elif isinstance(node, ast.Name):
+                names = [node.id]
+            elif isinstance(node, ast.Attribute):
+                names = [node.attr]
+            else:
+                continue
+            found = {"argparse", "Namespace", "SimpleNamespace"} & set(names)
+            if found:
+                wrong.append(f"{module}:{node.lineno} uses {', '.join(sorted(found))}")
+    assert not wrong, "\n".join(wrong)

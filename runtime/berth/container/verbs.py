@@ -23,6 +23,7 @@ file is the container's rc: /bin/sh runs it inside with COMMAND as "$@"
 (--rc SCRIPT takes precedence).
 """
 
+import collections
 import fcntl
 import os
 import sys
@@ -31,6 +32,25 @@ from berth import config, porcelain, safedir, syscalls as sc
 from berth.container import environ, hooks, launch, mounts, rootfs
 from berth.image import imagefile, parts, reference
 from berth.errors import BerthError
+
+# What each verb is asked: cli.py makes these of the command line (no
+# command-line namespace below it). Named tuples, as image/request.py's.
+CreateRequest = collections.namedtuple("CreateRequest", "image name force",
+                                       defaults=(None, False))
+# start and batch: start's container (NAME, IMAGE or docker://URI) or
+# batch's config file, the options they share, and start's --reuse and the
+# shared image store's client for a docker://URI (image.request.ImportRequest's).
+StartRequest = collections.namedtuple(
+    "StartRequest", "command container config conf env rc root rw mount pid net ipc uts "
+                    "detach entrypoint reuse quiet store_client porcelain",
+    defaults=(None, None, (), (), None, False, False, (), False, False, False, False, False,
+              False, False, False, None, False))
+ExecRequest = collections.namedtuple("ExecRequest", "pid command")
+ListRequest = collections.namedtuple("ListRequest", "fancy", defaults=(False,))
+RemoveRequest = collections.namedtuple("RemoveRequest", "names force", defaults=(False,))
+ExportRequest = collections.namedtuple("ExportRequest", "name output force keep_setuid quiet "
+                                                        "verbose",
+                                       defaults=(None, False, False, False, False))
 
 
 class Conf:
@@ -110,14 +130,14 @@ def _without_suffix(name):
     return name
 
 
-def cmd_create(args, cfg):
-    image = imagefile.locate(args.image)
-    name = _check_name(args.name if args.name is not None
+def cmd_create(request, cfg):
+    image = imagefile.locate(request.image)
+    name = _check_name(request.name if request.name is not None
                        else _without_suffix(os.path.basename(image.path)),
-                       "-n/--name" if args.name is not None else f"{args.image} (as a name)")
+                       "-n/--name" if request.name is not None else f"{request.image} (as a name)")
     data = safedir.ensure(cfg["ENROOT_DATA_PATH"], "ENROOT_DATA_PATH")
     target = f"{data}/{name}"
-    if os.path.exists(target) and not args.force:
+    if os.path.exists(target) and not request.force:
         raise BerthError(f"container '{name}' already exists in {data} (-f replaces it)")
     staging = _fresh_dir(data, f".{name}")
     try:
@@ -195,11 +215,11 @@ def _entrypoint_timeout():
                                   os.environ.get("BERTH_ENTRYPOINT_TIMEOUT", "60"), 1, 86400)
 
 
-def _plan(args, cfg, container, conf, uri=False):
+def _plan(request, cfg, container, conf, uri=False):
     """Check every input, then make the runtime directory: a launch.Plan.
     With `uri`, `container` is a registry reference (docker://URI), its
     image pulled (_pulled) once every other input is checked."""
-    if args.porcelain and not args.detach:
+    if request.porcelain and not request.detach:
         raise BerthError("--porcelain: only with --detach")
     expand_env = {**os.environ, **dict(cfg.items())}
     # hooks.d, environ.d and mounts.d in there run as the caller or reach the container
@@ -207,7 +227,7 @@ def _plan(args, cfg, container, conf, uri=False):
     is_image = uri or container.endswith(imagefile.SUFFIXES) or "/" in container
     image = imagefile.locate(container) if is_image and not uri else None
     root = None if is_image else _container_root(cfg, container)
-    writable = args.rw or cfg.flag("ENROOT_ROOTFS_WRITABLE")
+    writable = request.rw or cfg.flag("ENROOT_ROOTFS_WRITABLE")
     unpack = is_image and writable and _writable_image() == "unpack"
     if is_image and not unpack and sc.overlay_unsafe(cfg["ENROOT_RUNTIME_PATH"]):
         raise BerthError(f"ENROOT_RUNTIME_PATH {cfg['ENROOT_RUNTIME_PATH']}: a path with ',', "
@@ -218,43 +238,43 @@ def _plan(args, cfg, container, conf, uri=False):
     fstabs = []
     for path in _sorted_files(cfg, "mounts.d", ".fstab"):
         fstabs += mounts.read_fstab(path, expand_env)
-    user_mounts = fstabs + conf.mounts + [mounts.parse_spec(s) for s in args.mount]
+    user_mounts = fstabs + conf.mounts + [mounts.parse_spec(s) for s in request.mount]
     env = dict(conf.env)
-    for spec in args.env:
+    for spec in request.env:
         pair = environ.parse_option(spec, os.environ)
         if pair:
             env[pair[0]] = pair[1]
     rc = conf.rc
-    if args.rc:
+    if request.rc:
         try:
-            rc = _read_text(args.rc)
+            rc = _read_text(request.rc)
         except OSError as e:
-            raise BerthError(f"--rc {args.rc}: {e.strerror}") from None
+            raise BerthError(f"--rc {request.rc}: {e.strerror}") from None
         except UnicodeDecodeError:
-            raise BerthError(f"--rc {args.rc}: not UTF-8 text") from None
+            raise BerthError(f"--rc {request.rc}: not UTF-8 text") from None
     if os.getuid() == 0 and cfg.flag("ENROOT_ALLOW_SUPERUSER"):
         ids = None  # no user namespace at all
-    elif args.root or cfg.flag("ENROOT_REMAP_ROOT"):
+    elif request.root or cfg.flag("ENROOT_REMAP_ROOT"):
         ids = (0, 0)
     else:
         ids = (os.getuid(), os.getgid())
     unshare = 0
     for ns, flag in (("net", sc.CLONE_NEWNET), ("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS)):
-        if getattr(args, ns) or cfg.flag(f"ENROOT_UNSHARE_{ns.upper()}"):
+        if getattr(request, ns) or cfg.flag(f"ENROOT_UNSHARE_{ns.upper()}"):
             unshare |= flag
     plan = launch.Plan(
         cfg=cfg, runtime="", image=image, rootfs=root,
         writable=writable, scratch=None, ids=ids, unshare=unshare,
-        pid_namespace=args.pid or cfg.flag("ENROOT_UNSHARE_PID"),
+        pid_namespace=request.pid or cfg.flag("ENROOT_UNSHARE_PID"),
         restrict_dev=cfg.flag("ENROOT_RESTRICT_DEV"),
         mounts=user_mounts, env_files=_sorted_files(cfg, "environ.d", ".env"), env=env,
         hooks=hooks.find(cfg), rc=rc, login=cfg.flag("ENROOT_LOGIN_SHELL"),
-        command=list(args.command), detach=args.detach, porcelain=args.porcelain,
-        entrypoint=args.entrypoint, entrypoint_timeout=_entrypoint_timeout(),
+        command=list(request.command), detach=request.detach, porcelain=request.porcelain,
+        entrypoint=request.entrypoint, entrypoint_timeout=_entrypoint_timeout(),
     )
     base = safedir.ensure(cfg["ENROOT_RUNTIME_PATH"], "ENROOT_RUNTIME_PATH")
     if uri:  # from here on, as a start of the image cache's IMAGE.sqsh
-        container = _pulled(args, cfg, container)
+        container = _pulled(request, cfg, container)
         plan.image = image = imagefile.locate(container)
     # an image's file name, made a safe directory name (the start's, for berth
     # list) that overlay's options (sc.OVERLAY_UNSAFE) can hold
@@ -353,41 +373,43 @@ def _remove_abandoned_unpacks(data):
             os.close(fd)
 
 
-def _pulled(args, cfg, uri):
+def _pulled(request, cfg, uri):
     """start docker://URI: the image cache's squashfs of URI, as `berth
     import --cache-only [--reuse] URI` finds or makes it. With --detach, the
     digest it was pulled by goes to stdout at once, a line before the pid's,
     followed by " cached" when the image was there already (the plugin
     tells the user that nothing was downloaded)."""
     from berth.image import importer  # (only here: starts of a name or a file need none of it)
-    image, digest, found = importer.cached_squashfs(cfg, uri, args.reuse, args.quiet,
-                                                    store_client=args.store_client)
-    if args.detach and args.porcelain:
-        print(porcelain.line(digest=digest, cached=found), end="", flush=True)
-    elif args.detach:
-        print(f"{digest} cached" if found else digest, flush=True)
-    return image
+    from berth.image.request import ImportRequest
+    pulled = importer.cached_squashfs(cfg, ImportRequest(
+        uri, reuse=request.reuse, quiet=request.quiet, digest=True,
+        store_client=request.store_client))
+    if request.detach and request.porcelain:
+        print(porcelain.line(digest=pulled.digest, cached=pulled.found), end="", flush=True)
+    elif request.detach:
+        print(f"{pulled.digest} cached" if pulled.found else pulled.digest, flush=True)
+    return pulled.path
 
 
-def cmd_start(args, cfg):
+def cmd_start(request, cfg):
     # a registry reference (a container name has no '/')
-    uri = args.container.startswith(reference.SCHEMES)
-    if args.reuse and not uri:
+    uri = request.container.startswith(reference.SCHEMES)
+    if request.reuse and not uri:
         raise BerthError(f"--reuse: only with a docker:// or oras:// target, not "
-                         f"'{args.container}'")
-    conf, cfg = _configs(args.conf, {**os.environ, **dict(cfg.items())}, cfg)
-    return launch.start(_plan(args, cfg, args.container, conf, uri))
+                         f"'{request.container}'")
+    conf, cfg = _configs(request.conf, {**os.environ, **dict(cfg.items())}, cfg)
+    return launch.start(_plan(request, cfg, request.container, conf, uri))
 
 
-def cmd_batch(args, cfg):
-    conf, cfg = _configs([*args.conf, args.config], {**os.environ, **dict(cfg.items())}, cfg)
+def cmd_batch(request, cfg):
+    conf, cfg = _configs([*request.conf, request.config], {**os.environ, **dict(cfg.items())}, cfg)
     if not conf.rootfs:
-        raise BerthError(f"{args.config}: no #ENROOT_ROOTFS=NAME|IMAGE.sqsh line")
-    return launch.start(_plan(args, cfg, conf.rootfs, conf))
+        raise BerthError(f"{request.config}: no #ENROOT_ROOTFS=NAME|IMAGE.sqsh line")
+    return launch.start(_plan(request, cfg, conf.rootfs, conf))
 
 
-def cmd_exec(args, cfg):
-    return launch.exec_in(args.pid, args.command)
+def cmd_exec(request, cfg):
+    return launch.exec_in(request.pid, request.command)
 
 
 def running(cfg):
@@ -459,11 +481,11 @@ def _boot_time():
         return next(int(line.split()[1]) for line in f if line.startswith("btime "))
 
 
-def cmd_list(args, cfg):
+def cmd_list(request, cfg):
     data = _data_path(cfg)
     names = sorted(n for n in _entries(data)
                    if not n.startswith(".") and os.path.isdir(f"{data}/{n}"))
-    if not args.fancy:
+    if not request.fancy:
         for name in names:
             print(_shown(name))
         return 0
@@ -478,16 +500,16 @@ def cmd_list(args, cfg):
     return 0
 
 
-def cmd_remove(args, cfg):
+def cmd_remove(request, cfg):
     """Every NAME must exist (with -f too, as enroot); -f also removes a running one."""
     data = _data_path(cfg)
     busy = running(cfg)
     doomed = []
-    for name in args.names:
+    for name in request.names:
         root = f"{data}/{_check_name(name, 'NAME')}"
         if not os.path.isdir(root):
             raise BerthError(f"no container named '{name}' in {data}")
-        if name in busy and not args.force:
+        if name in busy and not request.force:
             raise BerthError(f"container '{name}' is running (pid {busy[name][0]}); "
                              "-f removes it anyway")
         doomed.append(root)
@@ -498,16 +520,16 @@ def cmd_remove(args, cfg):
     return 0
 
 
-def cmd_export(args, cfg):
+def cmd_export(request, cfg):
     from berth.image import squash  # (its imports would slow every start)
-    root = _container_root(cfg, args.name)
-    output = os.path.abspath(args.output or f"{args.name}.sqsh")
-    if os.path.exists(output) and not args.force:
+    root = _container_root(cfg, request.name)
+    output = os.path.abspath(request.output or f"{request.name}.sqsh")
+    if os.path.exists(output) and not request.force:
         raise BerthError(f"{output} already exists (-f overwrites it)")
     # root's create kept the image's owners; anyone else's made them theirs.
     # Setuid/setgid bits set inside the container would become root's in an
     # image owned by root: they go unless --keep-setuid.
-    squash.make_squashfs(root, output, cfg, not args.quiet and sys.stderr.isatty(),
-                         all_root=os.getuid() != 0, strip_setuid=not getattr(args, "keep_setuid", False),
-                         verbose=args.verbose)
+    squash.make_squashfs(root, output, cfg, not request.quiet and sys.stderr.isatty(),
+                         all_root=os.getuid() != 0, strip_setuid=not request.keep_setuid,
+                         verbose=request.verbose)
     return 0

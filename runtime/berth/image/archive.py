@@ -109,16 +109,17 @@ def default_output(archive):
 
 
 @contextlib.contextmanager
-def cached_image(args, cfg, archive, images, options):
-    """The image cache's squashfs of the archive's image, built when missing."""
+def cached_image(request, cfg, archive, images, options):
+    """The CachedImage (request.py) of the archive's image for a
+    PullRequest, built when missing."""
     from berth.image import pull  # (the image build is shared with registry imports)
     _load_modules()
     with contextlib.ExitStack() as stack:
         try:
             layout = stack.enter_context(_open(archive, cfg))
-            manifest, digest, manifest_digest, source = _resolve(layout, archive, args.arch)
+            manifest, digest, manifest_digest, source = _resolve(layout, archive, request.arch)
             image = stack.enter_context(pull.build_cached(
-                args, cfg, images, options, archive, source, manifest, digest,
+                request, cfg, images, options, archive, source, manifest, digest,
                 manifest_digest))
         except BerthError as e:
             raise _named(archive, e) from None

@@ -195,13 +195,18 @@ _PLACES = {
 }
 
 
-def cmd_cache(args, cfg):
+# `berth cache [list | prune OPTIONS]` (cli.py makes it of the command line)
+CacheRequest = collections.namedtuple("CacheRequest", "cache_verb older_than max_size",
+                                      defaults=(None, None, None))
+
+
+def cmd_cache(request, cfg):
     cache_path = cfg["ENROOT_CACHE_PATH"]
     if os.geteuid() != 0:  # (root checks each step itself, then becomes the owner)
         safedir.check_if_present(cache_path, "ENROOT_CACHE_PATH")
-    if args.cache_verb != "prune":
+    if request.cache_verb != "prune":
         return _show(cache_path)
-    older, limit = parse_duration(args.older_than), parse_size(args.max_size)
+    older, limit = parse_duration(request.older_than), parse_size(request.max_size)
     if older is None and limit is None:
         raise BerthError("cache prune: give --older-than DURATION, --max-size SIZE or both "
                          "(--max-size 0 empties the cache)")

@@ -20,7 +20,7 @@ from berth.image.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_cre
 
 
 
-def pinned(args, cfg, ref, plan):
+def pinned(arch, quiet, cfg, ref, plan):
     """`berth import --resolve`: the URI pinned to the digest the registry
     gives for it now, docker://[USER@]REGISTRY#REPOSITORY@sha256:..., naming
     the registry the reference resolved to (a short name's search registry;
@@ -30,8 +30,8 @@ def pinned(args, cfg, ref, plan):
     manifest request through the endpoints of `plan` (for a `ref` with a
     tag: one pinned already is its own answer, see importer.py)."""
     credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
-    answer = first_answer(plan, ref, cfg, credentials, credentials_path, args.arch,
-                          args.quiet, pick_platform=False)
+    answer = first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
+                          pick_platform=False)
     where = answer.candidate
     if ref.is_oras:
         return f"oras://{where.registry}/{where.repository}@{answer.digest}"

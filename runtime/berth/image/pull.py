@@ -24,57 +24,59 @@ from berth.image.layers import Room, apply_layer, remove_stale_unpack_dirs, unpa
 # (first_answer: store/service.py takes it from here too)
 from berth.image.manifests import descriptor, first_answer, malformed
 from berth.image.registry import load_credentials
+from berth.image.request import CachedImage
 
 
 @contextlib.contextmanager
-def cached_image(args, cfg, ref, images, options):
-    """The image cache's squashfs of `ref` as the registry has it now, locked
+def cached_image(request, cfg, ref, images, options):
+    """The CachedImage (request.py) of `ref` as the registry has it now, locked
     while in use: looked up by its manifest (a moved tag has a new one, so a
     new key), else built; remembered as the latest of its URI. The registry
     asked is the first endpoint of registries.conf's rules that answers
     (mirrors first); the layers come from the one that gave the manifest."""
     plan = registries.load(cfg["ENROOT_SYSCONF_PATH"]).endpoints(ref)
     credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
-    answer = first_answer(plan, ref, cfg, credentials, credentials_path, args.arch,
-                          args.quiet)
-    with build_cached(args, cfg, images, options, ref, answer.source, answer.manifest,
+    answer = first_answer(plan, ref, cfg, credentials, credentials_path, request.arch,
+                          request.quiet)
+    with build_cached(request, cfg, images, options, ref, answer.source, answer.manifest,
                       answer.digest, answer.manifest_digest) as image:
         yield image
 
 
 @contextlib.contextmanager
-def build_cached(args, cfg, images, options, ref, source, manifest, digest, manifest_digest,
+def build_cached(request, cfg, images, options, ref, source, manifest, digest, manifest_digest,
                  building=contextlib.nullcontext, keep_free=False):
-    """The image cache's entry of this manifest, built from `source` (a
-    Registry, or an archive with the same blob() and download()) when
-    missing, locked while in use and remembered as the latest of args.uri.
-    A build runs inside building(image) (the store counts its users'
-    imports there) and, with keep_free, unpacks within the temporary
-    filesystem's free floor (layers.Room); it sets args.found False."""
+    """The image cache's entry of this manifest for a PullRequest, built
+    from `source` (a Registry, or an archive with the same blob() and
+    download()) when missing, locked while in use and remembered as the
+    latest of request.uri; a CachedImage, found unless built. A build runs
+    inside building(image) (the store counts its users' imports there)
+    and, with keep_free, unpacks within the temporary filesystem's free
+    floor (layers.Room)."""
     if images.parted and (_is_sif_artifact(manifest) or getattr(ref, "is_oras", False)):
         images = images.plain()  # a SIF file is kept as it came: one entry for every import
-    key = images.key(manifest_digest, digest, args.uri, options)
-    with images.locked(key, ref, args.quiet):
-        image = images.lookup(key, args.quiet)
-        if image is None:
+    key = images.key(manifest_digest, digest, request.uri, options)
+    with images.locked(key, ref, request.quiet):
+        image = images.lookup(key, request.quiet)
+        found = image is not None
+        if not found:
             images.remove_partials(key)
             image = images.path(key)
-            args.found = False
             with building(image):
-                in_root = _build(args, cfg, source, ref, manifest, digest, image, keep_free,
+                in_root = _build(request, cfg, source, ref, manifest, digest, image, keep_free,
                                  images, options)
             if in_root:
                 images.remember_layers(in_root, options, key)
-        elif not args.quiet:
+        elif not request.quiet:
             print(f"berth: using the cached squashfs of {ref}: {image}", file=sys.stderr)
         try:
-            images.remember(args.uri, options, args.arch, key)
+            images.remember(request.uri, options, request.arch, key)
         except (OSError, BerthError):
             # A cache this user may not write still serves what it holds;
             # only `--reuse` misses the record.
             if os.access(cfg["ENROOT_CACHE_PATH"], os.W_OK):
                 raise
-        yield image
+        yield CachedImage(image, found)
 
 
 def _build(args, cfg, registry, ref, manifest, digest, image, keep_free, images, options):

@@ -33,6 +33,7 @@ The --spank form is what the SPANK plugin reads at submission (it has no JSON
 parser): one KEY=VALUE line per setting, see to_spank.
 """
 
+import collections
 import json
 import os
 import re
@@ -52,11 +53,16 @@ _TOML_LINE = re.compile(r"at line (\d+)")
 _HOOK_PREFIX = "com.hooks."
 
 
-def cmd_edf(args, cfg):
+# `berth edf show|check ENVIRONMENT` (cli.py makes it of the command line)
+EdfRequest = collections.namedtuple("EdfRequest", "edf_verb environment json spank",
+                                    defaults=(False, False))
+
+
+def cmd_edf(request, cfg):
     hooks_dir = Path(cfg["ENROOT_SYSCONF_PATH"]) / "hooks.d"
-    resolved = resolve(args.environment, hooks_dir=hooks_dir)
-    if args.edf_verb == "show":
-        out = to_json if args.json else to_spank if args.spank else to_toml
+    resolved = resolve(request.environment, hooks_dir=hooks_dir)
+    if request.edf_verb == "show":
+        out = to_json if request.json else to_spank if request.spank else to_toml
         print(out(resolved), end="")
     return 0
 

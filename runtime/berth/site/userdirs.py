@@ -26,6 +26,7 @@ missing shared parent, a shared path without ${UID} or ${USER}) stays an
 error.
 """
 
+import collections
 import json
 import os
 import pwd
@@ -51,10 +52,14 @@ class _UserPartLost(Exception):
     answer in time: her doing, never the admin's (a warning, exit 0)."""
 
 
-def cmd_setup_user(args, cfg):
+# `berth setup-user USER` (cli.py makes it of the command line)
+SetupUserRequest = collections.namedtuple("SetupUserRequest", "user")
+
+
+def cmd_setup_user(request, cfg):
     if os.geteuid() != 0:
         raise BerthError("setup-user must run as root")
-    user = _lookup(args.user)
+    user = _lookup(request.user)
     try:
         warnings = _setup(user)
     except _UserPartLost as e:

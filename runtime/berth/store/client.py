@@ -1,8 +1,8 @@
 """The user's side of the shared image store (paths.py), in `berth import
---cache-only` (image/importer.py, which cli.py hands this module): ask()
-the store's socket for an entry, or take the one last imported there with
---reuse (reused()). Nothing on the user's side writes in the store: no
-lock, no mark of use but a read, no removal.
+--cache-only` (image/importer.py, which cli.py hands a SharedStore, the
+image part's StoreClient): ask() the store's socket for an entry, or take
+the one last imported there with --reuse (reused()). Nothing on the user's
+side writes in the store: no lock, no mark of use but a read, no removal.
 """
 
 import contextlib
@@ -13,17 +13,31 @@ import time
 from berth.errors import BerthError
 from berth.image import parts, reference
 from berth.image.cache import ImageCache
+from berth.image.request import StoreClient
 from berth.store.paths import entry, local_path, path_of
 
 _ANSWER_MAX = 8192  # "ok " and a path; more is not an answer of ours
 
 
-def serves(args, cfg, ref):
-    """Whether this import goes through the store: --cache-only of a
-    registry reference without USER@ (the store pulls anonymously) for this
-    node's platform, with a store configured."""
-    if not (args.cache_only and isinstance(ref, reference.Reference) and not ref.user
-            and not args.arch):
+class SharedStore(StoreClient):
+    """This module's functions as the image part asks for them."""
+
+    def serves(self, request, cfg, ref):
+        return serves(request, cfg, ref)
+
+    def reused(self, cfg, uri, options, quiet):
+        return reused(cfg, uri, options, quiet)
+
+    def ask(self, cfg, uri, quiet):
+        return ask(cfg, uri, quiet)
+
+
+def serves(request, cfg, ref):
+    """Whether this import (an image.request.ImportRequest) goes through the
+    store: --cache-only of a registry reference without USER@ (the store
+    pulls anonymously) for this node's platform, with a store configured."""
+    if not (request.cache_only and isinstance(ref, reference.Reference) and not ref.user
+            and not request.arch):
         return False
     if path_of(cfg) is None:
         local_path(cfg)  # set without a store: refused, naming it

@@ -55,13 +55,14 @@ class _StoreDirs(CacheDirs):
     PRUNE, PLACE = "berth store prune", "the store"
 
 
-def cmd_prune(args, cfg):
-    older, limit = parse_duration(args.older_than), parse_size(args.max_size)
+def cmd_prune(request, cfg):
+    """`berth store prune`: a verbs.StoreRequest."""
+    older, limit = parse_duration(request.older_than), parse_size(request.max_size)
     if older is None and limit is None:
         raise BerthError("store prune: give --older-than DURATION, --max-size SIZE or both")
     store = owned_store(cfg, "berth store prune")
     safedir.check_if_present(store, "BERTH_IMAGE_STORE")
-    tally = _Tally(args.dry_run, args.quiet)
+    tally = _Tally(request.dry_run, request.quiet)
     with _StoreDirs(store, open_followed(store), strict=True) as dirs:
         entries, now = scan(dirs), time.time()
         gone = _prune_lru(dirs, entries, now, older, limit, tally)

@@ -28,12 +28,12 @@ import signal
 import stat
 import sys
 import time
-import types
 
 from berth import safedir, units
 from berth.errors import AccessDenied, BerthError, ImageNotFound, Terminated, raise_terminated
 from berth.image import archive, parts, reference, registries, squash
 from berth.image.cache import ImageCache, human_size
+from berth.image.request import PullRequest
 from berth.store.paths import configured_path, local_limit, local_path, owned_store
 
 REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
@@ -270,15 +270,14 @@ def _import(cfg, store, uri, ref, uid):
     plan = registries.load(cfg["ENROOT_SYSCONF_PATH"]).endpoints(ref)  # blocked: refused
     # no credentials: only what the registry gives anyone goes into the store
     answer = pull.first_answer(plan, ref, store_cfg, None, None, None, True)
-    args = types.SimpleNamespace(uri=uri, arch=None, quiet=True)
     options = squash.options(cfg)
-    with pull.build_cached(args, store_cfg, ImageCache(store, parts.wanted(True, options)),
-                           options, ref,
+    with pull.build_cached(PullRequest(uri, quiet=True), store_cfg,
+                           ImageCache(store, parts.wanted(True, options)), options, ref,
                            answer.source, answer.manifest, answer.digest,
                            answer.manifest_digest,
                            building=lambda image: _counted(store, uid, image),
                            keep_free=True) as image:
-        return image
+        return image.path
 
 
 def _store_config(cfg, store):

@@ -4,6 +4,7 @@ store prune` (prune.py) removes the least recently used, as the store's
 account.
 """
 
+import collections
 import contextlib
 import json
 import os
@@ -13,13 +14,20 @@ from berth.store import service
 from berth.store.paths import configured_path, entry_line, source
 
 
-def cmd_store(args, cfg):
-    if args.store_verb == "serve":
+# `berth store serve | list [--json] | prune OPTIONS` (cli.py makes it of the
+# command line)
+StoreRequest = collections.namedtuple(
+    "StoreRequest", "store_verb json older_than max_size dry_run quiet",
+    defaults=(False, None, None, False, False))
+
+
+def cmd_store(request, cfg):
+    if request.store_verb == "serve":
         return service.serve(cfg)
-    if args.store_verb == "prune":
+    if request.store_verb == "prune":
         from berth.store import prune
-        return prune.cmd_prune(args, cfg)
-    return _list(cfg, args.json)
+        return prune.cmd_prune(request, cfg)
+    return _list(cfg, request.json)
 
 
 def _list(cfg, as_json):
