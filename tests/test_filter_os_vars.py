@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "filter"))
@@ -38,8 +39,8 @@ def test_facts_without_the_release_are_refused(tmp_path, facts):
 
 
 # One way for every role: the roles with per-OS names (a vars file besides
-# main.yml) load them through the same tasks/os_vars.yml, imported first by
-# tasks/main.yml, and nothing else in a role loads a vars file.
+# main.yml) load them through the os_vars role, imported by tasks/main.yml
+# before anything reads them, and nothing else in a role loads a vars file.
 ROLES = Path(__file__).resolve().parents[1] / "roles"
 OS_VARS_ROLES = sorted(role for role in ROLES.iterdir()
                        if any(f.name != "main.yml" for f in (role / "vars").glob("*.yml")))
@@ -51,16 +52,17 @@ PLATFORM_FACTS = [{"os_family": family, "distribution": distro, "distribution_ma
                                                 ("RedHat", "AlmaLinux", "9")]]
 
 
-def test_every_role_with_per_os_names_loads_them_through_the_same_task_file():
+def test_every_role_with_per_os_names_loads_them_through_the_os_vars_role():
     assert [role.name for role in OS_VARS_ROLES] == [
         "container_runtime", "munge", "slurm", "slurm_dbd", "spank_plugin"]
-    task_file = (ROLES / "slurm" / "tasks" / "os_vars.yml").read_text()
-    assert "berth_os_vars_files(ansible_facts)" in task_file
+    loader = ROLES / "os_vars" / "tasks" / "main.yml"
+    assert "berth_os_vars_files(ansible_facts)" in loader.read_text()
     for role in OS_VARS_ROLES:
-        assert (role / "tasks" / "os_vars.yml").read_text() == task_file, role.name
-        assert "ansible.builtin.import_tasks: os_vars.yml" in (role / "tasks" / "main.yml").read_text(), role.name
+        assert not (role / "tasks" / "os_vars.yml").exists(), role.name
+        tasks = yaml.safe_load((role / "tasks" / "main.yml").read_text())
+        assert {"name": "os_vars"} in [task.get("ansible.builtin.import_role") for task in tasks], role.name
     for task in ROLES.glob("*/tasks/*.yml"):
-        if task.name != "os_vars.yml":
+        if task != loader:
             assert "include_vars" not in task.read_text(), task
 
 

@@ -1,5 +1,5 @@
 """roles/slurm and roles/slurm_dbd per Debian release: each role's
-tasks/os_vars.yml, run by ansible-playbook with a host's facts set to Debian 12
+os_vars role, run by ansible-playbook with a host's facts set to Debian 12
 (bookworm, Slurm 22.05) or Debian 13 (trixie, Slurm 24.11), loads Debian.yml and
 then the release's own file where there is one; slurm.conf, slurmdbd.conf and
 the package lists are rendered from what it loaded.
@@ -9,7 +9,7 @@ gets PMIx 5's package name, CredType instead of the CryptoType 24.11 deprecates,
 and pid files in the runtime directories of its daemons, which run as slurm.
 The slurm role's preflight refuses an MpiDefault the release has no plugin for.
 
-Every role with per-OS names loads them the same way (tasks/os_vars.yml), and
+Every role with per-OS names loads them the same way (the os_vars role), and
 on every platform the README lists gets the values it had when munge,
 container_runtime and spank_plugin still loaded theirs each its own way
 (tests/fixtures/os_vars_by_platform.json, written by the earlier ways)."""
@@ -35,7 +35,7 @@ all:
     ansible_connection: local
     ansible_python_interpreter: {sys.executable}
     ansible_architecture: x86_64
-    slurm_dbd_storage_password: secret
+    slurm_dbd_storage_password: secret-password
   children:
     slurm_controller:
       hosts:
@@ -62,18 +62,26 @@ RELEASE_FACTS = """
         cacheable: true
 """
 
+# public: the roles' defaults and vars/main.yml, for the templates; the
+# slurm role's preflight loads its names as the role does.
 RENDER = """
-    - name: Load the slurm role's names as the role does
+    - name: Load the slurm role's variables and names
       ansible.builtin.include_role:
         name: slurm
-        tasks_from: os_vars.yml
+        tasks_from: preflight.yml
+        public: true
+
+    - name: Load the slurm_dbd role's variables
+      ansible.builtin.include_role:
+        name: slurm_dbd
+        tasks_from: preflight.yml
         public: true
 
     - name: Load the slurm_dbd role's names as the role does
       ansible.builtin.include_role:
-        name: slurm_dbd
-        tasks_from: os_vars.yml
-        public: true
+        name: os_vars
+      vars:
+        os_vars_role: slurm_dbd
 
     - name: Write this host's Slurm packages
       ansible.builtin.copy:
@@ -216,8 +224,9 @@ OS_VARS_ROLES = sorted(role.name for role in (REPO / "roles").iterdir()
 LOAD_EVERY_ROLE = "".join(f"""
     - name: Load the {role} role's names as the role does
       ansible.builtin.include_role:
-        name: {role}
-        tasks_from: os_vars.yml
+        name: os_vars
+      vars:
+        os_vars_role: {role}
 """ for role in OS_VARS_ROLES) + """
     - name: Write what each role loaded
       ansible.builtin.copy:

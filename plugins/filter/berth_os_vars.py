@@ -7,10 +7,11 @@ they are loaded.
 First the family's file (Debian.yml: the names of the oldest supported
 release, which Ubuntu shares; RedHat.yml), then the release's own file where
 the role has one (Debian-13.yml: only what that release changes). Every role
-with per-OS names loads them so, in its tasks/os_vars.yml, and
-playbooks/upgrade.yml runs those same files, so that an upgrade names the
-packages the roles installed. (A first_found over one file per release would
-have each release's file repeat every name of its family's.)
+with per-OS names loads them so, through the os_vars role it imports first,
+and playbooks/upgrade.yml loads them through that role too, so that an
+upgrade names the packages the roles installed. (A first_found over one
+file per release would have each release's file repeat every name of its
+family's.)
 """
 
 import os
