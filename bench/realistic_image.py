@@ -31,6 +31,7 @@ the image pushed as bench/pytorch:v1.
 """
 
 import argparse
+import collections
 import hashlib
 import itertools
 import json
@@ -170,13 +171,15 @@ def plan(size_gib, files, layers, seed):
     small_count = max(1, files - 2 * library_count)
     packages = [f"{SITE}/{_word(rng)}{n}" for n in range(max(3, files // 400))]
     packages += [f"usr/share/doc/{_word(rng)}{n}" for n in range(max(1, files // 2000))]
-    directories = []
+    directories, package_of = [], {}
     for package in packages:
+        first = len(directories)
         directories.append(package)
         for sub in range(rng.randint(0, 8)):
             directories.append(f"{package}/{_word(rng)}{sub}")
             if rng.random() < 0.3:
                 directories.append(f"{directories[-1]}/{_word(rng)}")
+        package_of.update((directory, package) for directory in directories[first:])
     directory_weights = [1 / (rank + 1) ** 0.5 for rank in range(len(directories))]
     rng.shuffle(directory_weights)
     layer_weights = [8 if n == 0 else 4 if n in heavy else 0 if n in empty else 1
@@ -212,7 +215,7 @@ def plan(size_gib, files, layers, seed):
     site_packages = [p for p in packages if p.startswith(f"{SITE}/")]
     if len(site_packages) > 2 and layers > 2:
         # the last layer deletes one small package whole and empties another
-        held = {p: sum(path.startswith(f"{p}/") for _, path in small) for p in site_packages}
+        held = collections.Counter(package_of[directory] for directory in places)
         deleted, emptied = sorted(site_packages, key=lambda p: (held[p] == 0, held[p]))[:2]
         last = busy[-1]
         contents[last] = [e for e in contents[last] if not e[1].startswith(f"{deleted}/")]
