@@ -41,6 +41,7 @@ import os
 import posixpath
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -441,6 +442,8 @@ def _say(quiet, line):
 
 
 def main():
+    # a SIGTERM unwinds: the pool's workers and their pigz stop with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cache_dir")
     parser.add_argument("--size-gib", type=float, default=10)
