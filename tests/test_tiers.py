@@ -21,15 +21,19 @@ def test_the_unit_tier_passes_as_an_ordinary_user_without_a_network():
     """A test that needs root or the network and is not marked for it fails
     (or is skipped) here: mark it in conftest.py."""
     nobody = pwd.getpwnam("nobody")
-    home = tempfile.mkdtemp(prefix="berth-unit-tier-")
+    home = Path(tempfile.mkdtemp(prefix="berth-unit-tier-"))
     try:
-        os.chown(home, nobody.pw_uid, nobody.pw_gid)
+        # a copy of the checkout, which may lie where nobody cannot read
+        shutil.copytree(REPO, home / "repo", ignore=shutil.ignore_patterns(
+            ".git", ".cache", "__pycache__", ".pytest_cache", ".hypothesis"))
+        for path in (home, *home.rglob("*")):
+            os.lchown(path, nobody.pw_uid, nobody.pw_gid)
         done = subprocess.run(
             ["unshare", "--net", "setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
              "--clear-groups", sys.executable, "-m", "pytest", "-m", "unit", "-q", "-rs",
              "-p", "no:cacheprovider", "--basetemp", f"{home}/tmp", "tests", "runtime/tests"],
-            cwd=REPO, capture_output=True, text=True,
-            env={"PATH": os.environ["PATH"], "HOME": home, "PYTHONDONTWRITEBYTECODE": "1"})
+            cwd=home / "repo", capture_output=True, text=True,
+            env={"PATH": os.environ["PATH"], "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1"})
     finally:
         shutil.rmtree(home)
     summary = done.stdout.strip().splitlines()[-1]
