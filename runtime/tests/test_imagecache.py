@@ -737,3 +737,27 @@ def test_a_full_file_system_is_named_not_mksquashfs_last_line(tmp_path, small_fi
     assert str(error.value).startswith(f"mksquashfs failed for {output}: the file system "
                                        f"mounted at {small_filesystem} is full (")
     assert os.listdir(small_filesystem) == []
+
+
+def test_mksquashfs_is_given_a_memory_bound_unless_the_site_gives_one(tmp_path, monkeypatch):
+    """mksquashfs takes a quarter of the node's memory by default (a resident
+    set of 1.8 GB packing a 2 GiB image, bench/import.py); Berth bounds it,
+    and a site's own -mem in ENROOT_SQUASH_OPTIONS stands."""
+    real, seen = shutil.which("mksquashfs"), tmp_path / "arguments"
+    wrapper = tmp_path / "bin" / "mksquashfs"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {seen}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}:{os.environ['PATH']}")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "file").write_text("data\n")
+    squash.make_squashfs(str(root), str(tmp_path / "a.sqsh"), config.load({}),
+                         show_progress=False)
+    squash.make_squashfs(str(root), str(tmp_path / "b.sqsh"),
+                         config.load({"ENROOT_SQUASH_OPTIONS": "-comp gzip -mem 1G"}),
+                         show_progress=False)
+    default, site = seen.read_text().splitlines()
+    assert default.split().count("-mem") == 1
+    assert site.split().count("-mem") == 1 and " -mem 1G " in f" {site} "
+    assert (tmp_path / "a.sqsh").exists() and (tmp_path / "b.sqsh").exists()
