@@ -38,8 +38,6 @@ NEEDS = {
     "tests/test_slurm_role_changes.py": "playbook",
     "tests/test_spank_e2e.py": "cluster",
     "tests/test_spank_plugin.py": "slow",  # compiles the plugin
-    "tests/test_spank_role.py": "playbook",
-    "tests/test_upgrade_playbook.py": "playbook",
     "tests/test_userdirs.py": "root",
     "tests/test_validate_playbook.py": "playbook",
     "runtime/tests/test_archive_import.py": "slow",  # squashfs images of each archive

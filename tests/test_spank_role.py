@@ -75,6 +75,7 @@ def berth_conf(tmp_path, host="case"):
     return (tmp_path / host / "etc" / "plugstack.conf.d" / "berth.conf").read_text()
 
 
+@pytest.mark.playbook
 def test_writes_berth_conf_with_normalised_options_once(tmp_path):
     options = {"sbatch_support": False, "use_squashfuse": "Y", "execute_entrypoint": 0,
                "container_scope": "job", "importer": "/usr/bin/enroot"}
@@ -91,6 +92,7 @@ def test_writes_berth_conf_with_normalised_options_once(tmp_path):
     assert report["stats"]["case"]["failures"] == 0 and changed(report) == 0
 
 
+@pytest.mark.playbook
 def test_check_mode_writes_nothing(tmp_path):
     report = run_role(tmp_path, {"case": {}}, check=True)
     assert report["stats"]["case"]["failures"] == 0 and changed(report) > 0
@@ -221,6 +223,7 @@ BUILD_PLAY = """
 """
 
 
+@pytest.mark.playbook
 @pytest.mark.skipif(not shutil.which("srun") or not Path("/usr/include/slurm/spank.h").exists(),
                     reason="needs slurm-client and libslurm-dev")
 def test_the_role_copies_the_listed_sources_and_builds_once(tmp_path, monkeypatch):
@@ -288,18 +291,21 @@ def test_plugin_role_and_runtime_take_the_same_booleans():
     assert set(c_words["no"]) == set(role["spank_plugin_false_words"]) == config._FALSE
 
 
+@pytest.mark.playbook
 def test_cleanup_timeout_reaches_berth_conf(tmp_path):
     report = run_role(tmp_path, {"case": {"cleanup_timeout": 120}})
     assert report["stats"]["case"]["failures"] == 0, report
     assert " cleanup_timeout=120" in berth_conf(tmp_path)
 
 
+@pytest.mark.playbook
 def test_container_prefix_reaches_berth_conf(tmp_path):
     report = run_role(tmp_path, {"case": {"container_prefix": "site_a"}})
     assert report["stats"]["case"]["failures"] == 0, report
     assert " container_prefix=site_a" in berth_conf(tmp_path)
 
 
+@pytest.mark.playbook
 def test_bad_options_fail_naming_the_key_and_change_nothing(tmp_path):
     report = run_role(tmp_path, {name: options for name, (options, _) in BAD_OPTIONS.items()})
     for name, (_, message) in BAD_OPTIONS.items():
@@ -307,6 +313,7 @@ def test_bad_options_fail_naming_the_key_and_change_nothing(tmp_path):
         assert not (tmp_path / name).exists(), name
 
 
+@pytest.mark.playbook
 @pytest.mark.skipif(not shutil.which("srun") or not Path("/usr/include/slurm/spank.h").exists(),
                     reason="needs slurm-client and libslurm-dev")
 def test_srun_loads_the_plugin_with_the_written_options(tmp_path):

@@ -71,6 +71,7 @@ def test_plays_go_slurmdbd_slurmctld_login_then_compute_nodes_one_at_a_time():
 SMOKE = next(t for t in NODE_BLOCK["block"] if t["name"] == "Stop at a failed smoke step")
 
 
+@pytest.mark.playbook
 @pytest.mark.parametrize("rc, stdout, stderr, message", [
     (1, "", "srun: job 12 queued and waiting for resources\nsrun: error: Unable to allocate resources: x",
      "smoke step failed: srun: error: Unable to allocate resources: x"),
@@ -96,6 +97,7 @@ def failing_block(task):
         "block": [task], "rescue": [save("upgrade_failure_reason")]}]}]
 
 
+@pytest.mark.playbook
 @pytest.mark.parametrize("task, reason", [
     ({"name": "Stop at a failed smoke step",
       "ansible.builtin.fail": {"msg": "smoke step failed: spank_berth: /x.sqsh: No such file or directory"}},
@@ -110,6 +112,7 @@ def test_the_reason_a_failed_node_is_left_drained_with(tmp_path, task, reason):
     assert run(tmp_path, failing_block(task)) == reason
 
 
+@pytest.mark.playbook
 def test_the_reason_is_one_line_of_at_most_215_characters(tmp_path):
     task = {"name": "Stop at a failed smoke step",
             "ansible.builtin.fail": {"msg": "smoke step failed: " + "x\ty " * 100}}
@@ -124,6 +127,7 @@ SHOW_NODE = """NodeName=cn1 Arch=x86_64 CoresPerSocket=1
 {reason}"""
 
 
+@pytest.mark.playbook
 @pytest.mark.parametrize("state, reason, drained, before", [
     ("IDLE", "", False, ""),
     ("MIXED", "", False, ""),
@@ -141,6 +145,7 @@ def test_a_node_drained_before_by_someone_else_stays_drained(tmp_path, state, re
     assert run(tmp_path, play) == [drained, before]
 
 
+@pytest.mark.playbook
 @pytest.mark.parametrize("extra, tail", [
     ({}, ["--container-image=/opt/berth-images/mpi-test.sqsh", "true"]),
     ({"berth_upgrade_smoke_image": "nvcr.io#nvidia/cuda:12", "berth_upgrade_smoke_command": "nvidia-smi -L"},
