@@ -164,7 +164,8 @@ def own_filesystem(scratch, size):
                             capture_output=True, text=True, check=True).stdout.strip()
     try:
         mount_point.mkdir()
-        subprocess.run(["mount", device, str(mount_point)], check=True)
+        # (discard: what the bench deletes is freed in the sparse file too)
+        subprocess.run(["mount", "-o", "discard", device, str(mount_point)], check=True)
         try:
             yield mount_point
         finally:
