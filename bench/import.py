@@ -38,6 +38,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,6 +58,8 @@ FREE_FLOOR = 0.1  # of the disk, kept free
 
 
 def main():
+    # a SIGTERM unwinds: the registry stops, the file system is unmounted and removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("cache_dir")
     parser.add_argument("--size-gib", type=float, default=10)
