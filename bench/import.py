@@ -3,6 +3,7 @@
 
     /opt/berth-dev/venv/bin/python bench/import.py CACHE_DIR [--size-gib 10]
         [--files 250000] [--layers 40] [--seed 1] [--runs 3] [--temp DIR] [--quiet]
+        [--quick]
 
 The image is bench/realistic_image.py's (made under CACHE_DIR once, served
 by a docker-registry on 127.0.0.1 from there). Measured on this machine,
@@ -19,10 +20,11 @@ median of RUNS each:
                 files): what an unpack in C costs, for reference
   berth import  `berth import --cache-only` from an empty user cache
                 (download included), and with its layers cached (what the
-                unpack and squash cost alone)
+                unpack and squash cost alone); --quick leaves out this one
+                and GNU tar (the full-size image once, in a quarter of the time)
 
 The floor is the slowest of the first three stages, which could all run at
-once; today's import costs about their sum. For each Berth import: the peak
+once; today's import runs them, and an unpack to disk, one after another. For each Berth import: the peak
 memory of its process tree (the sum of its processes' resident sets,
 sampled every 50 ms: mksquashfs's included) and its disk high-water mark
 (what the cache held before it plus the most the used space of the file
