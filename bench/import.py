@@ -25,8 +25,9 @@ median of RUNS each:
 
 The floor is the slowest of the first three stages, which could all run at
 once; today's import runs them, and an unpack to disk, one after another.
-For each Berth import: the peak memory of its process tree (the sum of its processes' resident sets,
-sampled every 50 ms: mksquashfs's included) and its disk high-water mark
+For each Berth import: the peak memory of its process tree (the sum of its
+processes' resident sets, sampled every 50 ms: mksquashfs's included) and
+its disk high-water mark
 (what the cache held before it plus the most the used space of the file
 system of ENROOT_TEMP_PATH and the cache grew by, sampled with it) against
 what stays after it (the squashfs and the cached layers). Everything but
