@@ -1,4 +1,4 @@
-"""The README's "Every interface, one by one" tables name every pyxis flag,
+"""docs/compatibility.md's "Every interface, one by one" tables name every pyxis flag,
 PYXIS_CONTAINER_* variable, plugstack key, enroot verb and enroot.conf key
 that the plugin and the runtime know: a new one added without a word on
 how it compares to pyxis or enroot fails here."""
@@ -15,8 +15,8 @@ SPANK_SOURCES = "\n".join(p.read_text() for p in sorted((ROOT / "spank").glob("*
 
 def _tables():
     """{first header cell: set of backticked names in the first column}."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Every interface, one by one", 1)[1].split("\n## ", 1)[0]
+    text = (ROOT / "docs" / "compatibility.md").read_text()
+    section = text.split("## Every interface, one by one", 1)[1].split("\n## ", 1)[0]
     tables = {}
     for block in re.split(r"\n\s*\n", section):
         rows = [line for line in block.splitlines() if line.startswith("|")]

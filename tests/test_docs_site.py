@@ -75,3 +75,16 @@ def test_the_site_builds_strict_and_its_admin_guide_follows_the_install_order(tm
         assert part in labels, labels
     # the admin guide comes before the rest, after the home page only
     assert labels.index("Admin guide") == 1, labels
+
+
+def test_the_readme_is_short_and_opens_with_the_two_commands():
+    """README.md is the entry, at most 300 lines: the demo and the test suite
+    first, then the quick starts and where each topic lives in docs/."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    first_block = readme.split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [line.split()[:2] for line in first_block] == [["bash", "scripts/demo.sh"],
+                                                           ["bash", "scripts/test.sh"]]
+    for page in ["docs/admin/index.md", "docs/user/index.md", "docs/compatibility.md",
+                 "docs/security.md", "docs/testing.md", "docs/benchmarks.md"]:
+        assert f"]({page})" in readme, page

@@ -1,7 +1,7 @@
 """berth_os_vars_files: the family's vars file, then the release's where the
 role has one; facts without the release are refused by name. Every role with
 per-OS names loads them through it, and each of their vars files is read on
-some platform the README lists."""
+some platform docs/admin/prerequisites.md lists."""
 
 import sys
 from pathlib import Path
@@ -44,7 +44,7 @@ def test_facts_without_the_release_are_refused(tmp_path, facts):
 ROLES = Path(__file__).resolve().parents[1] / "roles"
 OS_VARS_ROLES = sorted(role for role in ROLES.iterdir()
                        if any(f.name != "main.yml" for f in (role / "vars").glob("*.yml")))
-# the facts of each platform the README lists
+# the facts of each platform docs/admin/prerequisites.md lists
 PLATFORM_FACTS = [{"os_family": family, "distribution": distro, "distribution_major_version": major}
                   for family, distro, major in [("Debian", "Debian", "12"), ("Debian", "Debian", "13"),
                                                 ("Debian", "Ubuntu", "22"), ("Debian", "Ubuntu", "24"),

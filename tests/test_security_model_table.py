@@ -1,4 +1,4 @@
-"""runtime/README.md's "One user against the others" table states every
+"""docs/security.md's "One user against the others" table states every
 bound and share a user meets: each number there is the one the code uses,
 and each test it names exists (a renamed test or a changed constant
 without the table following fails here)."""
@@ -22,8 +22,8 @@ BARE = {"HOME": "/", "ENROOT_SYSCONF_PATH": "/nonexistent"}  # the defaults alon
 
 
 def _rows():
-    text = (REPO / "runtime" / "README.md").read_text()
-    section = text.split("### One user against the others", 1)[1].split("\n### ", 1)[0]
+    text = (REPO / "docs" / "security.md").read_text()
+    section = text.split("## One user against the others", 1)[1].split("\n## ", 1)[0]
     return [line for line in section.splitlines() if line.startswith("| ")][1:]
 
 

@@ -10,7 +10,7 @@ and pid files in the runtime directories of its daemons, which run as slurm.
 The slurm role's preflight refuses an MpiDefault the release has no plugin for.
 
 Every role with per-OS names loads them the same way (the os_vars role), and
-on every platform the README lists gets the values it had when munge,
+on every platform docs/admin/prerequisites.md lists gets the values it had when munge,
 container_runtime and spank_plugin still loaded theirs each its own way
 (tests/fixtures/os_vars_by_platform.json, written by the earlier ways)."""
 
@@ -209,7 +209,7 @@ def test_preflight_refuses_the_other_releases_pmix_plugin(tmp_path, major, plugi
         assert f"slurm_mpi_default={plugin}, but its Slurm (Debian {major})" in result.stdout
 
 
-# Each platform of the README's table, as its facts name it.
+# Each platform of docs/admin/prerequisites.md's table, as its facts name it.
 PLATFORMS = {
     "Debian-12": ("Debian", "Debian", "12"), "Debian-13": ("Debian", "Debian", "13"),
     "Ubuntu-22": ("Debian", "Ubuntu", "22"), "Ubuntu-24": ("Debian", "Ubuntu", "24"),

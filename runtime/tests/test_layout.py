@@ -1,4 +1,4 @@
-"""The runtime's layout (runtime/README.md, "Package layout"): the parts of
+"""The runtime's layout (docs/architecture/runtime.md, "Package layout"): the parts of
 runtime/berth import only downward, no module imports itself round a
 circle, and no module takes another's private (_x) names. Read from the
 source with ast, module-level and function-level imports alike; nothing

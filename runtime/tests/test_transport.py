@@ -124,7 +124,7 @@ def test_an_insecure_endpoint_loads_no_certificates(tmp_path, monkeypatch, tls_s
 def test_http_allowed_still_speaks_https_to_a_registry_that_has_it(tls_server):
     """ENROOT_ALLOW_HTTP=yes lets a registry without TLS be reached over
     plain HTTP; one with TLS is still asked over HTTPS (enroot would speak
-    plain HTTP to it: the README's compatibility table says so)."""
+    plain HTTP to it: docs/compatibility.md's table says so)."""
     from berth import config
     from berth.image.reference import parse
     from berth.image.registry import Registry
