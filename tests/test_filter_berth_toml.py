@@ -61,6 +61,6 @@ def test_the_filters_write_with_the_runtimes_writer():
     registries = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(registries)
     assert Path(berth_toml_module._TOML.__file__) == writer
-    assert Path(registries._TOML.__file__) == writer
+    assert Path(registries.tomlwrite.__file__) == writer
     from berth.site import edf  # (the runtime of this checkout: sys.path above)
     assert Path(edf.tomlwrite.__file__) == writer
