@@ -60,6 +60,9 @@ def registry(tmp_path_factory):
         (OTHER_ARCH, "v8"): reg.push_image(
             "test/multi", "other", [gzipped(layer_tar(("file", "other", b"")))], other),
     })
+    # The same (empty) layer twice, as images of many empty steps have it
+    reg.push_image("test/repeated", "v1", [gzipped(BASE), gzipped(layer_tar()), gzipped(TOP),
+                                           gzipped(layer_tar())], CONFIG)
     # Incompressible, so its size is what it needs on disk.
     reg.push_image("test/big", "v1", [gzipped(layer_tar(("file", "big", os.urandom(3 << 20))))],
                    CONFIG)
@@ -172,6 +175,19 @@ def test_second_import_downloads_no_layer(tmp_path, env, proxy, registry):
     assert result.stderr.endswith(", from the image cache (nothing downloaded)\n"), result.stderr
     assert "/etc/added" in listing(tmp_path / "first.sqsh")
     assert listing(tmp_path / "first.sqsh") == listing(tmp_path / "second.sqsh")
+
+
+def test_a_layer_the_image_lists_twice_is_fetched_once_without_waiting_on_itself(
+        tmp_path, env, proxy, registry):
+    layers = layer_digests(registry, "test/repeated")
+    assert len(set(layers)) == 3 and len(layers) == 4
+    result = berth(["import", "-o", "repeated.sqsh", f"docker://{proxy.host}#test/repeated:v1"],
+                   env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "waiting for another import" not in result.stderr, result.stderr
+    fetched = [p.rsplit("/", 1)[-1] for p in blob_downloads(proxy, layers)]
+    assert sorted(fetched) == sorted(set(layers))
+    assert "/etc/added" in listing(tmp_path / "repeated.sqsh")
 
 
 def test_concurrent_imports_download_each_layer_once(tmp_path, env, proxy, registry):

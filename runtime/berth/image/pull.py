@@ -102,7 +102,9 @@ def _build(args, cfg, registry, ref, manifest, digest, image, keep_free, images,
     total = sum(size for _, size in layers)
 
     cache = BlobCache(cfg["ENROOT_CACHE_PATH"])
-    missing = [(d, size) for d, size in layers if not cache.use(d)]
+    # (a layer listed twice, as images of several empty steps list one, fetched once:
+    # a second fetch would wait on the first's own lock)
+    missing = [(d, size) for d, size in dict.fromkeys(layers) if not cache.use(d)]
     squash.require_space(cache.blob_dir, sum(size for _, size in missing), "the layers")
     _download(cache, registry, missing, cfg, show_progress, args.quiet)
 
