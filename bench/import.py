@@ -63,11 +63,7 @@ def main():
     # a SIGTERM unwinds: the registry stops, the file system is unmounted and removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("cache_dir")
-    parser.add_argument("--size-gib", type=float, default=10)
-    parser.add_argument("--files", type=int, default=250_000)
-    parser.add_argument("--layers", type=int, default=40)
-    parser.add_argument("--seed", type=int, default=1)
+    realistic_image.shape_arguments(parser)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--temp", default="/var/tmp", help="where the bench works")
     parser.add_argument("--quiet", action="store_true", help="the table only")

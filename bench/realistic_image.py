@@ -441,15 +441,20 @@ def _say(quiet, line):
         print(f"realistic_image: {line}", file=sys.stderr, flush=True)
 
 
-def main():
-    # a SIGTERM unwinds: the pool's workers and their pigz stop with it
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def shape_arguments(parser):
+    """The image's shape as both benches take it: where it is kept, its size."""
     parser.add_argument("cache_dir")
     parser.add_argument("--size-gib", type=float, default=10)
     parser.add_argument("--files", type=int, default=250_000)
     parser.add_argument("--layers", type=int, default=40)
     parser.add_argument("--seed", type=int, default=1)
+
+
+def main():
+    # a SIGTERM unwinds: the pool's workers and their pigz stop with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    shape_arguments(parser)
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
     top = cached(args.cache_dir, args.size_gib, args.files, args.layers, args.seed, args.quiet)
