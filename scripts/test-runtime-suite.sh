@@ -73,7 +73,7 @@ trap 'docker rm -f "$NAME" >/dev/null 2>&1 || true' EXIT
 # /tmp (pytest's tmp_path) is a tmpfs: overlayfs does not mount on the
 # container's own overlay root.
 tar -c --exclude=__pycache__ --exclude='*.egg-info' --exclude=.pytest_cache \
-        --exclude=.hypothesis runtime hooks spank \
+        --exclude=.hypothesis runtime hooks spank bench \
     | docker run -i --rm --init --name "$NAME" "${access[@]}" \
         --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
         --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:ro \

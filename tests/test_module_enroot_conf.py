@@ -103,3 +103,15 @@ def test_missing_directory_fails_naming_it_but_check_mode_plans_the_file(tmp_pat
     failed = run_module(node_settings(conf))
     assert failed["msg"] == f"{conf}: directory {conf.parent} does not exist"
     assert not conf.parent.exists()
+
+
+def test_the_roles_retries_all_fit_within_the_default_transfer_timeout():
+    """The count the role's enroot.conf sets: its longest waits (1, 2, 4, 8
+    and 16 s) end within the runtime's default transfer timeout, so that
+    no retry it allows is cut by the time bound."""
+    import yaml
+    roles_vars = yaml.safe_load((REPO / "roles/container_runtime/vars/main.yml").read_text())
+    count = roles_vars["container_runtime_enroot_conf_base"]["ENROOT_TRANSFER_RETRIES"]
+    assert count == 5
+    default = int(config._defaults(dict(os.environ))["ENROOT_TRANSFER_TIMEOUT"])
+    assert sum(2 ** n for n in range(count)) < default

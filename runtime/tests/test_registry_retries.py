@@ -169,20 +169,6 @@ def test_a_busy_mirror_is_not_waited_for_when_another_place_follows(tmp_path, en
     assert waits(result) == [] and "trying the next" in result.stderr
 
 
-def test_the_roles_retries_all_fit_within_the_default_transfer_timeout():
-    """The count the role's enroot.conf sets: its longest waits (1, 2, 4, 8
-    and 16 s) end within the runtime's default transfer timeout, so that
-    no retry it allows is cut by the time bound."""
-    import yaml
-    from berth import config
-    roles_vars = yaml.safe_load((Path(__file__).resolve().parents[2] /
-                                 "roles/container_runtime/vars/main.yml").read_text())
-    count = roles_vars["container_runtime_enroot_conf_base"]["ENROOT_TRANSFER_RETRIES"]
-    assert count == 5
-    default = int(config._defaults(dict(os.environ))["ENROOT_TRANSFER_TIMEOUT"])
-    assert sum(2 ** n for n in range(count)) < default
-
-
 # -- a broken download resumes ----------------------------------------------------------------
 
 def reset(handler):
