@@ -15,10 +15,14 @@
 #   bash scripts/scale.sh memory       each node's memory use (docker stats)
 #   bash scripts/scale.sh destroy      remove the containers, networks and /shared
 # Memory limits (docker --memory): BERTH_SCALE_NODE_MEMORY per compute node
-# (default 448m), BERTH_SCALE_CTL_MEMORY for the controller (2g); 32 nodes
-# then take at most 14 GiB + 2.4 GiB. Ansible: BERTH_ANSIBLE_STRATEGY
+# (default 512m), BERTH_SCALE_CTL_MEMORY for the controller (2g); 32 nodes
+# then take at most 16 GiB + 2.4 GiB. Ansible: BERTH_ANSIBLE_STRATEGY
 # (mitogen_linear, as the scenario), BERTH_SCALE_FORKS (default 40: every
 # host at once up to N=32).
+# What site.yml and prepare.yml run from: a snapshot of HEAD (git archive,
+# made by create), so that edits in the working tree while the bed is up
+# change nothing on it (a no-op run stays one); BERTH_SCALE_TREE=worktree
+# runs them from the working tree itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin:$PATH"
@@ -31,7 +35,8 @@ IMAGE=berth/node:$SUITE
 SHARED=$PWD/.cache/shared/scale
 WORK=$PWD/.cache/scale
 INVENTORY=$WORK/hosts.yml
-NODE_MEMORY=${BERTH_SCALE_NODE_MEMORY:-448m}
+if [[ "${BERTH_SCALE_TREE:-HEAD}" == worktree ]]; then TREE=$PWD; else TREE=$WORK/tree; fi
+NODE_MEMORY=${BERTH_SCALE_NODE_MEMORY:-512m}
 CTL_MEMORY=${BERTH_SCALE_CTL_MEMORY:-2g}
 UPSTREAM_MEMORY=384m
 
@@ -49,15 +54,21 @@ slurm_options=(
     --volume "$PWD/.cache/images/$SUITE:/opt/berth-images:ro"
     --volume "$PWD/.cache/images:/opt/berth-test-images:ro"
     --volume "$SHARED:/shared:rw"
-    --tmpfs /var/lib/berth:exec,mode=0755 --tmpfs /var/lib/berth-store:mode=0700
+    --tmpfs /var/lib/berth:exec,mode=0755
 )
 # systemd in a cgroup namespace of its own, on the node's cgroup subtree made
 # writable (as the scenario's nodes)
 node_init='for tree in /sys/fs/cgroup/*/; do mount -o remount,bind,rw "$tree"; done;
 exec /lib/systemd/systemd'
 
-compute_count() {
-    docker ps -a --filter "name=^$PREFIX-cn[0-9]+$" --format '{{.Names}}' | wc -l
+# Where a node's store imports unpack: a directory on the host's disk (a
+# real node's local disk), not the scenario's tmpfs, whose pages would count
+# against the node's memory limit: the node that imports a new image for
+# the whole cluster would need its unpacked size in memory besides.
+unpack_dir() {  # NAME
+    local dir=$WORK/unpack/$1
+    mkdir -p "$dir" && chmod 0700 "$dir"
+    echo "--volume=$dir:/var/lib/berth-store:rw"
 }
 
 start_node() {  # NAME MEMORY OPTIONS...: run the node unless it exists
@@ -72,7 +83,7 @@ start_node() {  # NAME MEMORY OPTIONS...: run the node unless it exists
 write_inventory() {  # N
     local n=$1 i
     mkdir -p "$WORK"
-    ln -sfn "$PWD/inventories/local/group_vars" "$WORK/group_vars"
+    ln -sfn "$TREE/inventories/local/group_vars" "$WORK/group_vars"
     {
         echo "# made by scripts/scale.sh for $n compute nodes"
         echo "all:"
@@ -103,7 +114,7 @@ create() {  # N
     done
     # the controller: on both networks, as berth-ctl on the nodes' one
     if ! docker container inspect "$PREFIX-ctl" >/dev/null 2>&1; then
-        start_node "$PREFIX-ctl" "$CTL_MEMORY" "${slurm_options[@]}" \
+        start_node "$PREFIX-ctl" "$CTL_MEMORY" "${slurm_options[@]}" "$(unpack_dir "$PREFIX-ctl")" \
             --sysctl net.ipv4.ip_unprivileged_port_start=1024 \
             --network "$NET" --network-alias berth-ctl
         docker network connect "$UPSTREAM_NET" "$PREFIX-ctl"
@@ -111,12 +122,19 @@ create() {  # N
     start_node "$PREFIX-upstream" "$UPSTREAM_MEMORY" \
         --network "$UPSTREAM_NET" --network-alias berth-upstream
     for ((i = 1; i <= n; i++)); do
-        start_node "$PREFIX-cn$i" "$NODE_MEMORY" "${slurm_options[@]}" --network "$NET"
+        start_node "$PREFIX-cn$i" "$NODE_MEMORY" "${slurm_options[@]}" \
+            "$(unpack_dir "$PREFIX-cn$i")" --network "$NET"
     done
     # a smaller N than the bed has: the nodes past N go
     for ((i = n + 1; i <= 32; i++)); do
         docker rm -f "$PREFIX-cn$i" >/dev/null 2>&1 || true
+        rm -rf "$WORK/unpack/$PREFIX-cn$i"
     done
+    if [[ "$TREE" != "$PWD" ]]; then
+        rm -rf "$TREE" && mkdir -p "$TREE"
+        git archive HEAD | tar -x -C "$TREE"
+        git rev-parse --short HEAD >"$WORK/commit"
+    fi
     write_inventory "$n"
     # systemd up in every node before Ansible connects
     for name in $(docker ps --filter label=berth.scale=1 --format '{{.Names}}'); do
@@ -130,6 +148,7 @@ create() {  # N
 
 playbook() {  # PLAYBOOK ARGS...
     [[ -f "$INVENTORY" ]] || { echo "scale: no bed (scale.sh create N first)" >&2; exit 2; }
+    cd "$TREE"
     ANSIBLE_STRATEGY=${BERTH_ANSIBLE_STRATEGY:-mitogen_linear} \
         ANSIBLE_FORKS=${BERTH_SCALE_FORKS:-40} ANSIBLE_TIMEOUT=60 \
         ANSIBLE_PYTHON_INTERPRETER=/usr/bin/python3 \
