@@ -4,10 +4,16 @@ overlayfs would (whiteouts, a directory deleted whole, an opaque one,
 replaced files), entry by entry."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 from registry_fixture import berth, berth_env, listing
+from test_stream import tree
+
+from berth import config
+from berth.image import stream
+from berth.image.layers import apply_layer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import realistic_image  # noqa: E402
@@ -42,3 +48,25 @@ def test_berth_imports_the_tree_its_layers_make(tmp_path):
                if kind in ("whiteout", "opaque")}
     everything = {path for entries in layers for _, path, *_ in entries} - markers
     assert len(everything - final) > 3  # what the whiteouts deleted
+
+
+def test_its_layers_packed_from_their_streams_are_the_tree_applied_in_order(tmp_path):
+    """The import packs this image from its layers' streams (none of its
+    layers makes it apply them in order), and what it packs is, entry by
+    entry (types, modes, contents, shared inodes), the tree the layers
+    make applied in order: what the import made of it before."""
+    top = realistic_image.cached(tmp_path / "images", quiet=True, **SHAPE)
+    manifest = json.loads(realistic_image.manifest_of(top))
+    blobs = top / "oci" / "blobs" / "sha256"
+    layers = [(str(blobs / layer["digest"].removeprefix("sha256:")), layer["digest"])
+              for layer in manifest["layers"]]
+    cfg = config.load({"HOME": str(tmp_path), "ENROOT_SYSCONF_PATH": str(tmp_path)})
+    packed = tmp_path / "packed.sqsh"
+    stream.squash_layers(layers, str(packed), cfg)  # (NotStreamable fails the test)
+    applied = tmp_path / "applied"
+    applied.mkdir()
+    for path, digest in layers:
+        apply_layer(str(applied), path, digest, cfg["ENROOT_GZIP_PROGRAM"])
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(tmp_path / "unpacked"), str(packed)],
+                   check=True, stdout=subprocess.DEVNULL)
+    assert tree(tmp_path / "unpacked") == tree(applied)

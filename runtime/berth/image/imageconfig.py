@@ -90,14 +90,19 @@ def rc_script(image):
     return "\n".join(lines) + "\n"
 
 
+def image_files(image):
+    """Berth's files of an image: (name, text, mode) each, image.json,
+    /etc/environment and /etc/rc; None for a mode is 0644 less the umask."""
+    return [
+        (IMAGE_JSON, json.dumps(image, indent=2) + "\n", None),
+        ("etc/environment", "".join(f"{entry}\n" for entry in image["env"]), None),
+        ("etc/rc", rc_script(image), 0o755),
+    ]
+
+
 def write_image_config(root, image):
-    """Write image.json, /etc/environment and /etc/rc into `root`."""
-    files = {
-        IMAGE_JSON: json.dumps(image, indent=2) + "\n",
-        "etc/environment": "".join(f"{entry}\n" for entry in image["env"]),
-        "etc/rc": rc_script(image),
-    }
-    for name, text in files.items():
+    """Write image_files(image) into `root`."""
+    for name, text, mode in image_files(image):
         path = resolve(root, name)
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         if os.path.lexists(path):
@@ -105,7 +110,8 @@ def write_image_config(root, image):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-    os.chmod(resolve(root, "etc/rc"), 0o755)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
 
 
 def read_image_config(root_path):

@@ -51,7 +51,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # tarfile reads a stream in pieces of this size (default 10 KiB); larger
 # pieces unpack a real image about a quarter faster, much larger ones slower.
-_BUFFER = 1 << 16
+TAR_BUFFER = 1 << 16
 MAX_DEPTH = 512
 _UNPACK_PREFIX = "berth-import-"
 _UNPACK_NAME = re.compile(r"berth-import-([1-9][0-9]{0,9})-[a-z0-9_]{8}")
@@ -105,11 +105,19 @@ def apply_layer(root, path, digest, gzip_program, room=None, guard=None):
     `room` (a Room) where one is given; guard(path, digest), where given,
     is called with each path the layer would make, change, remove or link
     to, before it does (it raises to refuse the layer)."""
+    read_layer(path, digest, gzip_program,
+               lambda stream: _apply_tar(root, stream, digest, room, guard))
+
+
+def read_layer(path, digest, gzip_program, consume):
+    """consume(stream) the layer file `path` as a plain tar stream: a
+    gzip or zstd layer through its decompressing program, whose failure
+    is the layer's (a BerthError naming it)."""
     with open(path, "rb") as f:
         command = decompressor(f.read(4), gzip_program)
     with open(path, "rb") as raw:
         if command is None:
-            _apply_tar(root, raw, digest, room, guard)
+            consume(raw)
             return
         try:
             proc = subprocess.Popen(command, stdin=raw, stdout=subprocess.PIPE,
@@ -119,7 +127,7 @@ def apply_layer(root, path, digest, gzip_program, room=None, guard=None):
                 from None
         tar_error = None
         try:
-            _apply_tar(root, proc.stdout, digest, room, guard)
+            consume(proc.stdout)
             # tar ends with zero blocks; drain the rest so the program exits cleanly.
             while proc.stdout.read(1 << 16):
                 pass
@@ -145,7 +153,7 @@ def _apply_tar(root, stream, digest, room, guard):
     created = set()  # host paths this layer made: an opaque marker spares them
     dir_times = {}
     try:
-        with tarfile.open(fileobj=stream, mode="r|", bufsize=_BUFFER) as archive:
+        with tarfile.open(fileobj=stream, mode="r|", bufsize=TAR_BUFFER) as archive:
             for member in archive:
                 if room is not None:
                     room.take(member.name, member.size if member.isreg() else 0, digest)
@@ -179,7 +187,7 @@ def _set_mtime(path, mtime):
         pass  # a later entry of the layer removed it, or made a parent a file
 
 
-def _entry_name(name, digest, what="entry"):
+def entry_name(name, digest, what="entry"):
     if name.startswith("/") or ".." in name.split("/"):
         raise BerthError(f"layer {digest}: {what} '{name}' points outside the image root; "
                          "refusing the layer")
@@ -202,7 +210,7 @@ def _anything(path, digest):
 
 
 def _apply_member(root, archive, member, created, dir_times, digest, guard):
-    name = _entry_name(member.name, digest)
+    name = entry_name(member.name, digest)
     parent_name, base = posixpath.split(name.rstrip("/"))
     if base == OPAQUE:
         directory = resolve(root, parent_name, follow_last=True)
@@ -230,7 +238,7 @@ def _apply_member(root, archive, member, created, dir_times, digest, guard):
                          "directories deep; refusing the layer")
     if target == root:
         if member.isdir():
-            os.chmod(root, _dir_mode(member.mode))
+            os.chmod(root, dir_mode(member.mode))
         return
     created.add(target)
     parent = os.path.dirname(target)
@@ -240,26 +248,26 @@ def _apply_member(root, archive, member, created, dir_times, digest, guard):
         if not os.path.isdir(target) or os.path.islink(target):
             _remove(target)
             os.mkdir(target, 0o700)
-        os.chmod(target, _dir_mode(member.mode))
+        os.chmod(target, dir_mode(member.mode))
         dir_times[target] = member.mtime
         return
     _remove(target)
     if member.isreg():
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(archive.extractfile(member), out, _BUFFER)
-            os.fchmod(out.fileno(), _file_mode(member.mode))
+            shutil.copyfileobj(archive.extractfile(member), out, TAR_BUFFER)
+            os.fchmod(out.fileno(), file_mode(member.mode))
     elif member.issym():
         os.symlink(member.linkname, target)
     elif member.islnk():
-        source = resolve(root, _entry_name(member.linkname, digest, "hard link target"))
+        source = resolve(root, entry_name(member.linkname, digest, "hard link target"))
         guard(source, digest)
         if not os.path.lexists(source):
             raise BerthError(f"layer {digest}: hard link '{name}' to missing "
                              f"'{member.linkname}'")
         os.link(source, target, follow_symlinks=False)
     elif member.isfifo():
-        os.mkfifo(target, _file_mode(member.mode))
+        os.mkfifo(target, file_mode(member.mode))
     else:
         return
     _set_mtime(target, member.mtime)
@@ -269,11 +277,11 @@ def _shorten(name, keep=60):
     return name if len(name) <= 2 * keep else f"{name[:keep]}...{name[-keep:]}"
 
 
-def _file_mode(mode):
+def file_mode(mode):
     return (mode & 0o1777) | 0o400
 
 
-def _dir_mode(mode):
+def dir_mode(mode):
     return (mode & 0o1777) | 0o700
 
 

@@ -4,7 +4,8 @@ costs what its own layers cost, not a whole import.
 
 Such an image is still one squashfs file (the store, its node copies,
 prune and the SPANK plugin see nothing new). Its root is the tree of its
-lower layers, unpacked as any import unpacks them. Beside it, the directory
+lower layers, packed as any import packs them (stream.py, or applied in
+order). Beside it, the directory
 `.berth-top.N` holds what the remaining layers and Berth's image files
 (imageconfig.py) change, as an overlayfs upper directory made by the kernel
 itself: the layers are applied through an overlay of the lower tree in a

@@ -1,7 +1,8 @@
 """The registry side of `berth import`: the platform manifest (manifests.py),
 then the cached squashfs of it, or the layers fetched in parallel and
-verified, applied in order to a temporary root, the image config written
-into it, and mksquashfs into the image cache. Imported only when the
+verified, then packed with the image config straight from their streams
+(stream.py), or where they must be, applied in order to a temporary root
+and that packed (layers.py), into the image cache. Imported only when the
 registry is asked: requests and the rest cost a step that reuses an image
 100 ms.
 """
@@ -17,9 +18,9 @@ import threading
 from tqdm import tqdm
 
 from berth.errors import BerthError, one_line
-from berth.image import parts, registries, sif, squash
+from berth.image import parts, registries, sif, squash, stream
 from berth.image.blobs import BlobCache
-from berth.image.imageconfig import from_oci, write_image_config
+from berth.image.imageconfig import from_oci, image_files, write_image_config
 from berth.image.layers import Room, apply_layer, remove_stale_unpack_dirs, unpack_dir
 # (first_answer: store/service.py takes it from here too)
 from berth.image.manifests import descriptor, first_answer, malformed
@@ -108,21 +109,26 @@ def _build(args, cfg, registry, ref, manifest, digest, image, keep_free, images,
     squash.require_space(cache.blob_dir, sum(size for _, size in missing), "the layers")
     _download(cache, registry, missing, cfg, show_progress, args.quiet)
 
-    # Estimates from the compressed sizes: the root is at least as large,
-    # the squashfs about half of it at worst; enough to fail early.
+    # An estimate from the compressed sizes: the squashfs about half of the
+    # unpacked image at worst; enough to fail early.
     temp = cfg["ENROOT_TEMP_PATH"]
     remove_stale_unpack_dirs(temp)  # of imports killed before they could
-    squash.require_space(temp, total, "the unpacked image")
     squash.require_space(os.path.dirname(image), total // 2, "the squashfs image")
     room = Room(temp) if keep_free else None
 
     def unpack(root, chosen, guard=None):
+        squash.require_space(temp, sum(size for _, size in chosen), "the unpacked image")
         for layer_digest, _ in tqdm(chosen, desc="unpacking", unit="layer",
                                     disable=not show_progress):
             apply_layer(root, cache.path(layer_digest), layer_digest,
                         cfg["ENROOT_GZIP_PROGRAM"], room, guard)
 
-    build = _Build(args, cfg, image, layers, unpack, image_config, show_progress)
+    def pack(chosen, output, files=(), guard=None):
+        stream.squash_layers([(cache.path(layer_digest), layer_digest)
+                              for layer_digest, _ in chosen], output, cfg, files, room, guard,
+                             show_progress, verbose=getattr(args, "verbose", False))
+
+    build = _Build(args, cfg, image, layers, unpack, pack, image_config, show_progress)
     with unpack_dir(temp) as workdir:
         root = os.path.join(workdir, "rootfs")
         if images.parted:
@@ -132,15 +138,7 @@ def _build(args, cfg, registry, ref, manifest, digest, image, keep_free, images,
                 if not args.quiet:
                     print(f"berth: importing {ref} whole, not as parts: {one_line(str(e))}",
                           file=sys.stderr)
-        done = 0
-        if os.path.isdir(root):  # the lower layers are there already
-            done = len(layers) - 1
-        else:
-            os.mkdir(root, 0o755)
-        unpack(root, layers[done:])
-        write_image_config(root, image_config)
-        squash.make_squashfs(root, image, cfg, show_progress,
-                             verbose=getattr(args, "verbose", False))
+        build.whole(root)
     return None
 
 
@@ -148,9 +146,35 @@ class _Build:
     """An image made of parts (parts.py): its lower layers' tree, and a top
     part applied over it in a user namespace and appended."""
 
-    def __init__(self, args, cfg, image, layers, unpack, image_config, show_progress):
+    def __init__(self, args, cfg, image, layers, unpack, pack, image_config, show_progress):
         self.args, self.cfg, self.image, self.layers = args, cfg, image, layers
-        self.unpack, self.image_config, self.show_progress = unpack, image_config, show_progress
+        self.unpack, self.pack = unpack, pack
+        self.image_config, self.show_progress = image_config, show_progress
+
+    def whole(self, root):
+        """Make the image as one squashfs: packed from the layers' streams,
+        or where they must be applied in order (stream.NotStreamable), of
+        the tree they make in `root` (which may hold every layer but the
+        last already: a parted import's)."""
+        done = 0
+        if os.path.isdir(root):  # the lower layers are there already
+            done = len(self.layers) - 1
+        else:
+            try:
+                self.pack(self.layers, self.image, image_files(self.image_config))
+                return
+            except stream.NotStreamable as e:
+                self._in_order(e)
+            os.mkdir(root, 0o755)
+        self.unpack(root, self.layers[done:])
+        write_image_config(root, self.image_config)
+        squash.make_squashfs(root, self.image, self.cfg, self.show_progress,
+                             verbose=getattr(self.args, "verbose", False))
+
+    def _in_order(self, reason):
+        if getattr(self.args, "verbose", False):
+            print(f"berth: applying the layers in order: {one_line(str(reason))}",
+                  file=sys.stderr)
 
     def parted(self, workdir, root, images, options):
         """Make the image of parts; returns the digests its root holds.
@@ -164,6 +188,24 @@ class _Build:
             return digests[:found[1]]
         if len(self.layers) < 2:
             raise parts.Unavailable("one layer: nothing for a later tag to share")
+        base = f"{self.image}.tmp-{os.getpid()}-base"
+        try:
+            try:
+                self.pack(self.layers[:-1], base, guard=parts.guard("/"))
+                upper = self._top(workdir, os.path.join(workdir, "base"), self.layers[-1:], 1,
+                                  image=base)
+            except stream.NotStreamable as e:
+                self._in_order(e)
+                upper = self._unpacked_lower(workdir, root, base)
+            self._append(upper, base, 1, move=True)
+        finally:
+            if os.path.lexists(base):
+                os.unlink(base)
+        return digests[:-1]
+
+    def _unpacked_lower(self, workdir, root, base):
+        """The lower layers applied in order in `root` and packed into
+        `base`; the top part over them (returned)."""
         os.mkdir(root, 0o755)
         try:
             self.unpack(root, self.layers[:-1], parts.guard(root))
@@ -171,14 +213,8 @@ class _Build:
             shutil.rmtree(root)  # (some of the lower layers: the whole import starts anew)
             raise
         upper = self._top(workdir, root, self.layers[-1:], 1)
-        base = f"{self.image}.tmp-{os.getpid()}-base"
-        try:
-            squash.make_squashfs(root, base, self.cfg, self.show_progress)
-            self._append(upper, base, 1, move=True)
-        finally:
-            if os.path.lexists(base):
-                os.unlink(base)
-        return digests[:-1]
+        squash.make_squashfs(root, base, self.cfg, self.show_progress)
+        return upper
 
     def _on_base(self, workdir, base, count, number):
         """The image as a copy of the cached entry `base`, whose root holds

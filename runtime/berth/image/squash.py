@@ -57,6 +57,14 @@ def options(cfg):
 # (bench/import.py); this much packs it as fast in a tenth of that.
 MKSQUASHFS_MEMORY = "256M"
 
+def packer_options(cfg):
+    """What mksquashfs and sqfstar are given of the site's: its options, the
+    memory they may take, the processors they may use."""
+    site_options = options(cfg)
+    memory = [] if "-mem" in site_options else ["-mem", MKSQUASHFS_MEMORY]
+    return [*site_options, *memory, "-processors", str(cfg.number("ENROOT_MAX_PROCESSORS"))]
+
+
 # mksquashfs's action: no setuid or setgid bit on anything but a directory
 # (where setgid only passes the group on)
 _STRIP_SETUID = "chmod(ug-s)@!type(d) && perm(/u+s,g+s)"
@@ -80,11 +88,8 @@ def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=
     partial = f"{output}.tmp-{os.getpid()}"
     # (appending, mksquashfs would write a recovery file into the current directory)
     where = ["-keep-as-directory", "-no-recovery", *pseudo] if append_to else ["-noappend"]
-    site_options = options(cfg)
-    memory = [] if "-mem" in site_options else ["-mem", MKSQUASHFS_MEMORY]
     command = ["mksquashfs", root, partial, *where, *(["-all-root"] if all_root else []),
-               *site_options, *memory, "-processors", str(cfg.number("ENROOT_MAX_PROCESSORS")),
-               *(["-action", _STRIP_SETUID] if strip_setuid else [])]
+               *packer_options(cfg), *(["-action", _STRIP_SETUID] if strip_setuid else [])]
     if not show_progress and not verbose:  # (-quiet would do, but squashfs-tools 4.4 lacks it)
         command.append("-no-progress")
     try:
@@ -107,7 +112,7 @@ def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=
                 result.stdout.close()
         if result.returncode != 0:
             raise BerthError(f"mksquashfs failed for {output}: "
-                             f"{_failure(said, result.returncode, output)}")
+                             f"{failure(said, result.returncode, output)}")
         os.chmod(partial, 0o644 & ~umask())
         os.rename(partial, output)
     except FileNotFoundError as e:
@@ -119,7 +124,7 @@ def make_squashfs(root, output, cfg, show_progress, all_root=True, strip_setuid=
             os.unlink(partial)
 
 
-def _failure(said, returncode, output):
+def failure(said, returncode, output):
     """Why mksquashfs failed, from what it said: its error lines (stderr)
     come before its buffered stdout's (`Creating 4.0 filesystem ...`), so
     its last line is no reason; a full file system is named as such."""

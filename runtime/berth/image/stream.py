@@ -1,0 +1,435 @@
+"""An image's layers packed into a squashfs without unpacking them.
+
+The layers are read top layer first, each once, and every entry that the
+layers above leave visible is passed on, in one tar stream, to `mksquashfs
+-tar` (squashfs-tools 4.5 and later; its `sqfstar` is the same, but 4.5's
+takes no compressor options), which packs it as it comes: no tree of the
+image is written to disk and read back, and the image's bytes are
+decompressed once. Berth's own files (image.json, /etc/environment,
+/etc/rc) come first, above every layer.
+
+An entry is hidden when a layer above has an entry of the same name, a
+whiteout of it or of a directory above it, an opaque marker in a directory
+above it, or a file where one of its directories would be. That is what
+applying the layers in order gives (layers.apply_layer) as long as no
+entry's path leads through a symbolic link and no layer contradicts itself.
+Where a layer could make the two differ, the merge stops (NotStreamable)
+and the caller applies the layers in order instead: a path through a name
+that some layer makes a symbolic link, a file or link where a layer put
+entries below, one name twice in a layer, a whiteout or opaque marker
+after entries of its own layer that it would remove, a hard link to
+anything but a file of its own layer, an entry of an unknown type, a name
+that is not UTF-8 or lies deeper than layers.MAX_DEPTH. The same rules as
+apply_layer's hold for every entry of every layer, hidden or not: names
+with `..` or a leading `/` are refused, devices skipped, ownership dropped,
+setuid and setgid bits dropped, and the guard (parts.guard) and the Room
+see every path.
+"""
+
+import functools
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zlib
+
+from tqdm import tqdm
+
+from berth.errors import BerthError
+from berth.image import squash
+from berth.image.layers import (
+    MAX_DEPTH, OPAQUE, TAR_BUFFER, WHITEOUT, compression, dir_mode, entry_name, file_mode,
+    read_layer)
+
+_PACKER = "mksquashfs"
+_NAME_MAX = 255
+# What sqfstar reads at a time from the pipe; tarfile's stream writer slices
+# its buffer once per this many bytes.
+_WRITE_BUFFER = 1 << 20
+_MTIME_MAX = (1 << 32) - 1  # squashfs keeps 32-bit times
+_PEEK = 1 << 16  # what is read of a layer for its first entry
+
+
+class NotStreamable(Exception):
+    """These layers must be applied in order to know their tree."""
+
+
+@functools.cache
+def available():
+    """Whether this node's mksquashfs packs a tar stream (-tar: 4.5 on)."""
+    try:
+        said = subprocess.run([_PACKER, "-help"], capture_output=True, text=True, check=False)
+    except OSError:
+        return False
+    return "\n-tar" in said.stdout + said.stderr
+
+
+def squash_layers(layers, output, cfg, files=(), room=None, guard=None, show_progress=False,
+                  verbose=False):
+    """Pack `layers` ((path, digest) each, bottom layer first) and above
+    them `files` (imageconfig.image_files) into the squashfs `output`
+    (0644 less the umask), through a temporary file beside it. room and
+    guard as apply_layer takes them, the guard called with the host path
+    each entry would have under `root`-less paths joined to "/".
+    NotStreamable: nothing was written; apply the layers in order."""
+    if not available():
+        raise NotStreamable(f"{_PACKER} has no -tar (squashfs-tools before 4.5)")
+    merge = _Merge(guard)
+    root_mode = _root_mode(layers)
+    partial = f"{output}.tmp-{os.getpid()}"
+    said = tempfile.TemporaryFile()
+    packer = None
+    try:
+        packer = subprocess.Popen(
+            [_PACKER, "-", partial, "-tar", *squash.packer_options(cfg), "-all-root",
+             "-root-mode", f"{root_mode:o}", "-quiet", "-no-progress"],
+            stdin=subprocess.PIPE, stdout=said, stderr=subprocess.STDOUT)
+        try:
+            with tarfile.open(fileobj=packer.stdin, mode="w|", format=tarfile.PAX_FORMAT,
+                              bufsize=_WRITE_BUFFER) as merge.out:
+                merge.out.copybufsize = TAR_BUFFER
+                merge.add_files(files)
+                for path, digest in tqdm(layers[::-1], desc="packing", unit="layer",
+                                         disable=not show_progress):
+                    read_layer(path, digest, cfg["ENROOT_GZIP_PROGRAM"],
+                               lambda stream, digest=digest: merge.add_layer(stream, digest,
+                                                                             room))
+                merge.finish()
+            packer.stdin.close()
+        except BrokenPipeError:
+            pass  # the packer stopped: its status says why
+        except BaseException:
+            packer.kill()
+            raise
+        finally:
+            status = packer.wait()
+        said.seek(0)
+        text = said.read().decode(errors="replace").strip()
+        if verbose and text:
+            print(text, file=sys.stderr)
+        if status != 0:
+            raise BerthError(f"{_PACKER} failed for {output}: "
+                             f"{squash.failure(text, status, output)}")
+        if (merge.root_mode or _made_mode()) != root_mode:
+            raise NotStreamable("the root's mode is set past a layer's first entry")
+        os.chmod(partial, 0o644 & ~squash.umask())
+        os.rename(partial, output)
+    except FileNotFoundError as e:
+        if e.filename == _PACKER:
+            raise NotStreamable(f"{_PACKER} not found") from None
+        raise
+    finally:
+        said.close()
+        if packer is not None and packer.poll() is None:
+            packer.kill()
+            packer.wait()
+        if os.path.lexists(partial):
+            os.unlink(partial)
+
+
+def _made_mode():
+    """The mode of a directory apply_layer makes (the root, a parent)."""
+    return 0o755 & ~squash.umask()
+
+
+def _root_mode(layers):
+    """The root's mode as the topmost layer that begins with a root entry
+    sets it (the packer takes it before the first entry; one set later in
+    a layer is NotStreamable at the end)."""
+    for path, _ in layers[::-1]:
+        first = _first_entry(path)
+        if first is not None and first.isdir() and \
+                not [part for part in first.name.split("/") if part not in ("", ".")]:
+            return dir_mode(first.mode)
+    return _made_mode()
+
+
+def _first_entry(path):
+    """The first entry of a plain or gzip layer, from its first bytes; None
+    when they hold none (a zstd layer, a long name, a broken stream)."""
+    with open(path, "rb") as f:
+        head = f.read(_PEEK)
+    kind = compression(head[:4])
+    try:
+        if kind == "gzip":
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, _PEEK)
+        elif kind is not None:
+            return None
+        with tarfile.open(fileobj=io.BytesIO(head), mode="r|") as archive:
+            return archive.next()
+    except (zlib.error, tarfile.TarError, EOFError, ValueError, OverflowError):
+        return None
+
+
+def _ancestors(path):
+    """The directories above `path` ("a/b/c": "a/b", "a", and "" the root)."""
+    while path:
+        cut = path.rfind("/")
+        path = path[:cut] if cut > 0 else ""
+        yield path
+
+
+class _Merge:
+    """What the layers read so far (the upper ones) have decided, and the
+    tar stream of what they let through."""
+
+    def __init__(self, guard):
+        self.guard = guard
+        self.out = None
+        self.decided = {}       # name -> is a directory: the first entry of a name wins
+        # Each of these says, for a name, the number of the lowest layer read
+        # so far (numbered from the top) that did so:
+        self.hiding = {}        # whited it out: the name and all below it
+        self.emptied = {}       # marked it opaque: all below it
+        self.entered = {}       # had an entry of that name
+        self.bare = {}          # led a path through it where no entry of its own had made it
+        self.traversed = set()  # names some entry's path led through, as directories
+        self.below = set()      # directories above entries passed on
+        self.number = 0
+        self.root_mode = None
+        self.berth_files = set()  # (written over a file, never over a directory)
+
+    # -- a layer ----------------------------------------------------------
+
+    def add_layer(self, stream, digest, room):
+        """Pass on what the tar `stream` of a layer below those read so far
+        leaves visible."""
+        self.layer = _Layer()
+        try:
+            with tarfile.open(fileobj=stream, mode="r|", bufsize=TAR_BUFFER) as archive:
+                for member in archive:
+                    if room is not None:
+                        room.take(member.name, member.size if member.isreg() else 0, digest)
+                    self._member(archive, member, digest)
+        except (tarfile.TarError, EOFError, ValueError, OverflowError) as e:
+            # (a malformed header can surface as any of these from tarfile)
+            raise BerthError(f"layer {digest} is not a valid tar archive: {e}") from None
+        self._end_layer()
+
+    def _end_layer(self):
+        """What the layer read did, for the layers below it: its whiteouts
+        and opaque markers hide what they hold."""
+        self.number += 1
+        for names, kept in ((self.layer.whiteouts, self.hiding),
+                            (self.layer.opaque, self.emptied),
+                            (self.layer.seen, self.entered), (self.layer.bare, self.bare)):
+            kept.update(dict.fromkeys(names, self.number))
+        if self.root_mode is None:
+            self.root_mode = self.layer.root_mode
+
+    def _member(self, archive, member, digest):
+        name = entry_name(member.name, digest)
+        parent_name, base = name.rstrip("/").rpartition("/")[::2]
+        if base == OPAQUE:
+            directory = self._path(parent_name, digest)
+            if directory in self.layer.under or not directory and self.layer.seen:
+                raise NotStreamable(f"layer {digest}: an opaque marker after entries it empties")
+            self._lead_through(directory, including=True)
+            self.layer.opaque.add(directory)
+            return
+        if base.startswith(WHITEOUT):
+            hidden = base[len(WHITEOUT):]
+            if hidden in ("", ".", ".."):
+                raise BerthError(f"layer {digest}: whiteout '{name}' names no file")
+            path = self._path(f"{parent_name}/{hidden}", digest)
+            self._lead_through(path)
+            self._guard(path, digest)
+            if path in self.layer.seen or path in self.layer.under:
+                raise NotStreamable(f"layer {digest}: a whiteout after entries it removes")
+            self.layer.whiteouts.add(path)
+            return
+        if member.ischr() or member.isblk():
+            return  # devices come from the host at start, never from an image
+        if base in ("", "."):
+            if member.isdir():
+                self.layer.root_mode = dir_mode(member.mode)
+            return
+        path = self._path(name, digest)
+        self._guard(path, digest)
+        self._lead_through(path)
+        kind = _kind(member)
+        if path in self.layer.seen or (kind != "dir" and path in self.layer.under):
+            raise NotStreamable(f"layer {digest}: '{path}' twice, or replacing its own entries")
+        self.layer.seen.add(path)
+        if kind == "dir" and path in self.berth_files:
+            raise NotStreamable(f"layer {digest}: a directory where Berth writes '{path}'")
+        if kind == "symlink" and path in self.traversed:
+            raise NotStreamable(f"layer {digest}: a path leads through the link '{path}'")
+        if kind != "dir":
+            self.layer.files.add(path)
+        source = self._link_source(member, digest) if kind == "hardlink" else None
+        if kind != "dir" and self._led_through(path):
+            raise NotStreamable(f"layer {digest}: '{path}' where a layer above leads through "
+                                "it")
+        if self._hidden(path):
+            if kind == "file":
+                self.layer.regular[path] = False
+            # (apply_layer made its directories then; those no layer above hides stay)
+            self.below.update(above for above in _ancestors(path) if not self._hidden(above))
+            return
+        if source is not None and not self.layer.regular[source]:
+            raise NotStreamable(f"layer {digest}: a hard link to '{source}', which a layer "
+                                "above replaced")
+        self.decided[path] = kind == "dir"
+        self.below.update(_ancestors(path))
+        info = tarfile.TarInfo(path)
+        info.mtime = _mtime(member.mtime)
+        if kind == "dir":
+            info.type, info.mode = tarfile.DIRTYPE, dir_mode(member.mode)
+            self.out.addfile(info)
+        elif kind == "file":
+            info.size, info.mode = member.size, file_mode(member.mode)
+            self.out.addfile(info, archive.extractfile(member))
+            self.layer.regular[path] = True
+        elif kind == "symlink":
+            info.type, info.linkname, info.mode = tarfile.SYMTYPE, member.linkname, 0o777
+            _check_text(info.linkname, digest)
+            self.out.addfile(info)
+        elif kind == "hardlink":
+            info.type, info.linkname = tarfile.LNKTYPE, source
+            self.out.addfile(info)
+        else:
+            # (apply_layer's mkfifo: the umask applies)
+            info.type, info.mode = tarfile.FIFOTYPE, file_mode(member.mode) & ~squash.umask()
+            self.out.addfile(info)
+
+    def _link_source(self, member, digest):
+        """The name a hard link entry links to: a file of its own layer."""
+        source = self._path(entry_name(member.linkname, digest, "hard link target"), digest)
+        self._lead_through(source)
+        self._guard(source, digest)
+        if source not in self.layer.regular:
+            raise NotStreamable(f"layer {digest}: a hard link to '{source}', not a file of "
+                                "its own layer")
+        return source
+
+    # -- the paths --------------------------------------------------------
+
+    def _path(self, name, digest):
+        """`name` as the merge keeps it: its components joined by "/" ("" the
+        root); NotStreamable where apply_layer's file system decides."""
+        components = [part for part in name.split("/") if part not in ("", ".")]
+        if len(components) > MAX_DEPTH:
+            raise NotStreamable(f"layer {digest}: a path deeper than {MAX_DEPTH}")
+        for part in components:
+            _check_text(part, digest)
+            if len(part.encode()) > _NAME_MAX:
+                raise NotStreamable(f"layer {digest}: a name longer than {_NAME_MAX} bytes")
+        return "/".join(components)
+
+    def _lead_through(self, path, including=False):
+        """Note the directories apply_layer resolves `path` through (and the
+        path itself, `including`); NotStreamable where this layer made one
+        of them a link or a file before."""
+        layer = self.layer
+        names = [path] if including and path else []
+        names += [above for above in _ancestors(path) if above]
+        for above in names:
+            if above in layer.files:
+                raise NotStreamable(f"a path through '{above}', a link or file of its own layer")
+            self.traversed.add(above)
+            layer.under.add(above)
+            if above not in layer.seen:
+                layer.bare.add(above)
+
+    def _led_through(self, path):
+        """Whether a layer above led a path through `path` with nothing of
+        that name or above it entered, whited out or emptied in between
+        (so it found what this layer leaves there)."""
+        through = self.bare.get(path)
+        if through is None:
+            return False
+        shields = [self.entered.get(path), self.hiding.get(path)]
+        for above in _ancestors(path):
+            shields += [self.hiding.get(above), self.emptied.get(above)]
+        return max((number for number in shields if number is not None), default=0) <= through
+
+    def _guard(self, path, digest):
+        if self.guard is not None:
+            self.guard(f"/{path}", digest)
+
+    def _hidden(self, path):
+        if path in self.decided or path in self.hiding:
+            return True
+        for above in _ancestors(path):
+            if above in self.hiding or above in self.emptied or self.decided.get(above) is False:
+                return True
+        return False
+
+    # -- Berth's own files and the end -----------------------------------
+
+    def add_files(self, files):
+        """Berth's files, above every layer (write_image_config's paths)."""
+        self.layer = _Layer()
+        for name, text, mode in files:
+            data = text.encode()
+            path = self._path(name, "of Berth")
+            self._lead_through(path)
+            self.layer.seen.add(path)
+            self.layer.files.add(path)
+            self.decided[path] = False
+            self.below.update(_ancestors(path))
+            info = tarfile.TarInfo(path)
+            info.size, info.mtime = len(data), int(time.time())
+            info.mode = mode if mode is not None else 0o644 & ~squash.umask()
+            self.out.addfile(info, io.BytesIO(data))
+        self.berth_files = set(self.layer.seen)
+        self._end_layer()
+
+    def finish(self):
+        """The directories that entries needed and no layer made: as
+        apply_layer makes them. The root's mode goes to the packer."""
+        made = _made_mode()
+        now = int(time.time())
+        for path in sorted(self.below - {""}):
+            if path not in self.decided:
+                info = tarfile.TarInfo(path)
+                info.type, info.mode, info.mtime = tarfile.DIRTYPE, made, now
+                self.out.addfile(info)
+
+
+class _Layer:
+    """What one layer has done so far: its own rules."""
+
+    def __init__(self):
+        self.seen = set()       # its entries' names
+        self.files = set()      # those that are not directories
+        self.under = set()      # directories its entries' paths led through
+        self.bare = set()       # those it had made no entry of before
+        self.regular = {}       # its files: passed on or hidden
+        self.whiteouts = set()
+        self.opaque = set()
+        self.root_mode = None
+        self.berth_files = set()  # (written over a file, never over a directory)
+
+
+def _kind(member):
+    if member.isdir():
+        return "dir"
+    if member.isreg():
+        return "file"
+    if member.issym():
+        return "symlink"
+    if member.islnk():
+        return "hardlink"
+    if member.isfifo():
+        return "fifo"
+    raise NotStreamable(f"an entry of tar type {member.type!r}")
+
+
+def _check_text(text, digest):
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise NotStreamable(f"layer {digest}: a name that is not UTF-8") from None
+
+
+def _mtime(value):
+    try:
+        whole = int(value)
+    except (OverflowError, ValueError):
+        return int(time.time())
+    return whole if 0 <= whole <= _MTIME_MAX else int(time.time())

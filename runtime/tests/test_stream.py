@@ -1,0 +1,152 @@
+"""Layers packed without unpacking them (image/stream.py) against the same
+layers applied in order (layers.apply_layer) and packed with mksquashfs:
+for random layer stacks of every kind of entry, names that collide, links
+through and over each other, whiteouts and opaque markers, the packed tree
+is the applied one entry by entry, or the merge declines (NotStreamable)
+and the import applies the layers itself. Where the layers are refused,
+the merge refuses or declines too."""
+
+import hashlib
+import io
+import os
+import stat
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from berth import config
+from berth.errors import BerthError
+from berth.image import stream
+from berth.image.imageconfig import image_files, write_image_config
+from berth.image.layers import apply_layer
+
+pytestmark = pytest.mark.unit
+
+_NAMES = ["a", "b", "a/b", "a/c", "b/a", "a/b/c", "l", "l/a", "etc", "etc/berth",
+          "etc/berth/image.json", "./a", "a/", "."]
+_TARGETS = ["a", "b", "a/b", "l", "/a", "../a", "etc", "x", "/etc"]
+_KINDS = ["dir", "file", "file", "symlink", "hardlink", "fifo", "char", "whiteout", "opaque"]
+_member = st.fixed_dictionaries({
+    "kind": st.sampled_from(_KINDS),
+    "name": st.sampled_from(_NAMES),
+    "target": st.sampled_from(_TARGETS),
+    "mode": st.sampled_from([0o755, 0o644, 0o700, 0o4755, 0o1777, 0, 0o2750]),
+    "data": st.sampled_from([b"", b"one", b"two\n" * 3]),
+})
+_IMAGE = {"env": ["PATH=/bin"], "entrypoint": None, "cmd": ["sh"], "workdir": "",
+          "user": "", "source": "docker://test", "digest": "sha256:" + "0" * 64}
+
+
+def _tar(members):
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for member in members:
+            name, kind = member["name"], member["kind"]
+            if kind == "whiteout":
+                head, _, base = name.rstrip("/").rpartition("/")
+                name = f"{head}/.wh.{base}" if head else f".wh.{base}"
+            elif kind == "opaque":
+                name = name.rstrip("/") + "/.wh..wh..opq"
+            info = tarfile.TarInfo(name)
+            info.mode, info.mtime = member["mode"], 1_000_000
+            data = None
+            if kind in ("file", "whiteout", "opaque"):
+                data = member["data"] if kind == "file" else b""
+                info.size = len(data)
+            elif kind == "dir":
+                info.type = tarfile.DIRTYPE
+            elif kind in ("symlink", "hardlink"):
+                info.type = tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE
+                info.linkname = member["target"]
+            elif kind == "char":
+                info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 0, 0
+            else:
+                info.type = tarfile.FIFOTYPE
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def tree(root):
+    """Every entry below `root` (and the root's own mode): type, mode,
+    content digest or link target, and which entries share an inode."""
+    seen, result = {}, {".": stat.S_IMODE(os.lstat(root).st_mode)}
+    for top, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(dirs + files):
+            path = os.path.join(top, name)
+            info = os.lstat(path)
+            key = os.path.relpath(path, root)
+            if stat.S_ISLNK(info.st_mode):
+                what = os.readlink(path)
+            elif stat.S_ISREG(info.st_mode):
+                what = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                what += f" links:{seen.setdefault(info.st_ino, key)}"
+            else:
+                what = ""
+            result[key] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), what)
+    return result
+
+
+def _cfg(tmp):
+    return config.load({"HOME": str(tmp), "ENROOT_SYSCONF_PATH": str(tmp),
+                        "ENROOT_MAX_PROCESSORS": "1"})
+
+
+def _unpacked(image, where):
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(where), str(image)], check=True,
+                   stdout=subprocess.DEVNULL)
+    return tree(where)
+
+
+def _applied(layers, root, files):
+    os.mkdir(root)
+    try:
+        for path, digest in layers:
+            apply_layer(str(root), path, digest, "gzip")
+        if files:
+            write_image_config(str(root), _IMAGE)
+    except (BerthError, OSError) as e:
+        return e
+    return tree(root)
+
+
+def _packed(layers, work, files):
+    image = work / "packed.sqsh"
+    try:
+        stream.squash_layers(layers, str(image), _cfg(work),
+                             files=image_files(_IMAGE) if files else ())
+    except stream.NotStreamable as e:
+        return e
+    except BerthError as e:
+        assert "\n" not in str(e)
+        return e
+    return _unpacked(image, work / "packed")
+
+
+@settings(max_examples=800, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(stack=st.lists(st.lists(_member, max_size=8), min_size=1, max_size=4),
+       files=st.booleans())
+def test_the_packed_tree_is_the_applied_one(tmp_path_factory, stack, files):
+    work = tmp_path_factory.mktemp("stream")
+    layers = []
+    for number, members in enumerate(stack):
+        path = work / f"layer{number}"
+        path.write_bytes(_tar(members))
+        layers.append((str(path), f"sha256:{number:064x}"))
+    applied = _applied(layers, work / "applied", files)
+    packed = _packed(layers, work, files)
+    if isinstance(packed, stream.NotStreamable):
+        event("declined")
+        return
+    if isinstance(applied, Exception):
+        event("refused by both" if isinstance(packed, BerthError) else "applied refused")
+        assert isinstance(packed, BerthError) or not isinstance(applied, BerthError), \
+            (applied, packed)
+        return
+    event("packed")
+    assert packed == applied
