@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""What site.yml, the shared store, a step and PMIx cost as the cluster grows.
+
+    python3 bench/scale.py [--nodes 2 8 16 32] [--runs N] [--mpi-runs N]
+                           [--image-mb MB] [--no-linear] [--keep] [--quiet]
+
+For each N, a fresh scale test bed of N compute nodes (scripts/scale.sh:
+controller and login node berth-scale-ctl with the cluster's registry, a
+stand-in upstream, berth-scale-cn1..N, the shared image store on), then:
+  site.yml, first run and no-op run   wall s; the no-op must be changed=0 on
+                                      every host; with Mitogen (the
+                                      scenario's strategy) and, unless
+                                      --no-linear, with Ansible's own linear
+  first srun -N N of a new image      an image pushed for this N (the MPI test
+                                      image plus MB of random bytes), as alice
+                                      with the store: s until the last node's
+                                      task started (each task prints its clock:
+                                      the nodes share the host's), blob GETs
+                                      and MB the registry served (its log; one
+                                      GET per blob is the target), the store's
+                                      waits on another node's import (its log)
+  srun -N N true, bare and named      --runs of each in turns, median ms, and
+                                      the container's overhead over bare; the
+                                      named container is of a busybox image
+                                      (a named container is an unpacked root
+                                      per node, in the node's tmpfs: the MPI
+                                      image's would take 360 MB of each
+                                      node's memory)
+  srun -N N --mpi=pmix allreduce      one rank per node, bare (the node's Open
+                                      MPI build, prepare.yml) and in the new
+                                      image (mounted from the store),
+                                      --mpi-runs each, median s
+  errors                              slurmctld.log's 'error:' lines and the
+                                      store's failed imports after the deploy
+  memory                              docker stats of the nodes after deploy
+                                      and after the steps
+Every row also as a ratio to the first N's value, so that growth shows on a
+shared machine. The bed is destroyed at the end unless --keep.
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+SCALE = ["bash", str(PROJECT / "scripts" / "scale.sh")]
+SUITE = os.environ.get("BERTH_NODE_SUITE", "bookworm")
+CTL = "berth-scale-ctl"
+BUSYBOX = "berth/busybox-scale:1"
+LOGIN = ["docker", "exec", CTL, "runuser", "-u", "alice", "--"]
+RECAP = re.compile(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+BLOB_SERVED = re.compile(r'"GET /v2/[^ ]+/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" 200 (\d+)')
+STORE_WAIT = re.compile(r"waiting for another import")
+STORE_FAILED = re.compile(r"Failed with result|error|Traceback", re.I)
+MEMORY = re.compile(r"^(\S+) ([0-9.]+)(KiB|MiB|GiB)", re.M)
+UNITS = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
+
+quiet = False
+measured_commits = set()  # what scale.sh deployed: a snapshot of HEAD
+
+
+def say(text):
+    if not quiet:
+        print(f"scale: {text}", file=sys.stderr, flush=True)
+
+
+def command(args, what, env=None):
+    result = subprocess.run(args, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"scale: {what} failed (rc {result.returncode}):\n"
+                         f"{(result.stdout + result.stderr)[-3000:]}")
+    return result.stdout
+
+
+def on_ctl(script):
+    return command(["docker", "exec", CTL, "sh", "-c", script], script)
+
+
+def on_login(script):
+    return command([*LOGIN, "bash", "-c", f"cd /tmp && {script}"], script)
+
+
+def site(label, strategy="mitogen_linear", no_op=False):
+    """site.yml on the bed: wall s; a no-op run must change nothing."""
+    say(f"site.yml, {label}")
+    env = dict(os.environ, BERTH_ANSIBLE_STRATEGY=strategy, ANSIBLE_NOCOLOR="1")
+    started = time.perf_counter()
+    output = command([*SCALE, "site"], f"site.yml ({label})", env)
+    seconds = time.perf_counter() - started
+    recap = RECAP.findall(output)
+    busy = [host for host, changed, unreachable, failed in recap
+            if unreachable != "0" or failed != "0" or (no_op and changed != "0")]
+    if not recap or busy:
+        raise SystemExit(f"scale: site.yml ({label}): hosts {busy}:\n{output[-3000:]}")
+    return seconds
+
+
+def memory():
+    """MiB in use: the largest and the median compute node, the controller."""
+    used = {name: float(value) * UNITS[unit]
+            for name, value, unit in MEMORY.findall(command([*SCALE, "memory"], "docker stats"))}
+    nodes = [value for name, value in used.items() if "-cn" in name]
+    return max(nodes), statistics.median(nodes), used[CTL]
+
+
+def push_new_image(nodes, megabytes):
+    """The MPI test image plus a layer of MB random bytes, new to the cluster
+    (a tag and content of its own), in the controller's registry."""
+    base = f"berth/mpi-test:{SUITE}"
+    if subprocess.run(["docker", "image", "inspect", base], capture_output=True).returncode:
+        command(["docker", "load", "-q", "-i", str(PROJECT / ".cache/images" / SUITE / "mpi-test.tar")],
+                "docker load")
+    tag = f"berth/mpi-test-scale:n{nodes}-{int(time.time())}"
+    with tempfile.TemporaryDirectory(prefix="berth-scale-") as work:
+        Path(work, "Dockerfile").write_text(
+            f"FROM {base}\nRUN head -c {megabytes}M /dev/urandom > /opt/padding\n")
+        command(["docker", "build", "-q", "-t", tag, work], "docker build")
+        command(["docker", "save", "-o", f"{work}/image.tar", tag], "docker save")
+        # (/var/tmp: the node's /tmp is a tmpfs, which docker cp does not write into)
+        command(["docker", "cp", f"{work}/image.tar", f"{CTL}:/var/tmp/scale-image.tar"], "docker cp")
+    on_ctl("skopeo copy -q --dest-tls-verify=false docker-archive:/var/tmp/scale-image.tar "
+           f"docker://localhost:5000/{tag} && rm -f /var/tmp/scale-image.tar")
+    command(["docker", "rmi", tag], "docker rmi")
+    return f"berth-ctl:5000#{tag}"
+
+
+def push_busybox():
+    """A busybox image (the host's busybox-static) for the named container."""
+    with tempfile.TemporaryDirectory(prefix="berth-scale-") as work:
+        command(["cp", "/bin/busybox", work], "cp busybox")
+        Path(work, "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+        Path(work, "group").write_text("root:x:0:\n")
+        Path(work, "Dockerfile").write_text(
+            "FROM scratch\nCOPY busybox /bin/busybox\nCOPY passwd group /etc/\n"
+            'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n')
+        command(["docker", "build", "-q", "-t", BUSYBOX, work], "docker build")
+        command(["docker", "save", "-o", f"{work}/image.tar", BUSYBOX], "docker save")
+        command(["docker", "cp", f"{work}/image.tar", f"{CTL}:/var/tmp/busybox.tar"], "docker cp")
+    on_ctl("skopeo copy -q --dest-tls-verify=false docker-archive:/var/tmp/busybox.tar "
+           f"docker://localhost:5000/{BUSYBOX} && rm -f /var/tmp/busybox.tar")
+    return f"berth-ctl:5000#{BUSYBOX}"
+
+
+def node_names(nodes):
+    return [f"berth-scale-cn{i}" for i in range(1, nodes + 1)]
+
+
+def store_log(nodes, since):
+    """The store's journal on the login and compute nodes since `since`."""
+    logs = []
+    for name in [CTL, *node_names(nodes)]:
+        # (journalctl fails on a node where no such unit ever ran)
+        logs.append(command(["docker", "exec", name, "sh", "-c",
+                             f"journalctl -u 'berth-store@*' --since=@{since} -o cat --no-pager "
+                             "2>/dev/null || true"], "journalctl"))
+    return "\n".join(logs)
+
+
+def first_step(nodes, image):
+    """s until the last node's task started, blob GETs, distinct blobs, MB
+    served, the store's waits."""
+    mark = int(time.time())
+    time.sleep(1.1)  # the logs' resolution is a second
+    started = time.time()
+    out = on_login(f"srun -N{nodes} --ntasks-per-node=1 --container-image={image} "
+                   "sh -c 'date +%s.%N'")
+    starts = [float(line) for line in out.split()]
+    if len(starts) != nodes:
+        raise SystemExit(f"scale: first step: {len(starts)} of {nodes} tasks started:\n{out}")
+    seconds = max(starts) - started
+    time.sleep(1.1)
+    served = BLOB_SERVED.findall(on_ctl(f"journalctl -u docker-registry --since=@{mark} "
+                                        "-o cat --no-pager"))
+    waits = len(STORE_WAIT.findall(store_log(nodes, mark)))
+    return (seconds, len(served), len({digest for digest, _ in served}),
+            sum(int(size) for _, size in served) / 2 ** 20, waits)
+
+
+def timed_turns(commands, runs):
+    """Median ms of each command, run in turns so that the machine's
+    changing speed hits every one alike."""
+    samples = [[] for _ in commands]
+    for _ in range(runs):
+        for script, times in zip(commands, samples):
+            started = time.perf_counter()
+            on_login(script)
+            times.append((time.perf_counter() - started) * 1000)
+    return [statistics.median(times) for times in samples]
+
+
+def allreduce(nodes, program):
+    out = on_login(f"srun -N{nodes} --ntasks-per-node=1 --mpi=pmix {program}")
+    ranks = len(re.findall(r"^rank \d+ of \d+ on ", out, re.M))
+    if ranks != nodes or f"allreduce sum {nodes * (nodes + 1) // 2}" not in out:
+        raise SystemExit(f"scale: allreduce over {nodes} nodes ({program}):\n{out}")
+
+
+def errors(nodes, since):
+    """slurmctld's error lines and the store's failures since `since`."""
+    log = on_ctl("cat /var/log/slurm/slurmctld.log")
+    slurmctld = [line for line in log.splitlines() if "error:" in line
+                 and _log_time(line) >= since]
+    store = [line for line in store_log(nodes, int(since)).splitlines()
+             if STORE_FAILED.search(line)]
+    for line in (slurmctld + store)[:10]:
+        say(f"  error: {line}")
+    return len(slurmctld), len(store)
+
+
+def _log_time(line):
+    """The epoch seconds of a slurmctld.log line ([2026-11-28T08:28:12.345])."""
+    stamp = re.match(r"\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", line)
+    if not stamp:
+        return 0
+    return time.mktime(time.strptime(stamp.group(1), "%Y-%m-%dT%H:%M:%S"))
+
+
+def measure(nodes, options):
+    """Every row's value for one N, on a fresh bed."""
+    row = {}
+    began = time.time()
+    say(f"N={nodes}: a fresh bed (scale.sh destroy, create {nodes}, prepare)")
+    command([*SCALE, "destroy"], "scale.sh destroy")
+    started = time.perf_counter()
+    command([*SCALE, "create", str(nodes)], "scale.sh create")
+    command([*SCALE, "prepare"], "scale.sh prepare")
+    row["bed: create + prepare.yml, s"] = time.perf_counter() - started
+    measured_commits.add((PROJECT / ".cache/scale/commit").read_text().strip())
+    row["site.yml first run, s"] = site("first run")
+    row["site.yml no-op (Mitogen), s"] = site("no-op, Mitogen", no_op=True)
+    row["  per host, s"] = row["site.yml no-op (Mitogen), s"] / (nodes + 1)
+    if not options.no_linear:
+        row["site.yml no-op (linear), s"] = site("no-op, linear", "linear", no_op=True)
+    row["memory after deploy: node max, MiB"], row["  node median, MiB"], \
+        row["  controller, MiB"] = memory()
+    deployed = time.time()
+
+    say(f"N={nodes}: a new image (+{options.image_mb} MB) into the registry")
+    image = push_new_image(nodes, options.image_mb)
+    say(f"N={nodes}: first srun -N{nodes} of {image} with the store")
+    (row["first step, new image: last task started, s"], row["  blob GETs"],
+     row["  distinct blobs"], row["  MB served"], row["  store waits"]) = first_step(nodes, image)
+    if row["  blob GETs"] != row["  distinct blobs"]:
+        say(f"  a blob served more than once: {row['  blob GETs']} GETs, "
+            f"{row['  distinct blobs']} blobs")
+
+    say(f"N={nodes}: warm steps, {options.runs} each, bare and named container")
+    on_login(f"srun -N{nodes} --container-name=scale --container-image={push_busybox()} true")
+    bare, named = timed_turns([f"srun -N{nodes} true", f"srun -N{nodes} --container-name=scale true"],
+                              options.runs)
+    row["srun true bare, ms"], row["srun true named container, ms"] = bare, named
+    row["  container overhead, ms"] = named - bare
+
+    say(f"N={nodes}: allreduce, one rank per node, {options.mpi_runs} each, bare and container")
+    programs = ["/opt/berth-test/mpi_allreduce", f"--container-image={image} /opt/mpi-test/allreduce-openmpi"]
+    for program in programs:
+        allreduce(nodes, program)  # checks ranks and sum once; the timed runs below
+    bare_mpi, container_mpi = timed_turns(
+        [f"srun -N{nodes} --ntasks-per-node=1 --mpi=pmix {program} >/dev/null" for program in programs],
+        options.mpi_runs)
+    row["allreduce pmix bare, s"] = bare_mpi / 1000
+    row["allreduce pmix container (store), s"] = container_mpi / 1000
+
+    row["memory after steps: node max, MiB"], row["  node median, MiB "], \
+        row["  controller, MiB "] = memory()
+    row["slurmctld errors"], row["store errors"] = errors(nodes, deployed)
+    row["bench wall time for this N, s"] = time.time() - began
+    say(f"N={nodes}: done in {row['bench wall time for this N, s']:.0f} s")
+    return row
+
+
+def print_table(results):
+    counts = list(results)
+    first = results[counts[0]]
+    header = f"{'':46}" + "".join(f"{'N=' + str(n):>18}" for n in counts)
+    print(header)
+    for label in first:
+        cells = []
+        for n in counts:
+            value, base = results[n][label], first[label]
+            text = f"{value:.0f}" if isinstance(value, int) or value >= 100 else f"{value:.2f}"
+            if n != counts[0] and base:
+                text += f" ({value / base:.2f}x)"
+            cells.append(f"{text:>18}")
+        print(f"{label:46}" + "".join(cells))
+    print(f"(ratios to N={counts[0]}; commit {', '.join(sorted(measured_commits))}; machine: {os.cpu_count()} cores, load average at the end "
+          f"{os.getloadavg()[0]:.1f})")
+
+
+def main():
+    global quiet
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[2, 8, 16, 32])
+    parser.add_argument("--runs", type=int, default=5, help="warm steps of each kind")
+    parser.add_argument("--mpi-runs", type=int, default=3, help="allreduce runs of each kind")
+    parser.add_argument("--image-mb", type=int, default=64, help="the new image's random layer")
+    parser.add_argument("--no-linear", action="store_true",
+                        help="leave out the no-op run with Ansible's own strategy")
+    parser.add_argument("--keep", action="store_true", help="leave the last bed up")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    options = parser.parse_args()
+    quiet = options.quiet
+    if any(not 2 <= n <= 32 for n in options.nodes):
+        parser.error("--nodes: each N is 2..32")
+    results = {}
+    try:
+        for nodes in options.nodes:
+            results[nodes] = measure(nodes, options)
+    finally:
+        if not options.keep:
+            say("removing the bed (scale.sh destroy)")
+            subprocess.run([*SCALE, "destroy"], check=False)
+        if results:
+            print_table(results)
+
+
+if __name__ == "__main__":
+    main()
