@@ -13,7 +13,7 @@ from test_stream import tree
 
 from berth import config
 from berth.image import stream
-from berth.image.layers import apply_layer
+from berth.image.layers import apply_layer, new_root
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import realistic_image  # noqa: E402
@@ -64,7 +64,7 @@ def test_its_layers_packed_from_their_streams_are_the_tree_applied_in_order(tmp_
     packed = tmp_path / "packed.sqsh"
     stream.squash_layers(layers, str(packed), cfg)  # (NotStreamable fails the test)
     applied = tmp_path / "applied"
-    applied.mkdir()
+    new_root(applied)
     for path, digest in layers:
         apply_layer(str(applied), path, digest, cfg["ENROOT_GZIP_PROGRAM"])
     subprocess.run(["unsquashfs", "-q", "-n", "-d", str(tmp_path / "unpacked"), str(packed)],

@@ -22,7 +22,7 @@ from berth import config
 from berth.errors import BerthError
 from berth.image import stream
 from berth.image.imageconfig import image_files, write_image_config
-from berth.image.layers import apply_layer
+from berth.image.layers import apply_layer, new_root
 
 pytestmark = pytest.mark.unit
 
@@ -103,7 +103,7 @@ def _unpacked(image, where):
 
 
 def _applied(layers, root, files):
-    os.mkdir(root)
+    new_root(root)
     try:
         for path, digest in layers:
             apply_layer(str(root), path, digest, "gzip")

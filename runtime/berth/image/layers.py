@@ -53,6 +53,7 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # pieces unpack a real image about a quarter faster, much larger ones slower.
 TAR_BUFFER = 1 << 16
 MAX_DEPTH = 512
+ROOT_MODE = 0o755
 _UNPACK_PREFIX = "berth-import-"
 _UNPACK_NAME = re.compile(r"berth-import-([1-9][0-9]{0,9})-[a-z0-9_]{8}")
 # What a Room counts for each entry besides a file's data: its inode and
@@ -107,6 +108,13 @@ def apply_layer(root, path, digest, gzip_program, room=None, guard=None):
     to, before it does (it raises to refuse the layer)."""
     read_layer(path, digest, gzip_program,
                lambda stream: _apply_tar(root, stream, digest, room, guard))
+
+
+def new_root(root):
+    """Make the directory layers are applied to: 0755 unless a layer says
+    otherwise, whatever the umask (the image is the same whoever made it)."""
+    os.mkdir(root)
+    os.chmod(root, ROOT_MODE)
 
 
 def read_layer(path, digest, gzip_program, consume):

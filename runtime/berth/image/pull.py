@@ -21,7 +21,8 @@ from berth.errors import BerthError, one_line
 from berth.image import parts, registries, sif, squash, stream
 from berth.image.blobs import BlobCache
 from berth.image.imageconfig import from_oci, image_files, write_image_config
-from berth.image.layers import Room, apply_layer, remove_stale_unpack_dirs, unpack_dir
+from berth.image.layers import (
+    Room, apply_layer, new_root, remove_stale_unpack_dirs, unpack_dir)
 # (first_answer: store/service.py takes it from here too)
 from berth.image.manifests import descriptor, first_answer, malformed
 from berth.image.registry import load_credentials
@@ -100,14 +101,23 @@ def _build(args, cfg, registry, ref, manifest, digest, image, keep_free, images,
     except (ValueError, RecursionError):
         raise BerthError(f"the image config {config_digest} of {ref} is not JSON") from None
     image_config = from_oci(config, args.uri, digest)
-    total = sum(size for _, size in layers)
 
     cache = BlobCache(cfg["ENROOT_CACHE_PATH"])
     # (a layer listed twice, as images of several empty steps list one, fetched once:
-    # a second fetch would wait on the first's own lock)
-    missing = [(d, size) for d, size in dict.fromkeys(layers) if not cache.use(d)]
+    # a second fetch would wait on the first's own lock); the top layer first,
+    # as packing reads them
+    missing = [(d, size) for d, size in dict.fromkeys(layers[::-1]) if not cache.use(d)]
     squash.require_space(cache.blob_dir, sum(size for _, size in missing), "the layers")
-    _download(cache, registry, missing, cfg, show_progress, args.quiet)
+    with _downloading(cache, registry, missing, cfg, show_progress, args.quiet) as ready:
+        return _make(args, cfg, image, layers, keep_free, images, options, ref, cache, ready,
+                     image_config, show_progress)
+
+
+def _make(args, cfg, image, layers, keep_free, images, options, ref, cache, ready,
+          image_config, show_progress):
+    """_build's image of `layers`, each read once ready(digest) says it
+    is in the blob `cache`."""
+    total = sum(size for _, size in layers)
 
     # An estimate from the compressed sizes: the squashfs about half of the
     # unpacked image at worst; enough to fail early.
@@ -120,13 +130,15 @@ def _build(args, cfg, registry, ref, manifest, digest, image, keep_free, images,
         squash.require_space(temp, sum(size for _, size in chosen), "the unpacked image")
         for layer_digest, _ in tqdm(chosen, desc="unpacking", unit="layer",
                                     disable=not show_progress):
+            ready(layer_digest)
             apply_layer(root, cache.path(layer_digest), layer_digest,
                         cfg["ENROOT_GZIP_PROGRAM"], room, guard)
 
     def pack(chosen, output, files=(), guard=None):
         stream.squash_layers([(cache.path(layer_digest), layer_digest)
                               for layer_digest, _ in chosen], output, cfg, files, room, guard,
-                             show_progress, verbose=getattr(args, "verbose", False))
+                             show_progress, verbose=getattr(args, "verbose", False),
+                             ready=ready)
 
     build = _Build(args, cfg, image, layers, unpack, pack, image_config, show_progress)
     with unpack_dir(temp) as workdir:
@@ -165,7 +177,7 @@ class _Build:
                 return
             except stream.NotStreamable as e:
                 self._in_order(e)
-            os.mkdir(root, 0o755)
+            new_root(root)
         self.unpack(root, self.layers[done:])
         write_image_config(root, self.image_config)
         squash.make_squashfs(root, self.image, self.cfg, self.show_progress,
@@ -206,7 +218,7 @@ class _Build:
     def _unpacked_lower(self, workdir, root, base):
         """The lower layers applied in order in `root` and packed into
         `base`; the top part over them (returned)."""
-        os.mkdir(root, 0o755)
+        new_root(root)
         try:
             self.unpack(root, self.layers[:-1], parts.guard(root))
         except parts.Unavailable:
@@ -309,21 +321,31 @@ def _build_sif(args, cfg, registry, ref, manifest, digest, image, show_progress)
 
 
 def _download(cache, registry, layers, cfg, show_progress, quiet):
-    """Fetch the layers in parallel; the first failure (or SIGTERM in the
-    main thread) stops the others. The threads are daemons the main thread
-    never waits for: one may sit in a read from a registry that stopped
-    answering, and cache.cancel() has removed its temporary file."""
-    if not layers:
-        return
+    """Fetch the layers in parallel, and wait for every one."""
+    with _downloading(cache, registry, layers, cfg, show_progress, quiet):
+        pass
+
+
+@contextlib.contextmanager
+def _downloading(cache, registry, layers, cfg, show_progress, quiet):
+    """Fetch the layers in parallel, first to last as given; yields
+    ready(digest), which returns once that layer is in the cache (at once
+    for one not fetched here) or raises the error that stopped a download.
+    Leaving waits for every layer. The first failure, or any exception in
+    the main thread (SIGTERM), stops the others. The threads are daemons
+    the main thread never waits for: one may sit in a read from a registry
+    that stopped answering, and cache.cancel() has removed its temporary
+    file."""
+    pending = {digest for digest, _ in layers}
     failed = threading.Event()
     overall = tqdm(total=sum(size for _, size in layers),
                    desc=getattr(registry, "progress", "downloading"), unit="B",
-                   unit_scale=True, disable=not show_progress)
+                   unit_scale=True, disable=not show_progress or not layers)
     workers = max(1, min(cfg.number("ENROOT_MAX_CONNECTIONS"), len(layers)))
     todo = queue.SimpleQueue()
     for layer in layers:
         todo.put(layer)
-    done = queue.SimpleQueue()  # None per layer fetched, or the error that stopped one
+    done = queue.SimpleQueue()  # (digest, None) per layer fetched, or (None, the error)
 
     def fetch(row):
         bar = tqdm(desc="", unit="B", unit_scale=True, leave=False, position=row,
@@ -344,20 +366,26 @@ def _download(cache, registry, layers, cfg, show_progress, quiet):
                 bar.reset(total=size)
                 bar.set_description(digest[7:19])
                 cache.fetch(digest, size, registry, on_bytes, quiet)
-                done.put(None)
+                done.put((digest, None))
         except BaseException as e:  # noqa: B036 (handed to the main thread)
-            done.put(e)
+            done.put((None, e))
         finally:
             bar.close()
 
-    for row in range(1, workers + 1):  # one progress row each, under the overall bar
+    def ready(digest):
+        while digest in pending:
+            fetched, error = done.get()
+            if error is not None:
+                raise error
+            pending.discard(fetched)
+
+    for row in range(1, min(workers, len(layers)) + 1):  # a progress row each, under the bar
         threading.Thread(target=fetch, args=(row,), daemon=True,
                          name=f"berth-download-{row}").start()
     try:
-        for _ in layers:
-            error = done.get()
-            if error is not None:
-                raise error
+        yield ready
+        for digest, _ in layers:
+            ready(digest)
     except BaseException:
         failed.set()
         cache.cancel()

@@ -41,14 +41,13 @@ from tqdm import tqdm
 from berth.errors import BerthError
 from berth.image import squash
 from berth.image.layers import (
-    MAX_DEPTH, OPAQUE, TAR_BUFFER, WHITEOUT, compression, dir_mode, entry_name, file_mode,
+    MAX_DEPTH, OPAQUE, ROOT_MODE, WHITEOUT, compression, dir_mode, entry_name, file_mode,
     read_layer)
 
 _PACKER = "mksquashfs"
 _NAME_MAX = 255
-# What sqfstar reads at a time from the pipe; tarfile's stream writer slices
-# its buffer once per this many bytes.
-_WRITE_BUFFER = 1 << 20
+# The pieces a file's bytes are copied in from a layer to the packer.
+_COPY_BUFFER = 1 << 17
 _MTIME_MAX = (1 << 32) - 1  # squashfs keeps 32-bit times
 _PEEK = 1 << 16  # what is read of a layer for its first entry
 
@@ -68,13 +67,15 @@ def available():
 
 
 def squash_layers(layers, output, cfg, files=(), room=None, guard=None, show_progress=False,
-                  verbose=False):
+                  verbose=False, ready=None):
     """Pack `layers` ((path, digest) each, bottom layer first) and above
     them `files` (imageconfig.image_files) into the squashfs `output`
     (0644 less the umask), through a temporary file beside it. room and
     guard as apply_layer takes them, the guard called with the host path
     each entry would have under `root`-less paths joined to "/".
-    NotStreamable: nothing was written; apply the layers in order."""
+    ready(digest), where given, returns once that layer's file is whole
+    (one being downloaded meanwhile). NotStreamable: nothing was written;
+    apply the layers in order."""
     if not available():
         raise NotStreamable(f"{_PACKER} has no -tar (squashfs-tools before 4.5)")
     merge = _Merge(guard)
@@ -88,12 +89,13 @@ def squash_layers(layers, output, cfg, files=(), room=None, guard=None, show_pro
              "-root-mode", f"{root_mode:o}", "-quiet", "-no-progress"],
             stdin=subprocess.PIPE, stdout=said, stderr=subprocess.STDOUT)
         try:
-            with tarfile.open(fileobj=packer.stdin, mode="w|", format=tarfile.PAX_FORMAT,
-                              bufsize=_WRITE_BUFFER) as merge.out:
-                merge.out.copybufsize = TAR_BUFFER
+            with tarfile.open(fileobj=_Pipe(packer.stdin), mode="w", format=tarfile.PAX_FORMAT,
+                              copybufsize=_COPY_BUFFER) as merge.out:
                 merge.add_files(files)
                 for path, digest in tqdm(layers[::-1], desc="packing", unit="layer",
                                          disable=not show_progress):
+                    if ready is not None:
+                        ready(digest)
                     read_layer(path, digest, cfg["ENROOT_GZIP_PROGRAM"],
                                lambda stream, digest=digest: merge.add_layer(stream, digest,
                                                                              room))
@@ -113,7 +115,7 @@ def squash_layers(layers, output, cfg, files=(), room=None, guard=None, show_pro
         if status != 0:
             raise BerthError(f"{_PACKER} failed for {output}: "
                              f"{squash.failure(text, status, output)}")
-        if (merge.root_mode or _made_mode()) != root_mode:
+        if (merge.root_mode or ROOT_MODE) != root_mode:
             raise NotStreamable("the root's mode is set past a layer's first entry")
         os.chmod(partial, 0o644 & ~squash.umask())
         os.rename(partial, output)
@@ -131,20 +133,23 @@ def squash_layers(layers, output, cfg, files=(), room=None, guard=None, show_pro
 
 
 def _made_mode():
-    """The mode of a directory apply_layer makes (the root, a parent)."""
+    """The mode of a directory apply_layer makes for an entry below it."""
     return 0o755 & ~squash.umask()
 
 
 def _root_mode(layers):
     """The root's mode as the topmost layer that begins with a root entry
-    sets it (the packer takes it before the first entry; one set later in
-    a layer is NotStreamable at the end)."""
+    sets it, of those whole now (the packer takes it before the first
+    entry: a root entry later in a layer, or in one still being
+    downloaded, that sets another is NotStreamable at the end)."""
     for path, _ in layers[::-1]:
+        if not os.path.isfile(path):
+            break
         first = _first_entry(path)
         if first is not None and first.isdir() and \
                 not [part for part in first.name.split("/") if part not in ("", ".")]:
             return dir_mode(first.mode)
-    return _made_mode()
+    return ROOT_MODE
 
 
 def _first_entry(path):
@@ -199,7 +204,8 @@ class _Merge:
         leaves visible."""
         self.layer = _Layer()
         try:
-            with tarfile.open(fileobj=stream, mode="r|", bufsize=TAR_BUFFER) as archive:
+            with tarfile.open(fileobj=_Forward(stream), mode="r:",
+                              copybufsize=_COPY_BUFFER) as archive:
                 for member in archive:
                     if room is not None:
                         room.take(member.name, member.size if member.isreg() else 0, digest)
@@ -433,3 +439,44 @@ def _mtime(value):
     except (OverflowError, ValueError):
         return int(time.time())
     return whole if 0 <= whole <= _MTIME_MAX else int(time.time())
+
+
+class _Pipe:
+    """The packer's stdin as tarfile writes an archive to it: straight
+    through (its stream writer copies each piece into a growing buffer),
+    with the count of bytes written as the position it asks for."""
+
+    def __init__(self, pipe):
+        self.pipe, self.written = pipe, 0
+
+    def write(self, data):
+        self.pipe.write(data)
+        self.written += len(data)
+
+    def tell(self):
+        return self.written
+
+
+class _Forward:
+    """A layer's stream as tarfile reads a file, seeking only forward: its
+    reader of files copies no buffer per entry (its stream reader copies
+    what is left of its buffer on every read, once per small file)."""
+
+    def __init__(self, stream):
+        self.stream, self.at = stream, 0
+
+    def read(self, size=-1):
+        data = self.stream.read(size)
+        self.at += len(data)
+        return data
+
+    def seek(self, position, whence=io.SEEK_SET):
+        if whence != io.SEEK_SET or position < self.at:
+            raise tarfile.ReadError("seeking back in a stream")
+        while self.at < position:
+            if not self.read(min(position - self.at, _COPY_BUFFER)):
+                break
+        return self.at
+
+    def tell(self):
+        return self.at
