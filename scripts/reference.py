@@ -274,7 +274,7 @@ ENROOT_CONF = {
 #: The defaults that depend on the machine, said in words.
 HOST_DEFAULTS = {
     "ENROOT_LIBRARY_PATH": "the runtime's package directory",
-    "ENROOT_GZIP_PROGRAM": "`pigz` where it is on `PATH`, else `gzip`",
+    "ENROOT_GZIP_PROGRAM": "`igzip` (ISA-L) where it is on `PATH`, else `pigz`, else `gzip`",
     "ENROOT_MAX_PROCESSORS": "the machine's CPU count",
 }
 

@@ -43,7 +43,8 @@ def _defaults(env):
         "ENROOT_CACHE_PATH": f"{_xdg(env, 'XDG_CACHE_HOME', home + '/.cache')}/enroot",
         "ENROOT_DATA_PATH": f"{_xdg(env, 'XDG_DATA_HOME', home + '/.local/share')}/enroot",
         "ENROOT_TEMP_PATH": env.get("TMPDIR") or "/tmp",
-        "ENROOT_GZIP_PROGRAM": "pigz" if _which("pigz") else "gzip",
+        # (ISA-L's igzip decompresses about 2.5x as fast as pigz)
+        "ENROOT_GZIP_PROGRAM": next(filter(_which, ("igzip", "pigz")), "gzip"),
         # zstd rather than enroot's lzo: RHEL 9's mksquashfs lacks lzo.
         "ENROOT_SQUASH_OPTIONS": "-comp zstd -Xcompression-level 3",
         "ENROOT_ROOTFS_WRITABLE": "no",
