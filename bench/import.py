@@ -3,7 +3,7 @@
 
     /opt/berth-dev/venv/bin/python bench/import.py CACHE_DIR [--size-gib 10]
         [--files 250000] [--layers 40] [--seed 1] [--runs 3] [--temp DIR] [--quiet]
-        [--quick]
+        [--quick] [--baseline REV]
 
 The image is bench/realistic_image.py's (made under CACHE_DIR once, served
 by a docker-registry on 127.0.0.1 from there). Measured on this machine,
@@ -22,6 +22,9 @@ median of RUNS each:
                 (download included), and with its layers cached (what the
                 unpack and squash cost alone); --quick leaves out this one
                 and GNU tar (the full-size image once, in a quarter of the time)
+  baseline      `berth import --cache-only` from an empty user cache as the
+                runtime of revision REV does it (--baseline; default: none),
+                in turns with today's
 
 The floor is the slowest of the first three stages, which could all run at
 once; today's import runs them, and an unpack to disk, one after another.
@@ -69,6 +72,8 @@ def main():
     parser.add_argument("--quiet", action="store_true", help="the table only")
     parser.add_argument("--quick", action="store_true",
                         help="no GNU tar, no import with the layers cached (a big image once)")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also the import of this revision's runtime (git archive)")
     args = parser.parse_args()
     say = (lambda line: None) if args.quiet else (
         lambda line: print(f"import bench: {line}", file=sys.stderr, flush=True))
@@ -103,13 +108,21 @@ def main():
             berth = [sys.executable, "-m", "berth.cli", "--quiet", "import", "--cache-only", uri]
             cache = Path(env["ENROOT_CACHE_PATH"])
             usage = {"cold": []} if args.quick else {"cold": [], "cached layers": []}
+            envs = dict.fromkeys(usage, env)
+            if args.baseline:
+                usage["baseline cold"] = []
+                # (with its own default ENROOT_GZIP_PROGRAM, as that revision ran)
+                envs["baseline cold"] = {
+                    **{key: value for key, value in env.items() if key != "ENROOT_GZIP_PROGRAM"},
+                    "PYTHONPATH": str(revision_runtime(args.baseline, scratch / "baseline"))}
             for number in range(args.runs):
                 for name in usage:
                     say(f"berth import, {name} ({number + 1} of {args.runs})")
-                    remove(*([cache] if name == "cold" else [cache / "images", cache / "uris"]))
+                    remove(*([cache] if "cold" in name else [cache / "images", cache / "uris"]))
                     before = disk_usage(cache)
-                    seconds, peak, high, out = measured(berth, env, work)
-                    image = out.splitlines()[0]
+                    seconds, peak, high, out = measured(berth, envs[name], work)
+                    if name == "cold":
+                        image = out.splitlines()[0]
                     samples.setdefault(f"berth {name}", []).append(seconds)
                     say(f"  {seconds:.1f} s, peak memory {peak >> 20} MiB")
                     usage[name].append((peak, before + high, disk_usage(cache)))
@@ -125,6 +138,15 @@ def main():
     finally:
         registry.stop()
         remove(scratch)
+
+
+def revision_runtime(revision, target):
+    """The runtime of git revision `revision`, unpacked in `target`."""
+    target.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "runtime"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target / "runtime"
 
 
 def repeat(runs, say, function):
@@ -271,10 +293,16 @@ def measured(command, env, work):
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    out, err = process.communicate()
+    try:
+        out, err = process.communicate()
+    except BaseException:  # (SIGTERM): it stops too, so its file system can go
+        process.kill()
+        process.wait()
+        raise
+    finally:
+        finished.set()
+        sampler.join()
     seconds = time.perf_counter() - started
-    finished.set()
-    sampler.join()
     if process.returncode != 0:
         raise SystemExit(f"{' '.join(command)}: exit {process.returncode}\n{err}")
     return seconds, peak, high, out
@@ -320,7 +348,8 @@ def report(args, samples, usage, compressed):
               ("mksquashfs", "mksquashfs of the final tree"),
               ("tar", "GNU tar -x of every layer (reference)"),
               ("berth cold", "berth import --cache-only, empty cache"),
-              ("berth cached layers", "berth import --cache-only, layers cached"))
+              ("berth cached layers", "berth import --cache-only, layers cached"),
+              ("berth baseline cold", f"the same, empty cache, at {args.baseline}"))
     for name, label in stages:
         if name not in median:
             continue
@@ -328,10 +357,9 @@ def report(args, samples, usage, compressed):
         print(f"| {label + mark:<40} | {median[name]:>8.1f} | {median[name] / floor:>7.2f} |")
     stage_sum = median["download"] + median["decompress"] + median["mksquashfs"]
     print(f"sum of the three stages: {stage_sum:.1f} s ({stage_sum / floor:.2f}x the floor)")
-    if "tar" in median:
-        unpack = median["berth cached layers"] - median["mksquashfs"]
-        print(f"berth's unpack, about (its import with the layers cached less mksquashfs): "
-              f"{unpack:.1f} s ({unpack / median['tar']:.2f}x GNU tar's)")
+    if "berth baseline cold" in median:
+        print(f"berth import, empty cache: {median['berth cold'] / median['berth baseline cold']:.2f}"
+              f"x its time at {args.baseline}")
     for name, rows in usage.items():
         peak = max(row[0] for row in rows)
         high = max(row[1] for row in rows)

@@ -71,8 +71,8 @@ def squash_layers(layers, output, cfg, files=(), room=None, guard=None, show_pro
     """Pack `layers` ((path, digest) each, bottom layer first) and above
     them `files` (imageconfig.image_files) into the squashfs `output`
     (0644 less the umask), through a temporary file beside it. room and
-    guard as apply_layer takes them, the guard called with the host path
-    each entry would have under `root`-less paths joined to "/".
+    guard as apply_layer takes them, the guard called with each path as
+    `/NAME` (parts.guard("/") checks it).
     ready(digest), where given, returns once that layer's file is whole
     (one being downloaded meanwhile). NotStreamable: nothing was written;
     apply the layers in order."""
