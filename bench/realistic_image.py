@@ -27,7 +27,8 @@ pigz, several at a time.
 
 As a module: `cached(cache_dir, size_gib, files, ...)` returns the image's
 directory (made if missing) and `serve(directory)` a running Registry with
-the image pushed as bench/pytorch:v1.
+the image pushed as bench/pytorch:v1. scripts/test-image.sh makes the
+layout of CLUSTER_TEST_SHAPE for the clusters' store test.
 """
 
 import argparse
@@ -57,6 +58,9 @@ from registry_fixture import OCI_MANIFEST, Registry  # noqa: E402
 from berth.image.imageconfig import goarch  # noqa: E402
 
 REPOSITORY, TAG = "bench/pytorch", "v1"
+# The image of the clusters' store test (scripts/test-image.sh makes it):
+# the same shape, small enough to cost a cluster's run seconds.
+CLUSTER_TEST_SHAPE = {"size_gib": 0.25, "files": 8000, "layers": 40, "seed": 1}
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 CORPUS_BYTES = 32 << 20  # per corpus: far beyond gzip's and zstd's windows
@@ -458,8 +462,7 @@ def main():
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args()
     top = cached(args.cache_dir, args.size_gib, args.files, args.layers, args.seed, args.quiet)
-    registry = serve(top, args.quiet)
-    registry.stop()
+    serve(top, args.quiet).stop()
     print(top)
 
 

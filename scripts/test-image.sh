@@ -13,6 +13,7 @@
 #                  with /.singularity.d (an environment script that puts
 #                  /opt/mpi-test on PATH and sets MPI_TEST_IMAGE=sif, a
 #                  runscript that runs allreduce-openmpi), made by siftool
+# and, for both suites, .cache/images/realistic/ (see below).
 # Skips the build when both exist and the sources are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,17 @@ OUT=.cache/images/$SUITE
 SRC=molecule/multinode/files
 stamp=$(cat "$0" "$SRC"/mpi_*.c | sha256sum | cut -c1-16)
 env -u BERTH_NODE_IMAGE bash scripts/base-image.sh
+
+# bench/realistic_image.py's production-shaped image, small, as an OCI layout
+# under .cache/images/realistic (one for both suites; made once): the
+# clusters' store test pushes it
+"${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin/python" - <<'PYTHON'
+import sys
+sys.path.insert(0, "bench")
+import realistic_image
+realistic_image.cached(".cache/images/realistic", quiet=True,
+                       **realistic_image.CLUSTER_TEST_SHAPE)
+PYTHON
 
 if [[ -f $OUT/mpi-test.sqsh && -f $OUT/mpi-test.tar && -f $OUT/mpi-test.sif &&
       "$(cat $OUT/stamp 2>/dev/null)" == "$stamp" ]]; then

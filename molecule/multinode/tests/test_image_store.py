@@ -8,13 +8,19 @@ and off again with runs of the runtime's layer of site.yml (the store is that
 role's alone)."""
 
 import collections
+import hashlib
 import re
 import shlex
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import COMPUTE, CONTROLLER, NODES, RUNTIME_PLAY, inventory_copy, node, play
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+import realistic_image  # noqa: E402
 
 STORE = "/shared/berth/images"
 PUBLIC_REPO = "berth/store-test"
@@ -211,6 +217,38 @@ urllib.request.urlopen(urllib.request.Request(
     headers={"Content-Type": manifest["mediaType"]}))
 print("sha256:" + hashlib.sha256(body).hexdigest())
 """
+
+
+def test_a_production_shaped_image_is_stored_once_and_runs_as_its_layers_make_it(store):
+    """bench/realistic_image.py's image, small (40 layers; whiteouts, an
+    opaque directory, replaced files, hard links and symlinks): the store
+    packs it once for both nodes, each node's tasks see the tree its layers
+    make, path by path, and the second user's step fetches nothing."""
+    shape = realistic_image.CLUSTER_TEST_SHAPE
+    layout = f"/opt/berth-test-images/realistic/{realistic_image.shape_name(**shape)}/oci"
+    repo = "berth/realistic"
+    node(CONTROLLER).check_output(
+        f"skopeo copy -q --dest-tls-verify=false oci:{layout}:{realistic_image.TAG} "
+        f"docker://localhost:5000/{repo}:{RUN}")
+    final = realistic_image.final_paths(realistic_image.plan(**shape))
+    tops = sorted({path.split("/")[0] for path in final})
+    expected = hashlib.sha256(b"".join(path.encode() + b"\n" for path in
+                                       sorted(final, key=str.encode))).hexdigest()
+    listing = shlex.quote(f"cd / && find {' '.join(tops)} | LC_ALL=C sort | sha256sum")
+    image = f"{CONTROLLER}:5000#{repo}:{RUN}"
+    stored = store_images()
+    mark = now()
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={image} sh -c {listing}", "alice")
+    assert job.rc == 0, job.stderr
+    assert job.stdout.split() == [expected, "-"] * 2
+    fetched = blob_gets(mark, blob_get(repo))
+    assert len(fetched) > 30 and set(fetched.values()) == {1}, fetched
+    assert len(set(store_images()) - set(stored)) == 1
+
+    mark = now()
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={image} true", "bob")
+    assert job.rc == 0, job.stderr
+    assert blob_gets(mark, blob_get(repo)) == {}
 
 
 def test_a_sif_image_from_the_registry_is_pulled_once_and_runs_mpi_on_both_nodes(store):
