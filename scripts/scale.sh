@@ -107,7 +107,9 @@ create() {  # N
         echo "scale: N must be 2..32, not $n" >&2
         exit 2
     }
-    bash scripts/test-image.sh >/dev/null
+    # (made once: test-image.sh rebuilds it when its sources change, which
+    # another cluster of this machine may be reading)
+    [[ -f .cache/images/$SUITE/mpi-test.tar ]] || bash scripts/test-image.sh >/dev/null
     mkdir -p "$SHARED"
     for net in "$NET" "$UPSTREAM_NET"; do
         docker network inspect "$net" >/dev/null 2>&1 || docker network create "$net" >/dev/null
