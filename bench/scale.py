@@ -18,7 +18,8 @@ stand-in upstream, berth-scale-cn1..N, the shared image store on), then:
                                       the nodes share the host's), blob GETs
                                       and MB the registry served (its log; one
                                       GET per blob is the target), the store's
-                                      waits on another node's import (its log)
+                                      requests and how long they took (its
+                                      journal: one imports, the rest wait)
   srun -N N true, bare and named      --runs of each in turns, median ms, and
                                       the container's overhead over bare; the
                                       named container is of a busybox image
@@ -56,7 +57,9 @@ BUSYBOX = "berth/busybox-scale:1"
 LOGIN = ["docker", "exec", CTL, "runuser", "-u", "alice", "--"]
 RECAP = re.compile(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 BLOB_SERVED = re.compile(r'"GET /v2/[^ ]+/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" 200 (\d+)')
-STORE_WAIT = re.compile(r"waiting for another import")
+# The store's journal (-o short-unix): one unit per request, its start and end
+STORE_UNIT = re.compile(r"^(\d+\.\d+) \S+ systemd\[1\]: (?:Started )?(berth-store@[^ :]+\.service)"
+                        r"(?: - |: Deactivated| ).*$", re.M)
 STORE_FAILED = re.compile(r"Failed with result|error|Traceback", re.I)
 MEMORY = re.compile(r"^(\S+) ([0-9.]+)(KiB|MiB|GiB)", re.M)
 UNITS = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
@@ -151,20 +154,31 @@ def node_names(nodes):
     return [f"berth-scale-cn{i}" for i in range(1, nodes + 1)]
 
 
-def store_log(nodes, since):
+def store_log(nodes, since, style="cat"):
     """The store's journal on the login and compute nodes since `since`."""
     logs = []
     for name in [CTL, *node_names(nodes)]:
         # (journalctl fails on a node where no such unit ever ran)
         logs.append(command(["docker", "exec", name, "sh", "-c",
-                             f"journalctl -u 'berth-store@*' --since=@{since} -o cat --no-pager "
-                             "2>/dev/null || true"], "journalctl"))
+                             f"journalctl -u 'berth-store@*' --since=@{since} -o {style} "
+                             "--no-pager 2>/dev/null || true"], "journalctl"))
     return "\n".join(logs)
+
+
+def store_requests(nodes, since):
+    """Each store request's seconds, from its unit's first to last line: one
+    request imports, the others wait on its lock (the store's side runs
+    quiet, so its journal does not say 'waiting'; the time says it)."""
+    spans = {}
+    for stamp, unit in STORE_UNIT.findall(store_log(nodes, since, "short-unix")):
+        first, _ = spans.get(unit, (float(stamp), 0))
+        spans[unit] = (first, float(stamp))
+    return sorted(last - first for first, last in spans.values())
 
 
 def first_step(nodes, image):
     """s until the last node's task started, blob GETs, distinct blobs, MB
-    served, the store's waits."""
+    served, the store's requests, the longest and the median one's s."""
     mark = int(time.time())
     time.sleep(1.1)  # the logs' resolution is a second
     started = time.time()
@@ -177,9 +191,10 @@ def first_step(nodes, image):
     time.sleep(1.1)
     served = BLOB_SERVED.findall(on_ctl(f"journalctl -u docker-registry --since=@{mark} "
                                         "-o cat --no-pager"))
-    waits = len(STORE_WAIT.findall(store_log(nodes, mark)))
+    requests = store_requests(nodes, mark)
     return (seconds, len(served), len({digest for digest, _ in served}),
-            sum(int(size) for _, size in served) / 2 ** 20, waits)
+            sum(int(size) for _, size in served) / 2 ** 20, len(requests),
+            max(requests, default=0), statistics.median(requests or [0]))
 
 
 def timed_turns(commands, runs):
@@ -245,7 +260,8 @@ def measure(nodes, options):
     image = push_new_image(nodes, options.image_mb)
     say(f"N={nodes}: first srun -N{nodes} of {image} with the store")
     (row["first step, new image: last task started, s"], row["  blob GETs"],
-     row["  distinct blobs"], row["  MB served"], row["  store waits"]) = first_step(nodes, image)
+     row["  distinct blobs"], row["  MB served"], row["  store requests"],
+     row["  store request, longest s"], row["  store request, median s"]) = first_step(nodes, image)
     if row["  blob GETs"] != row["  distinct blobs"]:
         say(f"  a blob served more than once: {row['  blob GETs']} GETs, "
             f"{row['  distinct blobs']} blobs")
