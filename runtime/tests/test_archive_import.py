@@ -294,7 +294,7 @@ def test_progress_and_quiet(tmp_path, env):
     archive = write_tar(tmp_path / "app.tar", docker_save_legacy())
     status, shown = on_a_terminal(["import", "-o", "a.sqsh", f"docker-archive:{archive}"],
                                   env, tmp_path)
-    assert status == 0 and "reading" in shown and "unpacking" in shown, shown
+    assert status == 0 and "reading" in shown and "packing" in shown, shown
     status, shown = on_a_terminal(["-q", "import", "-o", "b.sqsh",
                                    f"docker-archive:{archive}"], env, tmp_path)
     assert status == 0 and shown.strip() == "", shown

@@ -53,11 +53,12 @@ def entries(tmp_path):
 
 
 def with_mksquashfs(tmp_path, env, script):
-    """`env` with a mksquashfs of our own first on PATH: a sh script body."""
+    """`env` with a mksquashfs of our own first on PATH: a sh script body
+    (for all but `-help`, which asks the real one what it can do)."""
     directory = tmp_path / "fakebin"
     directory.mkdir(exist_ok=True)
     tool = directory / "mksquashfs"
-    tool.write_text(f"#!/bin/sh\n{script}\n")
+    tool.write_text(f'#!/bin/sh\n[ "$1" = -help ] && exec {MKSQUASHFS} -help\n{script}\n')
     tool.chmod(0o755)
     return dict(env, PATH=f"{directory}:{env['PATH']}")
 

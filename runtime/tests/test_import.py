@@ -47,7 +47,8 @@ TOP = layer_tar(("file", "etc/.wh.old", b""), ("dir", "opt"), ("file", "opt/.wh.
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """A registry holding: test/app (Docker manifest, gzip), test/zstd (OCI,
-    zstd), test/multi (an index: host arch and one other), test/big."""
+    zstd), test/multi (an index: host arch and one other), test/big and
+    test/big-through-link."""
     reg = Registry(tmp_path_factory.mktemp("registry"))
     reg.app_digest = reg.push_image("test/app", "v1", [gzipped(BASE), gzipped(TOP)], CONFIG,
                                     media_type=DOCKER_MANIFEST,
@@ -66,6 +67,10 @@ def registry(tmp_path_factory):
     # Incompressible, so its size is what it needs on disk.
     reg.push_image("test/big", "v1", [gzipped(layer_tar(("file", "big", os.urandom(3 << 20))))],
                    CONFIG)
+    # The same file written through a lower layer's link: its layers are applied in order
+    reg.push_image("test/big-through-link", "v1", [
+        gzipped(layer_tar(("dir", "d"), ("symlink", "l", "d"))),
+        gzipped(layer_tar(("file", "l/big", os.urandom(3 << 20))))], CONFIG)
     yield reg
     reg.stop()
 
@@ -149,7 +154,7 @@ def test_progress_only_on_a_terminal_and_not_quiet(tmp_path, env, proxy):
     uri = f"docker://{proxy.host}#test/app:v1"
     status, shown = on_a_terminal(["import", "-o", "a.sqsh", uri], env, tmp_path)
     assert status == 0, shown
-    assert "downloading" in shown and "unpacking" in shown
+    assert "downloading" in shown and "packing" in shown
     # mksquashfs's bar, not its thirty lines of statistics: those with --verbose
     assert "100%" in shown and "Exportable Squashfs" not in shown, shown
     assert shown.rstrip().splitlines()[-1].startswith(f"berth: imported {uri} to ")
@@ -494,7 +499,11 @@ def test_transfer_timeout(tmp_path, env, proxy):
     assert_nothing_left(tmp_path)
 
 
-def test_not_enough_temporary_space_fails_early(tmp_path, env, proxy):
+def test_not_enough_temporary_space_fails_early_where_the_layers_are_unpacked(
+        tmp_path, env, proxy):
+    """An image packed from its layers' streams needs no temporary space;
+    one whose layers are applied in order needs room for them, and fails
+    before it starts without."""
     small = tmp_path / "small"
     small.mkdir()
     mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "berth-test", str(small)],
@@ -502,8 +511,12 @@ def test_not_enough_temporary_space_fails_early(tmp_path, env, proxy):
     if mount.returncode != 0:
         pytest.skip("needs root to mount a small tmpfs")
     try:
-        result = berth(["import", f"docker://{proxy.host}#test/big:v1"],
-                       dict(env, ENROOT_TEMP_PATH=str(small)), tmp_path)
+        env = dict(env, ENROOT_TEMP_PATH=str(small))
+        packed = berth(["import", f"docker://{proxy.host}#test/big:v1"], env, tmp_path)
+        assert packed.returncode == 0, packed.stderr
+        assert os.listdir(small) == []
+        result = berth(["import", f"docker://{proxy.host}#test/big-through-link:v1"], env,
+                       tmp_path)
         assert result.returncode == 1
         assert result.stderr.startswith(
             f"berth: error: not enough space in {small} for the unpacked image: ")
@@ -511,7 +524,7 @@ def test_not_enough_temporary_space_fails_early(tmp_path, env, proxy):
         assert os.listdir(small) == []
     finally:
         subprocess.run(["umount", str(small)], check=True)
-    assert not list(tmp_path.glob("*.sqsh*"))
+    assert [path.name for path in tmp_path.glob("*.sqsh*")] == ["test+big+v1.sqsh"]
 
 
 def test_import_as_an_unprivileged_user(proxy):

@@ -140,7 +140,7 @@ def _make(args, cfg, image, layers, keep_free, images, options, ref, cache, read
                              show_progress, verbose=getattr(args, "verbose", False),
                              ready=ready)
 
-    build = _Build(args, cfg, image, layers, unpack, pack, image_config, show_progress)
+    build = _Build(args, cfg, image, layers, unpack, pack, ready, image_config, show_progress)
     with unpack_dir(temp) as workdir:
         root = os.path.join(workdir, "rootfs")
         if images.parted:
@@ -158,9 +158,10 @@ class _Build:
     """An image made of parts (parts.py): its lower layers' tree, and a top
     part applied over it in a user namespace and appended."""
 
-    def __init__(self, args, cfg, image, layers, unpack, pack, image_config, show_progress):
+    def __init__(self, args, cfg, image, layers, unpack, pack, ready, image_config,
+                 show_progress):
         self.args, self.cfg, self.image, self.layers = args, cfg, image, layers
-        self.unpack, self.pack = unpack, pack
+        self.unpack, self.pack, self.ready = unpack, pack, ready
         self.image_config, self.show_progress = image_config, show_progress
 
     def whole(self, root):
@@ -246,6 +247,8 @@ class _Build:
     def _top(self, workdir, lower, layers, number, image=None):
         """The top part `number`: `layers` and the image config applied over
         `lower`, into an upper directory of that name (returned)."""
+        for layer_digest, _ in layers:  # (the child below has no download threads)
+            self.ready(layer_digest)
         upper = os.path.join(workdir, parts.name(number))
         work = os.path.join(workdir, "work")
         os.mkdir(upper, 0o755)

@@ -85,8 +85,11 @@ def squash_layers(layers, output, cfg, files=(), room=None, guard=None, show_pro
     packer = None
     try:
         packer = subprocess.Popen(
-            [_PACKER, "-", partial, "-tar", *squash.packer_options(cfg), "-all-root",
-             "-root-mode", f"{root_mode:o}", "-quiet", "-no-progress"],
+            # (-exports: as an image packed from a tree is, for the parts appended to it)
+            [_PACKER, "-", partial, "-tar", "-exports", *squash.packer_options(cfg), "-all-root",
+             "-root-mode", f"{root_mode:o}", "-no-progress",
+             # (its statistics, as enroot shows them, only with --verbose)
+             *([] if verbose else ["-quiet"])],
             stdin=subprocess.PIPE, stdout=said, stderr=subprocess.STDOUT)
         try:
             with tarfile.open(fileobj=_Pipe(packer.stdin), mode="w", format=tarfile.PAX_FORMAT,
