@@ -15,6 +15,7 @@ import json
 import os
 import pwd
 import socket
+import stat
 import subprocess
 import sys
 import tarfile
@@ -557,3 +558,24 @@ class SilentServer:
 
     def stop(self):
         self.socket.close()
+
+
+def tree(root):
+    """Every entry below `root`: type, mode, size, content digest or link
+    target, and which entries share an inode."""
+    seen, result = {}, {}
+    for top, dirs, files in os.walk(root):
+        dirs.sort()  # (the first name of a hard-linked inode: the same on both sides)
+        for name in sorted(dirs + files):
+            path = os.path.join(top, name)
+            info = os.lstat(path)
+            key = os.path.relpath(path, root)
+            if stat.S_ISLNK(info.st_mode):
+                what = os.readlink(path)
+            elif stat.S_ISREG(info.st_mode):
+                what = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                what += f" links:{seen.setdefault(info.st_ino, key)}"
+            else:
+                what = ""
+            result[key] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), what)
+    return result

@@ -5,7 +5,6 @@ namespaces, kernel overlay, squashfuse and mksquashfs, run as the test
 user (test_container's fixtures), as test_start_uri.py does.
 """
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from berth.image import parts  # noqa: E402
-from registry_fixture import gzipped, layer_tar, listing  # noqa: E402
+from registry_fixture import gzipped, layer_tar, listing, tree  # noqa: E402
 from test_container import (  # noqa: E402, F401 (fixtures)
     berth, berth_pid, build_root, images, library, usable_fuse, user)
 from test_start_uri import (  # noqa: E402, F401 (fixtures)
@@ -79,27 +78,6 @@ def top_parts(image):
                              capture_output=True, text=True, check=True).stdout
     return sorted(line.split("/", 1)[1] for line in listing.splitlines()
                   if line.startswith("squashfs-root/.berth-top."))
-
-
-def tree(root):
-    """Every entry below `root`: type, mode, size, content digest or link
-    target, and which entries share an inode."""
-    seen, result = {}, {}
-    for top, dirs, files in os.walk(root):
-        dirs.sort()  # (the first name of a hard-linked inode: the same on both sides)
-        for name in sorted(dirs + files):
-            path = os.path.join(top, name)
-            info = os.lstat(path)
-            key = os.path.relpath(path, root)
-            if stat.S_ISLNK(info.st_mode):
-                what = os.readlink(path)
-            elif stat.S_ISREG(info.st_mode):
-                what = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-                what += f" links:{seen.setdefault(info.st_ino, key)}"
-            else:
-                what = ""
-            result[key] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), what)
-    return result
 
 
 def test_a_new_tag_unpacks_only_its_own_layers_and_shows_what_a_whole_import_shows(

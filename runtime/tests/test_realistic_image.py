@@ -4,12 +4,12 @@ overlayfs would (whiteouts, a directory deleted whole, an opaque one,
 replaced files), entry by entry."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from registry_fixture import berth, berth_env, listing
-from test_stream import tree
+from registry_fixture import berth, berth_env, listing, tree
 
 from berth import config
 from berth.image import stream
@@ -70,3 +70,4 @@ def test_its_layers_packed_from_their_streams_are_the_tree_applied_in_order(tmp_
     subprocess.run(["unsquashfs", "-q", "-n", "-d", str(tmp_path / "unpacked"), str(packed)],
                    check=True, stdout=subprocess.DEVNULL)
     assert tree(tmp_path / "unpacked") == tree(applied)
+    assert os.stat(tmp_path / "unpacked").st_mode == os.stat(applied).st_mode

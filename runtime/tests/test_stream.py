@@ -6,17 +6,16 @@ is the applied one entry by entry, or the merge declines (NotStreamable)
 and the import applies the layers itself. Where the layers are refused,
 the merge refuses or declines too."""
 
-import hashlib
-import io
 import os
 import stat
 import subprocess
-import tarfile
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+
+from registry_fixture import tree
+from test_layers_fuzz import _tar
 
 from berth import config
 from berth.errors import BerthError
@@ -36,59 +35,15 @@ _member = st.fixed_dictionaries({
     "target": st.sampled_from(_TARGETS),
     "mode": st.sampled_from([0o755, 0o644, 0o700, 0o4755, 0o1777, 0, 0o2750]),
     "data": st.sampled_from([b"", b"one", b"two\n" * 3]),
+    "mtime": st.just(1_000_000),
 })
 _IMAGE = {"env": ["PATH=/bin"], "entrypoint": None, "cmd": ["sh"], "workdir": "",
           "user": "", "source": "docker://test", "digest": "sha256:" + "0" * 64}
 
 
-def _tar(members):
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for member in members:
-            name, kind = member["name"], member["kind"]
-            if kind == "whiteout":
-                head, _, base = name.rstrip("/").rpartition("/")
-                name = f"{head}/.wh.{base}" if head else f".wh.{base}"
-            elif kind == "opaque":
-                name = name.rstrip("/") + "/.wh..wh..opq"
-            info = tarfile.TarInfo(name)
-            info.mode, info.mtime = member["mode"], 1_000_000
-            data = None
-            if kind in ("file", "whiteout", "opaque"):
-                data = member["data"] if kind == "file" else b""
-                info.size = len(data)
-            elif kind == "dir":
-                info.type = tarfile.DIRTYPE
-            elif kind in ("symlink", "hardlink"):
-                info.type = tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE
-                info.linkname = member["target"]
-            elif kind == "char":
-                info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 0, 0
-            else:
-                info.type = tarfile.FIFOTYPE
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    return out.getvalue()
-
-
-def tree(root):
-    """Every entry below `root` (and the root's own mode): type, mode,
-    content digest or link target, and which entries share an inode."""
-    seen, result = {}, {".": stat.S_IMODE(os.lstat(root).st_mode)}
-    for top, dirs, files in os.walk(root):
-        dirs.sort()
-        for name in sorted(dirs + files):
-            path = os.path.join(top, name)
-            info = os.lstat(path)
-            key = os.path.relpath(path, root)
-            if stat.S_ISLNK(info.st_mode):
-                what = os.readlink(path)
-            elif stat.S_ISREG(info.st_mode):
-                what = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-                what += f" links:{seen.setdefault(info.st_ino, key)}"
-            else:
-                what = ""
-            result[key] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), what)
-    return result
+def _tree(root):
+    """registry_fixture.tree, and the root's own mode."""
+    return {".": stat.S_IMODE(os.lstat(root).st_mode), **tree(root)}
 
 
 def _cfg(tmp):
@@ -99,7 +54,7 @@ def _cfg(tmp):
 def _unpacked(image, where):
     subprocess.run(["unsquashfs", "-q", "-n", "-d", str(where), str(image)], check=True,
                    stdout=subprocess.DEVNULL)
-    return tree(where)
+    return _tree(where)
 
 
 def _applied(layers, root, files):
@@ -111,7 +66,7 @@ def _applied(layers, root, files):
             write_image_config(str(root), _IMAGE)
     except (BerthError, OSError) as e:
         return e
-    return tree(root)
+    return _tree(root)
 
 
 def _packed(layers, work, files):
@@ -136,7 +91,7 @@ def test_the_packed_tree_is_the_applied_one(tmp_path_factory, stack, files):
     layers = []
     for number, members in enumerate(stack):
         path = work / f"layer{number}"
-        path.write_bytes(_tar(members))
+        path.write_bytes(_tar(members, outside="/nowhere"))
         layers.append((str(path), f"sha256:{number:064x}"))
     applied = _applied(layers, work / "applied", files)
     packed = _packed(layers, work, files)
