@@ -33,7 +33,9 @@ layout of CLUSTER_TEST_SHAPE for the clusters' store test.
 
 import argparse
 import collections
+import gzip
 import hashlib
+import io
 import itertools
 import json
 import math
@@ -383,6 +385,55 @@ def cached(cache_dir, size_gib=10, files=250_000, layers=40, seed=1, quiet=False
         "size": len(manifest), "annotations": {"org.opencontainers.image.ref.name": TAG}}]}))
     _say(quiet, f"made {oci} in {time.monotonic() - started:.0f} s")
     return top
+
+
+def with_shell(top, busybox="/bin/busybox"):
+    """The image of `top` with one more layer: a static busybox as /bin/sh,
+    find, sort and sha256sum (the synthetic image has no program of its
+    own, and a container step needs a shell), as the OCI layout
+    `top`/oci-shell, made if missing; its other blobs are links to the
+    image's. The clusters' store test runs it."""
+    oci = Path(top) / "oci-shell"
+    if (oci / "index.json").exists():
+        return oci
+    shutil.rmtree(oci, ignore_errors=True)
+    blobs, source = oci / "blobs" / "sha256", Path(top) / "oci" / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    manifest = json.loads(manifest_of(top))
+    for layer in manifest["layers"]:
+        name = layer["digest"].removeprefix("sha256:")
+        if not (blobs / name).exists():
+            os.link(source / name, blobs / name)
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        directory = tarfile.TarInfo("bin")
+        directory.type, directory.mode, directory.mtime = tarfile.DIRTYPE, 0o755, MTIME
+        tar.addfile(directory)
+        with open(busybox, "rb") as program:
+            info = tar.gettarinfo(fileobj=program, arcname="bin/busybox")
+            info.mode, info.mtime, info.uid, info.gid = 0o755, MTIME, 0, 0
+            tar.addfile(info, program)
+        for tool in ("sh", "find", "sort", "sha256sum"):
+            link = tarfile.TarInfo(f"bin/{tool}")
+            link.type, link.linkname, link.mtime = tarfile.SYMTYPE, "busybox", MTIME
+            tar.addfile(link)
+    layer = gzip.compress(raw.getvalue(), mtime=0)
+
+    def write(data):
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return {"digest": f"sha256:{digest}", "size": len(data)}
+
+    config = json.loads((source / manifest["config"]["digest"].removeprefix("sha256:"))
+                        .read_bytes())
+    config["rootfs"]["diff_ids"].append(f"sha256:{hashlib.sha256(raw.getvalue()).hexdigest()}")
+    manifest["config"].update(write(json.dumps(config, sort_keys=True).encode()))
+    manifest["layers"].append({"mediaType": LAYER_TYPE, **write(layer)})
+    (oci / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (oci / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": OCI_MANIFEST, **write(json.dumps(manifest, sort_keys=True).encode()),
+        "annotations": {"org.opencontainers.image.ref.name": TAG}}]}))
+    return oci
 
 
 def manifest_of(top):

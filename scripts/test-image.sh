@@ -29,15 +29,15 @@ SRC=molecule/multinode/files
 stamp=$(cat "$0" "$SRC"/mpi_*.c | sha256sum | cut -c1-16)
 env -u BERTH_NODE_IMAGE bash scripts/base-image.sh
 
-# bench/realistic_image.py's production-shaped image, small, as an OCI layout
-# under .cache/images/realistic (one for both suites; made once): the
-# clusters' store test pushes it
+# bench/realistic_image.py's production-shaped image, small, with a shell
+# on top, as an OCI layout under .cache/images/realistic (one for both
+# suites; made once): the clusters' store test pushes it
 "${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin/python" - <<'PYTHON'
 import sys
 sys.path.insert(0, "bench")
 import realistic_image
-realistic_image.cached(".cache/images/realistic", quiet=True,
-                       **realistic_image.CLUSTER_TEST_SHAPE)
+realistic_image.with_shell(realistic_image.cached(
+    ".cache/images/realistic", quiet=True, **realistic_image.CLUSTER_TEST_SHAPE))
 PYTHON
 
 if [[ -f $OUT/mpi-test.sqsh && -f $OUT/mpi-test.tar && -f $OUT/mpi-test.sif &&

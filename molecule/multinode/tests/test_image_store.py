@@ -225,7 +225,8 @@ def test_a_production_shaped_image_is_stored_once_and_runs_as_its_layers_make_it
     packs it once for both nodes, each node's tasks see the tree its layers
     make, path by path, and the second user's step fetches nothing."""
     shape = realistic_image.CLUSTER_TEST_SHAPE
-    layout = f"/opt/berth-test-images/realistic/{realistic_image.shape_name(**shape)}/oci"
+    # (with a shell on top: scripts/test-image.sh, realistic_image.with_shell)
+    layout = f"/opt/berth-test-images/realistic/{realistic_image.shape_name(**shape)}/oci-shell"
     repo = "berth/realistic"
     node(CONTROLLER).check_output(
         f"skopeo copy -q --dest-tls-verify=false oci:{layout}:{realistic_image.TAG} "
@@ -246,7 +247,7 @@ def test_a_production_shaped_image_is_stored_once_and_runs_as_its_layers_make_it
     assert len(set(store_images()) - set(stored)) == 1
 
     mark = now()
-    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={image} true", "bob")
+    job = srun(f"-N2 -w {','.join(COMPUTE)} --container-image={image} sh -c true", "bob")
     assert job.rc == 0, job.stderr
     assert blob_gets(mark, blob_get(repo)) == {}
 
