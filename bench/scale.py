@@ -10,7 +10,10 @@ stand-in upstream, berth-scale-cn1..N, the shared image store on), then:
   site.yml, first run and no-op run   wall s; the no-op must be changed=0 on
                                       every host; with Mitogen (the
                                       scenario's strategy) and, unless
-                                      --no-linear, with Ansible's own linear
+                                      --no-linear, with Ansible's own linear;
+                                      and the CPU s per host of Ansible's
+                                      processes here (the nodes' module runs
+                                      not counted: a real controller's share)
   first srun -N N of a new image      an image pushed for this N (the MPI test
                                       image plus MB of random bytes), as alice
                                       with the store: s until the last node's
@@ -42,6 +45,7 @@ shared machine. The bed is destroyed at the end unless --keep.
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -89,19 +93,26 @@ def on_login(script):
     return command([*LOGIN, "bash", "-c", f"cd /tmp && {script}"], script)
 
 
+def children_cpu():
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 def site(label, strategy="mitogen_linear", no_op=False):
-    """site.yml on the bed: wall s; a no-op run must change nothing."""
+    """site.yml on the bed: wall s, and the CPU s of the Ansible side (its
+    processes on this machine, not the modules in the nodes); a no-op run
+    must change nothing."""
     say(f"site.yml, {label}")
     env = dict(os.environ, BERTH_ANSIBLE_STRATEGY=strategy, ANSIBLE_NOCOLOR="1")
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), children_cpu()
     output = command([*SCALE, "site"], f"site.yml ({label})", env)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, children_cpu() - cpu
     recap = RECAP.findall(output)
     busy = [host for host, changed, unreachable, failed in recap
             if unreachable != "0" or failed != "0" or (no_op and changed != "0")]
     if not recap or busy:
         raise SystemExit(f"scale: site.yml ({label}): hosts {busy}:\n{output[-3000:]}")
-    return seconds
+    return seconds, cpu
 
 
 def memory():
@@ -247,11 +258,14 @@ def measure(nodes, options):
     command([*SCALE, "prepare"], "scale.sh prepare")
     row["bed: create + prepare.yml, s"] = time.perf_counter() - started
     measured_commits.add((PROJECT / ".cache/scale/commit").read_text().strip())
-    row["site.yml first run, s"] = site("first run")
-    row["site.yml no-op (Mitogen), s"] = site("no-op, Mitogen", no_op=True)
+    row["site.yml first run, s"], _ = site("first run")
+    row["site.yml no-op (Mitogen), s"], cpu = site("no-op, Mitogen", no_op=True)
     row["  per host, s"] = row["site.yml no-op (Mitogen), s"] / (nodes + 1)
+    # what a controller of its own would still pay per host
+    row["  Ansible's own CPU per host, s"] = cpu / (nodes + 1)
     if not options.no_linear:
-        row["site.yml no-op (linear), s"] = site("no-op, linear", "linear", no_op=True)
+        row["site.yml no-op (linear), s"], cpu = site("no-op, linear", "linear", no_op=True)
+        row["  Ansible's own CPU per host, s "] = cpu / (nodes + 1)
     row["memory after deploy: node max, MiB"], row["  node median, MiB"], \
         row["  controller, MiB"] = memory()
     deployed = time.time()
