@@ -69,7 +69,7 @@ MEMORY = re.compile(r"^(\S+) ([0-9.]+)(KiB|MiB|GiB)", re.M)
 UNITS = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
 
 quiet = False
-measured_commits = set()  # what scale.sh deployed: a snapshot of HEAD
+measured_commits = {}  # N: the commit scale.sh deployed (a snapshot of HEAD)
 
 
 def say(text):
@@ -257,7 +257,7 @@ def measure(nodes, options):
     command([*SCALE, "create", str(nodes)], "scale.sh create")
     command([*SCALE, "prepare"], "scale.sh prepare")
     row["bed: create + prepare.yml, s"] = time.perf_counter() - started
-    measured_commits.add((PROJECT / ".cache/scale/commit").read_text().strip())
+    measured_commits[nodes] = (PROJECT / ".cache/scale/commit").read_text().strip()
     row["site.yml first run, s"], _ = site("first run")
     row["site.yml no-op (Mitogen), s"], cpu = site("no-op, Mitogen", no_op=True)
     row["  per host, s"] = row["site.yml no-op (Mitogen), s"] / (nodes + 1)
@@ -319,8 +319,9 @@ def print_table(results):
                 text += f" ({value / base:.2f}x)"
             cells.append(f"{text:>18}")
         print(f"{label:46}" + "".join(cells))
-    print(f"(ratios to N={counts[0]}; commit {', '.join(sorted(measured_commits))}; machine: {os.cpu_count()} cores, load average at the end "
-          f"{os.getloadavg()[0]:.1f})")
+    commits = ", ".join(f"N={n} {commit}" for n, commit in measured_commits.items())
+    print(f"(ratios to N={counts[0]}; commits {commits}; machine: {os.cpu_count()} cores, "
+          f"load average at the end {os.getloadavg()[0]:.1f})")
 
 
 def main():
