@@ -155,8 +155,9 @@ def _make(args, cfg, image, layers, keep_free, images, options, ref, cache, read
 
 
 class _Build:
-    """An image made of parts (parts.py): its lower layers' tree, and a top
-    part applied over it in a user namespace and appended."""
+    """The making of an image: whole, one squashfs of every layer, or of
+    parts (parts.py): its lower layers' tree, and a top part applied over
+    it in a user namespace and appended."""
 
     def __init__(self, args, cfg, image, layers, unpack, pack, ready, image_config,
                  show_progress):
