@@ -39,7 +39,9 @@ stand-in upstream, berth-scale-cn1..N, the shared image store on), then:
   memory                              docker stats of the nodes after deploy
                                       and after the steps
 Every row also as a ratio to the first N's value, so that growth shows on a
-shared machine. The bed is destroyed at the end unless --keep.
+shared machine. The bed is destroyed at the end unless --keep (also when a
+step fails: each site.yml run's whole output stays in
+/tmp/berth-scale-logs, the failed tasks are printed).
 """
 
 import argparse
@@ -58,6 +60,7 @@ SCALE = ["bash", str(PROJECT / "scripts" / "scale.sh")]
 SUITE = os.environ.get("BERTH_NODE_SUITE", "bookworm")
 CTL = "berth-scale-ctl"
 BUSYBOX = "berth/busybox-scale:1"
+LOGS = Path(tempfile.gettempdir()) / "berth-scale-logs"  # each site.yml run's output, the latest
 LOGIN = ["docker", "exec", CTL, "runuser", "-u", "alice", "--"]
 RECAP = re.compile(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 BLOB_SERVED = re.compile(r'"GET /v2/[^ ]+/blobs/(sha256:[0-9a-f]{64}) HTTP/[0-9.]+" 200 (\d+)')
@@ -105,13 +108,20 @@ def site(label, strategy="mitogen_linear", no_op=False):
     say(f"site.yml, {label}")
     env = dict(os.environ, BERTH_ANSIBLE_STRATEGY=strategy, ANSIBLE_NOCOLOR="1")
     started, cpu = time.perf_counter(), children_cpu()
-    output = command([*SCALE, "site"], f"site.yml ({label})", env)
+    result = subprocess.run([*SCALE, "site"], capture_output=True, text=True, env=env)
     seconds, cpu = time.perf_counter() - started, children_cpu() - cpu
+    output = result.stdout + result.stderr
+    # the whole run, for a failure's cause (the bed and its logs may be gone)
+    log = LOGS / f"site-{label.replace(', ', '-').replace(' ', '-')}.log"
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log.write_text(output)
     recap = RECAP.findall(output)
     busy = [host for host, changed, unreachable, failed in recap
             if unreachable != "0" or failed != "0" or (no_op and changed != "0")]
-    if not recap or busy:
-        raise SystemExit(f"scale: site.yml ({label}): hosts {busy}:\n{output[-3000:]}")
+    if result.returncode != 0 or not recap or busy:
+        failed = "\n".join(re.findall(r"^(?:fatal|failed): .*$", output, re.M)) or output[-3000:]
+        raise SystemExit(f"scale: site.yml ({label}): rc {result.returncode}, hosts {busy} "
+                         f"(all of it in {log}):\n{failed[-4000:]}")
     return seconds, cpu
 
 
