@@ -26,6 +26,7 @@ setuid and setgid bits dropped, and the guard (parts.guard) and the Room
 see every path.
 """
 
+import contextlib
 import functools
 import io
 import os
@@ -110,6 +111,9 @@ def squash_layers(layers, output, cfg, files=(), room=None, guard=None, show_pro
             packer.kill()
             raise
         finally:
+            # (what is left in the pipe's buffer goes nowhere: not even at exit)
+            with contextlib.suppress(BrokenPipeError):
+                packer.stdin.close()
             status = packer.wait()
         said.seek(0)
         text = said.read().decode(errors="replace").strip()
