@@ -10,7 +10,6 @@ import os
 import stat
 import subprocess
 
-import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +22,6 @@ from berth.image import stream
 from berth.image.imageconfig import image_files, write_image_config
 from berth.image.layers import apply_layer, new_root
 
-pytestmark = pytest.mark.unit
 
 _NAMES = ["a", "b", "a/b", "a/c", "b/a", "a/b/c", "l", "l/a", "etc", "etc/berth",
           "etc/berth/image.json", "./a", "a/", "."]
