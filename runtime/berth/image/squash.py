@@ -57,9 +57,10 @@ def options(cfg):
 # (bench/import.py); this much packs it as fast in a tenth of that.
 MKSQUASHFS_MEMORY = "256M"
 
+
 def packer_options(cfg):
-    """What mksquashfs and sqfstar are given of the site's: its options, the
-    memory they may take, the processors they may use."""
+    """What mksquashfs is given of the site's, packing a tree or a tar
+    stream: its options, the memory it may take, the processors it may use."""
     site_options = options(cfg)
     memory = [] if "-mem" in site_options else ["-mem", MKSQUASHFS_MEMORY]
     return [*site_options, *memory, "-processors", str(cfg.number("ENROOT_MAX_PROCESSORS"))]
@@ -262,7 +263,16 @@ def recorded_digest(image):
 
 
 def umask():
-    """This process's umask (read by setting it back)."""
+    """This process's umask: from /proc (setting it and back would leave it
+    0 for a moment to the import's download threads), else by setting it
+    back."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -139,11 +139,6 @@ def squash_layers(layers, output, cfg, files=(), room=None, guard=None, show_pro
             os.unlink(partial)
 
 
-def _made_mode():
-    """The mode of a directory apply_layer makes for an entry below it."""
-    return 0o755 & ~squash.umask()
-
-
 def _root_mode(layers):
     """The root's mode as the topmost layer that begins with a root entry
     sets it, of those whole now (the packer takes it before the first
@@ -203,6 +198,7 @@ class _Merge:
         self.number = 0
         self.root_mode = None
         self.berth_files = set()  # (written over a file, never over a directory)
+        self.umask = squash.umask()  # (apply_layer's mkdir and mkfifo take it)
 
     # -- a layer ----------------------------------------------------------
 
@@ -306,7 +302,7 @@ class _Merge:
             self.out.addfile(info)
         else:
             # (apply_layer's mkfifo: the umask applies)
-            info.type, info.mode = tarfile.FIFOTYPE, file_mode(member.mode) & ~squash.umask()
+            info.type, info.mode = tarfile.FIFOTYPE, file_mode(member.mode) & ~self.umask
             self.out.addfile(info)
 
     def _link_source(self, member, digest):
@@ -387,7 +383,7 @@ class _Merge:
             self.below.update(_ancestors(path))
             info = tarfile.TarInfo(path)
             info.size, info.mtime = len(data), int(time.time())
-            info.mode = mode if mode is not None else 0o644 & ~squash.umask()
+            info.mode = mode if mode is not None else 0o644 & ~self.umask
             self.out.addfile(info, io.BytesIO(data))
         self.berth_files = set(self.layer.seen)
         self._end_layer()
@@ -395,7 +391,7 @@ class _Merge:
     def finish(self):
         """The directories that entries needed and no layer made: as
         apply_layer makes them. The root's mode goes to the packer."""
-        made = _made_mode()
+        made = 0o755 & ~self.umask  # (apply_layer's for a directory an entry needs)
         now = int(time.time())
         for path in sorted(self.below - {""}):
             if path not in self.decided:
@@ -416,7 +412,6 @@ class _Layer:
         self.whiteouts = set()
         self.opaque = set()
         self.root_mode = None
-        self.berth_files = set()  # (written over a file, never over a directory)
 
 
 def _kind(member):
