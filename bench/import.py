@@ -22,6 +22,9 @@ median of RUNS each:
                 (download included), and with its layers cached (what the
                 unpack and squash cost alone); --quick leaves out this one
                 and GNU tar (the full-size image once, in a quarter of the time)
+  store         `berth store serve` of the image into an empty shared store
+                (the request on its stdin, as the store's socket gives it),
+                as its account (nobody); as root only
   baseline      `berth import --cache-only` from an empty user cache as the
                 runtime of revision REV does it (--baseline; default: none),
                 in turns with today's
@@ -43,6 +46,7 @@ import argparse
 import contextlib
 import json
 import os
+import pwd
 import signal
 import statistics
 import subprocess
@@ -60,6 +64,7 @@ from berth import config  # (realistic_image put the runtime on the path)
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_SECONDS = 0.05
 FREE_FLOOR = 0.1  # of the disk, kept free
+NOBODY = pwd.getpwnam("nobody")
 
 
 def main():
@@ -87,8 +92,10 @@ def main():
     need_room(args.temp, needed)
     registry = realistic_image.serve(top, args.quiet)
     scratch = Path(tempfile.mkdtemp(prefix="bench-import-", dir=args.temp))
+    scratch.chmod(0o755)  # (the store's account goes through it)
     try:
-        with own_filesystem(scratch, 2 * needed + compressed) as work:
+        # (and room for the free floor the store's import keeps: at least 1 GiB)
+        with own_filesystem(scratch, 2 * needed + compressed + (2 << 30)) as work:
             env = berth_env(work)
             samples = {}
             say(f"download: {len(layers)} blobs, {compressed >> 20} MiB")
@@ -107,25 +114,39 @@ def main():
             uri = f"docker://{registry.host}#{realistic_image.REPOSITORY}:{realistic_image.TAG}"
             berth = [sys.executable, "-m", "berth.cli", "--quiet", "import", "--cache-only", uri]
             cache = Path(env["ENROOT_CACHE_PATH"])
-            usage = {"cold": []} if args.quick else {"cold": [], "cached layers": []}
-            envs = dict.fromkeys(usage, env)
+
+            def emptied(*paths):
+                # what an import starts without; the directory that stays after it
+                return lambda: remove(*paths) or cache
+
+            # each import: its command, environment, stdin, and what makes it fresh
+            kinds = {"cold": (berth, env, None, emptied(cache))}
+            if not args.quick:
+                kinds["cached layers"] = (berth, env, None,
+                                          emptied(cache / "images", cache / "uris"))
+            if os.geteuid() == 0:  # (the store's side refuses root: it runs as nobody)
+                kinds["store cold"] = store_import(work, env, uri)
             if args.baseline:
-                usage["baseline cold"] = []
                 # (with its own default ENROOT_GZIP_PROGRAM, as that revision ran)
-                envs["baseline cold"] = {
+                kinds["baseline cold"] = (berth, {
                     **{key: value for key, value in env.items() if key != "ENROOT_GZIP_PROGRAM"},
-                    "PYTHONPATH": str(revision_runtime(args.baseline, scratch / "baseline"))}
+                    "PYTHONPATH": str(revision_runtime(args.baseline, scratch / "baseline"))},
+                    None, emptied(cache))
+            usage = {name: [] for name in kinds}
             for number in range(args.runs):
-                for name in usage:
+                for name, (command, command_env, stdin, fresh) in kinds.items():
                     say(f"berth import, {name} ({number + 1} of {args.runs})")
-                    remove(*([cache] if "cold" in name else [cache / "images", cache / "uris"]))
-                    before = disk_usage(cache)
-                    seconds, peak, high, out = measured(berth, envs[name], work)
+                    stays = fresh()
+                    before = disk_usage(stays)
+                    seconds, peak, high, out = measured(command, command_env, work, stdin)
                     if name == "cold":
                         image = out.splitlines()[0]
+                    elif name == "store cold" and not out.startswith("ok "):
+                        raise SystemExit(f"berth store serve answered: {out.strip()}")
                     samples.setdefault(f"berth {name}", []).append(seconds)
                     say(f"  {seconds:.1f} s, peak memory {peak >> 20} MiB")
-                    usage[name].append((peak, before + high, disk_usage(cache)))
+                    usage[name].append((peak, before + high, disk_usage(stays)))
+            remove(work / "store")
             say("mksquashfs of the final tree")
             tree = work / "tree"
             subprocess.run(["unsquashfs", "-q", "-n", "-d", str(tree), image], check=True,
@@ -138,6 +159,26 @@ def main():
     finally:
         registry.stop()
         remove(scratch)
+
+
+def store_import(work, env, uri):
+    """The shared store's import of `uri` (`berth store serve`, the request
+    line on its stdin as systemd's socket would give it), as the store's
+    account: nobody, owning the store and its temporary directory."""
+    store, temp = work / "store", work / "store-temp"
+    store_env = {**env, "BERTH_IMAGE_STORE": str(store), "BERTH_IMAGE_STORE_OWNER": "nobody",
+                 "ENROOT_TEMP_PATH": str(temp), "HOME": str(temp)}
+    command = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
+               sys.executable, "-m", "berth.cli", "store", "serve"]
+
+    def fresh():
+        remove(store, temp)
+        for directory in (store, temp):
+            directory.mkdir(mode=0o755)
+            os.chown(directory, NOBODY.pw_uid, NOBODY.pw_gid)
+        return store
+
+    return command, store_env, f"{uri}\n", fresh
 
 
 def revision_runtime(revision, target):
@@ -275,13 +316,14 @@ def mksquashfs(tree, image, env):
     return seconds
 
 
-def measured(command, env, work):
-    """Run `command`: its seconds, the peak resident memory of its process
-    tree, the disk high-water mark over the baseline, and its stdout."""
+def measured(command, env, work, stdin=None):
+    """Run `command` (`stdin` its input): its seconds, the peak resident
+    memory of its process tree, the disk high-water mark over the baseline,
+    and its stdout."""
     baseline = used(work)
     peak = high = 0
     started = time.perf_counter()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+    process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     finished = threading.Event()
 
@@ -294,7 +336,7 @@ def measured(command, env, work):
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
-        out, err = process.communicate()
+        out, err = process.communicate(stdin or "")
     except BaseException:  # (SIGTERM): it stops too, so its file system can go
         process.kill()
         process.wait()
@@ -349,6 +391,7 @@ def report(args, samples, usage, compressed):
               ("tar", "GNU tar -x of every layer (reference)"),
               ("berth cold", "berth import --cache-only, empty cache"),
               ("berth cached layers", "berth import --cache-only, layers cached"),
+              ("berth store cold", "berth store serve, empty store"),
               ("berth baseline cold", f"the same, empty cache, at {args.baseline}"))
     for name, label in stages:
         if name not in median:

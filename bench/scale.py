@@ -2,7 +2,8 @@
 """What site.yml, the shared store, a step and PMIx cost as the cluster grows.
 
     python3 bench/scale.py [--nodes 2 8 16 32] [--runs N] [--mpi-runs N]
-                           [--image-mb MB] [--no-linear] [--keep] [--quiet]
+                           [--image-mb MB] [--realistic DIR [--realistic-gib GIB]]
+                           [--no-linear] [--keep] [--quiet]
 
 For each N, a fresh scale test bed of N compute nodes (scripts/scale.sh:
 controller and login node berth-scale-ctl with the cluster's registry, a
@@ -17,12 +18,25 @@ stand-in upstream, berth-scale-cn1..N, the shared image store on), then:
   first srun -N N of a new image      an image pushed for this N (the MPI test
                                       image plus MB of random bytes), as alice
                                       with the store: s until the last node's
-                                      task started (each task prints its clock:
-                                      the nodes share the host's), blob GETs
-                                      and MB the registry served (its log; one
-                                      GET per blob is the target), the store's
-                                      requests and how long they took (its
-                                      journal: one imports, the rest wait)
+                                      task started (each task prints the
+                                      kernel's clock: the nodes share the
+                                      host's), blob GETs and MB the registry
+                                      served (its log; one GET per blob is the
+                                      target), the store's requests and how
+                                      long they took (its journal: one
+                                      imports, the rest wait), the first step
+                                      less the longest request (what a node
+                                      adds to the import: asking, mounting,
+                                      starting), and the CPU s the nodes and
+                                      the controller spent on the step (their
+                                      cgroups: what two shared cores serve)
+  the same, realistic image           with --realistic DIR, at the first N
+                                      only (the image is imported once
+                                      whatever N): bench/realistic_image.py's
+                                      image (--realistic-gib, kept in DIR; a
+                                      busybox layer on top), pushed from this
+                                      machine, the nodes' memory limits
+                                      raised to 2 GiB for it: the same figures
   srun -N N true, bare and named      --runs of each in turns, median ms, and
                                       the container's overhead over bare; the
                                       named container is of a busybox image
@@ -70,6 +84,7 @@ STORE_UNIT = re.compile(r"^(\d+\.\d+) \S+ systemd\[1\]: (?:Started )?(berth-stor
 STORE_FAILED = re.compile(r"Failed with result|error|Traceback", re.I)
 MEMORY = re.compile(r"^(\S+) ([0-9.]+)(KiB|MiB|GiB)", re.M)
 UNITS = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}
+REALISTIC_MEMORY = "2g"  # a node's limit while the realistic image is imported
 
 quiet = False
 measured_commits = {}  # N: the commit scale.sh deployed (a snapshot of HEAD)
@@ -197,25 +212,90 @@ def store_requests(nodes, since):
     return sorted(last - first for first, last in spans.values())
 
 
+def cpu_seconds(names):
+    """Each container's CPU s so far, from its cgroup (v1's cpuacct or v2's
+    cpu.stat, as dockerd's cgroupfs driver lays them out)."""
+    ids = command(["docker", "inspect", "-f", "{{.Id}}", *names], "docker inspect").split()
+    used = {}
+    for name, full in zip(names, ids):
+        v1 = Path("/sys/fs/cgroup/cpuacct/docker", full, "cpuacct.usage")
+        if v1.exists():
+            used[name] = int(v1.read_text()) / 1e9
+            continue
+        for v2 in (Path("/sys/fs/cgroup/docker", full, "cpu.stat"),
+                   Path(f"/sys/fs/cgroup/system.slice/docker-{full}.scope/cpu.stat")):
+            if v2.exists():
+                stat = dict(line.split() for line in v2.read_text().splitlines())
+                used[name] = int(stat["usage_usec"]) / 1e6
+                break
+        else:
+            raise SystemExit(f"scale: no cgroup of {name} to read its CPU time from")
+    return used
+
+
 def first_step(nodes, image):
-    """s until the last node's task started, blob GETs, distinct blobs, MB
-    served, the store's requests, the longest and the median one's s."""
+    """The first step's row values: s until the last node's task started,
+    blob GETs, distinct blobs, MB served, the store's requests, the longest
+    and the median one's s, the step less the longest request, the nodes'
+    CPU s (all of them, the median node) and the controller's."""
     mark = int(time.time())
     time.sleep(1.1)  # the logs' resolution is a second
-    started = time.time()
+    names = [CTL, *node_names(nodes)]
+    cpu_before = cpu_seconds(names)
+    # each task says when it started by the kernel's clock (/proc/uptime:
+    # CLOCK_BOOTTIME, the same in every container; the shell's builtins
+    # alone read it, so it works in an image without date)
+    started = time.clock_gettime(time.CLOCK_BOOTTIME)
     out = on_login(f"srun -N{nodes} --ntasks-per-node=1 --container-image={image} "
-                   "sh -c 'date +%s.%N'")
+                   "sh -c 'read up rest </proc/uptime; echo $up'")
     starts = [float(line) for line in out.split()]
     if len(starts) != nodes:
         raise SystemExit(f"scale: first step: {len(starts)} of {nodes} tasks started:\n{out}")
     seconds = max(starts) - started
+    cpu = {name: used - cpu_before[name] for name, used in cpu_seconds(names).items()}
     time.sleep(1.1)
     served = BLOB_SERVED.findall(on_ctl(f"journalctl -u docker-registry --since=@{mark} "
                                         "-o cat --no-pager"))
     requests = store_requests(nodes, mark)
+    longest = max(requests, default=0)
+    nodes_cpu = [cpu[name] for name in node_names(nodes)]
     return (seconds, len(served), len({digest for digest, _ in served}),
             sum(int(size) for _, size in served) / 2 ** 20, len(requests),
-            max(requests, default=0), statistics.median(requests or [0]))
+            longest, statistics.median(requests or [0]), seconds - longest,
+            sum(nodes_cpu), statistics.median(nodes_cpu), cpu[CTL])
+
+
+def first_step_rows(row, label, nodes, image):
+    """first_step's values as rows of `row`, under `label`."""
+    names = [f"{label}: last task started, s", "  blob GETs", "  distinct blobs", "  MB served",
+             "  store requests", "  store request, longest s", "  store request, median s",
+             "  step less the longest request, s", "  CPU s, all nodes",
+             "  CPU s, median node", "  CPU s, controller"]
+    values = first_step(nodes, image)
+    # (a label's rows are told apart by trailing spaces: one per first step)
+    tail = " " * sum(name.startswith("first step") for name in row)
+    row.update({name + (tail if name.startswith("  ") else ""): value
+                for name, value in zip(names, values)})
+    if values[1] != values[2]:
+        say(f"  a blob served more than once: {values[1]} GETs, {values[2]} blobs")
+
+
+def push_realistic(nodes, options):
+    """bench/realistic_image.py's image with a busybox layer on top, pushed
+    from this machine's layout to the bed's registry (skopeo)."""
+    sys.path.insert(0, str(PROJECT / "bench"))
+    import realistic_image
+    gib = options.realistic_gib
+    top = realistic_image.cached(options.realistic, gib, int(gib * 25_000), 40, quiet=quiet)
+    layout = realistic_image.with_shell(top)
+    address = command(["docker", "inspect", "-f",
+                       '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}', CTL],
+                      "docker inspect").split()[0]
+    tag = f"berth/realistic-scale:n{nodes}-{int(time.time())}"
+    command(["skopeo", "copy", "-q", "--dest-tls-verify=false",
+             f"oci:{layout}:{realistic_image.TAG}", f"docker://{address}:5000/{tag}"],
+            "skopeo copy (the realistic image)")
+    return f"berth-ctl:5000#{tag}"
 
 
 def timed_turns(commands, runs):
@@ -283,12 +363,19 @@ def measure(nodes, options):
     say(f"N={nodes}: a new image (+{options.image_mb} MB) into the registry")
     image = push_new_image(nodes, options.image_mb)
     say(f"N={nodes}: first srun -N{nodes} of {image} with the store")
-    (row["first step, new image: last task started, s"], row["  blob GETs"],
-     row["  distinct blobs"], row["  MB served"], row["  store requests"],
-     row["  store request, longest s"], row["  store request, median s"]) = first_step(nodes, image)
-    if row["  blob GETs"] != row["  distinct blobs"]:
-        say(f"  a blob served more than once: {row['  blob GETs']} GETs, "
-            f"{row['  distinct blobs']} blobs")
+    first_step_rows(row, "first step, new image", nodes, image)
+    if options.realistic and nodes == options.nodes[0]:
+        # the node that imports it for the cluster holds mksquashfs's cache
+        # besides its own services: more than the bed's 512 MiB
+        say(f"N={nodes}: the nodes' memory limits to {REALISTIC_MEMORY} "
+            f"(docker update); the realistic image ({options.realistic_gib:g} GiB) "
+            "into the registry")
+        command(["docker", "update", "--memory", REALISTIC_MEMORY, "--memory-swap",
+                 REALISTIC_MEMORY, *node_names(nodes)], "docker update")
+        realistic = push_realistic(nodes, options)
+        say(f"N={nodes}: first srun -N{nodes} of {realistic} with the store")
+        first_step_rows(row, f"first step, realistic {options.realistic_gib:g} GiB image",
+                        nodes, realistic)
 
     say(f"N={nodes}: warm steps, {options.runs} each, bare and named container")
     on_login(f"srun -N{nodes} --container-name=scale --container-image={push_busybox()} true")
@@ -323,7 +410,10 @@ def print_table(results):
     for label in first:
         cells = []
         for n in counts:
-            value, base = results[n][label], first[label]
+            value, base = results[n].get(label), first[label]
+            if value is None:  # (a row of the first N only)
+                cells.append(f"{'':>18}")
+                continue
             text = f"{value:.0f}" if isinstance(value, int) or value >= 100 else f"{value:.2f}"
             if n != counts[0] and base:
                 text += f" ({value / base:.2f}x)"
@@ -341,6 +431,10 @@ def main():
     parser.add_argument("--runs", type=int, default=5, help="warm steps of each kind")
     parser.add_argument("--mpi-runs", type=int, default=3, help="allreduce runs of each kind")
     parser.add_argument("--image-mb", type=int, default=64, help="the new image's random layer")
+    parser.add_argument("--realistic", metavar="DIR",
+                        help="also the first step of bench/realistic_image.py's image, kept in DIR")
+    parser.add_argument("--realistic-gib", type=float, default=10,
+                        help="its size unpacked (25,000 files a GiB, 40 layers)")
     parser.add_argument("--no-linear", action="store_true",
                         help="leave out the no-op run with Ansible's own strategy")
     parser.add_argument("--keep", action="store_true", help="leave the last bed up")
