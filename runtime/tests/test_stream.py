@@ -103,3 +103,26 @@ def test_the_packed_tree_is_the_applied_one(tmp_path_factory, stack, files):
         return
     event("packed")
     assert packed == applied
+
+
+def test_a_hard_link_keeps_the_bytes_of_a_file_a_layer_above_replaced(tmp_path):
+    """pip upgrading one of a package's hard-linked files: the link keeps
+    the old bytes (os.link shared them) and the packed tree is the applied
+    one, not declined (a realistic image has such links)."""
+    def entry(kind, name, data=b"", target=""):
+        return {"kind": kind, "name": name, "target": target, "mode": 0o755,
+                "data": data, "mtime": 1_000_000}
+    stack = [[entry("dir", "lib"), entry("file", "lib/a.so", b"old"),
+              entry("hardlink", "lib/b.so", target="lib/a.so"),
+              entry("hardlink", "lib/c.so", target="lib/a.so"), entry("file", "x", b"low")],
+             [entry("file", "lib/a.so", b"new")]]
+    layers = []
+    for number, members in enumerate(stack):
+        path = tmp_path / f"layer{number}"
+        path.write_bytes(_tar(members, outside="/nowhere"))
+        layers.append((str(path), f"sha256:{number:064x}"))
+    packed = _packed(layers, tmp_path, files=True)
+    assert packed == _applied(layers, tmp_path / "applied", files=True)
+    assert (tmp_path / "packed/lib/b.so").read_bytes() == b"old"
+    assert (tmp_path / "packed/lib/a.so").read_bytes() == b"new"
+    assert os.path.samefile(tmp_path / "packed/lib/b.so", tmp_path / "packed/lib/c.so")

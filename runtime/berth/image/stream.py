@@ -103,6 +103,9 @@ def squash_layers(layers, output, cfg, files=(), room=None, guard=None, show_pro
                     read_layer(path, digest, cfg["ENROOT_GZIP_PROGRAM"],
                                lambda stream, digest=digest: merge.add_layer(stream, digest,
                                                                              room))
+                    if merge.linked_to_hidden:  # (its files' bytes went by: read it again)
+                        read_layer(path, digest, cfg["ENROOT_GZIP_PROGRAM"],
+                                   lambda stream, digest=digest: merge.add_links(stream, digest))
                 merge.finish()
             packer.stdin.close()
         except BrokenPipeError:
@@ -197,6 +200,7 @@ class _Merge:
         self.below = set()      # directories above entries passed on
         self.number = 0
         self.root_mode = None
+        self.linked_to_hidden = {}  # in the layer read: a hidden file -> its links' names
         self.berth_files = set()  # (written over a file, never over a directory)
         self.umask = squash.umask()  # (apply_layer's mkdir and mkfifo take it)
 
@@ -206,6 +210,7 @@ class _Merge:
         """Pass on what the tar `stream` of a layer below those read so far
         leaves visible."""
         self.layer = _Layer()
+        self.linked_to_hidden = {}
         try:
             with tarfile.open(fileobj=_Forward(stream), mode="r:",
                               copybufsize=_COPY_BUFFER) as archive:
@@ -279,11 +284,13 @@ class _Merge:
             # (apply_layer made its directories then; those no layer above hides stay)
             self.below.update(above for above in _ancestors(path) if not self._hidden(above))
             return
-        if source is not None and not self.layer.regular[source]:
-            raise NotStreamable(f"layer {digest}: a hard link to '{source}', which a layer "
-                                "above replaced")
         self.decided[path] = kind == "dir"
         self.below.update(_ancestors(path))
+        if source is not None and not self.layer.regular[source]:
+            # a layer above replaced the file it shares its bytes with: they
+            # stay its own (add_links), as os.link made them
+            self.linked_to_hidden.setdefault(source, []).append((path, member.mtime))
+            return
         info = tarfile.TarInfo(path)
         info.mtime = _mtime(member.mtime)
         if kind == "dir":
@@ -304,6 +311,30 @@ class _Merge:
             # (apply_layer's mkfifo: the umask applies)
             info.type, info.mode = tarfile.FIFOTYPE, file_mode(member.mode) & ~self.umask
             self.out.addfile(info)
+
+    def add_links(self, stream, digest):
+        """The hard links of the layer just read whose file a layer above
+        replaced, from the tar `stream` of that layer read again: the first
+        of each file's links as a file of its bytes, the others linked to it."""
+        wanted = self.linked_to_hidden
+        with tarfile.open(fileobj=_Forward(stream), mode="r:",
+                          copybufsize=_COPY_BUFFER) as archive:
+            for member in archive:
+                source = self._path(entry_name(member.name, digest), digest)
+                if member.isreg() and source in wanted:
+                    links = wanted.pop(source)
+                    (first, _), others = links[0], [path for path, _ in links[1:]]
+                    info = tarfile.TarInfo(first)
+                    info.size, info.mode = member.size, file_mode(member.mode)
+                    info.mtime = _mtime(links[-1][1])  # (each link applied set it)
+                    self.out.addfile(info, archive.extractfile(member))
+                    for path in others:
+                        link = tarfile.TarInfo(path)
+                        link.type, link.linkname = tarfile.LNKTYPE, first
+                        self.out.addfile(link)
+                    if not wanted:
+                        return
+        raise BerthError(f"layer {digest} changed while it was read")
 
     def _link_source(self, member, digest):
         """The name a hard link entry links to: a file of its own layer."""
