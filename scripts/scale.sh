@@ -16,9 +16,11 @@
 #   bash scripts/scale.sh destroy      remove the containers, networks and /shared
 # Memory limits (docker --memory): BERTH_SCALE_NODE_MEMORY per compute node
 # (default 512m), BERTH_SCALE_CTL_MEMORY for the controller (2g); 32 nodes
-# then take at most 16 GiB + 2.4 GiB. Ansible: BERTH_ANSIBLE_STRATEGY
-# (mitogen_linear, as the scenario), BERTH_SCALE_FORKS (default 40: every
-# host at once up to N=32).
+# then take at most 16 GiB + 2.4 GiB. create raises the host's
+# fs.inotify.max_user_instances to 8192 where it is lower (each node's
+# systemd takes some; 128, the kernel's default, holds 24 nodes).
+# Ansible: BERTH_ANSIBLE_STRATEGY (mitogen_linear, as the scenario),
+# BERTH_SCALE_FORKS (default 40: every host at once up to N=32).
 # What site.yml and prepare.yml run from: a snapshot of HEAD (git archive,
 # made by create), so that edits in the working tree while the bed is up
 # change nothing on it (a no-op run stays one); BERTH_SCALE_TREE=worktree
@@ -39,6 +41,7 @@ if [[ "${BERTH_SCALE_TREE:-HEAD}" == worktree ]]; then TREE=$PWD; else TREE=$WOR
 NODE_MEMORY=${BERTH_SCALE_NODE_MEMORY:-512m}
 CTL_MEMORY=${BERTH_SCALE_CTL_MEMORY:-2g}
 UPSTREAM_MEMORY=384m
+INOTIFY_INSTANCES=8192  # the host's fs.inotify.max_user_instances, at least
 
 # molecule/multinode/molecule.yml's options for every node
 node_options=(
@@ -110,6 +113,15 @@ create() {  # N
     # (made once: test-image.sh rebuilds it when its sources change, which
     # another cluster of this machine may be reading)
     [[ -f .cache/images/$SUITE/mpi-test.tar ]] || bash scripts/test-image.sh >/dev/null
+    # each node's systemd holds inotify instances of the host's user root;
+    # the kernel's default of 128 stops the 25th node's systemd at its start
+    local instances
+    instances=$(sysctl -n fs.inotify.max_user_instances)
+    if ((instances < INOTIFY_INSTANCES)); then
+        echo "scale: fs.inotify.max_user_instances $instances -> $INOTIFY_INSTANCES" \
+            "(systemd in each node)" >&2
+        sysctl -qw fs.inotify.max_user_instances=$INOTIFY_INSTANCES
+    fi
     mkdir -p "$SHARED"
     for net in "$NET" "$UPSTREAM_NET"; do
         docker network inspect "$net" >/dev/null 2>&1 || docker network create "$net" >/dev/null
@@ -139,12 +151,17 @@ create() {  # N
     fi
     write_inventory "$n"
     # systemd up in every node before Ansible connects
-    for name in $(docker ps --filter label=berth.scale=1 --format '{{.Names}}'); do
+    for name in $(docker ps -a --filter label=berth.scale=1 --format '{{.Names}}'); do
         for _ in $(seq 60); do
             state=$(docker exec "$name" systemctl is-system-running 2>/dev/null || true)
             [[ "$state" == running || "$state" == degraded ]] && break
             sleep 1
         done
+        if [[ "$state" != running && "$state" != degraded ]]; then
+            echo "scale: $name: systemd is not up after 60 s (${state:-not running}):" \
+                "docker logs $name" >&2
+            exit 1
+        fi
     done
 }
 
