@@ -126,3 +126,22 @@ def test_a_hard_link_keeps_the_bytes_of_a_file_a_layer_above_replaced(tmp_path):
     assert (tmp_path / "packed/lib/b.so").read_bytes() == b"old"
     assert (tmp_path / "packed/lib/a.so").read_bytes() == b"new"
     assert os.path.samefile(tmp_path / "packed/lib/b.so", tmp_path / "packed/lib/c.so")
+
+
+def test_a_file_between_two_directories_of_its_name_empties_the_lower_one(tmp_path):
+    """A layer makes a directory a file, a layer above makes it a directory
+    again: what the layers below had in it is gone (found by the random
+    stacks above)."""
+    def entry(kind, name):
+        return {"kind": kind, "name": name, "target": "", "mode": 0o755, "data": b"",
+                "mtime": 1_000_000}
+    stack = [[entry("dir", "a/b")], [entry("dir", "b"), entry("file", "a")],
+             [entry("dir", "a")]]
+    layers = []
+    for number, members in enumerate(stack):
+        path = tmp_path / f"layer{number}"
+        path.write_bytes(_tar(members, outside="/nowhere"))
+        layers.append((str(path), f"sha256:{number:064x}"))
+    packed = _packed(layers, tmp_path, files=False)
+    assert packed == _applied(layers, tmp_path / "applied", files=False)
+    assert "a/b" not in packed

@@ -281,6 +281,10 @@ class _Merge:
         if self._hidden(path):
             if kind == "file":
                 self.layer.regular[path] = False
+            if kind != "dir":
+                # (applied, it took the place of all the layers below had
+                # there, even where a layer above makes it a directory again)
+                self.layer.opaque.add(path)
             # (apply_layer made its directories then; those no layer above hides stay)
             self.below.update(above for above in _ancestors(path) if not self._hidden(above))
             return
