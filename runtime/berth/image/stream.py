@@ -321,24 +321,31 @@ class _Merge:
         replaced, from the tar `stream` of that layer read again: the first
         of each file's links as a file of its bytes, the others linked to it."""
         wanted = self.linked_to_hidden
-        with tarfile.open(fileobj=_Forward(stream), mode="r:",
-                          copybufsize=_COPY_BUFFER) as archive:
-            for member in archive:
-                source = self._path(entry_name(member.name, digest), digest)
-                if member.isreg() and source in wanted:
-                    links = wanted.pop(source)
-                    (first, _), others = links[0], [path for path, _ in links[1:]]
-                    info = tarfile.TarInfo(first)
-                    info.size, info.mode = member.size, file_mode(member.mode)
-                    info.mtime = _mtime(links[-1][1])  # (each link applied set it)
-                    self.out.addfile(info, archive.extractfile(member))
-                    for path in others:
-                        link = tarfile.TarInfo(path)
-                        link.type, link.linkname = tarfile.LNKTYPE, first
-                        self.out.addfile(link)
-                    if not wanted:
-                        return
+        try:
+            with tarfile.open(fileobj=_Forward(stream), mode="r:",
+                              copybufsize=_COPY_BUFFER) as archive:
+                for member in archive:
+                    source = self._path(entry_name(member.name, digest), digest)
+                    if member.isreg() and source in wanted:
+                        self._add_linked(archive, member, wanted.pop(source))
+                        if not wanted:
+                            return
+        except (tarfile.TarError, EOFError, ValueError, OverflowError) as e:
+            raise BerthError(f"layer {digest} is not a valid tar archive: {e}") from None
         raise BerthError(f"layer {digest} changed while it was read")
+
+    def _add_linked(self, archive, member, links):
+        """The file `member` as the first of `links` ((name, mtime) each),
+        the others linked to it."""
+        first = links[0][0]
+        info = tarfile.TarInfo(first)
+        info.size, info.mode = member.size, file_mode(member.mode)
+        info.mtime = _mtime(links[-1][1])  # (each link applied set it)
+        self.out.addfile(info, archive.extractfile(member))
+        for path, _ in links[1:]:
+            link = tarfile.TarInfo(path)
+            link.type, link.linkname = tarfile.LNKTYPE, first
+            self.out.addfile(link)
 
     def _link_source(self, member, digest):
         """The name a hard link entry links to: a file of its own layer."""
