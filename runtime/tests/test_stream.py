@@ -55,6 +55,22 @@ def _unpacked(image, where):
     return _tree(where)
 
 
+def _written(stack, work):
+    """The layers of `stack` (members each, bottom layer first) as tar files
+    in `work`: (path, digest) each."""
+    layers = []
+    for number, members in enumerate(stack):
+        path = work / f"layer{number}"
+        path.write_bytes(_tar(members, outside="/nowhere"))
+        layers.append((str(path), f"sha256:{number:064x}"))
+    return layers
+
+
+def _entry(kind, name, data=b"", target=""):
+    return {"kind": kind, "name": name, "target": target, "mode": 0o755, "data": data,
+            "mtime": 1_000_000}
+
+
 def _applied(layers, root, files):
     new_root(root)
     try:
@@ -86,11 +102,7 @@ def _packed(layers, work, files):
        files=st.booleans())
 def test_the_packed_tree_is_the_applied_one(tmp_path_factory, stack, files):
     work = tmp_path_factory.mktemp("stream")
-    layers = []
-    for number, members in enumerate(stack):
-        path = work / f"layer{number}"
-        path.write_bytes(_tar(members, outside="/nowhere"))
-        layers.append((str(path), f"sha256:{number:064x}"))
+    layers = _written(stack, work)
     applied = _applied(layers, work / "applied", files)
     packed = _packed(layers, work, files)
     if isinstance(packed, stream.NotStreamable):
@@ -109,18 +121,11 @@ def test_a_hard_link_keeps_the_bytes_of_a_file_a_layer_above_replaced(tmp_path):
     """pip upgrading one of a package's hard-linked files: the link keeps
     the old bytes (os.link shared them) and the packed tree is the applied
     one, not declined (a realistic image has such links)."""
-    def entry(kind, name, data=b"", target=""):
-        return {"kind": kind, "name": name, "target": target, "mode": 0o755,
-                "data": data, "mtime": 1_000_000}
-    stack = [[entry("dir", "lib"), entry("file", "lib/a.so", b"old"),
-              entry("hardlink", "lib/b.so", target="lib/a.so"),
-              entry("hardlink", "lib/c.so", target="lib/a.so"), entry("file", "x", b"low")],
-             [entry("file", "lib/a.so", b"new")]]
-    layers = []
-    for number, members in enumerate(stack):
-        path = tmp_path / f"layer{number}"
-        path.write_bytes(_tar(members, outside="/nowhere"))
-        layers.append((str(path), f"sha256:{number:064x}"))
+    stack = [[_entry("dir", "lib"), _entry("file", "lib/a.so", b"old"),
+              _entry("hardlink", "lib/b.so", target="lib/a.so"),
+              _entry("hardlink", "lib/c.so", target="lib/a.so"), _entry("file", "x", b"low")],
+             [_entry("file", "lib/a.so", b"new")]]
+    layers = _written(stack, tmp_path)
     packed = _packed(layers, tmp_path, files=True)
     assert packed == _applied(layers, tmp_path / "applied", files=True)
     assert (tmp_path / "packed/lib/b.so").read_bytes() == b"old"
@@ -132,16 +137,9 @@ def test_a_file_between_two_directories_of_its_name_empties_the_lower_one(tmp_pa
     """A layer makes a directory a file, a layer above makes it a directory
     again: what the layers below had in it is gone (found by the random
     stacks above)."""
-    def entry(kind, name):
-        return {"kind": kind, "name": name, "target": "", "mode": 0o755, "data": b"",
-                "mtime": 1_000_000}
-    stack = [[entry("dir", "a/b")], [entry("dir", "b"), entry("file", "a")],
-             [entry("dir", "a")]]
-    layers = []
-    for number, members in enumerate(stack):
-        path = tmp_path / f"layer{number}"
-        path.write_bytes(_tar(members, outside="/nowhere"))
-        layers.append((str(path), f"sha256:{number:064x}"))
+    stack = [[_entry("dir", "a/b")], [_entry("dir", "b"), _entry("file", "a")],
+             [_entry("dir", "a")]]
+    layers = _written(stack, tmp_path)
     packed = _packed(layers, tmp_path, files=False)
     assert packed == _applied(layers, tmp_path / "applied", files=False)
     assert "a/b" not in packed
