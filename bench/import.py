@@ -116,8 +116,10 @@ def main():
             cache = Path(env["ENROOT_CACHE_PATH"])
 
             def emptied(*paths):
-                # what an import starts without; the directory that stays after it
-                return lambda: remove(*paths) or cache
+                def fresh():  # what an import starts without; the directory that stays
+                    remove(*paths)
+                    return cache
+                return fresh
 
             # each import: its command, environment, stdin, and what makes it fresh
             kinds = {"cold": (berth, env, None, emptied(cache))}

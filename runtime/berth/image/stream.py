@@ -211,16 +211,13 @@ class _Merge:
         leaves visible."""
         self.layer = _Layer()
         self.linked_to_hidden = {}
-        try:
-            with tarfile.open(fileobj=_Forward(stream), mode="r:",
-                              copybufsize=_COPY_BUFFER) as archive:
-                for member in archive:
-                    if room is not None:
-                        room.take(member.name, member.size if member.isreg() else 0, digest)
-                    self._member(archive, member, digest)
-        except (tarfile.TarError, EOFError, ValueError, OverflowError) as e:
-            # (a malformed header can surface as any of these from tarfile)
-            raise BerthError(f"layer {digest} is not a valid tar archive: {e}") from None
+
+        def visit(archive, member):
+            if room is not None:
+                room.take(member.name, member.size if member.isreg() else 0, digest)
+            self._member(archive, member, digest)
+
+        _each_member(stream, digest, visit)
         self._end_layer()
 
     def _end_layer(self):
@@ -321,18 +318,15 @@ class _Merge:
         replaced, from the tar `stream` of that layer read again: the first
         of each file's links as a file of its bytes, the others linked to it."""
         wanted = self.linked_to_hidden
-        try:
-            with tarfile.open(fileobj=_Forward(stream), mode="r:",
-                              copybufsize=_COPY_BUFFER) as archive:
-                for member in archive:
-                    source = self._path(entry_name(member.name, digest), digest)
-                    if member.isreg() and source in wanted:
-                        self._add_linked(archive, member, wanted.pop(source))
-                        if not wanted:
-                            return
-        except (tarfile.TarError, EOFError, ValueError, OverflowError) as e:
-            raise BerthError(f"layer {digest} is not a valid tar archive: {e}") from None
-        raise BerthError(f"layer {digest} changed while it was read")
+
+        def visit(archive, member):
+            source = self._path(entry_name(member.name, digest), digest)
+            if member.isreg() and source in wanted:
+                self._add_linked(archive, member, wanted.pop(source))
+            return not wanted
+
+        if not _each_member(stream, digest, visit):
+            raise BerthError(f"layer {digest} changed while it was read")
 
     def _add_linked(self, archive, member, links):
         """The file `member` as the first of `links` ((name, mtime) each),
@@ -454,6 +448,21 @@ class _Layer:
         self.whiteouts = set()
         self.opaque = set()
         self.root_mode = None
+
+
+def _each_member(stream, digest, visit):
+    """visit(archive, member) each entry of a layer's tar `stream` until it
+    returns true (then True); a malformed tar is the layer's BerthError."""
+    try:
+        with tarfile.open(fileobj=_Forward(stream), mode="r:",
+                          copybufsize=_COPY_BUFFER) as archive:
+            for member in archive:
+                if visit(archive, member):
+                    return True
+    except (tarfile.TarError, EOFError, ValueError, OverflowError) as e:
+        # (a malformed header can surface as any of these from tarfile)
+        raise BerthError(f"layer {digest} is not a valid tar archive: {e}") from None
+    return False
 
 
 def _kind(member):
