@@ -234,10 +234,10 @@ def cpu_seconds(names):
 
 
 def first_step(nodes, image):
-    """The first step's row values: s until the last node's task started,
-    blob GETs, distinct blobs, MB served, the store's requests, the longest
-    and the median one's s, the step less the longest request, the nodes'
-    CPU s (all of them, the median node) and the controller's."""
+    """The first step's figures by row name: s until the last node's task
+    started, blob GETs, distinct blobs, MB served, the store's requests, the
+    longest and the median one's s, the step less the longest request, the
+    nodes' CPU s (all of them, the median node) and the controller's."""
     mark = int(time.time())
     time.sleep(1.1)  # the logs' resolution is a second
     names = [CTL, *node_names(nodes)]
@@ -259,32 +259,33 @@ def first_step(nodes, image):
     requests = store_requests(nodes, mark)
     longest = max(requests, default=0)
     nodes_cpu = [cpu[name] for name in node_names(nodes)]
-    return (seconds, len(served), len({digest for digest, _ in served}),
-            sum(int(size) for _, size in served) / 2 ** 20, len(requests),
-            longest, statistics.median(requests or [0]), seconds - longest,
-            sum(nodes_cpu), statistics.median(nodes_cpu), cpu[CTL])
+    return {"last task started, s": seconds, "blob GETs": len(served),
+            "distinct blobs": len({digest for digest, _ in served}),
+            "MB served": sum(int(size) for _, size in served) / 2 ** 20,
+            "store requests": len(requests), "store request, longest s": longest,
+            "store request, median s": statistics.median(requests or [0]),
+            "step less the longest request, s": seconds - longest,
+            "CPU s, all nodes": sum(nodes_cpu), "CPU s, median node": statistics.median(nodes_cpu),
+            "CPU s, controller": cpu[CTL]}
 
 
 def first_step_rows(row, label, nodes, image):
-    """first_step's values as rows of `row`, under `label`."""
-    names = [f"{label}: last task started, s", "  blob GETs", "  distinct blobs", "  MB served",
-             "  store requests", "  store request, longest s", "  store request, median s",
-             "  step less the longest request, s", "  CPU s, all nodes",
-             "  CPU s, median node", "  CPU s, controller"]
-    values = first_step(nodes, image)
+    """first_step's figures as rows of `row`: the first under `label`, the
+    others indented below it."""
+    figures = first_step(nodes, image)
     # (a label's rows are told apart by trailing spaces: one per first step)
     tail = " " * sum(name.startswith("first step") for name in row)
-    row.update({name + (tail if name.startswith("  ") else ""): value
-                for name, value in zip(names, values)})
-    if values[1] != values[2]:
-        say(f"  a blob served more than once: {values[1]} GETs, {values[2]} blobs")
+    for number, (name, value) in enumerate(figures.items()):
+        row[f"{label}: {name}" if number == 0 else f"  {name}{tail}"] = value
+    if figures["blob GETs"] != figures["distinct blobs"]:
+        say(f"  a blob served more than once: {figures['blob GETs']} GETs, "
+            f"{figures['distinct blobs']} blobs")
 
 
 def push_realistic(nodes, options):
     """bench/realistic_image.py's image with a busybox layer on top, pushed
     from this machine's layout to the bed's registry (skopeo)."""
-    sys.path.insert(0, str(PROJECT / "bench"))
-    import realistic_image
+    import realistic_image  # (its HTTP client: only with --realistic)
     gib = options.realistic_gib
     top = realistic_image.cached(options.realistic, gib, int(gib * 25_000), 40, quiet=quiet)
     layout = realistic_image.with_shell(top)
