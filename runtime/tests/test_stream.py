@@ -6,9 +6,12 @@ is the applied one entry by entry, or the merge declines (NotStreamable)
 and the import applies the layers itself. Where the layers are refused,
 the merge refuses or declines too."""
 
+import gzip
 import os
+import random
 import stat
 import subprocess
+import tarfile
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -143,3 +146,51 @@ def test_a_file_between_two_directories_of_its_name_empties_the_lower_one(tmp_pa
     packed = _packed(layers, tmp_path, files=False)
     assert packed == _applied(layers, tmp_path / "applied", files=False)
     assert "a/b" not in packed
+
+
+_SIZES = [0, 1, 511, 512, 513, (1 << 16) - 1, 1 << 16, (1 << 16) + 1, (1 << 20) + 3]
+
+
+def _gzipped(path):
+    path.write_bytes(gzip.compress(path.read_bytes(), compresslevel=1))
+
+
+def test_files_of_every_size_come_through_whole(tmp_path):
+    """A file's bytes copied or moved by the kernel (64 KiB and more),
+    from a plain layer and a gzip one, and those a layer above replaced
+    skipped: every file has its own bytes."""
+    def data(size, seed):
+        return random.Random(f"{seed}-{size}").randbytes(size)
+
+    low = [_entry("file", f"d/{size}", data(size, "low")) for size in _SIZES]
+    top = [_entry("file", f"d/{size}", data(size + 7, "top")) for size in _SIZES[::2]]
+    top += [_entry("file", f"t/{size}", data(size, "top")) for size in _SIZES]
+    layers = _written([low, top], tmp_path)
+    _gzipped(tmp_path / "layer1")
+    packed = _packed(layers, tmp_path, files=False)
+    assert packed == _applied(layers, tmp_path / "applied", files=False)
+    for index, size in enumerate(_SIZES):
+        expected = data(size + 7, "top") if index % 2 == 0 else data(size, "low")
+        assert (tmp_path / f"packed/d/{size}").read_bytes() == expected
+        assert (tmp_path / f"packed/t/{size}").read_bytes() == data(size, "top")
+
+
+def test_a_layer_cut_short_inside_a_file_is_refused_in_one_line(tmp_path):
+    """A layer that ends inside a file's bytes (a large one the kernel
+    moves, a small one copied), plain or gzip: the layer's error, in one
+    line, and no image or temporary file left."""
+    for size, compress in ((1 << 20, False), (1 << 20, True), (3000, False)):
+        work = tmp_path / f"{size}-{compress}"
+        work.mkdir()
+        layers = _written([[_entry("file", "a", b"x" * 10), _entry("file", "b", b"y" * size)]],
+                          work)
+        path = work / "layer0"
+        with tarfile.open(path) as archive:
+            cut = archive.getmember("b").offset_data + size // 2
+        path.write_bytes(path.read_bytes()[:cut])
+        if compress:
+            _gzipped(path)
+        packed = _packed(layers, work, files=True)
+        assert isinstance(packed, BerthError) and not isinstance(packed, stream.NotStreamable)
+        assert "layer sha256:" in str(packed), packed
+        assert sorted(os.listdir(work)) == ["layer0"]

@@ -49,6 +49,10 @@ _PACKER = "mksquashfs"
 _NAME_MAX = 255
 # The pieces a file's bytes are copied in from a layer to the packer.
 _COPY_BUFFER = 1 << 17
+# What a layer's stream is read ahead by, what the packer is written in,
+# and the smallest file whose bytes the kernel moves between them.
+_CHUNK = _FLUSH = 1 << 16
+_SPLICE_MIN = 1 << 16
 _MTIME_MAX = (1 << 32) - 1  # squashfs keeps 32-bit times
 _PEEK = 1 << 16  # what is read of a layer for its first entry
 
@@ -93,20 +97,20 @@ def squash_layers(layers, output, cfg, files=(), room=None, guard=None, show_pro
              *([] if verbose else ["-quiet"])],
             stdin=subprocess.PIPE, stdout=said, stderr=subprocess.STDOUT)
         try:
-            with tarfile.open(fileobj=_Pipe(packer.stdin), mode="w", format=tarfile.PAX_FORMAT,
-                              copybufsize=_COPY_BUFFER) as merge.out:
-                merge.add_files(files)
-                for path, digest in tqdm(layers[::-1], desc="packing", unit="layer",
-                                         disable=not show_progress):
-                    if ready is not None:
-                        ready(digest)
+            merge.out = _TarOut(packer.stdin.fileno())
+            merge.add_files(files)
+            for path, digest in tqdm(layers[::-1], desc="packing", unit="layer",
+                                     disable=not show_progress):
+                if ready is not None:
+                    ready(digest)
+                read_layer(path, digest, cfg["ENROOT_GZIP_PROGRAM"],
+                           lambda stream, digest=digest: merge.add_layer(stream, digest,
+                                                                         room))
+                if merge.linked_to_hidden:  # (its files' bytes went by: read it again)
                     read_layer(path, digest, cfg["ENROOT_GZIP_PROGRAM"],
-                               lambda stream, digest=digest: merge.add_layer(stream, digest,
-                                                                             room))
-                    if merge.linked_to_hidden:  # (its files' bytes went by: read it again)
-                        read_layer(path, digest, cfg["ENROOT_GZIP_PROGRAM"],
-                                   lambda stream, digest=digest: merge.add_links(stream, digest))
-                merge.finish()
+                               lambda stream, digest=digest: merge.add_links(stream, digest))
+            merge.finish()
+            merge.out.end()
             packer.stdin.close()
         except BrokenPipeError:
             pass  # the packer stopped: its status says why
@@ -283,10 +287,10 @@ class _Merge:
                 # there, even where a layer above makes it a directory again)
                 self.layer.opaque.add(path)
             # (apply_layer made its directories then; those no layer above hides stay)
-            self.below.update(above for above in _ancestors(path) if not self._hidden(above))
+            self._needs_above(path, self._hidden)
             return
         self.decided[path] = kind == "dir"
-        self.below.update(_ancestors(path))
+        self._needs_above(path)
         if source is not None and not self.layer.regular[source]:
             # a layer above replaced the file it shares its bytes with: they
             # stay its own (add_links), as os.link made them
@@ -296,22 +300,22 @@ class _Merge:
         info.mtime = _mtime(member.mtime)
         if kind == "dir":
             info.type, info.mode = tarfile.DIRTYPE, dir_mode(member.mode)
-            self.out.addfile(info)
+            self.out.add(info)
         elif kind == "file":
             info.size, info.mode = member.size, file_mode(member.mode)
-            self.out.addfile(info, archive.extractfile(member))
+            self.out.add(info, archive, member)
             self.layer.regular[path] = True
         elif kind == "symlink":
             info.type, info.linkname, info.mode = tarfile.SYMTYPE, member.linkname, 0o777
             _check_text(info.linkname, digest)
-            self.out.addfile(info)
+            self.out.add(info)
         elif kind == "hardlink":
             info.type, info.linkname = tarfile.LNKTYPE, source
-            self.out.addfile(info)
+            self.out.add(info)
         else:
             # (apply_layer's mkfifo: the umask applies)
             info.type, info.mode = tarfile.FIFOTYPE, file_mode(member.mode) & ~self.umask
-            self.out.addfile(info)
+            self.out.add(info)
 
     def add_links(self, stream, digest):
         """The hard links of the layer just read whose file a layer above
@@ -335,11 +339,11 @@ class _Merge:
         info = tarfile.TarInfo(first)
         info.size, info.mode = member.size, file_mode(member.mode)
         info.mtime = _mtime(links[-1][1])  # (each link applied set it)
-        self.out.addfile(info, archive.extractfile(member))
+        self.out.add(info, archive, member)
         for path, _ in links[1:]:
             link = tarfile.TarInfo(path)
             link.type, link.linkname = tarfile.LNKTYPE, first
-            self.out.addfile(link)
+            self.out.add(link)
 
     def _link_source(self, member, digest):
         """The name a hard link entry links to: a file of its own layer."""
@@ -356,14 +360,17 @@ class _Merge:
     def _path(self, name, digest):
         """`name` as the merge keeps it: its components joined by "/" ("" the
         root); NotStreamable where apply_layer's file system decides."""
-        components = [part for part in name.split("/") if part not in ("", ".")]
+        components = name.split("/")
+        if "" in components or "." in components:
+            components = [part for part in components if part not in ("", ".")]
         if len(components) > MAX_DEPTH:
             raise NotStreamable(f"layer {digest}: a path deeper than {MAX_DEPTH}")
-        for part in components:
-            _check_text(part, digest)
-            if len(part.encode()) > _NAME_MAX:
-                raise NotStreamable(f"layer {digest}: a name longer than {_NAME_MAX} bytes")
-        return "/".join(components)
+        path = "/".join(components)
+        _check_text(path, digest)
+        if max(map(len, components), default=0) > _NAME_MAX // 4 and \
+                max(len(part.encode()) for part in components) > _NAME_MAX:
+            raise NotStreamable(f"layer {digest}: a name longer than {_NAME_MAX} bytes")
+        return path
 
     def _lead_through(self, path, including=False):
         """Note the directories apply_layer resolves `path` through (and the
@@ -373,6 +380,8 @@ class _Merge:
         names = [path] if including and path else []
         names += [above for above in _ancestors(path) if above]
         for above in names:
+            if above in layer.under:
+                break  # (and so were the directories above it, in this layer)
             if above in layer.files:
                 raise NotStreamable(f"a path through '{above}', a link or file of its own layer")
             self.traversed.add(above)
@@ -399,10 +408,38 @@ class _Merge:
     def _hidden(self, path):
         if path in self.decided or path in self.hiding:
             return True
+        return self._covered(path.rpartition("/")[0])
+
+    def _covered(self, directory):
+        """Whether a layer above hides what lies below `directory`: it or a
+        directory above it whited out, marked opaque, or made a file. Kept
+        for the layer being read, whose own entries change none of it (one
+        that made such a directory a file is NotStreamable)."""
+        known = self.layer.covered
+        walked = []
+        while directory not in known:
+            walked.append(directory)
+            if directory in self.hiding or directory in self.emptied or \
+                    self.decided.get(directory) is False:
+                known[directory] = True
+                break
+            if not directory:
+                known[directory] = False
+                break
+            directory = directory.rpartition("/")[0]
+        for name in walked:
+            known[name] = known[directory]
+        return known[directory]
+
+    def _needs_above(self, path, hidden=None):
+        """Note the directories above `path` as ones the image needs (those
+        not `hidden`); finish() makes those that no layer does. Each
+        directory noted had those above it noted too."""
         for above in _ancestors(path):
-            if above in self.hiding or above in self.emptied or self.decided.get(above) is False:
-                return True
-        return False
+            if above in self.below:
+                break
+            if hidden is None or not hidden(above):
+                self.below.add(above)
 
     # -- Berth's own files and the end -----------------------------------
 
@@ -416,11 +453,11 @@ class _Merge:
             self.layer.seen.add(path)
             self.layer.files.add(path)
             self.decided[path] = False
-            self.below.update(_ancestors(path))
+            self._needs_above(path)
             info = tarfile.TarInfo(path)
             info.size, info.mtime = len(data), int(time.time())
             info.mode = mode if mode is not None else 0o644 & ~self.umask
-            self.out.addfile(info, io.BytesIO(data))
+            self.out.add(info, contents=data)
         self.berth_files = set(self.layer.seen)
         self._end_layer()
 
@@ -433,7 +470,7 @@ class _Merge:
             if path not in self.decided:
                 info = tarfile.TarInfo(path)
                 info.type, info.mode, info.mtime = tarfile.DIRTYPE, made, now
-                self.out.addfile(info)
+                self.out.add(info)
 
 
 class _Layer:
@@ -447,6 +484,7 @@ class _Layer:
         self.regular = {}       # its files: passed on or hidden
         self.whiteouts = set()
         self.opaque = set()
+        self.covered = {}       # directories: whether what lies below them is hidden
         self.root_mode = None
 
 
@@ -456,7 +494,8 @@ def _each_member(stream, digest, visit):
     try:
         with tarfile.open(fileobj=_Forward(stream), mode="r:",
                           copybufsize=_COPY_BUFFER) as archive:
-            for member in archive:
+            while (member := archive.next()) is not None:
+                archive.members.clear()  # (tarfile keeps every entry read: 250,000 of them)
                 if visit(archive, member):
                     return True
     except (tarfile.TarError, EOFError, ValueError, OverflowError) as e:
@@ -494,40 +533,106 @@ def _mtime(value):
     return whole if 0 <= whole <= _MTIME_MAX else int(time.time())
 
 
-class _Pipe:
-    """The packer's stdin as tarfile writes an archive to it: straight
-    through (its stream writer copies each piece into a growing buffer),
-    with the count of bytes written as the position it asks for."""
+class _TarOut:
+    """The tar stream to the packer, on its stdin's descriptor: each header
+    as tarfile encodes it (TarInfo.tobuf), headers and small files gathered
+    into writes of _FLUSH bytes, a large file's bytes moved from the
+    layer's stream by the kernel (splice), with no copy through Python."""
 
-    def __init__(self, pipe):
-        self.pipe, self.written = pipe, 0
+    def __init__(self, fd):
+        self.fd = fd
+        self.pending = bytearray()
 
-    def write(self, data):
-        self.pipe.write(data)
-        self.written += len(data)
+    def add(self, info, archive=None, member=None, contents=b""):
+        """The entry `info`; a file's bytes are `contents`, or those of
+        `member` read from `archive` (a tarfile reading a _Forward)."""
+        self.pending += info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+        if member is None:
+            self.pending += contents
+        elif member.sparse is not None:  # (its holes are tarfile's to fill)
+            copied = 0
+            with archive.extractfile(member) as data:
+                while piece := data.read(_COPY_BUFFER):
+                    self.pending += piece
+                    copied += len(piece)
+                    self._flush_over(_FLUSH)
+            if copied != info.size:
+                raise tarfile.ReadError("unexpected end of data")
+        else:
+            self._move(archive.fileobj, member.offset_data, info.size)
+        self.pending += bytes(-info.size % tarfile.BLOCKSIZE)
+        self._flush_over(_FLUSH)
 
-    def tell(self):
-        return self.written
+    def _move(self, source, offset, size):
+        source.seek(offset)
+        self.pending += source.buffered(size)
+        left = size - (source.at - offset)
+        if left < _SPLICE_MIN:
+            self.pending += source.read(left)
+        else:
+            self._flush_over(0)
+            while left:
+                moved = os.splice(source.fd, self.fd, left)
+                if not moved:
+                    break
+                source.at += moved
+                left -= moved
+        if source.at != offset + size:
+            raise tarfile.ReadError("unexpected end of data")
+
+    def end(self):
+        """The two zero blocks that end a tar archive."""
+        self.pending += bytes(2 * tarfile.BLOCKSIZE)
+        self._flush_over(0)
+
+    def _flush_over(self, limit):
+        if len(self.pending) > limit:
+            with memoryview(self.pending) as view:
+                written = 0
+                while written < len(view):
+                    written += os.write(self.fd, view[written:])
+            self.pending.clear()
 
 
 class _Forward:
-    """A layer's stream as tarfile reads a file, seeking only forward: its
-    reader of files copies no buffer per entry (its stream reader copies
-    what is left of its buffer on every read, once per small file)."""
+    """A layer's stream, read from its descriptor, as tarfile reads a file,
+    seeking only forward. What tarfile reads (headers) comes from a buffer
+    of _CHUNK; what it skips (a file's bytes) is passed through
+    (_TarOut._move)."""
 
     def __init__(self, stream):
-        self.stream, self.at = stream, 0
+        self.fd = stream.fileno()
+        self.held, self.start = b"", 0  # bytes read ahead, and how many of them are used
+        self.at = 0  # the position in the stream of held[start]
 
     def read(self, size=-1):
-        data = self.stream.read(size)
-        self.at += len(data)
-        return data
+        parts = [self.buffered(size if size >= 0 else len(self.held))]
+        wanted = size - len(parts[0])
+        while size < 0 or wanted > 0:
+            piece = os.read(self.fd, max(_CHUNK, wanted))
+            if not piece:
+                break
+            if size >= 0 and len(piece) > wanted:
+                self.held, self.start = piece, wanted
+                piece = piece[:wanted]
+            parts.append(piece)
+            self.at += len(piece)
+            wanted -= len(piece)
+        return b"".join(parts)
+
+    def buffered(self, size):
+        """Up to `size` bytes of what was read ahead."""
+        piece = self.held[self.start:self.start + size]
+        self.start += len(piece)
+        self.at += len(piece)
+        return piece
 
     def seek(self, position, whence=io.SEEK_SET):
         if whence != io.SEEK_SET or position < self.at:
             raise tarfile.ReadError("seeking back in a stream")
+        self.buffered(position - self.at)
         while self.at < position:
-            if not self.read(min(position - self.at, _COPY_BUFFER)):
+            if not self.read(min(position - self.at, _CHUNK)):
                 break
         return self.at
 
