@@ -6,6 +6,7 @@ is the applied one entry by entry, or the merge declines (NotStreamable)
 and the import applies the layers itself. Where the layers are refused,
 the merge refuses or declines too."""
 
+import errno
 import gzip
 import os
 import random
@@ -194,3 +195,18 @@ def test_a_layer_cut_short_inside_a_file_is_refused_in_one_line(tmp_path):
         assert isinstance(packed, BerthError) and not isinstance(packed, stream.NotStreamable)
         assert "layer sha256:" in str(packed), packed
         assert sorted(os.listdir(work)) == ["layer0"]
+
+
+def test_a_file_system_that_cannot_splice_has_the_bytes_copied(tmp_path, monkeypatch):
+    """splice(2) refused (EINVAL: a plain layer's file system without it,
+    mocked here, as every file system on this machine has it): the bytes
+    go through Python, whole, and the import does not fail."""
+    def refused(*_):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(stream.os, "splice", refused)
+    big = random.Random(1).randbytes((1 << 20) + 5)
+    layers = _written([[_entry("file", "big", big), _entry("file", "small", b"s")]], tmp_path)
+    packed = _packed(layers, tmp_path, files=False)
+    assert packed == _applied(layers, tmp_path / "applied", files=False)
+    assert (tmp_path / "packed/big").read_bytes() == big

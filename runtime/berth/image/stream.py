@@ -27,6 +27,7 @@ see every path.
 """
 
 import contextlib
+import errno
 import functools
 import io
 import os
@@ -542,6 +543,7 @@ class _TarOut:
     def __init__(self, fd):
         self.fd = fd
         self.pending = bytearray()
+        self.can_splice = True
 
     def add(self, info, archive=None, member=None, contents=b""):
         """The entry `info`; a file's bytes are `contents`, or those of
@@ -567,18 +569,36 @@ class _TarOut:
         source.seek(offset)
         self.pending += source.buffered(size)
         left = size - (source.at - offset)
-        if left < _SPLICE_MIN:
-            self.pending += source.read(left)
-        else:
+        if left >= _SPLICE_MIN and self.can_splice:
             self._flush_over(0)
-            while left:
-                moved = os.splice(source.fd, self.fd, left)
-                if not moved:
-                    break
-                source.at += moved
-                left -= moved
+            left = self._splice(source, left)
+        while left > 0:
+            piece = source.read(min(left, _COPY_BUFFER))
+            if not piece:
+                break
+            self.pending += piece
+            left -= len(piece)
+            self._flush_over(_FLUSH)
         if source.at != offset + size:
             raise tarfile.ReadError("unexpected end of data")
+
+    def _splice(self, source, left):
+        """Move `left` bytes from `source` to the packer in the kernel;
+        returns how many are left to copy (the source's end, or a file
+        system that cannot splice)."""
+        while left:
+            try:
+                moved = os.splice(source.fd, self.fd, left)
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    raise
+                self.can_splice = False  # (a plain layer on a file system without it)
+                break
+            if not moved:
+                break
+            source.at += moved
+            left -= moved
+        return left
 
     def end(self):
         """The two zero blocks that end a tar archive."""
