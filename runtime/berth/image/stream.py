@@ -537,8 +537,9 @@ def _mtime(value):
 class _TarOut:
     """The tar stream to the packer, on its stdin's descriptor: each header
     as tarfile encodes it (TarInfo.tobuf), headers and small files gathered
-    into writes of _FLUSH bytes, a large file's bytes moved from the
-    layer's stream by the kernel (splice), with no copy through Python."""
+    into writes of _FLUSH bytes, and a large file's bytes, past what was
+    read ahead with its header, moved from the layer's stream by the
+    kernel (splice) without passing through Python."""
 
     def __init__(self, fd):
         self.fd = fd
