@@ -1,7 +1,8 @@
 /*
  * See berth_cmd.h. The runtime's command lines are all written here, so
- * that what the plugin asks of it (README.md, "What happens on a node")
- * reads in one place, as do the ways its failures are told.
+ * that what the plugin asks of it (docs/architecture/plugin.md, "What
+ * happens on a node") reads in one place, as do the ways its failures are
+ * told.
  */
 #define _GNU_SOURCE
 #include "berth_cmd.h"

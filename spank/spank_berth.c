@@ -18,7 +18,7 @@
  * collects that resolve in local_user_init, after its allocation.
  *
  * This file holds the SPANK entry points and the option table only; each
- * entry point hands its work to one module (see README.md, "Source layout").
+ * entry point hands its work to one module (docs/architecture/plugin.md, "Source layout").
  */
 #define _GNU_SOURCE
 #include "container_flags.h"

@@ -1,4 +1,4 @@
-"""Node-local copies of the shared image store's entries (runtime/README.md,
+"""Node-local copies of the shared image store's entries (docs/architecture/store.md,
 "Node-local copies"): the store's service, as the store's account, copies
 an entry it hands out once into BERTH_IMAGE_STORE_LOCAL on this node and
 answers the copy, which steps then mount instead of the shared file.

@@ -1,4 +1,4 @@
-"""The shared image store (runtime/README.md, "Shared image store"): one
+"""The shared image store (docs/architecture/store.md): one
 image cache on a filesystem every node mounts, written only by the store's
 account, read by every user.
 

@@ -1,6 +1,6 @@
 """`berth store prune`: the shared image store's least recently used files
 go, as the store's account, beside imports that may run at the same time on
-any node (runtime/README.md, "Shared image store").
+any node (docs/architecture/store.md).
 
 In this order:
 
