@@ -24,7 +24,8 @@
 # LD_LIBRARY_PATH, which this hook puts in front of the image's own.
 #
 # An Environment Definition File switches the hook off with the annotation
-# com.hooks.nvidia.enable = false (BERTH_HOOK_NVIDIA_ENABLE=0).
+# com.hooks.nvidia.enable = false (BERTH_HOOK_NVIDIA_ENABLE=0); `no` or `false`
+# there does the same.
 #
 # Knobs, from the environment of berth start (the caller's; an image's or
 # environ.d's variables are the container's and do not reach them):
@@ -381,7 +382,7 @@ run_container_cli() {
 
 main() {
     local binding='' list
-    [ "${BERTH_HOOK_NVIDIA_ENABLE:-1}" != 0 ] || exit 0
+    switch_on BERTH_HOOK_NVIDIA_ENABLE yes || exit 0
     case $backend in
         ldcache | nvidia-container-cli) ;;
         *) die "BERTH_NVIDIA_BACKEND: unknown backend '$backend' (ldcache or nvidia-container-cli)" ;;

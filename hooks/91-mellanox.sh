@@ -18,7 +18,8 @@
 # the same directory under their own names so that second lookup finds them.
 #
 # An Environment Definition File switches the hook off with the annotation
-# com.hooks.mellanox.enable = false (BERTH_HOOK_MELLANOX_ENABLE=0).
+# com.hooks.mellanox.enable = false (BERTH_HOOK_MELLANOX_ENABLE=0); `no` or `false`
+# there does the same.
 #
 # Knobs, from the environment of berth start (the caller's, never the
 # container's): BERTH_LDCONFIG (command printing the ld.so
@@ -116,7 +117,7 @@ bind_libraries() {
 
 main() {
     local line
-    [ "${BERTH_HOOK_MELLANOX_ENABLE:-1}" != 0 ] || exit 0
+    switch_on BERTH_HOOK_MELLANOX_ENABLE yes || exit 0
     case ${MELLANOX_VISIBLE_DEVICES:-none} in
         none | void) exit 0 ;;
     esac

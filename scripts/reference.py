@@ -503,7 +503,7 @@ def _hook_rows(name, variables, conf, defaults):
             what = ENROOT_CONF[variable] if variable not in HOOK_VARIABLES else HOOK_VARIABLES[variable]
             default = defaults[variable]
         elif is_annotation and variable.endswith("_ENABLE"):
-            source, what, default = "an EDF", "`0` turns the hook off", "on"
+            source, what, default = "an EDF", "`no` (`0`, `false`) turns the hook off", "on"
         elif variable in HOOK_VARIABLES:
             source = ("an EDF" if is_annotation else
                       "the runtime" if variable in _PROTOCOL else "`berth start`'s environment")

@@ -149,13 +149,23 @@ def test_nothing_requested_binds_nothing(driver, tmp_path, value):
     assert mounts == [] and environ == []
 
 
-def test_edf_annotation_switches_the_hook_off(driver, tmp_path):
-    env = {"NVIDIA_VISIBLE_DEVICES": "all", "BERTH_HOOK_NVIDIA_ENABLE": "0"}
+@pytest.mark.parametrize("value", ["0", "no", "False"])
+def test_edf_annotation_switches_the_hook_off(driver, tmp_path, value):
+    """0 (an EDF's false), and no or false as the other hooks' switches take."""
+    env = {"NVIDIA_VISIBLE_DEVICES": "all", "BERTH_HOOK_NVIDIA_ENABLE": value}
     proc, mounts, environ = run_hook(driver, tmp_path, env)
     assert (proc.returncode, proc.stderr) == (0, "")
     assert mounts == [] and environ == []
     proc, mounts, _ = run_hook(driver, tmp_path, env | {"BERTH_HOOK_NVIDIA_ENABLE": "1"})
     assert proc.returncode == 0 and mounts
+
+
+def test_a_switch_that_is_neither_on_nor_off_fails_naming_it(driver, tmp_path):
+    env = {"NVIDIA_VISIBLE_DEVICES": "all", "BERTH_HOOK_NVIDIA_ENABLE": "maybe\n"}
+    proc, mounts, _ = run_hook(driver, tmp_path, env)
+    assert proc.returncode != 0 and mounts == []
+    assert "BERTH_HOOK_NVIDIA_ENABLE: expected yes or no, got 'maybe?'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_all_on_a_node_without_gpus_is_a_cpu_container(driver, tmp_path):
