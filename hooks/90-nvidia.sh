@@ -41,7 +41,7 @@ here=${BASH_SOURCE[0]%/*}
 if [ -L "${BASH_SOURCE[0]}" ]; then here=$(readlink -f "${BASH_SOURCE[0]}") here=${here%/*}; fi
 # shellcheck source=hooks/common.bash
 . "$here/common.bash"
-hook_begin nvidia
+hook_begin nvidia BERTH_HOOK_NVIDIA_ENABLE yes
 container_env NVIDIA_VISIBLE_DEVICES NVIDIA_DRIVER_CAPABILITIES NVIDIA_DISABLE_REQUIRE 'NVIDIA_REQUIRE_*'
 
 proc=${BERTH_PROC_ROOT:-/proc}
@@ -382,7 +382,6 @@ run_container_cli() {
 
 main() {
     local binding='' list
-    switch_on BERTH_HOOK_NVIDIA_ENABLE yes || exit 0
     case $backend in
         ldcache | nvidia-container-cli) ;;
         *) die "BERTH_NVIDIA_BACKEND: unknown backend '$backend' (ldcache or nvidia-container-cli)" ;;

@@ -31,7 +31,7 @@ here=${BASH_SOURCE[0]%/*}
 if [ -L "${BASH_SOURCE[0]}" ]; then here=$(readlink -f "${BASH_SOURCE[0]}") here=${here%/*}; fi
 # shellcheck source=hooks/common.bash
 . "$here/common.bash"
-hook_begin mellanox
+hook_begin mellanox BERTH_HOOK_MELLANOX_ENABLE yes
 container_env MELLANOX_VISIBLE_DEVICES
 
 sys=${BERTH_SYS_ROOT:-/sys}
@@ -117,7 +117,6 @@ bind_libraries() {
 
 main() {
     local line
-    switch_on BERTH_HOOK_MELLANOX_ENABLE yes || exit 0
     case ${MELLANOX_VISIBLE_DEVICES:-none} in
         none | void) exit 0 ;;
     esac

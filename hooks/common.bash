@@ -20,12 +20,12 @@ die() {
     exit 1
 }
 
-# hook_begin NAME [SWITCH]: NAME names the hook in its messages; with
-# SWITCH, the hook's on/off variable (see switch_on, off by default), the
-# hook ends here, doing nothing, unless it is on.
+# hook_begin NAME [SWITCH [DEFAULT]]: NAME names the hook in its messages;
+# with SWITCH, the hook's on/off variable (see switch_on; DEFAULT where it
+# is unset, else off), the hook ends here, doing nothing, unless it is on.
 hook_begin() {
     hook_name=$1
-    if [ -n "${2:-}" ]; then switch_on "$2" no || exit 0; fi
+    if [ -n "${2:-}" ]; then switch_on "$2" "${3:-no}" || exit 0; fi
 }
 
 # container_env NAME... : the container's values of NAME (a name ending in
