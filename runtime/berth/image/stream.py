@@ -553,14 +553,9 @@ class _TarOut:
         if member is None:
             self.pending += contents
         elif member.sparse is not None:  # (its holes are tarfile's to fill)
-            copied = 0
             with archive.extractfile(member) as data:
-                while piece := data.read(_COPY_BUFFER):
-                    self.pending += piece
-                    copied += len(piece)
-                    self._flush_over(_FLUSH)
-            if copied != info.size:
-                raise tarfile.ReadError("unexpected end of data")
+                if self._copy(data.read, info.size):
+                    raise tarfile.ReadError("unexpected end of data")
         else:
             self._move(archive.fileobj, member.offset_data, info.size)
         self.pending += bytes(-info.size % tarfile.BLOCKSIZE)
@@ -573,15 +568,21 @@ class _TarOut:
         if left >= _SPLICE_MIN and self.can_splice:
             self._flush_over(0)
             left = self._splice(source, left)
+        self._copy(source.read, left)
+        if source.at != offset + size:
+            raise tarfile.ReadError("unexpected end of data")
+
+    def _copy(self, read, left):
+        """`left` bytes of read(n) into the stream, in pieces; returns how
+        many of them did not come."""
         while left > 0:
-            piece = source.read(min(left, _COPY_BUFFER))
+            piece = read(min(left, _COPY_BUFFER))
             if not piece:
                 break
             self.pending += piece
             left -= len(piece)
             self._flush_over(_FLUSH)
-        if source.at != offset + size:
-            raise tarfile.ReadError("unexpected end of data")
+        return left
 
     def _splice(self, source, left):
         """Move `left` bytes from `source` to the packer in the kernel;
