@@ -30,6 +30,15 @@ export PATH="/opt/sif/bin:$PATH"
 export WHO_WINS=image
 echo "env script of the image ran" >&2
 """
+# A script that signals its process group (its $PPID is 0 in the reader's pid
+# namespace: the same), then every process it may signal.
+KILLING_SCRIPT = """\
+kill -9 0
+kill -9 $PPID
+sleep 9994 &
+kill -9 -1
+export FROM_SIF=after-killing
+"""
 RUNSCRIPT = '#!/bin/sh\necho "runscript got: $*"\n'
 OTHER_ARCH = "arm64" if goarch() != "arm64" else "amd64"
 ARCH_CODES = {name: int(code) for code, name in sif.ARCHES.items()}
@@ -94,6 +103,9 @@ def sifs():
     apptainer_root(top / "sleeping", env_script="sleep 301\n")
     squash(top / "sleeping", top / "sleeping.sqsh")
     make_sif(top / "sleeping.sif", top / "sleeping.sqsh")
+    apptainer_root(top / "killing", env_script=KILLING_SCRIPT)
+    squash(top / "killing", top / "killing.sqsh")
+    make_sif(top / "killing.sif", top / "killing.sqsh")
     _make_readable(top)
     yield top
     shutil.rmtree(top)
@@ -187,6 +199,18 @@ def test_env_scripts_that_fail_or_hang_fail_the_start_in_one_line(berth, sifs):
     berth.fails("start", sifs / "sleeping.sif", "true", env={"BERTH_ENTRYPOINT_TIMEOUT": "1"},
                 needle="/.singularity.d/env scripts have not finished after 1 s")
     assert _running(berth.user.pw_uid, "sleep 301") == []
+
+
+def test_what_env_scripts_kill_is_in_their_reading_and_the_start_goes_on(berth, sifs):
+    """kill -9 0, kill -9 $PPID and kill -9 -1 reach only the reading's own
+    processes (its shell, pid 1 there, ignores them): berth and the command
+    run on with what the scripts export. berth runs in a session of the
+    test's own: a kill 0 that gets out of the reading reaches nothing else."""
+    result = berth("start", sifs / "killing.sif", "sh", "-c", "echo $FROM_SIF",
+                   start_new_session=True)
+    assert (result.returncode, result.stdout) == (0, "after-killing\n"), result.stderr
+    assert _running(berth.user.pw_uid, "sleep 9994") == []
+    assert berth.leftovers() == []
 
 
 # Env scripts that leave processes behind: one detached by setsid through a

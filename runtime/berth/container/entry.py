@@ -152,7 +152,9 @@ def read_environment(script, env, seconds):
 
     The shell runs as pid 1 of a pid namespace of its own: when the reading
     ends, the kernel kills everything it started, however it detached
-    (setsid, double forks, a fork loop). It gets stdin /dev/null and its
+    (setsid, double forks, a fork loop). It leads a session of its own too,
+    so that what the scripts signal (kill 0, kill $PPID, which is 0 there,
+    kill -1) is in that namespace, never berth. It gets stdin /dev/null and its
     output through a pipe relayed to stderr, so nothing it leaves holds the
     caller's descriptors. Needs CAP_SYS_ADMIN in the user namespace."""
     result_r, result_w = os.pipe()
@@ -200,6 +202,7 @@ def _read_in_own_namespace(script, env, seconds):
     if shell == 0:
         try:
             sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
+            os.setsid()  # out of berth's process group: kill 0 reaches only the reading
             ready = fcntl.fcntl(ready_w, fcntl.F_DUPFD, 10)  # out of the way of the dup2s
             hold = fcntl.fcntl(hold_r, fcntl.F_DUPFD, 10)
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
