@@ -165,7 +165,10 @@ class StoreService(UnixServer):
     serve` as the store's account, its stdin and stdout the connection."""
 
     def __init__(self, site, env):
-        self.site, self.env = site, env
+        self.site = site
+        # stdout buffered, as the unit has it: a PYTHONUNBUFFERED of the
+        # machine's would hide what a closed connection leaves in the buffer
+        self.env = {key: value for key, value in env.items() if key != "PYTHONUNBUFFERED"}
         self.results = []  # (exit status, stderr) of each serve
         super().__init__(site.socket)
 
@@ -361,6 +364,42 @@ def test_one_user_cannot_take_every_slot_of_the_socket(site, service, proxy):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_client_killed_mid_import_leaves_one_journal_line_and_the_entry(site, service,
+                                                                          proxy):
+    """A client SIGKILLed while the store imports (a cancelled step): the
+    import goes on to its end, the entry stays for the next request, and the
+    serve says in one line that its client went away, not with Python's
+    `Exception ignored ... BrokenPipeError` at its exit."""
+    alice = site.users[ALICE]
+    uri = uri_of(proxy)
+    proxy.blob_delay = 0.5  # the client is killed while its store waits on a blob
+    client = subprocess.Popen(["setpriv", f"--reuid={alice.pw_uid}", f"--regid={alice.pw_gid}",
+                               "--init-groups", "--", sys.executable, "-m", "berth.cli",
+                               "import", "--cache-only", uri],
+                              env=site.env(ALICE), cwd=site.homes[ALICE],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not proxy.blob_requests() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proxy.blob_requests(), "the store never asked for a blob"
+    finally:
+        client.kill()
+        client.wait()
+    service.join()
+    [entry] = site.store_images()
+    [(code, journal)] = service.results
+    assert (code, journal.splitlines()) == (0, [
+        "berth: store serve: the client went away before its answer (Broken pipe): "
+        f"ok {entry}"]), journal
+    proxy.blob_delay = 0
+    pulled = len(proxy.blob_requests())
+    second = site.run(BOB, "import", "--cache-only", uri)
+    assert (second.returncode, second.stdout) == (0, f"{entry}\n"), second.stderr
+    assert len(proxy.blob_requests()) == pulled
 
 
 def _write_imports(site, uid, rows):

@@ -76,13 +76,28 @@ def serve(cfg):
         kind, text = "error", f"{where}{e.strerror or e}"
     text = " ".join(text.split())  # one line, whatever the reason held
     _drain(sys.stdin.fileno())
-    with contextlib.suppress(OSError):
-        sys.stdout.write(f"{kind} {text}\n")
-        sys.stdout.flush()
+    _answer(f"{kind} {text}")
     if kind in ("error", "busy"):
         raise BerthError(f"store serve: {text}")
     _sweep(cfg)
     return 0
+
+
+def _answer(line):
+    """Send the answer `line` to the client (stdout, the connection). One
+    that went away (killed, or past its BERTH_IMAGE_STORE_TIMEOUT) is said
+    in one line on stderr; what the import made stays in the store. stdout
+    then goes to /dev/null: the answer the failed write left in its buffer
+    would fail again at exit, as Python's `Exception ignored` lines."""
+    try:
+        sys.stdout.write(f"{line}\n")
+        sys.stdout.flush()
+    except OSError as e:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+        print(f"berth: store serve: the client went away before its answer ({e.strerror}): "
+              f"{line}", file=sys.stderr)
 
 
 def _sweep(cfg):
