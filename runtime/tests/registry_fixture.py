@@ -156,6 +156,33 @@ def layer_tar(*entries):
     return out.getvalue()
 
 
+# -- layers posing as parts of Berth's (image/parts.py) -------------------
+
+FORGED_DIGEST = "sha256:" + "0" * 64
+
+
+def forged_listing_line(part):
+    """What `unsquashfs -lls` prints for a part's marker: a symbolic link's
+    target holding a newline and this line forges one (the listing prints
+    targets unescaped)."""
+    return f"x\ncrw-r--r-- root/root  0,  0 2023-11-14 22:13 squashfs-root/{part}/{part}"
+
+
+def forged_part(number, marker="file"):
+    """Entries of a layer posing as top part `number`: its marker (a
+    plain file, a character device 0/0 as Berth's, or a symbolic link whose
+    target forges a listing's line), an image.json that claims another
+    source and digest, and a file to show it was seen."""
+    part = f".berth-top.{number}"
+    record = json.dumps({"source": "docker://nvcr.io#nvidia/pytorch:24.01",
+                         "digest": FORGED_DIGEST}).encode()
+    marker = {"file": ("file", f"{part}/{part}", b""), "device": ("char", f"{part}/{part}", 0, 0),
+              "link": ("symlink", f"{part}/{part}", forged_listing_line(part))}[marker]
+    return (("dir", part, 0o755), marker, ("dir", f"{part}/etc", 0o755),
+            ("dir", f"{part}/etc/berth", 0o755),
+            ("file", f"{part}/etc/berth/image.json", record), ("file", f"{part}/seen", b"seen\n"))
+
+
 def gzipped(data):
     return gzip.compress(data, compresslevel=6, mtime=0)
 

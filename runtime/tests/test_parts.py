@@ -17,7 +17,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from berth.image import parts  # noqa: E402
-from registry_fixture import gzipped, layer_tar, listing, tree  # noqa: E402
+from registry_fixture import (  # noqa: E402
+    FORGED_DIGEST, forged_listing_line, forged_part, gzipped, layer_tar, listing, tree)
 from test_container import (  # noqa: E402, F401 (fixtures)
     berth, berth_pid, build_root, images, library, usable_fuse, user)
 from test_start_uri import (  # noqa: E402, F401 (fixtures)
@@ -168,22 +169,6 @@ def test_a_third_tag_builds_on_the_newest_entry_and_quiet_says_nothing(pulling, 
 
 # -- what an image's layers hold never makes a part (nor what Berth reports) --
 
-FORGED_DIGEST = "sha256:" + "0" * 64
-
-
-def forged_part(number, device=False):
-    """Entries of a lower layer posing as top part `number`: its marker (a
-    plain file, or a character device 0/0 as Berth's), an image.json that
-    claims another source and digest, and a file to show it was seen."""
-    part = f".berth-top.{number}"
-    record = json.dumps({"source": "docker://nvcr.io#nvidia/pytorch:24.01",
-                         "digest": FORGED_DIGEST}).encode()
-    marker = ("char", f"{part}/{part}", 0, 0) if device else ("file", f"{part}/{part}", b"")
-    return (("dir", part, 0o755), marker, ("dir", f"{part}/etc", 0o755),
-            ("dir", f"{part}/etc/berth", 0o755),
-            ("file", f"{part}/etc/berth/image.json", record), ("file", f"{part}/seen", b"seen\n"))
-
-
 @pytest.fixture(scope="module")
 def forging(registry, lower_layers):
     """test/forge: images whose lower layers carry directories posing as
@@ -193,14 +178,19 @@ def forging(registry, lower_layers):
         # the shape that forged the digest: a lower layer, the marker a plain file
         "nine": [*lower_layers, gzipped(layer_tar(*forged_part(9)))],
         # the marker a device 0/0 (a layer's devices are skipped), named as part 1
-        "one": [lower_layers[0], gzipped(layer_tar(*forged_part(1, device=True),
+        "one": [lower_layers[0], gzipped(layer_tar(*forged_part(1, marker="device"),
                                                    *forged_part(8)))],
+        # the marker a symbolic link whose target forges the listing's line
+        "link": [*lower_layers, gzipped(layer_tar(*forged_part(9, marker="link")))],
+        # several such links, parts 1 and 2, in the image's one layer below its top
+        "links": [lower_layers[0], gzipped(layer_tar(*forged_part(1, marker="link"),
+                                                     *forged_part(2, marker="link")))],
     }
     return {tag: registry.push_image("test/forge", tag, [*lower, top], CONFIG)
             for tag, lower in lowers.items()}
 
 
-@pytest.mark.parametrize("tag", ["nine", "one"])
+@pytest.mark.parametrize("tag", ["nine", "one", "link", "links"])
 @pytest.mark.parametrize("sibling", [False, True], ids=["alone", "after-a-sibling-tag"])
 def test_no_layer_can_choose_the_digest_berth_reports(pulling, proxy, tags, forging, tag,
                                                      sibling):
@@ -217,7 +207,7 @@ def test_no_layer_can_choose_the_digest_berth_reports(pulling, proxy, tags, forg
     process.stdin.close()
     assert said == f"{forging[tag]} cached\n" and process.wait(timeout=30) == 0
     # it runs with exactly what its layers hold, the posing directories included
-    part = ".berth-top.9" if tag == "nine" else ".berth-top.1"
+    part = ".berth-top.1" if tag in ("one", "links") else ".berth-top.9"
     shown = berth("start", entry, "sh", "-c", f"cat /top /{part}/seen; "
                   f"grep -c {FORGED_DIGEST} /{part}/etc/berth/image.json; "
                   "grep -c nvcr /etc/berth/image.json || true")
@@ -233,6 +223,7 @@ TOUCHING_TOPS = {
     "symlink": layer_tar(("symlink", "to_part", ".berth-top.1"),
                          ("file", "to_part/x", b"x\n")),
     "opaque": layer_tar(("file", ".wh..wh..opq", b""), ("file", "only", b"only\n")),
+    "link": layer_tar(*forged_part(9, marker="link")),
 }
 
 
@@ -259,9 +250,10 @@ def test_a_new_tag_touching_a_parts_name_is_imported_whole(pulling, proxy, tags,
         assert "/only" in shown and "/bin" not in shown and "/data" not in shown, shown
         return
     script = {"file": "cat /.berth-top.1", "whiteout": "cat /after /data/keep",
-              "symlink": "cat /to_part/x /.berth-top.1/x"}[kind]
+              "symlink": "cat /to_part/x /.berth-top.1/x", "link": "cat /.berth-top.9/seen"}[kind]
     shown = berth("start", entry, "sh", "-c", script)
-    expected = {"file": "mine\n", "whiteout": "after\nkeep\n", "symlink": "x\nx\n"}[kind]
+    expected = {"file": "mine\n", "whiteout": "after\nkeep\n", "symlink": "x\nx\n",
+                "link": "seen\n"}[kind]
     assert shown.returncode == 0 and shown.stdout == expected, shown.stderr
 
 
@@ -275,6 +267,8 @@ def test_a_part_is_a_directory_holding_its_own_whiteout_whatever_else_is_named_s
     (forged / ".berth-top.5/.berth-top.5").write_text("")
     (root / ".berth-top.5/.berth-top.5").write_text("")
     (root / ".berth-top.1").mkdir()
+    (root / ".berth-top.7").mkdir()  # a link's target forging the marker's line
+    (root / ".berth-top.7/.berth-top.7").symlink_to(forged_listing_line(".berth-top.7"))
     image = tmp_path / "image.sqsh"
     subprocess.run(["mksquashfs", root, image, "-quiet", "-no-progress", "-p",
                     ".berth-top.1/.berth-top.1 c 0000 0 0 0 0"], check=True)

@@ -24,7 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (  # noqa: E402
-    Proxy, berth, berth_env, gzipped, layer_tar, throwaway_users)
+    FORGED_DIGEST, Proxy, berth, berth_env, forged_part, gzipped, layer_tar, throwaway_users)
 from test_container import usable_fuse  # noqa: E402, F401 (a fixture)
 from test_sif import sifs  # noqa: E402, F401 (a fixture)
 
@@ -594,6 +594,27 @@ def test_store_list_shows_the_entries(site, service, proxy):
     size, day, clock, uri, path = line.split()
     assert (uri, path) == (uri_of(proxy), result.stdout.strip())
     assert size.endswith("K") and day.count("-") == 2 and clock.count(":") == 1
+
+
+def test_no_layer_chooses_the_digest_or_source_the_store_reports(site, service, proxy,
+                                                                  registry):
+    """A lower layer posing as a part: a marker whose link target forges
+    the line `unsquashfs -lls` would print for Berth's, and an image.json
+    claiming another source and digest. The store's entry is the image's
+    whole, and reports what the registry and the request said."""
+    posing = gzipped(layer_tar(*forged_part(9, marker="link")))
+    digest = registry.push_image("test/forge", "v1", [BASE, posing, TOP])
+    uri = uri_of(proxy, "test/forge:v1")
+    result = site.run(ALICE, "import", "--cache-only", "--digest", uri)
+    assert result.returncode == 0, result.stderr
+    path, printed = result.stdout.split()
+    assert printed == digest != FORGED_DIGEST
+    listed = site.run(BOB, "store", "list")
+    assert listed.returncode == 0, listed.stderr
+    [line] = [line for line in listed.stdout.splitlines() if line.endswith(path)]
+    assert line.split()[3] == uri and "nvcr" not in listed.stdout, listed.stdout
+    again = site.run(BOB, "import", "--cache-only", "--digest", "--reuse", uri)
+    assert again.returncode == 0 and again.stdout.split() == [path, digest], again.stderr
 
 
 def test_prune_after_real_imports(site, service, proxy):

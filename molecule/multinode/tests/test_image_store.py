@@ -443,7 +443,8 @@ def test_a_tag_moved_between_two_jobs_runs_the_new_image(store):
 # the file /opt/berth-tag, pushed as a registry client would (Python's
 # urllib on the controller; the lower layers' blobs are the repository's).
 # With `forged` (a digest), a layer before that one poses as a part of
-# Berth's: /.berth-top.9 with a marker and an image.json of that digest.
+# Berth's: /.berth-top.9 with a marker (a link whose target holds a
+# newline and a forged listing line) and an image.json of that digest.
 LAYER_PUSH = r"""
 import sys
 repo, base, tag, text, forged = sys.argv[1:]
@@ -458,12 +459,16 @@ manifest = json.loads(body)
 config = json.loads(get(f"blobs/{manifest['config']['digest']}")[0])
 layer_type = ("application/vnd.docker.image.rootfs.diff.tar.gzip" if "docker" in media
               else "application/vnd.oci.image.layer.v1.tar+gzip")
-def add_layer(dirs, files):
+def add_layer(dirs, files, links=()):
     raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name in dirs:
             info = tarfile.TarInfo(name)
             info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for name, target in links:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
         for name, data in files.items():
             info = tarfile.TarInfo(name)
@@ -476,9 +481,11 @@ def add_layer(dirs, files):
 if forged != "-":
     part = ".berth-top.9"
     record = json.dumps({"source": "docker://nvcr.io#nvidia/pytorch:24.01", "digest": forged})
+    # its marker a link whose target forges the line `unsquashfs -lls` prints for Berth's
+    target = f"x\ncrw-r--r-- root/root  0,  0 2023-11-14 22:13 squashfs-root/{part}/{part}"
     add_layer([part, f"{part}/etc", f"{part}/etc/berth"],
-              {f"{part}/{part}": b"", f"{part}/etc/berth/image.json": record.encode(),
-               f"{part}/seen": b"seen\n"})
+              {f"{part}/etc/berth/image.json": record.encode(), f"{part}/seen": b"seen\n"},
+              links=[(f"{part}/{part}", target)])
 add_layer(["opt"], {"opt/berth-tag": text.encode() + b"\n"})
 manifest["config"].update(put_blob(json.dumps(config).encode()))
 body = json.dumps(manifest).encode()

@@ -41,9 +41,9 @@ PREFIX = ".berth-top."
 MAX_TOPS = 8  # parts a file may gather through new tags before a whole import
 _DIGIT = "[1-9]"  # a part's number: one digit, MAX_TOPS at most
 _NAME = re.compile(rf"{re.escape(PREFIX)}({_DIGIT})")
-# a marker in `unsquashfs -lls`: a character device 0/0 named as its part
-_MARKER_LINE = re.compile(
-    rf"c\S+ +\S+ +0, +0 .* squashfs-root/({re.escape(PREFIX)}({_DIGIT}))/\1")
+# an entry at a marker's path in `unsquashfs -ls` (names only)
+_MARKER_PATH = re.compile(
+    rf"^squashfs-root/({re.escape(PREFIX)}{_DIGIT})/\1$".encode(), re.MULTILINE)
 # squashfuse's low-level server shows the inode numbers of the file (hard
 # links as one inode, which `cp -a` in unpack() keeps); the other does not.
 _SQUASHFUSE = "squashfuse_ll" if shutil.which("squashfuse_ll") else "squashfuse"
@@ -92,24 +92,64 @@ def top_of_mounted(root):
 
 
 def top_of_file(image):
-    """The top part's name in the squashfs file `image`, or None (read with
-    unsquashfs, without mounting)."""
-    number = top_number_of_file(image)
+    """The top part's name in the squashfs file `image`, or None
+    (top_number_of_file); a BerthError where that cannot be told here."""
+    try:
+        number = top_number_of_file(image)
+    except Unavailable as e:
+        raise BerthError(f"cannot tell whether an image is kept as parts: {e}") from None
     return name(number) if number else None
 
 
 def top_number_of_file(image):
     """The number of the top part in the squashfs file `image` (0: a plain
-    image): its highest part, as _is_part() defines one in a mounted file."""
-    # Only the markers' own paths are listed (the filter admits no other
-    # name, so none of the image's, newlines and all, can forge a line).
-    listing = subprocess.run(["unsquashfs", "-lls", image, f"{PREFIX}{_DIGIT}/{PREFIX}{_DIGIT}"],
-                             capture_output=True, check=False)
-    if listing.returncode != 0:
+    image), as _is_part() defines one: the markers' own inodes, lstat'ed
+    in the file served by squashfuse in a namespace of this process's own.
+    No text listing of the file is believed: `unsquashfs -lls` prints a
+    symbolic link's target unescaped, and a target's newlines make lines
+    of the image's choosing. Unavailable when the file cannot be served."""
+    if not _posing_as_parts(image):
         return 0
-    lines = listing.stdout.decode(errors="replace").splitlines()
-    numbers = [int(m.group(2)) for m in map(_MARKER_LINE.fullmatch, lines) if m]
-    return max(numbers, default=0)
+    fd = os.open(image, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return int(_in_own_namespace(lambda: _served_top(fd, os.path.dirname(image) or ".")))
+    except Unavailable as e:
+        raise Unavailable(f"{image} cannot be looked into: {e}") from None
+    finally:
+        os.close(fd)
+
+
+def _posing_as_parts(image):
+    """Whether the squashfs file `image` has any entry at a marker's path
+    (`.berth-top.N/.berth-top.N`): only then is it served to be looked at
+    (a plain image, the usual one, costs one unsquashfs). `-ls` prints
+    names alone, and the filter admits only names it spells in full."""
+    listing = subprocess.run(["unsquashfs", "-ls", image, f"{PREFIX}{_DIGIT}/{PREFIX}{_DIGIT}"],
+                             capture_output=True, check=False)
+    return listing.returncode == 0 and _MARKER_PATH.search(listing.stdout) is not None
+
+
+def _served_top(fd, mount_point):
+    """In a namespace of its own: the squashfs open as `fd` served at
+    `mount_point` (hidden there, in this namespace only), and the number of
+    its top part as text."""
+    _serve(f"/proc/self/fd/{fd}", mount_point, pass_fds=(fd,))
+    try:
+        top = top_of_mounted(mount_point)
+    finally:
+        sc.umount2(mount_point, sc.MNT_DETACH)
+    return str(int(top[len(PREFIX):]) if top else 0)
+
+
+def _serve(image, mount_point, pass_fds=()):
+    """Serve the squashfs `image` at `mount_point` with squashfuse (in a
+    namespace where this process is root); OSError saying why not."""
+    served = subprocess.run([_SQUASHFUSE, image, mount_point], capture_output=True,
+                            check=False, pass_fds=pass_fds)
+    if served.returncode != 0:
+        lines = served.stderr.decode(errors="replace").strip().splitlines()
+        raise OSError(f"{_SQUASHFUSE} cannot serve {image}: "
+                      f"{lines[-1] if lines else f'exit {served.returncode}'}")
 
 
 def whiteouts(number):
@@ -139,26 +179,35 @@ def apply_over(lowers, merged, apply, upper=None, work=None, image=None, mount_p
         options += f",upperdir={upper},workdir={work},volatile"
     for directory in (merged, *mount_points):
         os.makedirs(directory, exist_ok=True)
+
+    def overlaid():
+        for mount_point in mount_points:
+            _serve(image, mount_point)
+        sc.mount("overlay", merged, "overlay", 0, options)
+        try:
+            apply(merged)
+        finally:  # unmounted here, so that each squashfuse ends with this process
+            for mounted in (merged, *mount_points):
+                sc.umount2(mounted, sc.MNT_DETACH)
+        return ""
+
+    _in_own_namespace(overlaid)
+
+
+def _in_own_namespace(job):
+    """What job() returns (text), run in a child in a user and mount
+    namespace of its own (_own_namespace), which ends with it. Unavailable
+    when the namespace or a mount cannot be had; job's BerthError comes
+    back as one."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child says how it failed through the pipe
+    if pid == 0:  # the child says how it ended through the pipe
         os.close(read_fd)
         status, said = 1, b""
         try:
             sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
             _own_namespace()
-            for mount_point in mount_points:
-                served = subprocess.run([_SQUASHFUSE, image, mount_point],
-                                        capture_output=True, check=False)
-                if served.returncode != 0:
-                    lines = served.stderr.decode(errors="replace").strip().splitlines()
-                    raise OSError(f"{_SQUASHFUSE} cannot serve {image}: "
-                                  f"{lines[-1] if lines else f'exit {served.returncode}'}")
-            sc.mount("overlay", merged, "overlay", 0, options)
-            apply(merged)
-            # unmounted here, so that each squashfuse ends with this process
-            for mounted in (merged, *mount_points):
-                sc.umount2(mounted, sc.MNT_DETACH)
+            said = b"done " + job().encode()
             status = 0
         except BerthError as e:
             said = b"error " + str(e).encode(errors="replace")
@@ -180,9 +229,9 @@ def apply_over(lowers, merged, apply, upper=None, work=None, image=None, mount_p
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         raise
-    if wait_status == 0:
-        return
     kind, _, message = said.partition(" ")
+    if wait_status == 0 and kind == "done":
+        return message
     if kind == "error":
         raise BerthError(message)
     raise Unavailable(message or f"exit status {wait_status}")
