@@ -120,20 +120,32 @@ EOF
 
 failures=0
 as_alice() { on_node runuser -u alice -- sh -c "cd /home/alice && $1" 2>&1; }
-check() { # description, command, expected substring
-    local out
-    out=$(as_alice "$2" || true)
-    if [[ $out == *"$3"* ]]; then
+# as_alice_apart COMMAND: run it as alice, its stdout in $out and its stderr
+# in $err. The checks read each stream on its own: a step's two streams
+# reach srun apart, so their lines interleave in no fixed order (the
+# plugin's "pyxis: imported ..." line may land between two of stdout's).
+as_alice_apart() {
+    out=$(on_node runuser -u alice -- sh -c "cd /home/alice && $1" 2>"$work/stderr" || true)
+    err=$(<"$work/stderr")
+}
+check() { # description, command, expected substring (of stdout or of stderr)
+    local out err
+    as_alice_apart "$2"
+    if [[ $out == *"$3"* || $err == *"$3"* ]]; then
         echo "ok   $1"
     else
-        echo "FAIL $1: '$2' gave:"; echo "$out" | sed 's/^/     /'
+        echo "FAIL $1: '$2' gave:"; printf '%s\n%s\n' "$out" "$err" | sed 's/^/     /'
         failures=$((failures + 1))
     fi
 }
-absent() { # description, command, substring that must not appear
-    local out
-    out=$(as_alice "$2" || true)
-    if [[ $out != *"$3"* ]]; then echo "ok   $1"; else echo "FAIL $1: '$2' gave: $out"; failures=$((failures + 1)); fi
+absent() { # description, command, substring that must appear in neither stream
+    local out err
+    as_alice_apart "$2"
+    if [[ $out != *"$3"* && $err != *"$3"* ]]; then
+        echo "ok   $1"
+    else
+        echo "FAIL $1: '$2' gave: $out $err"; failures=$((failures + 1))
+    fi
 }
 # the node's state once it settles: "idle" within 30 s, else the last seen
 # (a drained node never gets there; "planned" or "completing" soon pass)
