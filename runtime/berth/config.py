@@ -10,7 +10,6 @@ USER (the caller's), so a site can write per-user paths.
 import os
 import pwd
 import re
-import secrets
 import stat
 
 from berth import units
@@ -32,9 +31,11 @@ def _defaults(env):
     runtime_dir = _xdg(env, "XDG_RUNTIME_DIR", f"/run/user/{uid}")
     if "XDG_RUNTIME_DIR" not in env and not os.access(runtime_dir, os.W_OK):
         tmp = env.get("TMPDIR") or "/tmp"
-        # (a new name, made by safedir.ensure with mkdir, is found here next time)
+        # (a new name, made by safedir.ensure with mkdir, is found here next time;
+        # os.urandom is what secrets.token_hex reads, without the hashlib, hmac
+        # and random that importing secrets costs every start)
         runtime_dir = (private_runtime_dirs(tmp, uid)
-                       or [os.path.join(tmp, f"berth-{uid}.{secrets.token_hex(8)}")])[0]
+                       or [os.path.join(tmp, f"berth-{uid}.{os.urandom(8).hex()}")])[0]
     return {
         "ENROOT_LIBRARY_PATH": os.path.dirname(os.path.realpath(__file__)),
         "ENROOT_SYSCONF_PATH": "/etc/enroot",

@@ -9,7 +9,6 @@ parser is made of, is generated from it (python scripts/answer_keys.py),
 and tests/test_spank_plugin.py holds the two equal."""
 
 import os
-from urllib.parse import quote
 
 # key: (kind, what it says). The kinds, as the plugin checks them:
 #   path    an absolute path        digest  sha256: and 64 hex digits
@@ -21,7 +20,14 @@ KEYS = {
     "pid": ("pid", "the container's pid, once it is ready (start --detach): its own line"),
 }
 
-_SAFE = "-._~/:@"  # with letters and digits, kept as they are
+# The bytes a value keeps as they are; every other is %XX. (urllib.parse's
+# quote with safe="-._~/:@", written out: importing urllib.parse, and the
+# ipaddress it imports, would cost every start, the plugin's among them.)
+_KEPT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~/:@")
+
+
+def _encoded(value):
+    return "".join(chr(byte) if byte in _KEPT else f"%{byte:02X}" for byte in os.fsencode(value))
 
 
 def line(**pairs):
@@ -34,7 +40,7 @@ def line(**pairs):
         value = pairs.pop(key)
         if isinstance(value, bool):
             value = "yes" if value else "no"
-        words.append(f"{key}={quote(os.fsencode(str(value)), safe=_SAFE)}")
+        words.append(f"{key}={_encoded(str(value))}")
     if pairs:
         raise ValueError(f"not in porcelain.KEYS: {', '.join(pairs)}")
     return " ".join(words) + "\n"

@@ -31,7 +31,6 @@ import re
 import shutil
 import signal
 import stat
-import subprocess
 
 from berth import syscalls as sc
 from berth.errors import BerthError
@@ -124,6 +123,7 @@ def _posing_as_parts(image):
     (`.berth-top.N/.berth-top.N`): only then is it served to be looked at
     (a plain image, the usual one, costs one unsquashfs). `-ls` prints
     names alone, and the filter admits only names it spells in full."""
+    import subprocess  # (kept off the path of start, which a step waits for)
     listing = subprocess.run(["unsquashfs", "-ls", image, f"{PREFIX}{_DIGIT}/{PREFIX}{_DIGIT}"],
                              capture_output=True, check=False)
     return listing.returncode == 0 and _MARKER_PATH.search(listing.stdout) is not None
@@ -144,6 +144,7 @@ def _served_top(fd, mount_point):
 def _serve(image, mount_point, pass_fds=()):
     """Serve the squashfs `image` at `mount_point` with squashfuse (in a
     namespace where this process is root); OSError saying why not."""
+    import subprocess  # (kept off the path of start, which a step waits for)
     served = subprocess.run([_SQUASHFUSE, image, mount_point], capture_output=True,
                             check=False, pass_fds=pass_fds)
     if served.returncode != 0:
@@ -311,6 +312,7 @@ def unpack(image, target):
     mounted, again = os.path.join(work, "image"), os.path.join(work, "top")
 
     def copy(merged):
+        import subprocess  # (kept off the path of start, which a step waits for)
         result = subprocess.run(["cp", "-a", "--no-preserve=ownership", f"{merged}/.",
                                  f"{target}/"], capture_output=True, check=False)
         if result.returncode != 0:
