@@ -2,10 +2,17 @@
 runtime/berth import only downward, no module imports itself round a
 circle, and no module takes another's private (_x) names. Read from the
 source with ast, module-level and function-level imports alike; nothing
-is imported."""
+is imported. Then what a start imports, listed by a real one (the last
+test, with test_container's fixtures)."""
 
 import ast
+import pprint
+import subprocess
 from pathlib import Path
+
+import pytest
+
+from test_container import berth, images, library, usable_fuse, user  # noqa: F401 (fixtures)
 
 BERTH = Path(__file__).resolve().parents[1] / "berth"
 
@@ -166,3 +173,83 @@ def test_no_command_line_namespace_below_cli():
             if found:
                 wrong.append(f"{module}:{node.lineno} uses {', '.join(sorted(found))}")
     assert not wrong, "\n".join(wrong)
+
+
+# What `berth start IMAGE true` imports beyond what the interpreter loads by
+# itself, and the SPANK plugin's `start --detach --porcelain IMAGE` as well:
+# each of berth's modules, and at most these others (what Python 3.11 or 3.13
+# imports for them: a module one of the two goes without stays listed). Every
+# step of every job pays for each (issue 56 item 6): what only a verb or a case
+# needs is imported where it is used. Growing a list needs a reason, in the
+# commit that grows it: what every start does with the module. To regenerate,
+# run this test on both Pythons (the venv's 3.11; scripts/test-runtime-suite.sh
+# trixie for 3.13): its failure prints the start's lists as they are.
+START_BERTH_MODULES = [
+    "berth", "berth.config", "berth.container", "berth.container.entry",
+    "berth.container.environ", "berth.container.hooks", "berth.container.launch",
+    "berth.container.mounts", "berth.container.rootfs", "berth.container.seccomp",
+    "berth.container.services", "berth.container.verbs", "berth.errors", "berth.image",
+    "berth.image.imageconfig", "berth.image.imagefile", "berth.image.parts",
+    "berth.image.reference", "berth.image.sif", "berth.porcelain", "berth.rootpath",
+    "berth.safedir", "berth.syscalls", "berth.units",
+]
+START_OTHER_MODULES = [
+    "_bz2", "_collections", "_compression", "_ctypes", "_functools", "_json", "_locale",
+    "_lzma", "_operator", "_sre", "_struct", "_typing", "argparse", "bz2", "collections",
+    "collections.abc", "contextlib", "copyreg", "ctypes", "ctypes._endian", "enum", "errno",
+    "fcntl", "fnmatch", "functools", "gettext", "grp", "itertools", "json", "json.decoder",
+    "json.encoder", "json.scanner", "keyword", "locale", "lzma", "math", "operator", "pwd",
+    "re", "re._casefix", "re._compiler", "re._constants", "re._parser", "reprlib", "select",
+    "shlex", "shutil", "signal", "struct", "typing", "typing.io", "typing.re", "zlib",
+]
+
+# Run in place of `-m berth.cli`, with the listing's path before berth's
+# arguments: the names in sys.modules are written there when berth ends, at
+# its exit or at the os._exit of a --detach start (no interpreter teardown);
+# a forked child's exit writes nothing. Without arguments they are written at
+# once: the interpreter's own, which a start's are counted beyond.
+_LISTING = """
+import atexit, os, runpy, sys
+listing, parent, leave = sys.argv.pop(1), os.getpid(), os._exit
+def write():
+    if os.getpid() == parent:
+        with open(listing, "w") as f:
+            f.write("\\n".join(sorted(sys.modules)))
+def write_and_leave(status):
+    write()
+    leave(status)
+if len(sys.argv) == 1:
+    write()
+else:
+    atexit.register(write)
+    os._exit = write_and_leave
+    runpy.run_module("berth.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+def _modules_at_end(berth, *args):
+    """The modules loaded when `berth ARGS` ends, run as the tests run berth."""
+    listing = berth.base / "modules"
+    command = berth.command(*args)
+    at = command.index("-m")  # "-m berth.cli"
+    command[at:at + 2] = ["-c", _LISTING, str(listing)]
+    result = subprocess.run(command, env=berth.env, cwd=berth.base, stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    return set(listing.read_text().split())
+
+
+@pytest.mark.parametrize("options", [(), ("--detach", "--porcelain")])
+def test_a_start_imports_only_what_a_start_uses(berth, images, options):
+    command = ["true"] if not options else []  # (--detach: stdin's end stops it)
+    started = (_modules_at_end(berth, "start", *options, images / "app.sqsh", *command)
+               - _modules_at_end(berth))
+    ours = sorted(m for m in started if m == "berth" or m.startswith("berth."))
+    assert ours == START_BERTH_MODULES, (
+        f"new: {sorted(set(ours) - set(START_BERTH_MODULES))}, gone: "
+        f"{sorted(set(START_BERTH_MODULES) - set(ours))}; a start's modules of berth now:\n"
+        + pprint.pformat(ours, compact=True, width=96))
+    others = sorted(started - set(ours))
+    assert set(others) <= set(START_OTHER_MODULES), (
+        f"new: {sorted(set(others) - set(START_OTHER_MODULES))}; a start's other modules "
+        "now:\n" + pprint.pformat(others, compact=True, width=96))
