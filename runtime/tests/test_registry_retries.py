@@ -215,6 +215,44 @@ def test_a_download_reset_midway_resumes_with_a_range(tmp_path, env, hostile):
     assert f"after {start} of {len(layer)} bytes" in line, line
 
 
+def cut_every(piece, how, ranges):
+    """Answer a blob from the Range asked for (the whole, without one), its
+    Content-Length saying all that is left, but send `piece` bytes of it at
+    most, then end the connection (`how`: "close", an orderly close, or
+    "reset"); `ranges` records the Range of each request."""
+    def answer(hostile, handler, body):
+        asked = handler.headers.get("Range")
+        ranges.append(asked)
+        start = int(asked.removeprefix("bytes=").removesuffix("-")) if asked else 0
+        status, headers = (206, {"Content-Range": f"bytes {start}-{len(body) - 1}/{len(body)}"}) \
+            if asked else (200, {})
+        hostile.send(handler, status, b"", headers, length=len(body) - start)
+        hostile.write(handler, body[start:start + piece])
+        if how == "reset":
+            return reset(handler)
+        handler.close_connection = True
+    return answer
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_download_cut_short_of_a_mib_keeps_every_byte_it_got(tmp_path, env, hostile, how):
+    """Each try resumes where the last one's bytes ended: a read of 1 MiB
+    that a cut broke lost all it had taken, so a registry that cut more
+    often than every MiB never got a download past its first byte."""
+    layer = gzipped(layer_tar(("file", "noise", os.urandom(1 << 20))))
+    image = hostile.image("test/app", "v1", [layer])
+    ranges, piece = [], 400_000  # (not a power of two: no read size ends where it does)
+    hostile.behave[image["layers"][0]] = cut_every(piece, how, ranges)
+    result = run_import(hostile, tmp_path, env, ENROOT_TRANSFER_RETRIES="2")
+    assert result.returncode == 0, result.stderr
+    assert ranges == [None, f"bytes={piece}-", f"bytes={2 * piece}-"]
+    blob = tmp_path / "cache/blobs/sha256" / image["layers"][0][7:]
+    assert sha256(blob.read_bytes()) == image["layers"][0]
+    first, second = waits(result)
+    assert f"after {piece} of {len(layer)} bytes" in first, first
+    assert f"after {2 * piece} of {len(layer)} bytes" in second, second
+
+
 # -- a document that drips (issue #42, item 4) --------------------------------------------------
 
 def drip_forever(length):

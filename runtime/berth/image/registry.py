@@ -536,9 +536,8 @@ def _retry_after(value):
 
 
 class _CutShort(TransferError):
-    """A body that ended before its Content-Length: urllib3 2 raises for
-    that itself; urllib3 1.26 (Debian 12's python3-urllib3, which the nodes'
-    venv uses) and transport.Direct return what came as if it were whole."""
+    """A body that ended before its Content-Length: http.client, which both
+    transports read bodies off, returns what came as if it were whole."""
 
 
 def _check_complete(response):

@@ -23,6 +23,13 @@ alone.
 deadline() cuts a response off after a time, whatever comes meanwhile:
 registry.py reads documents (manifests, tokens, configs) under it.
 
+A body is read the same way over either transport, off http.client's
+response, in pieces as they arrive (see _pieces): a connection cut or reset
+midway loses no byte that came before it, which a resumed download needs.
+It comes as it was sent: no Content-Encoding is asked for (identity, what
+http.client asks anyway) and none is undone, so that its size, Range and
+digest count the bytes on the wire.
+
 Failures are TransferError (TLSError for a failed handshake, and of that
 UntrustedCertificate where TLS is there but its certificate is refused),
 whose text is the reason alone: "Connection refused", "timed out",
@@ -35,6 +42,7 @@ no HTTP parser of the runtime's own reads what a registry sends.
 import contextlib
 import os
 import re
+import time
 from urllib.parse import urlsplit
 
 from berth.errors import BerthError
@@ -43,6 +51,7 @@ PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
 SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 _HASH_LINK = re.compile(r"[0-9a-f]{8}\.[0-9]+")  # subject hash . index, as `openssl rehash` names
 _IDLE_DRAIN = 1 << 16  # an unread body up to this size is read to keep its connection
+_PIECE_TIME = 0.25  # seconds one piece of a body gathers what comes, at most
 _REASON = re.compile(r"(\[SSL[^\]]*\][^()']*|Connection refused|Read timed out|timed out|"
                      r"Name or service not known|Connection reset by peer|"
                      r"Connection broken[^()']*)")
@@ -307,6 +316,36 @@ def _broken(error):
     return reason(error)
 
 
+def _pieces(body, size):
+    """The body of http.client's response `body` as it arrives: pieces of
+    what came within _PIECE_TIME, or of `size` bytes where it comes faster.
+    Each read takes what one read of the socket gives (read1; a TLS record
+    at most), so a broken read loses nothing, and what came before it is
+    handed out before its TransferError; a read of `size` bytes, as urllib3
+    makes, loses all it had taken when the connection breaks. Ends quietly
+    where the connection does, even short of a Content-Length:
+    registry.py tells that by `received`."""
+    import http.client
+    while True:
+        piece, began, broken = bytearray(), time.monotonic(), None
+        try:
+            while len(piece) < size and time.monotonic() - began < _PIECE_TIME:
+                data = body.read1(size - len(piece))
+                if not data:
+                    break
+                piece += data
+                if body.length == 0:  # whole: closed, as read() closes it and read1
+                    body.close()      # does not (Python 3.12 and older, cpython#113199)
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            broken = TransferError(_broken(e))
+        if piece:
+            yield piece
+        if broken is not None:
+            raise broken
+        if not piece:
+            return
+
+
 class _Closed(Exception):
     """A kept connection the server had closed: ask again on a new one."""
 
@@ -326,17 +365,13 @@ class _DirectResponse:
         _shut_down(getattr(self._connection, "sock", None))
 
     def chunks(self, size):
-        import http.client
-        while not self._response.isclosed():
-            try:
-                data = self._response.read(size)
-            except (OSError, ValueError, http.client.HTTPException) as e:
-                self._drop()
-                raise TransferError(_broken(e)) from None
-            if not data:
-                return  # cut short of a Content-Length: registry.py tells it by `received`
-            self.received += len(data)
-            yield data
+        try:
+            for piece in _pieces(self._response, size):
+                self.received += len(piece)
+                yield piece
+        except TransferError:
+            self._drop()
+            raise
 
     def close(self):
         if self._connection is None:
@@ -397,6 +432,9 @@ class Pooled:
         self._requests = requests
         self.timeout = timeout
         self.session = _unredirected_session(requests)
+        # Bodies are read off http.client's response (_pieces), not undone
+        # by urllib3: none may come encoded.
+        self.session.headers["Accept-Encoding"] = "identity"
         adapter = requests.adapters.HTTPAdapter(pool_maxsize=max(1, connections))
         self.session.mount("https://", adapter)
         self.session.mount("http://", adapter)
@@ -415,14 +453,18 @@ class Pooled:
             raise tls_error(e) from None
         except (requests.RequestException, ValueError) as e:
             raise TransferError(reason(e)) from None
-        return _PooledResponse(response, requests)
+        return _PooledResponse(response)
 
 
 class _PooledResponse:
-    def __init__(self, response, requests):
-        self._response, self._requests = response, requests
+    def __init__(self, response):
+        self._response = response
+        # http.client's response under urllib3's (as requests itself reads
+        # its headers there for cookies): the body is read off it
+        self._body = response.raw._original_response
         self.status_code = response.status_code
         self.headers = response.headers
+        self.received = 0  # body bytes read so far
         self.was_cut_off = False
 
     def cut_off(self):
@@ -431,18 +473,14 @@ class _PooledResponse:
         connection = getattr(self._response.raw, "connection", None)  # urllib3's, 1.26 and 2
         _shut_down(getattr(connection, "sock", None))
 
-    @property
-    def received(self):
-        """Body bytes taken off the wire (before any Content-Encoding is undone)."""
-        return self._response.raw.tell()
-
     def chunks(self, size):
-        try:
-            yield from self._response.iter_content(size)
-        except self._requests.RequestException as e:
-            raise TransferError(reason(e)) from None
+        for piece in _pieces(self._body, size):
+            self.received += len(piece)
+            yield piece
 
     def close(self):
+        if self._body.isclosed():  # read whole: its connection serves the next request
+            self._response.raw.release_conn()
         self._response.close()
 
     def __enter__(self):
