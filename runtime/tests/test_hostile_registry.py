@@ -180,11 +180,43 @@ def test_a_server_that_accepts_and_never_answers(tmp_path, env):
 
 
 def test_a_slow_transfer_that_never_stalls_completes(tmp_path, env, hostile):
-    image = hostile.image("test/app", "v1", [LAYER])
-    hostile.behave[image["layers"][0]] = drip(pieces=6, pause=0.4)  # 2.4 s, no 1 s gap
+    layer = gzipped(layer_tar(("file", "noise", os.urandom(12 << 10))))
+    image = hostile.image("test/app", "v1", [layer])
+    # 2.4 s, no 1 s gap, 5 KiB/s: above the rate floor of 1 KiB/s
+    hostile.behave[image["layers"][0]] = drip(pieces=6, pause=0.4)
     result = run_import(hostile, tmp_path, env, ENROOT_TRANSFER_TIMEOUT="1")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "test+app+v1.sqsh").is_file()
+
+
+def drip_bytes(pause):
+    """Announce the whole blob, then send it a byte every `pause` seconds
+    (never a stall, for a stall timeout longer than that) until released."""
+    def answer(hostile, handler, body):
+        hostile.send(handler, 200, b"", length=len(body))
+        for at in range(len(body)):
+            if hostile.release.wait(pause):
+                return
+            hostile.write(handler, body[at:at + 1])
+    return answer
+
+
+def test_a_blob_under_the_rate_floor_fails_within_its_retries(tmp_path, env, hostile):
+    """A byte every 0.75 s never trips a stall timeout of 2 s, and held the
+    import (and, through the shared store, every import waiting on it) for
+    as long as the blob lasted: each try now ends at its first window of 2 s
+    under 1 KiB/s, and is retried as a stalled one is."""
+    image = hostile.image("test/app", "v1", [LAYER])
+    [layer] = image["layers"]
+    hostile.behave[layer] = drip_bytes(0.75)
+    result = berth(["--quiet", "import", f"docker://{hostile.host}#test/app:v1"],
+                   dict(env, ENROOT_TRANSFER_TIMEOUT="2", ENROOT_TRANSFER_RETRIES="1"),
+                   tmp_path, timeout=20)
+    one_line_error(result, f"download of {layer} from {hostile.host} failed: moved ",
+                   " bytes in ", " s, under the floor of 1 KiB/s over ENROOT_TRANSFER_TIMEOUT=2 s "
+                   "(tried 2 times in ", "; ENROOT_TRANSFER_RETRIES=1)")
+    assert hostile.requests.count(f"/v2/test/app/blobs/{layer}") == 2
+    assert_no_partial(tmp_path)
 
 
 def import_then_sigterm(hostile, tmp_path, env, under_way):

@@ -13,7 +13,8 @@ MAX_CONFIG), a blob is cut at the size its manifest declares and refused
 past it, and ENROOT_TRANSFER_TIMEOUT is a stall timeout: a connection on
 which no byte arrives for that many seconds (answer or body) fails; a
 document read into memory must also arrive whole within it, so that one
-dripping a byte at a time never holds an import for days.
+dripping a byte at a time never holds an import for days; a blob, streamed
+to a file, must keep above a rate floor (see _Floor) for the same reason.
 
 A busy registry is waited for: a 429, 502, 503 or 504 answer, or a
 connection refused, reset or broken, is asked again after a wait (see
@@ -60,6 +61,10 @@ BUSY = (429, 502, 503, 504)  # answers that say: ask again later
 # With ENROOT_TRANSFER_TIMEOUT 0 (no limit), how long a request's retries
 # may go on (a Retry-After past it is not waited for).
 UNTIMED_RETRY_BOUND = 3600
+# What a try of a blob download must move, in bytes a second averaged over
+# each ENROOT_TRANSFER_TIMEOUT seconds (curl's --speed-limit, with the
+# timeout its --speed-time): 1 KiB/s, slower than any link a pull may need.
+RATE_FLOOR = 1 << 10
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-\d+/(?:\d+|\*)")
 
 
@@ -378,8 +383,9 @@ class Registry:
         open file `out`; returns the sha256 digest of what was written. A
         broken transfer is asked again within the request's retries, from
         the bytes written where the registry answers the Range asked for
-        (206), else from the start. A blob larger than declared is cut there
-        and refused, never retried."""
+        (206), else from the start. A try under the rate floor (_Floor)
+        fails as a stalled one does, and is asked again likewise. A blob
+        larger than declared is cut there and refused, never retried."""
         out.seek(0)
         out.truncate()
         hasher, written = hashlib.sha256(), 0
@@ -395,6 +401,7 @@ class Registry:
                         hasher, written = hashlib.sha256(), 0
                     if written + _content_length(response) > size:
                         raise self._oversized(digest, size)
+                    floor = _Floor(self.transfer_timeout)
                     for chunk in response.chunks(_CHUNK):
                         if written + len(chunk) > size:
                             raise self._oversized(digest, size)
@@ -403,9 +410,10 @@ class Registry:
                         written += len(chunk)
                         on_bytes(len(chunk))
                         patience.progressed()
+                        floor.came(len(chunk), done=written == size)
                     _check_complete(response)
                 return "sha256:" + hasher.hexdigest()
-            except TransferError as e:  # a broken transfer, _CutShort included
+            except TransferError as e:  # a broken transfer, _CutShort and _TooSlow included
                 if not patience.wait(f"failed ({e}) after {written} of {size} bytes"):
                     raise BerthError(f"download of {digest} from {self.ref.registry} "
                                      f"failed: {e}{patience.gave_up()}") from None
@@ -506,6 +514,37 @@ class _Patience:
         took = time.monotonic() - self.started
         return (f" (tried {self.retries + 1} time{'s' if self.retries else ''} in {took:.0f} s; "
                 f"{self.why_not})")
+
+
+class _TooSlow(TransferError):
+    """A try of a blob download that kept under the rate floor."""
+
+
+class _Floor:
+    """The rate floor of one try of a blob download: RATE_FLOOR bytes a
+    second, averaged over each `window` seconds (the transfer timeout)
+    from its answer on, or the rest of the blob within it; None (the
+    timeout 0, no limit): no floor, as no stall timeout. A piece comes as
+    its bytes do (transport._pieces), at least every `window` seconds, or
+    the stall timeout ends the try: one under the floor ends within two
+    windows."""
+
+    def __init__(self, window):
+        self.window = window
+        self.began, self.moved = time.monotonic(), 0
+
+    def came(self, count, done):
+        """`count` bytes came (`done`: the blob's last): _TooSlow where
+        the window they end is under the floor."""
+        self.moved += count
+        took = time.monotonic() - self.began
+        if not self.window or done or took < self.window:
+            return
+        if self.moved < RATE_FLOOR * self.window:
+            raise _TooSlow(f"moved {self.moved} bytes in {took:.0f} s, under the floor of "
+                           f"{RATE_FLOOR >> 10} KiB/s over ENROOT_TRANSFER_TIMEOUT="
+                           f"{self.window} s")
+        self.began, self.moved = time.monotonic(), 0
 
 
 def _status(code):

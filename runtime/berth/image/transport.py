@@ -42,7 +42,6 @@ no HTTP parser of the runtime's own reads what a registry sends.
 import contextlib
 import os
 import re
-import time
 from urllib.parse import urlsplit
 
 from berth.errors import BerthError
@@ -51,7 +50,6 @@ PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
 SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 _HASH_LINK = re.compile(r"[0-9a-f]{8}\.[0-9]+")  # subject hash . index, as `openssl rehash` names
 _IDLE_DRAIN = 1 << 16  # an unread body up to this size is read to keep its connection
-_PIECE_TIME = 0.25  # seconds one piece of a body gathers what comes, at most
 _REASON = re.compile(r"(\[SSL[^\]]*\][^()']*|Connection refused|Read timed out|timed out|"
                      r"Name or service not known|Connection reset by peer|"
                      r"Connection broken[^()']*)")
@@ -317,25 +315,28 @@ def _broken(error):
 
 
 def _pieces(body, size):
-    """The body of http.client's response `body` as it arrives: pieces of
-    what came within _PIECE_TIME, or of `size` bytes where it comes faster.
-    Each read takes what one read of the socket gives (read1; a TLS record
-    at most), so a broken read loses nothing, and what came before it is
-    handed out before its TransferError; a read of `size` bytes, as urllib3
-    makes, loses all it had taken when the connection breaks. Ends quietly
-    where the connection does, even short of a Content-Length:
-    registry.py tells that by `received`."""
+    """The body of http.client's response `body` as it arrives: each piece
+    is what has come by then, up to `size` bytes. Each read takes what one
+    read of the socket gives (read1; a TLS record at most), and the next is
+    made for the same piece only where more is there already: so a piece
+    never waits for bytes past one read, a broken read loses nothing, and
+    what came before it is handed out before its TransferError (a read of
+    `size` bytes, as urllib3 makes, loses all it had taken when the
+    connection breaks). Ends quietly where the connection does, even short
+    of a Content-Length: registry.py tells that by `received`."""
     import http.client
     while True:
-        piece, began, broken = bytearray(), time.monotonic(), None
+        piece, broken = bytearray(), None
         try:
-            while len(piece) < size and time.monotonic() - began < _PIECE_TIME:
+            while len(piece) < size:
                 data = body.read1(size - len(piece))
                 if not data:
                     break
                 piece += data
                 if body.length == 0:  # whole: closed, as read() closes it and read1
                     body.close()      # does not (Python 3.12 and older, cpython#113199)
+                if body.isclosed() or not _waiting(body):
+                    break
         except (OSError, ValueError, http.client.HTTPException) as e:
             broken = TransferError(_broken(e))
         if piece:
@@ -344,6 +345,14 @@ def _pieces(body, size):
             raise broken
         if not piece:
             return
+
+
+def _waiting(body):
+    """Whether bytes of `body` wait on its socket, unread (a poll that does not wait)."""
+    import select
+    poller = select.poll()
+    poller.register(body.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class _Closed(Exception):
