@@ -215,17 +215,18 @@ def test_a_download_reset_midway_resumes_with_a_range(tmp_path, env, hostile):
     assert f"after {start} of {len(layer)} bytes" in line, line
 
 
-def cut_every(piece, how, ranges):
-    """Answer a blob from the Range asked for (the whole, without one), its
-    Content-Length saying all that is left, but send `piece` bytes of it at
-    most, then end the connection (`how`: "close", an orderly close, or
-    "reset"); `ranges` records the Range of each request."""
+def cut_every(piece, how, ranges, ranged=True):
+    """Answer a blob from the Range asked for (the whole, without one or
+    where not `ranged`), its Content-Length saying all that is left, but
+    send `piece` bytes of it at most, then end the connection (`how`:
+    "close", an orderly close, or "reset"); `ranges` records the Range of
+    each request."""
     def answer(hostile, handler, body):
         asked = handler.headers.get("Range")
         ranges.append(asked)
-        start = int(asked.removeprefix("bytes=").removesuffix("-")) if asked else 0
+        start = int(asked.removeprefix("bytes=").removesuffix("-")) if asked and ranged else 0
         status, headers = (206, {"Content-Range": f"bytes {start}-{len(body) - 1}/{len(body)}"}) \
-            if asked else (200, {})
+            if start else (200, {})
         hostile.send(handler, status, b"", headers, length=len(body) - start)
         hostile.write(handler, body[start:start + piece])
         if how == "reset":
@@ -251,6 +252,46 @@ def test_a_download_cut_short_of_a_mib_keeps_every_byte_it_got(tmp_path, env, ho
     first, second = waits(result)
     assert f"after {piece} of {len(layer)} bytes" in first, first
     assert f"after {2 * piece} of {len(layer)} bytes" in second, second
+
+
+def test_a_try_that_moved_a_download_on_starts_its_retries_over(tmp_path, env, hostile):
+    """Three cuts, two retries, a bound of 2 s: counted as tries that moved
+    nothing, the third cut was one retry too many, and the doubling wait
+    (0.5-1, 1-2, 2-4 s) passed the bound before it. Each try that moved the
+    download on by a window's worth of the floor (2 KiB here) starts both over."""
+    layer = gzipped(layer_tar(("file", "noise", os.urandom(768 << 10))))
+    image = hostile.image("test/app", "v1", [layer])
+    ranges, piece = [], 250_000
+    hostile.behave[image["layers"][0]] = cut_every(piece, "close", ranges)
+    result = run_import(hostile, tmp_path, env, ENROOT_TRANSFER_RETRIES="2",
+                        ENROOT_TRANSFER_TIMEOUT="2")
+    assert result.returncode == 0, result.stderr
+    assert ranges == [None] + [f"bytes={n * piece}-" for n in (1, 2, 3)]
+    lines = waits(result)
+    assert len(lines) == 3 and all(line.endswith("retry 1 of 2)") for line in lines), lines
+    delays = [float(line.rsplit("(in ", 1)[1].split(" s,")[0]) for line in lines]
+    assert max(delays) <= 1.0, delays  # the first wait's 0.5-1 s, each time
+
+
+@pytest.mark.parametrize("piece, ranged", [(20, True), (250_000, False)],
+                         ids=["a-few-bytes-a-connection", "the-range-ignored"])
+def test_tries_that_barely_move_a_download_use_up_its_retries(tmp_path, env, hostile, piece,
+                                                              ranged):
+    """Tries that move the download on by less than the floor asks of a
+    window (10 KiB here), or only as far as it had got (the whole blob
+    again for each Range, cut at the same place), count: the download ends
+    at ENROOT_TRANSFER_RETRIES, not for ever or at the blob's end."""
+    layer = gzipped(layer_tar(("file", "noise", os.urandom(768 << 10))))
+    image = hostile.image("test/app", "v1", [layer])
+    [digest] = image["layers"]
+    ranges = []
+    hostile.behave[digest] = cut_every(piece, "close", ranges, ranged)
+    result = berth(["--quiet", "import", f"docker://{hostile.host}#test/app:v1"],
+                   dict(env, ENROOT_TRANSFER_RETRIES="2", ENROOT_TRANSFER_TIMEOUT="10"),
+                   tmp_path, timeout=60)
+    one_line_error(result, f"download of {digest} from {hostile.host} failed: ",
+                   f"(tried {len(ranges)} times in ", "; ENROOT_TRANSFER_RETRIES=2)")
+    assert ranges == [None, f"bytes={piece}-", f"bytes={2 * piece if ranged else piece}-"]
 
 
 # -- a document that drips (issue #42, item 4) --------------------------------------------------

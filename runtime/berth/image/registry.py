@@ -20,7 +20,7 @@ A busy registry is waited for: a 429, 502, 503 or 504 answer, or a
 connection refused, reset or broken, is asked again after a wait (see
 _Patience), at most ENROOT_TRANSFER_RETRIES times per request; a broken
 blob download resumes from the bytes it has where the registry honours a
-Range request.
+Range request, and a try that moved it on starts its retries over.
 
 The requests go over a transport of transport.py: http.client for a
 resolve (direct=True), requests for pulls.
@@ -383,7 +383,8 @@ class Registry:
         open file `out`; returns the sha256 digest of what was written. A
         broken transfer is asked again within the request's retries, from
         the bytes written where the registry answers the Range asked for
-        (206), else from the start. A try under the rate floor (_Floor)
+        (206), else from the start; one that moved it on starts the
+        retries over (_Patience). A try under the rate floor (_Floor)
         fails as a stalled one does, and is asked again likewise. A blob
         larger than declared is cut there and refused, never retried."""
         out.seek(0)
@@ -409,7 +410,7 @@ class Registry:
                         hasher.update(chunk)
                         written += len(chunk)
                         on_bytes(len(chunk))
-                        patience.progressed()
+                        patience.progressed(written)
                         floor.came(len(chunk), done=written == size)
                     _check_complete(response)
                 return "sha256:" + hasher.hexdigest()
@@ -470,26 +471,42 @@ class _Patience:
     from 0.5-1 s, jittered so that the nodes of a job ask apart, or as long
     as the answer's Retry-After asks; none that would start later than
     `bound` seconds (the transfer timeout, the stall timeout's measure)
-    after the first try or, for a download, its last byte. A line says each
-    wait (unless quiet); gave_up() what the line at the bound adds."""
+    after the first try or, for a download, its last byte. A try that
+    took a download past where it had got by a window's worth of the rate
+    floor (RATE_FLOOR times the transfer timeout; a byte where that is 0)
+    starts them over, the count and the doubling: it did not fail to move
+    it. A download stays bounded: each try that starts them over moved it
+    on by what the floor asks of a window, and a blob has an end. A line
+    says each wait (unless quiet); gave_up() what the line at the bound
+    adds."""
 
     def __init__(self, who, what, count, bound, quiet):
         self.who, self.what, self.count, self.quiet = who, what, count, quiet
         self.bound = bound or UNTIMED_RETRY_BOUND
         self.bound_name = (f"ENROOT_TRANSFER_TIMEOUT={bound}" if bound
                            else f"{UNTIMED_RETRY_BOUND} s, as ENROOT_TRANSFER_TIMEOUT=0")
-        self.retries = 0
+        self.advance = RATE_FLOOR * bound if bound else 1
+        self.retries = 0  # since the last try that moved the download on
+        self.tries = 1
+        # the most bytes the download had, and that before the try under way
+        # (one that answers a Range with the whole blob again moves it on
+        # only past there)
+        self.furthest = self.before = 0
         self.started = self.last_progress = time.monotonic()
         self.why_not = ""  # why the last failure was not tried again
 
-    def progressed(self):
-        """Bytes came: the time bound counts from now."""
+    def progressed(self, written):
+        """Bytes came, `written` of the download's now: the time bound counts from now."""
         self.last_progress = time.monotonic()
+        self.furthest = max(self.furthest, written)
 
     def wait(self, why, asked=None):
         """After a try that failed (`why`: what it answered or how it broke;
         `asked`: the seconds its Retry-After asks for, or None): wait, then
         True for another try; False at once where the bound would be passed."""
+        if self.furthest - self.before >= self.advance:
+            self.retries = 0
+        self.before = self.furthest
         if self.retries >= self.count:
             self.why_not = f"ENROOT_TRANSFER_RETRIES={self.count}"
             return False
@@ -499,6 +516,7 @@ class _Patience:
                             else "the next wait") + f" would pass {self.bound_name}"
             return False
         self.retries += 1
+        self.tries += 1
         if not self.quiet:
             until = time.strftime("%H:%M:%S", time.localtime(time.time() + delay))
             print(f"berth: {self.who}: {self.what} {why}; asking again at {until} "
@@ -512,7 +530,7 @@ class _Patience:
         if not self.count:
             return ""
         took = time.monotonic() - self.started
-        return (f" (tried {self.retries + 1} time{'s' if self.retries else ''} in {took:.0f} s; "
+        return (f" (tried {self.tries} time{'s' if self.tries > 1 else ''} in {took:.0f} s; "
                 f"{self.why_not})")
 
 
