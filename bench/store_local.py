@@ -114,7 +114,8 @@ class Sshd:
                 break
             except OSError:
                 if time.monotonic() > deadline or self.process.poll() is not None:
-                    raise SystemExit(f"sshd did not start: {(top / 'sshd.log').read_text()}")
+                    log = (top / "sshd.log").read_text()
+                    raise SystemExit(f"sshd did not start: {log}") from None
                 time.sleep(0.1)
 
     def mount(self, remote, mountpoint, delay):

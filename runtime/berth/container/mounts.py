@@ -249,7 +249,7 @@ def _move(root, source, target_fd):
         sc.mount(f"/proc/self/fd/{fd}", f"/proc/self/fd/{target_fd}", None, _MS_MOVE)
     except OSError as e:
         raise BerthError(f"cannot move the mount at {source}: {os.strerror(e.errno)}"
-                         if e.errno == 22 else f"x-move {source}: {os.strerror(e.errno)}")
+                         if e.errno == 22 else f"x-move {source}: {os.strerror(e.errno)}") from None
     finally:
         os.close(fd)
 
@@ -285,8 +285,9 @@ def apply(root, mount):
             try:
                 sc.umount2(f"/proc/self/fd/{fd}", sc.MNT_DETACH)
             except OSError as e:
-                raise BerthError(f"nothing is mounted at {mount.target} to unmount"
-                                 if e.errno == 22 else f"umount {mount.target}: {e.strerror}")
+                raise BerthError(
+                    f"nothing is mounted at {mount.target} to unmount" if e.errno == 22
+                    else f"umount {mount.target}: {e.strerror}") from None
             finally:
                 os.close(fd)
             return None
