@@ -196,7 +196,7 @@ def plan(size_gib, files, layers, seed):
     places = rng.choices(directories, weights=directory_weights, k=small_count)
     owners = rng.choices(range(layers), weights=layer_weights, k=small_count)
     small = []
-    for number, (size, directory, layer) in enumerate(zip(sizes, places, owners)):
+    for number, (size, directory, layer) in enumerate(zip(sizes, places, owners, strict=True)):
         kind = "text" if rng.random() < 0.8 else "file"
         suffix = ".py" if kind == "text" else ".so" if rng.random() < 0.5 else ".pyc"
         path = f"{directory}/{_word(rng)}{number}{suffix}"
@@ -358,7 +358,7 @@ def cached(cache_dir, size_gib=10, files=250_000, layers=40, seed=1, quiet=False
     done = {}
     with multiprocessing.get_context("fork").Pool(processors) as pool:
         jobs = [(entries[n], blobs, processors) for n in order]
-        for n, result in zip(order, pool.imap(_write_layer, jobs)):
+        for n, result in zip(order, pool.imap(_write_layer, jobs), strict=True):
             done[n] = result
             _say(quiet, f"layer {len(done)}/{layers} written ({result[1] >> 20} MiB gzip, "
                         f"{time.monotonic() - started:.0f} s)")

@@ -217,7 +217,7 @@ def cpu_seconds(names):
     cpu.stat, as dockerd's cgroupfs driver lays them out)."""
     ids = command(["docker", "inspect", "-f", "{{.Id}}", *names], "docker inspect").split()
     used = {}
-    for name, full in zip(names, ids):
+    for name, full in zip(names, ids, strict=True):
         v1 = Path("/sys/fs/cgroup/cpuacct/docker", full, "cpuacct.usage")
         if v1.exists():
             used[name] = int(v1.read_text()) / 1e9
@@ -304,7 +304,7 @@ def timed_turns(commands, runs):
     changing speed hits every one alike."""
     samples = [[] for _ in commands]
     for _ in range(runs):
-        for script, times in zip(commands, samples):
+        for script, times in zip(commands, samples, strict=True):
             started = time.perf_counter()
             on_login(script)
             times.append((time.perf_counter() - started) * 1000)

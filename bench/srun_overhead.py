@@ -101,7 +101,7 @@ def timings(login, commands, runs):
     machine's speed during the run (steal time) then hits every row alike."""
     samples = [[] for _ in commands]
     for _ in range(runs):
-        for command, times in zip(commands, samples):
+        for command, times in zip(commands, samples, strict=True):
             started = time.perf_counter()
             on_login(login, command)
             times.append((time.perf_counter() - started) * 1000)
@@ -315,8 +315,8 @@ def main():
         ("registry image (cached), one node", f"srun -N1 --container-image={REGISTRY} true"),
         ("the same, pinned, one node", f"srun -N1 --container-image={pinned} true"),
     ]
-    rows = [(label, *row) for (label, _), row
-            in zip(steps, timings(login, [command for _, command in steps], args.runs))]
+    measured = timings(login, [command for _, command in steps], args.runs)
+    rows = [(label, *row) for (label, _), row in zip(steps, measured, strict=True)]
     bare = {"one node" in label: median for label, _, median, _ in rows if "bare" in label}
     over = {label: median - bare["one node" in label] for label, _, median, _ in rows}
     # the named step's container (pyxis_NAME) is on one node only; remove -f of a

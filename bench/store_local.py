@@ -199,7 +199,7 @@ def print_table(rows):
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
         print("  ".join(f"{cell:<{width}}" if i == 0 else f"{cell:>{width}}"
-                        for i, (cell, width) in enumerate(zip(line, widths))).rstrip())
+                        for i, (cell, width) in enumerate(zip(line, widths, strict=True))).rstrip())
 
 
 def install_missing_tools():

@@ -480,7 +480,7 @@ class HostileRegistry:
                        "size": declared.get(config_digest, len(config_blob))},
             "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
                         "digest": digest, "size": declared.get(digest, len(layer))}
-                       for digest, layer in zip(layer_digests, layers)],
+                       for digest, layer in zip(layer_digests, layers, strict=True)],
         }
         body = json.dumps(manifest).encode()
         self.manifests[(repo, tag)] = body

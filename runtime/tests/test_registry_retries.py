@@ -11,6 +11,7 @@ of these tests bounds how long a step may take.
 
 import email.utils
 import fcntl
+import itertools
 import json
 import os
 import socket
@@ -72,7 +73,7 @@ def busy(*script, headers=None):
 
 
 def gaps(times):
-    return [later - earlier for earlier, later in zip(times, times[1:])]
+    return [later - earlier for earlier, later in itertools.pairwise(times)]
 
 
 # -- waits ----------------------------------------------------------------------------

@@ -496,7 +496,8 @@ def cmd_list(request, cfg):
         rows.append([_shown(name), *next((row for row in found if row), [])])
     widths = [max(len(row[i]) for row in rows if len(row) > i) for i in range(len(_FANCY))]
     for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        cells = zip(row, widths, strict=False)  # a stopped container's row: its name alone
+        print("  ".join(cell.ljust(width) for cell, width in cells).rstrip())
     return 0
 
 

@@ -446,7 +446,7 @@ def _choose(entries, archive, arch):
     named = [(e.get("annotations") or {}).get(REF_NAME) if isinstance(
         e.get("annotations"), dict) else None for e in entries]
     if archive.selector:
-        for entry, name in zip(entries, named):
+        for entry, name in zip(entries, named, strict=True):
             if name == archive.selector:
                 return entry
         raise BerthError(f"no image named '{archive.selector}'; it holds "
@@ -533,7 +533,7 @@ def _choose_docker(listing, archive):
         return listing[index]
     if selector:
         wanted = {selector, f"docker.io/{selector}", f"docker.io/library/{selector}"}
-        for entry, names in zip(listing, tags):
+        for entry, names in zip(listing, tags, strict=True):
             if wanted & set(names) or any(_short(n) == selector for n in names):
                 return entry
         raise BerthError(f"no image tagged '{selector}'; it holds "
