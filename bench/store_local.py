@@ -265,7 +265,7 @@ def main():
             copy(shared, local)
             once = time.perf_counter() - began
             took = (median(args.runs, start, local, mnt), median(args.runs, read_all, local, mnt))
-            rows.append((f"  node-local copy of it", seconds(took[0]), seconds(took[1]),
+            rows.append(("  node-local copy of it", seconds(took[0]), seconds(took[1]),
                          f"{took[1] / baseline[1]:.2f}x", seconds(once),
                          seconds(once + took[1])))
         size = image.stat().st_size

@@ -85,7 +85,6 @@ resolved:
 """
 
 import json
-import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule

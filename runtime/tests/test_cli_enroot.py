@@ -1,7 +1,6 @@
 """The runtime called through a link named `enroot` (as the container_runtime
 role installs it): the enroot verbs work and messages name `enroot`."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path

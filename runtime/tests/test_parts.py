@@ -7,7 +7,6 @@ user (test_container's fixtures), as test_start_uri.py does.
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys

@@ -5,7 +5,6 @@ counting proxies; registries.conf mirrors and short names."""
 
 import http.server
 import shutil
-import subprocess
 import sys
 import threading
 from pathlib import Path

@@ -315,7 +315,7 @@ def test_one_user_holds_at_most_four_of_a_nodes_store_connections(store):
         ask = f"berth import --cache-only docker://{PUBLIC}"
         mine = host.run(f"cd /tmp && runuser -u alice -- {ask}")
         assert mine.rc == 0, mine.stderr
-        assert f"has 4 requests open on this node already; importing into your own cache" \
+        assert "has 4 requests open on this node already; importing into your own cache" \
             in mine.stderr, mine.stderr
         theirs = host.run(f"cd /tmp && runuser -u bob -- {ask}")
         assert theirs.rc == 0 and theirs.stdout.startswith(f"{store}/images/"), theirs.stderr

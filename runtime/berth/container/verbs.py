@@ -419,10 +419,10 @@ def running(cfg):
     safedir.check_if_present(base, "ENROOT_RUNTIME_PATH")
     parent = os.path.dirname(base)
     fallbacks = config.private_runtime_dirs(os.path.dirname(parent), os.getuid())
-    for base in [f"{d}/enroot" for d in fallbacks] if parent in fallbacks else [base]:
-        for start in _entries(base):
+    for runtime_path in [f"{d}/enroot" for d in fallbacks] if parent in fallbacks else [base]:
+        for start in _entries(runtime_path):
             try:
-                pid = int(_read_text(f"{base}/{start}/state"))
+                pid = int(_read_text(f"{runtime_path}/{start}/state"))
             except (OSError, ValueError):
                 continue
             if os.path.exists(f"/proc/{pid}"):

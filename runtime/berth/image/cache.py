@@ -243,11 +243,9 @@ def _parsed(text, parse, expected):
 def human_size(size):
     for unit in "BKMG":
         if size < 1024:
-            break
+            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
         size /= 1024
-    else:
-        unit = "T"
-    return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
+    return f"{size:.1f}T"
 
 
 # -- the cache's directories, as descriptors ---------------------------------

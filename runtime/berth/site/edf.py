@@ -220,7 +220,7 @@ def _read_layer(edf, environ):
     """Validate one file's own keys and return them as a layer."""
     layer = _Layer()
     source = str(edf.path)
-    for key, value in edf.data.items():
+    for key in edf.data:
         if key not in KEYS:
             edf.fail(f"unknown key '{key}' (known: {', '.join(sorted(KEYS))})", key)
     for key in SCALARS:

@@ -267,11 +267,11 @@ def _make_store(store):
     """The store's directories, the account's: 0755 where every user reads
     (nobody else writes), locks/ 0700 (set again on a store made before).
     (The import itself would make them 0700.)"""
-    for parts, mode in (((), 0o755), *_DIRS):
-        path = os.path.join(store, *parts)
+    for names, mode in (((), 0o755), *_DIRS):
+        path = os.path.join(store, *names)
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, mode)
-        safedir.check(path, "BERTH_IMAGE_STORE" if not parts else "the image store's directory")
+        safedir.check(path, "BERTH_IMAGE_STORE" if not names else "the image store's directory")
         current = stat.S_IMODE(os.stat(path).st_mode)
         if (current & 0o077) if mode == 0o700 else (current & 0o055 != 0o055):
             os.chmod(path, mode)
