@@ -11,7 +11,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "filter"))
-from berth_os_vars import berth_os_vars_files  # noqa: E402
+from berth_os_vars import berth_os_vars_files
 
 DEBIAN_13 = {"os_family": "Debian", "distribution": "Debian", "distribution_major_version": "13"}
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import berth, berth_env, gzipped, layer_tar, unsquash  # noqa: E402
+from registry_fixture import berth, berth_env, gzipped, layer_tar, unsquash
 
-from berth.image.imageconfig import read_image_config  # noqa: E402
+from berth.image.imageconfig import read_image_config
 
 pytestmark = pytest.mark.skipif(not shutil.which("mksquashfs"), reason="needs squashfs-tools")
 

@@ -21,16 +21,16 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import (  # noqa: E402
+from registry_fixture import (
     OCI_MANIFEST, HostileRegistry, SilentServer, berth, drip, flood, gzipped, layer_tar,
     redirect, sha256, stall)
 
-from berth import config  # noqa: E402
-from berth.errors import BerthError  # noqa: E402
-from berth.image.reference import parse  # noqa: E402
-from berth.image.registry import (  # noqa: E402
+from berth import config
+from berth.errors import BerthError
+from berth.image.reference import parse
+from berth.image.registry import (
     MAX_CONFIG, MAX_MANIFEST, Registry, _check_complete, _CutShort)
-from berth.image.transport import Direct, reason  # noqa: E402
+from berth.image.transport import Direct, reason
 
 LAYER = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=hostile\n")))
 BIG = 64 << 20  # what a flood sends at most: far past every limit, bounded for the old code

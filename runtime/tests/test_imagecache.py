@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import (  # noqa: E402
+from registry_fixture import (
     Registry, berth, berth_env, gzipped, imports_at_once, layer_tar, listing, unsquash)
 
-from berth import cli, config  # noqa: E402
-from berth.errors import BerthError  # noqa: E402
-from berth.image import cache as cache_module  # noqa: E402
-from berth.image import squash  # noqa: E402
-from berth.image.imageconfig import read_image_config  # noqa: E402
+from berth import cli, config
+from berth.errors import BerthError
+from berth.image import cache as cache_module
+from berth.image import squash
+from berth.image.imageconfig import read_image_config
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
                                 reason="needs docker-registry (Debian package docker-registry)")
@@ -359,7 +359,7 @@ def test_an_import_waiting_on_a_lock_prune_removed_takes_the_new_one(tmp_path, e
     uri = uri_of(proxy)
     assert berth(["-q", "import", "-o", "a.sqsh", uri], env, tmp_path).returncode == 0
     [lock] = (tmp_path / "cache/locks").glob("image-*")
-    removed = open(lock)  # noqa: SIM115 (prune's hold, let go below)
+    removed = open(lock)  # (prune's hold, let go below)
     fcntl.flock(removed, fcntl.LOCK_EX)
     waiting = subprocess.Popen([sys.executable, "-m", "berth.cli", "import", "-o", "b.sqsh", uri],
                                env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,

@@ -21,11 +21,11 @@ import pytest
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import (  # noqa: E402
+from registry_fixture import (
     DOCKER_MANIFEST, Proxy, Registry, berth, berth_env, gzipped, imports_at_once, layer_tar,
     listing, unsquash, zstd_compressed)
 
-from berth.image.imageconfig import read_image_config  # noqa: E402
+from berth.image.imageconfig import read_image_config
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
                                 reason="needs docker-registry (Debian package docker-registry)")

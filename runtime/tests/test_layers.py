@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import gzipped, layer_tar, zstd_compressed  # noqa: E402
+from registry_fixture import gzipped, layer_tar, zstd_compressed
 
-from berth.errors import BerthError  # noqa: E402
-from berth.image.layers import apply_layer, resolve  # noqa: E402
+from berth.errors import BerthError
+from berth.image.layers import apply_layer, resolve
 
 
 @pytest.fixture

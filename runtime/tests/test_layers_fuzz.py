@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from berth.errors import BerthError  # noqa: E402
-from berth.image.layers import MAX_DEPTH, apply_layer  # noqa: E402
+from berth.errors import BerthError
+from berth.image.layers import MAX_DEPTH, apply_layer
 
 # Placeholders: OUTSIDE becomes the host path of the directory next to the root.
 OUTSIDE = "@outside@"

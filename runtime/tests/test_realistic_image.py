@@ -16,7 +16,7 @@ from berth.image import stream
 from berth.image.layers import apply_layer, new_root
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import realistic_image  # noqa: E402
+import realistic_image
 
 SHAPE = {"size_gib": 0.004, "files": 400, "layers": 40, "seed": 3}
 

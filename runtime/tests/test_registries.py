@@ -17,10 +17,10 @@ import pytest
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import Proxy, Registry, berth, free_port, gzipped, layer_tar  # noqa: E402
+from registry_fixture import Proxy, Registry, berth, free_port, gzipped, layer_tar
 
-from berth.image import reference, registries  # noqa: E402
-from berth.errors import BerthError  # noqa: E402
+from berth.image import reference, registries
+from berth.errors import BerthError
 
 DIGEST = "sha256:" + "ab" * 32
 

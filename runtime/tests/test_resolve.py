@@ -13,7 +13,7 @@ import pytest
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import (  # noqa: E402
+from registry_fixture import (
     Proxy, Registry, berth, free_port, gzipped, layer_tar, listing)
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import OCI_MANIFEST, Registry  # noqa: E402
-from test_container import (  # noqa: E402, F401 (fixtures)
+from registry_fixture import OCI_MANIFEST, Registry
+from test_container import (  # noqa: F401 (fixtures)
     berth, images, library, usable_fuse, user)
-from test_sif import sifs  # noqa: E402, F401 (fixture)
-from test_start_uri import pulling  # noqa: E402, F401 (fixture)
+from test_sif import sifs  # noqa: F401 (fixture)
+from test_start_uri import pulling  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
                                 reason="needs docker-registry (Debian package docker-registry)")

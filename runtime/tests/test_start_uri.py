@@ -22,8 +22,8 @@ from urllib.parse import unquote
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import Registry, free_port, gzipped  # noqa: E402
-from test_container import (  # noqa: E402, F401 (fixtures)
+from registry_fixture import Registry, free_port, gzipped
+from test_container import (  # noqa: F401 (fixtures)
     berth, berth_pid, build_root, images, library, usable_fuse, user)
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),

@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_store import (  # noqa: E402,F401 (fixtures)
+from test_store import (  # noqa: F401 (fixtures)
     ALICE, BASE, BOB, KEY, STORE_USER, FakeService, _owned_dir, _squashfs, age_store, private,
     registry, service, site, uri_of, users)
 
-from berth import config  # noqa: E402
-from berth.store import paths as store  # noqa: E402
-from berth.errors import BerthError  # noqa: E402
-from berth.image.cache import human_size  # noqa: E402
+from berth import config
+from berth.store import paths as store
+from berth.errors import BerthError
+from berth.image.cache import human_size
 
 pytestmark = [
     pytest.mark.skipif(not shutil.which("docker-registry"),

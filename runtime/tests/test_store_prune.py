@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import berth, berth_env, throwaway_users  # noqa: E402
+from registry_fixture import berth, berth_env, throwaway_users
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plays the store's account")
 
@@ -142,7 +142,7 @@ def held():
     files = []
 
     def hold(path):
-        handle = open(path)  # noqa: SIM115 (held until the test ends)
+        handle = open(path)  # (held until the test ends)
         fcntl.flock(handle, fcntl.LOCK_EX)
         files.append(handle)
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import COMPUTE, CONTROLLER, NODES, RUNTIME_PLAY, inventory_copy, node, play
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-import realistic_image  # noqa: E402
+import realistic_image
 
 STORE = "/shared/berth/images"
 PUBLIC_REPO = "berth/store-test"

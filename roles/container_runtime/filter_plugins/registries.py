@@ -14,9 +14,9 @@ from ansible.errors import AnsibleFilterError
 # The runtime of this checkout, first on the path: a berth installed on the
 # controller, of another version, plays no part.
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "runtime"))
-from berth import tomlwrite  # noqa: E402
-from berth.errors import BerthError  # noqa: E402
-from berth.image import registries  # noqa: E402
+from berth import tomlwrite
+from berth.errors import BerthError
+from berth.image import registries
 
 _RULES = "container_runtime_registries"
 _SEARCH = "container_runtime_unqualified_search_registries"
