@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from ansible_module import run_playbook
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from ansible_module import run_playbook
 
 REPO = Path(__file__).resolve().parents[1]

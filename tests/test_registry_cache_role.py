@@ -11,8 +11,8 @@ from ansible.errors import AnsibleFilterError
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "runtime"))
-from berth.image import reference, registries  # noqa: E402
 from berth.errors import BerthError  # noqa: E402
+from berth.image import reference, registries  # noqa: E402
 
 
 def _filters(path, name):

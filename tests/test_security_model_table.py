@@ -17,7 +17,6 @@ from berth.image import cache, manifests, squash  # noqa: E402
 from berth.site import userdirs  # noqa: E402
 from berth.store import service  # noqa: E402
 
-
 BARE = {"HOME": "/", "ENROOT_SYSCONF_PATH": "/nonexistent"}  # the defaults alone
 
 

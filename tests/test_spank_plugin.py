@@ -7,8 +7,8 @@ import os
 import re
 import shutil
 import socket
-import sys
 import subprocess
+import sys
 import time
 from pathlib import Path
 

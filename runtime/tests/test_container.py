@@ -811,6 +811,7 @@ def test_failing_hook_aborts_and_is_named(berth, app):
 
 def test_fuse_overlayfs_stands_in_when_the_kernel_refuses(tmp_path, usable_fuse):
     from test_syscalls import enter_user_and_mount_namespace, in_child
+
     from berth import syscalls
     from berth.container import rootfs
     (tmp_path / "lower").mkdir()

@@ -6,8 +6,8 @@ import tomllib
 import pytest
 
 from berth import cli
-from berth.site import edf
 from berth.errors import BerthError
+from berth.site import edf
 
 
 @pytest.fixture

@@ -22,14 +22,23 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (
-    OCI_MANIFEST, HostileRegistry, SilentServer, berth, drip, flood, gzipped, layer_tar,
-    redirect, sha256, stall)
+    OCI_MANIFEST,
+    HostileRegistry,
+    SilentServer,
+    berth,
+    drip,
+    flood,
+    gzipped,
+    layer_tar,
+    redirect,
+    sha256,
+    stall,
+)
 
 from berth import config
 from berth.errors import BerthError
 from berth.image.reference import parse
-from berth.image.registry import (
-    MAX_CONFIG, MAX_MANIFEST, Registry, _check_complete, _CutShort)
+from berth.image.registry import MAX_CONFIG, MAX_MANIFEST, Registry, _check_complete, _CutShort
 from berth.image.transport import Direct, reason
 
 LAYER = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=hostile\n")))

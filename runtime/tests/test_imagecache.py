@@ -18,12 +18,19 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (
-    Registry, berth, berth_env, gzipped, imports_at_once, layer_tar, listing, unsquash)
+    Registry,
+    berth,
+    berth_env,
+    gzipped,
+    imports_at_once,
+    layer_tar,
+    listing,
+    unsquash,
+)
 
 from berth import cli, config
 from berth.errors import BerthError
-from berth.image import cache as cache_module
-from berth.image import squash
+from berth.image import cache as cache_module, squash
 from berth.image.imageconfig import read_image_config
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),

@@ -22,8 +22,18 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import (
-    DOCKER_MANIFEST, Proxy, Registry, berth, berth_env, gzipped, imports_at_once, layer_tar,
-    listing, unsquash, zstd_compressed)
+    DOCKER_MANIFEST,
+    Proxy,
+    Registry,
+    berth,
+    berth_env,
+    gzipped,
+    imports_at_once,
+    layer_tar,
+    listing,
+    unsquash,
+    zstd_compressed,
+)
 
 from berth.image.imageconfig import read_image_config
 

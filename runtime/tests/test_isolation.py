@@ -17,8 +17,18 @@ from pathlib import Path
 import pytest
 
 from test_container import (  # noqa: F401 (fixtures)
-    AS_ROOT, _world_readable_dir, app, berth, berth_pid, create_with_env, images, library,
-    start_detached, usable_fuse, user)
+    AS_ROOT,
+    _world_readable_dir,
+    app,
+    berth,
+    berth_pid,
+    create_with_env,
+    images,
+    library,
+    start_detached,
+    usable_fuse,
+    user,
+)
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(not AS_ROOT, reason="plays another user (chown, mount)")

@@ -19,8 +19,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

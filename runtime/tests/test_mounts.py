@@ -9,9 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from berth.container import mounts
 from test_container import (  # noqa: F401 (fixtures)
-    AS_ROOT, app, berth, berth_pid, images, library, squash, start_detached, usable_fuse, user)
+    AS_ROOT,
+    app,
+    berth,
+    berth_pid,
+    images,
+    library,
+    squash,
+    start_detached,
+    usable_fuse,
+    user,
+)
+
+from berth.container import mounts
 
 
 def _mountinfo_line(berth, target, *args):

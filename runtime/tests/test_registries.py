@@ -19,8 +19,8 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import Proxy, Registry, berth, free_port, gzipped, layer_tar
 
-from berth.image import reference, registries
 from berth.errors import BerthError
+from berth.image import reference, registries
 
 DIGEST = "sha256:" + "ab" * 32
 

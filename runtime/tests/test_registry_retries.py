@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import (
-    OCI_MANIFEST, HostileRegistry, berth, gzipped, layer_tar, sha256)
+from registry_fixture import OCI_MANIFEST, HostileRegistry, berth, gzipped, layer_tar, sha256
 
 LAYER = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=busy\n")))
 RETRIES = {"ENROOT_TRANSFER_RETRIES": "5"}  # what the role's enroot.conf sets

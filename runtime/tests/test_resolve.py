@@ -13,8 +13,7 @@ import pytest
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import (
-    Proxy, Registry, berth, free_port, gzipped, layer_tar, listing)
+from registry_fixture import Proxy, Registry, berth, free_port, gzipped, layer_tar, listing
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
                                 reason="needs docker-registry (Debian package docker-registry)")

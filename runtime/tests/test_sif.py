@@ -16,12 +16,24 @@ from pathlib import Path
 
 import pytest
 
+from test_container import (  # noqa: F401 (fixtures)
+    AS_ROOT,
+    _make_readable,
+    _running,
+    _world_readable_dir,
+    berth,
+    build_root,
+    images,
+    library,
+    squash,
+    start_detached,
+    usable_fuse,
+    user,
+)
+
 from berth.errors import BerthError
 from berth.image import imagefile, sif
 from berth.image.imageconfig import goarch
-from test_container import (  # noqa: F401 (fixtures)
-    AS_ROOT, _make_readable, _running, _world_readable_dir, berth, build_root, images, library,
-    squash, start_detached, usable_fuse, user)
 
 FINGERPRINT = "433FE984155206BD962725E20E8713472A879943"
 ENV_SCRIPT = """\

@@ -20,13 +20,27 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_store import (  # noqa: F401 (fixtures)
-    ALICE, BASE, BOB, KEY, STORE_USER, FakeService, _owned_dir, _squashfs, age_store, private,
-    registry, service, site, uri_of, users)
+    ALICE,
+    BASE,
+    BOB,
+    KEY,
+    STORE_USER,
+    FakeService,
+    _owned_dir,
+    _squashfs,
+    age_store,
+    private,
+    registry,
+    service,
+    site,
+    uri_of,
+    users,
+)
 
 from berth import config
-from berth.store import paths as store
 from berth.errors import BerthError
 from berth.image.cache import human_size
+from berth.store import paths as store
 
 pytestmark = [
     pytest.mark.skipif(not shutil.which("docker-registry"),

@@ -14,8 +14,7 @@ import stat
 import subprocess
 import tarfile
 
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from registry_fixture import tree
 from test_layers_fuzz import _tar
@@ -25,7 +24,6 @@ from berth.errors import BerthError
 from berth.image import stream
 from berth.image.imageconfig import image_files, write_image_config
 from berth.image.layers import apply_layer, new_root
-
 
 _NAMES = ["a", "b", "a/b", "a/c", "b/a", "a/b/c", "l", "l/a", "etc", "etc/berth",
           "etc/berth/image.json", "./a", "a/", "."]

@@ -159,6 +159,7 @@ def test_seccomp_program_prints_as_c_initializers():
     """What the SPANK plugin's C array must equal (a contract test there can run this)."""
     import subprocess
     import sys
+
     from berth.container import seccomp
     out = subprocess.run([sys.executable, "-m", "berth.container.seccomp", "aarch64"], capture_output=True,
                          text=True, check=True, cwd=os.path.dirname(os.path.dirname(sc.__file__)))

@@ -7,16 +7,25 @@ that makes chown/setuid-style calls succeed without effect, the home at
 
 import os
 import shlex
-import signal
-import time
-import subprocess
 import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from test_container import (  # noqa: F401 (fixtures)
-    AS_ROOT, app, berth, berth_pid, images, library, start_detached, usable_fuse, user)
+    AS_ROOT,
+    app,
+    berth,
+    berth_pid,
+    images,
+    library,
+    start_detached,
+    usable_fuse,
+    user,
+)
 from test_hooks_std import hooked  # noqa: F401 (fixture)
 
 

@@ -18,7 +18,17 @@ import time
 
 import pytest
 
-from conftest import COMPUTE, CONTROLLER, NODES, PROJECT, SLURM_PLAY, SPANK_PLAY, inventory_copy, node, play
+from conftest import (
+    COMPUTE,
+    CONTROLLER,
+    NODES,
+    PROJECT,
+    SLURM_PLAY,
+    SPANK_PLAY,
+    inventory_copy,
+    node,
+    play,
+)
 
 IMAGE_SQSH = "/opt/berth-images/mpi-test.sqsh"
 RELEASE_DIR = "/var/tmp/berth-day2"

@@ -4,8 +4,8 @@ import os
 
 from berth import rootpath, syscalls as sc
 from berth.container import environ, mounts
-from berth.image import imageconfig
 from berth.errors import BerthError
+from berth.image import imageconfig
 
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 

@@ -30,8 +30,8 @@ import sys
 
 from berth import config, porcelain, safedir, syscalls as sc
 from berth.container import environ, hooks, launch, mounts, rootfs
-from berth.image import imagefile, parts, reference
 from berth.errors import BerthError
+from berth.image import imagefile, parts, reference
 
 # What each verb is asked: cli.py makes these of the command line (no
 # command-line namespace below it). Named tuples, as image/request.py's.

@@ -58,8 +58,7 @@ def _load_modules():
     global registry, tarfile, layers
     import tarfile as tar_module
 
-    from berth.image import layers as layers_module
-    from berth.image import registry as registry_module
+    from berth.image import layers as layers_module, registry as registry_module
     registry, tarfile, layers = registry_module, tar_module, layers_module
 
 

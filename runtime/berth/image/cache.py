@@ -34,9 +34,9 @@ import sys
 import time
 
 from berth import safedir, units
+from berth.errors import BerthError, one_line
 from berth.image import squash
 from berth.image.blobs import BlobCache, locked, make_dirs, partial_digest, still_at, touch
-from berth.errors import BerthError, one_line
 
 # Bump when the same inputs would make another image: the image config
 # layout (imageconfig.py), the fixed mksquashfs flags (squash.py).

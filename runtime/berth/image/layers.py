@@ -32,11 +32,11 @@ import errno
 import fcntl
 import os
 import posixpath
+import re
 import shutil
 import signal
 import stat
 import subprocess
-import re
 import tarfile
 import tempfile
 

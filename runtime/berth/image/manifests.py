@@ -19,7 +19,6 @@ from berth.image.reference import DIGEST
 from berth.image.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_credentials
 
 
-
 def pinned(arch, quiet, cfg, ref, plan):
     """`berth import --resolve`: the URI pinned to the digest the registry
     gives for it now, docker://[USER@]REGISTRY#REPOSITORY@sha256:..., naming

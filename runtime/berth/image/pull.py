@@ -21,8 +21,8 @@ from berth.errors import BerthError, one_line
 from berth.image import parts, registries, sif, squash, stream
 from berth.image.blobs import BlobCache
 from berth.image.imageconfig import from_oci, image_files, write_image_config
-from berth.image.layers import (
-    Room, apply_layer, new_root, remove_stale_unpack_dirs, unpack_dir)
+from berth.image.layers import Room, apply_layer, new_root, remove_stale_unpack_dirs, unpack_dir
+
 # (first_answer: store/service.py takes it from here too)
 from berth.image.manifests import descriptor, first_answer, malformed
 from berth.image.registry import load_credentials

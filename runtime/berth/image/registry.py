@@ -40,8 +40,14 @@ from urllib.parse import urlencode, urljoin, urlsplit
 from berth import units
 from berth.errors import AccessDenied, BerthError, ImageNotFound
 from berth.image.reference import DIGEST
-from berth.image.transport import (TLSError, TransferError, UntrustedCertificate, deadline,
-                                   open_transport, origin)
+from berth.image.transport import (
+    TLSError,
+    TransferError,
+    UntrustedCertificate,
+    deadline,
+    open_transport,
+    origin,
+)
 
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",

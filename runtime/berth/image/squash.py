@@ -14,7 +14,6 @@ from berth.image import parts, sif
 from berth.image.imageconfig import IMAGE_JSON, SQUASHFS_MAGIC
 from berth.image.reference import DIGEST  # (the form of image.json's "digest")
 
-
 # What the store's imports and node-local copies leave free on the node's
 # filesystem they write: a share of it, and at least so many bytes (any
 # user can ask the store for any image, and a layer may unpack to far more

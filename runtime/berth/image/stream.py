@@ -43,8 +43,16 @@ from tqdm import tqdm
 from berth.errors import BerthError
 from berth.image import squash
 from berth.image.layers import (
-    MAX_DEPTH, OPAQUE, ROOT_MODE, WHITEOUT, compression, dir_mode, entry_name, file_mode,
-    read_layer)
+    MAX_DEPTH,
+    OPAQUE,
+    ROOT_MODE,
+    WHITEOUT,
+    compression,
+    dir_mode,
+    entry_name,
+    file_mode,
+    read_layer,
+)
 
 _PACKER = "mksquashfs"
 _NAME_MAX = 255

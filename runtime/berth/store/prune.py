@@ -39,9 +39,22 @@ import time
 from berth import safedir
 from berth.errors import BerthError
 from berth.image.blobs import PARTIAL_PREFIX
-from berth.image.cache import (IMAGE_NAME, LAYERS_LINK, CacheDirs, Entry, ImageCache, files,
-                              holding, human_size, open_followed, parse_duration, parse_size,
-                              remove_lock, scan, unlink_unchanged)
+from berth.image.cache import (
+    IMAGE_NAME,
+    LAYERS_LINK,
+    CacheDirs,
+    Entry,
+    ImageCache,
+    files,
+    holding,
+    human_size,
+    open_followed,
+    parse_duration,
+    parse_size,
+    remove_lock,
+    scan,
+    unlink_unchanged,
+)
 from berth.store.paths import entry_line, owned_store, source
 
 RECENT = 3600  # seconds: what was used or written this recently stays

@@ -13,7 +13,6 @@ from berth.image.cache import LAYERS_LINK, CacheDirs, open_followed, scan
 from berth.store import service
 from berth.store.paths import configured_path, entry_line, source
 
-
 # `berth store serve | list [--json] | prune OPTIONS` (cli.py makes it of the
 # command line)
 StoreRequest = collections.namedtuple(
