@@ -403,8 +403,8 @@ def report(args, samples, usage, compressed):
     stage_sum = median["download"] + median["decompress"] + median["mksquashfs"]
     print(f"sum of the three stages: {stage_sum:.1f} s ({stage_sum / floor:.2f}x the floor)")
     if "berth baseline cold" in median:
-        print(f"berth import, empty cache: {median['berth cold'] / median['berth baseline cold']:.2f}"
-              f"x its time at {args.baseline}")
+        ratio = median["berth cold"] / median["berth baseline cold"]
+        print(f"berth import, empty cache: {ratio:.2f}x its time at {args.baseline}")
     for name, rows in usage.items():
         peak = max(row[0] for row in rows)
         high = max(row[1] for row in rows)

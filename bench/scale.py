@@ -153,8 +153,8 @@ def push_new_image(nodes, megabytes):
     (a tag and content of its own), in the controller's registry."""
     base = f"berth/mpi-test:{SUITE}"
     if subprocess.run(["docker", "image", "inspect", base], capture_output=True).returncode:
-        command(["docker", "load", "-q", "-i", str(PROJECT / ".cache/images" / SUITE / "mpi-test.tar")],
-                "docker load")
+        archive = PROJECT / ".cache/images" / SUITE / "mpi-test.tar"
+        command(["docker", "load", "-q", "-i", str(archive)], "docker load")
     tag = f"berth/mpi-test-scale:n{nodes}-{int(time.time())}"
     with tempfile.TemporaryDirectory(prefix="berth-scale-") as work:
         Path(work, "Dockerfile").write_text(
@@ -162,7 +162,8 @@ def push_new_image(nodes, megabytes):
         command(["docker", "build", "-q", "-t", tag, work], "docker build")
         command(["docker", "save", "-o", f"{work}/image.tar", tag], "docker save")
         # (/var/tmp: the node's /tmp is a tmpfs, which docker cp does not write into)
-        command(["docker", "cp", f"{work}/image.tar", f"{CTL}:/var/tmp/scale-image.tar"], "docker cp")
+        command(["docker", "cp", f"{work}/image.tar", f"{CTL}:/var/tmp/scale-image.tar"],
+                "docker cp")
     on_ctl("skopeo copy -q --dest-tls-verify=false docker-archive:/var/tmp/scale-image.tar "
            f"docker://localhost:5000/{tag} && rm -f /var/tmp/scale-image.tar")
     command(["docker", "rmi", tag], "docker rmi")
@@ -380,18 +381,19 @@ def measure(nodes, options):
 
     say(f"N={nodes}: warm steps, {options.runs} each, bare and named container")
     on_login(f"srun -N{nodes} --container-name=scale --container-image={push_busybox()} true")
-    bare, named = timed_turns([f"srun -N{nodes} true", f"srun -N{nodes} --container-name=scale true"],
-                              options.runs)
+    bare, named = timed_turns(
+        [f"srun -N{nodes} true", f"srun -N{nodes} --container-name=scale true"], options.runs)
     row["srun true bare, ms"], row["srun true named container, ms"] = bare, named
     row["  container overhead, ms"] = named - bare
 
     say(f"N={nodes}: allreduce, one rank per node, {options.mpi_runs} each, bare and container")
-    programs = ["/opt/berth-test/mpi_allreduce", f"--container-image={image} /opt/mpi-test/allreduce-openmpi"]
+    programs = ["/opt/berth-test/mpi_allreduce",
+                f"--container-image={image} /opt/mpi-test/allreduce-openmpi"]
     for program in programs:
         allreduce(nodes, program)  # checks ranks and sum once; the timed runs below
     bare_mpi, container_mpi = timed_turns(
-        [f"srun -N{nodes} --ntasks-per-node=1 --mpi=pmix {program} >/dev/null" for program in programs],
-        options.mpi_runs)
+        [f"srun -N{nodes} --ntasks-per-node=1 --mpi=pmix {program} >/dev/null"
+         for program in programs], options.mpi_runs)
     row["allreduce pmix bare, s"] = bare_mpi / 1000
     row["allreduce pmix container (store), s"] = container_mpi / 1000
 

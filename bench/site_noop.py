@@ -125,9 +125,11 @@ def main():
         mitogen = {"strategy": "mitogen_linear"}  # plugins/strategy, mitogen in the venv
         named = {"python": "/usr/bin/python3"}  # Debian's, on every node
         rows = [("docker, 3 hosts (baseline)", docker, (), {}),
-                ("docker, 3 hosts, berth_validate=false", docker, ("-e", "berth_validate=false"), {}),
+                ("docker, 3 hosts, berth_validate=false", docker,
+                 ("-e", "berth_validate=false"), {}),
                 ("docker, --limit berth-ctl (1 host)", docker, ("--limit", "berth-ctl"), {}),
-                ("docker, --limit berth-ctl,berth-cn1 (2)", docker, ("--limit", "berth-ctl,berth-cn1"), {}),
+                ("docker, --limit berth-ctl,berth-cn1 (2)", docker,
+                 ("--limit", "berth-ctl,berth-cn1"), {}),
                 ("docker, 3 hosts, Mitogen", docker, (), mitogen),
                 ("docker, 3 hosts, python named", docker, (), named),
                 ("docker, 3 hosts, Mitogen, python named", docker, (), {**mitogen, **named})]

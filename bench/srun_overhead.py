@@ -169,8 +169,9 @@ def push_big_image(megabytes):
     for scripts/demo.sh) plus a layer of MB random bytes, in the cluster's
     registry as berth/mpi-test-big:MB (once: its tag stays)."""
     tag = f"{BIG_REPO}:{megabytes}"
-    probe = subprocess.run(["docker", "exec", "berth-ctl", "skopeo", "inspect", "--tls-verify=false",
-                            f"docker://localhost:5000/{tag}"], capture_output=True)
+    probe = subprocess.run(["docker", "exec", "berth-ctl", "skopeo", "inspect",
+                            "--tls-verify=false", f"docker://localhost:5000/{tag}"],
+                           capture_output=True)
     if probe.returncode == 0:
         return tag
     base = f"berth/mpi-test:{SUITE}"

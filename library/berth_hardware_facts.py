@@ -57,7 +57,9 @@ EXAMPLES = r"""
 
 - name: Show what a compute node has
   ansible.builtin.debug:
-    msg: "{{ berth_gpu_count }} GPUs ({{ berth_gpus | map(attribute='model') | unique | join(', ') }}), {{ berth_ib_count }} HCAs"
+    msg: >-
+      {{ berth_gpu_count }} GPUs ({{ berth_gpus | map(attribute='model') | unique | join(', ') }}),
+      {{ berth_ib_count }} HCAs
 """
 
 RETURN = r"""
@@ -149,7 +151,8 @@ def read_gpu(information):
         "model": fields.get("Model", ""),
         "uuid": fields.get("GPU UUID", "").lower(),
         "minor": int(fields["Device Minor"]),
-        "bus_id": fields.get("Bus Location", os.path.basename(os.path.dirname(information))).lower(),
+        "bus_id": fields.get("Bus Location",
+                             os.path.basename(os.path.dirname(information))).lower(),
     }
 
 
@@ -205,7 +208,8 @@ def hca(sys_root, name):
             "link_layer": read_text(os.path.join(ports_dir, port, "link_layer")),
             "rate": read_text(os.path.join(ports_dir, port, "rate")),
         })
-    info = {key: read_text(os.path.join(base, key)) for key in ("hca_type", "board_id", "fw_ver", "node_guid")}
+    info = {key: read_text(os.path.join(base, key))
+            for key in ("hca_type", "board_id", "fw_ver", "node_guid")}
     return dict(info, name=name, uverbs=verbs[0] if verbs else "", ports=ports)
 
 
@@ -228,7 +232,8 @@ def find_nvidia_smi(module):
     if wanted is None:
         return module.get_bin_path("nvidia-smi")
     if wanted and not os.access(wanted, os.X_OK):
-        module.fail_json(msg=f"berth_hardware_facts: nvidia_smi: {wanted} is not an executable file")
+        module.fail_json(
+            msg=f"berth_hardware_facts: nvidia_smi: {wanted} is not an executable file")
     return wanted or None
 
 
@@ -243,7 +248,8 @@ def main():
     )
     for option in ("proc_root", "sys_root"):
         if not os.path.isdir(module.params[option]):
-            module.fail_json(msg=f"berth_hardware_facts: {option}: {module.params[option]} is not a directory")
+            module.fail_json(
+                msg=f"berth_hardware_facts: {option}: {module.params[option]} is not a directory")
     nvidia_smi = find_nvidia_smi(module)
     try:
         gpu_list = gpus(module.params["proc_root"])
@@ -256,7 +262,8 @@ def main():
         "berth_gpus": gpu_list,
         "berth_nvidia_driver_version": driver_version(module.params["proc_root"]),
         "berth_gpu_topology": matrix,
-        "berth_nvlink": any(link.startswith("NV") for links in matrix.values() for link in links.values()),
+        "berth_nvlink": any(link.startswith("NV")
+                            for links in matrix.values() for link in links.values()),
         "berth_ib_count": len(hca_list),
         "berth_ib_hcas": hca_list,
     })

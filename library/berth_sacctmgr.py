@@ -58,7 +58,10 @@ added:
   returned: always
   type: list
   elements: str
-  sample: ["add cluster berth", "add account physics cluster=berth", "add user alice account=physics cluster=berth"]
+  sample:
+    - add cluster berth
+    - add account physics cluster=berth
+    - add user alice account=physics cluster=berth
 """
 
 import re
@@ -75,7 +78,8 @@ def check_accounts(accounts):
     for account, entry in accounts.items():
         where = f"accounts.{account}"
         if not isinstance(account, str) or not NAME.fullmatch(account):
-            raise ValueError(f"{where}: not a lower-case account name (letters, digits, '_', '.', '-')")
+            raise ValueError(
+                f"{where}: not a lower-case account name (letters, digits, '_', '.', '-')")
         if entry is None:
             entry = {}
         if not isinstance(entry, dict) or set(entry) - {"users"}:

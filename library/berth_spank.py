@@ -23,7 +23,8 @@ description:
 version_added: "0.1.0"
 options:
   src:
-    description: Directory with the plugin's sources on the managed node, as in C(spank/) (C(sources.txt), the files it names one a line, and the C(Makefile)).
+    description: Directory with the plugin's sources on the managed node, as in C(spank/)
+      (C(sources.txt), the files it names one a line, and the C(Makefile)).
     type: path
     required: true
   dest:
@@ -37,7 +38,8 @@ options:
   slurm_binary:
     description:
       - A Slurm program whose C(-V) names the installed release.
-      - Default the first of C(slurmd), C(slurmctld), C(srun) found in C(PATH), C(/usr/sbin), C(/usr/bin).
+      - Default the first of C(slurmd), C(slurmctld), C(srun) found in C(PATH), C(/usr/sbin),
+        C(/usr/bin).
     type: path
 attributes:
   check_mode:
@@ -244,7 +246,8 @@ def build_and_install(module, src, files, include, dest):
             # only syncing the directory comes after the rename
             placed = os.path.exists(dest) and file_sha256(dest) == file_sha256(built)
             module.fail_json(msg=f"installing {dest} failed: {e}; "
-                             + ("the new plugin is in place" if placed else "the plugin in place is unchanged"))
+                             + ("the new plugin is in place" if placed
+                                else "the plugin in place is unchanged"))
     return file_sha256(dest)
 
 

@@ -167,7 +167,8 @@ def main():
                              "between 1 and 604800 seconds")
     for image in module.params["images"]:
         if not image or not image.isprintable() or any(c.isspace() for c in image):
-            module.fail_json(msg=f"berth_store_image: images: {image!r} is not a registry reference")
+            module.fail_json(
+                msg=f"berth_store_image: images: {image!r} is not a registry reference")
     resolved = {}
     for image in module.params["images"]:
         # as --container-image takes it: docker:// when no scheme is given

@@ -134,7 +134,8 @@ def main():
     executable = os.path.join(venv, "bin", "berth")
     if module.check_mode and not os.path.exists(src):
         # The task that copies the source there did not run for real.
-        module.exit_json(changed=True, sha256="", previous_sha256=read_stamp(stamp), executable=executable)
+        module.exit_json(changed=True, sha256="", previous_sha256=read_stamp(stamp),
+                         executable=executable)
     if not os.path.isfile(os.path.join(src, "pyproject.toml")):
         module.fail_json(msg=f"src: {src} has no pyproject.toml")
     if not os.access(python, os.X_OK):

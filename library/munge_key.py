@@ -98,7 +98,8 @@ def decode_key(module):
     low, high = module.params["min_bytes"], module.params["max_bytes"]
     if not low <= len(key) <= high:
         module.fail_json(
-            msg=f"munge_key: key_b64 decodes to {len(key)} bytes; munged needs {low} to {high} bytes"
+            msg=f"munge_key: key_b64 decodes to {len(key)} bytes; "
+                f"munged needs {low} to {high} bytes"
         )
     return key
 
@@ -147,7 +148,8 @@ def main():
         path=path,
         size=len(key),
         diff=dict(
-            before="absent\n" if old is None else "key (unchanged)\n" if not changed else "old key\n",
+            before=("absent\n" if old is None
+                    else "key (unchanged)\n" if not changed else "old key\n"),
             after="key (unchanged)\n" if not changed else "new key\n",
         ),
     )

@@ -119,7 +119,8 @@ def _rows(options, defaults, prefix=""):
             raise ReferenceError(f"{prefix}{name}: no description in argument_specs.yml") from None
         if "default" in spec:
             if not prefix and name in defaults and defaults[name] != spec["default"]:
-                raise ReferenceError(f"{name}: argument_specs.yml's default {spec['default']!r} is not "
+                raise ReferenceError(f"{name}: argument_specs.yml's default "
+                                     f"{spec['default']!r} is not "
                                      f"defaults/main.yml's {defaults[name]!r}")
             default = code(_value(spec["default"]))
         elif not prefix and name in defaults and defaults[name] not in (None, ""):
@@ -153,7 +154,8 @@ def role_variables(role):
         options = spec.get("options", {})
         shared = [n for n in options if n in main.get("options", {})]
         own = {n: s for n, s in options.items() if n not in shared}
-        text = f"Entry point `{entry}` (`tasks_from: {entry}`): {inline(spec['short_description'])}."
+        text = (f"Entry point `{entry}` (`tasks_from: {entry}`): "
+                f"{inline(spec['short_description'])}.")
         if shared:
             text += " It reads " + ", ".join(code(n) for n in shared) + " as above."
         parts.append(text)
@@ -239,8 +241,8 @@ ENROOT_CONF = {
     "ENROOT_RESTRICT_DEV": "A minimal `/dev`, plus the devices the step's device cgroup grants "
                            "(hook `10-devices`).",
     "ENROOT_FORCE_OVERRIDE": "An import may replace an existing image file.",
-    "ENROOT_NATIVE_OVERLAYFS": "`no`: a writable overlay is always fuse-overlayfs's, even where the "
-                               "kernel's would do.",
+    "ENROOT_NATIVE_OVERLAYFS": "`no`: a writable overlay is always fuse-overlayfs's, even where "
+                               "the kernel's would do.",
     "BERTH_IMAGE_STORE": "The shared image store's directory; empty: none.",
     "BERTH_IMAGE_STORE_SOCKET": "The store service's socket.",
     "BERTH_IMAGE_STORE_OWNER": "The account that alone writes the store.",
@@ -324,9 +326,10 @@ def enroot_conf_page():
     missing = sorted(set(config.KEYS) - set(ENROOT_CONF))
     unknown = sorted(set(ENROOT_CONF) - set(config.KEYS))
     if missing or unknown:
-        raise ReferenceError("scripts/reference.py's ENROOT_CONF: " +
-                             "; ".join(filter(None, [missing and f"no line for {', '.join(missing)}",
-                                                     unknown and f"not a key: {', '.join(unknown)}"])))
+        problems = [missing and f"no line for {', '.join(missing)}",
+                    unknown and f"not a key: {', '.join(unknown)}"]
+        raise ReferenceError("scripts/reference.py's ENROOT_CONF: "
+                             + "; ".join(filter(None, problems)))
     defaults = enroot_conf_defaults()
     rows = [[code(key), _enroot_value(config, key, default), default, ENROOT_CONF[key]]
             for key, default in defaults.items()]
@@ -351,9 +354,10 @@ def enroot_conf_page():
 def _spank_options():
     """[(flag, argument or None, usage)] from spank_berth.c's option table."""
     text = (ROOT / "spank/spank_berth.c").read_text()
-    body = text.split("static struct spank_option options[] = {", 1)[1].split("SPANK_OPTIONS_TABLE_END", 1)[0]
-    entries = re.findall(r'\{\s*"([a-z-]+)",\s*(NULL|"(?:[^"\\]|\\.)*"),\s*"\[berth\] ((?:[^"\\]|\\.)*)"',
-                         body)
+    body = text.split("static struct spank_option options[] = {", 1)[1]
+    body = body.split("SPANK_OPTIONS_TABLE_END", 1)[0]
+    entries = re.findall(r'\{\s*"([a-z-]+)",\s*(NULL|"(?:[^"\\]|\\.)*"),'
+                         r'\s*"\[berth\] ((?:[^"\\]|\\.)*)"', body)
     if not entries:
         raise ReferenceError("spank/spank_berth.c: no option table found")
     return [(name, None if arg == "NULL" else arg[1:-1], usage.replace('\\"', '"'))
@@ -367,13 +371,15 @@ def _pyxis_variables():
                                    (ROOT / "spank/container_flags.c").read_text()))
     rows = [(var, f"the default of `{flag}`")
             for var, flag in re.findall(r'"(PYXIS_CONTAINER_\w+)",\s*"(--[a-z-]+)"', text)]
-    for var, on, off in re.findall(r'\{\s*"(PYXIS_CONTAINER_\w+)",\s*(SW_\w+),\s*(SW_\w+)\s*\}', text):
+    switches = re.findall(r'\{\s*"(PYXIS_CONTAINER_\w+)",\s*(SW_\w+),\s*(SW_\w+)\s*\}', text)
+    for var, on, off in switches:
         meaning = f"true: `{switch_names[on]}`; false: "
         rows.append((var, meaning + ("nothing" if on == off else f"`{switch_names[off]}`")))
     named = {var for var, _ in rows}
     every = set(re.findall(r"PYXIS_CONTAINER_[A-Z_]+", text)) - {"PYXIS_CONTAINER_"}
     if every - named:
-        raise ReferenceError(f"spank/pyxis_env.c: cannot tell what {', '.join(sorted(every - named))} sets")
+        raise ReferenceError(
+            f"spank/pyxis_env.c: cannot tell what {', '.join(sorted(every - named))} sets")
     return sorted(rows)
 
 
@@ -381,8 +387,8 @@ def _plugstack_keys():
     """[(key, kind, default, min, max, description)] from spank/plugstack_keys.h,
     each key's description the comment just above its line."""
     text = (ROOT / "spank/plugstack_keys.h").read_text()
-    rows = re.findall(r'/\*((?:[^*]|\*(?!/))*)\*/\nPLUGSTACK_KEY\((\w+), +(\w+), +"([^"]*)", +(\d+), +(\d+)\)',
-                      text)
+    rows = re.findall(r'/\*((?:[^*]|\*(?!/))*)\*/\n'
+                      r'PLUGSTACK_KEY\((\w+), +(\w+), +"([^"]*)", +(\d+), +(\d+)\)', text)
     keys = re.findall(r"^PLUGSTACK_KEY\((\w+),", text, re.M)
     described = [row[1] for row in rows]
     if described != keys:
@@ -483,8 +489,9 @@ def hook_purpose(path):
 
 def hook_variables(path):
     """The BERTH_* and ENROOT_* variables the hook's code (not its comments) reads."""
-    code_lines = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
-    return sorted(set(re.findall(r"\b(?:BERTH|ENROOT)_[A-Z0-9_]*[A-Z0-9]\b", "\n".join(code_lines))))
+    text = "\n".join(line for line in path.read_text().splitlines()
+                     if not line.lstrip().startswith("#"))
+    return sorted(set(re.findall(r"\b(?:BERTH|ENROOT)_[A-Z0-9_]*[A-Z0-9]\b", text)))
 
 
 def _annotation(name, variable):
@@ -500,7 +507,8 @@ def _hook_rows(name, variables, conf, defaults):
         is_annotation = variable.startswith(f"BERTH_HOOK_{name.upper()}_")
         if variable in conf:
             source = "`enroot.conf`, the environment" + (", an EDF" if is_annotation else "")
-            what = ENROOT_CONF[variable] if variable not in HOOK_VARIABLES else HOOK_VARIABLES[variable]
+            what = (ENROOT_CONF[variable] if variable not in HOOK_VARIABLES
+                    else HOOK_VARIABLES[variable])
             default = defaults[variable]
         elif is_annotation and variable.endswith("_ENABLE"):
             source, what, default = "an EDF", "`no` (`0`, `false`) turns the hook off", "on"
@@ -509,8 +517,8 @@ def _hook_rows(name, variables, conf, defaults):
                       "the runtime" if variable in _PROTOCOL else "`berth start`'s environment")
             what, default = HOOK_VARIABLES[variable], "—"
         else:
-            raise ReferenceError(f"hooks: {variable} (read by {name}) is neither an enroot.conf key "
-                                 "nor in scripts/reference.py's HOOK_VARIABLES")
+            raise ReferenceError(f"hooks: {variable} (read by {name}) is neither an enroot.conf "
+                                 "key nor in scripts/reference.py's HOOK_VARIABLES")
         annotation = _annotation(name, variable) if is_annotation else "—"
         rows.append([code(variable), annotation, source, default, what])
     return rows
@@ -548,7 +556,8 @@ def hooks_page():
     parts += [table(["Hook", "File", "On", "Annotations"], summary), *sections]
     stale = sorted(set(HOOK_VARIABLES) - used)
     if stale:
-        raise ReferenceError(f"scripts/reference.py's HOOK_VARIABLES: no hook reads {', '.join(stale)}")
+        raise ReferenceError(
+            f"scripts/reference.py's HOOK_VARIABLES: no hook reads {', '.join(stale)}")
     return page("Hooks: switches and annotations", *parts)
 
 

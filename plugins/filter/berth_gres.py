@@ -38,15 +38,18 @@ def berth_gpu_type(model):
 def _checked(gpus):
     """The GPU list in index order, each entry with the keys the filters read."""
     if not isinstance(gpus, Sequence) or isinstance(gpus, str):
-        raise AnsibleFilterError(f"berth_gres: expected the berth_gpus list, got {type(gpus).__name__}")
+        raise AnsibleFilterError(
+            f"berth_gres: expected the berth_gpus list, got {type(gpus).__name__}")
     for position, gpu in enumerate(gpus):
         if not isinstance(gpu, Mapping):
             raise AnsibleFilterError(f"berth_gres: GPU entry {position} is not a mapping: {gpu!r}")
         for key in ("index", "minor", "model"):
             if key not in gpu:
-                raise AnsibleFilterError(f"berth_gres: GPU entry {position} has no '{key}': {dict(gpu)!r}")
+                raise AnsibleFilterError(
+                    f"berth_gres: GPU entry {position} has no '{key}': {dict(gpu)!r}")
         if not isinstance(gpu["minor"], int) or gpu["minor"] < 0:
-            raise AnsibleFilterError(f"berth_gres: GPU {gpu['index']} has a bad minor number {gpu['minor']!r}")
+            raise AnsibleFilterError(
+                f"berth_gres: GPU {gpu['index']} has a bad minor number {gpu['minor']!r}")
     return sorted(gpus, key=lambda gpu: gpu["index"])
 
 

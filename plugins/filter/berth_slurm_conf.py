@@ -139,7 +139,8 @@ def _parse(text, which):
         text = ""
     if not isinstance(text, str):
         raise AnsibleFilterError(
-            f"berth_slurm_conf_restart: the {which} slurm.conf must be text, got {type(text).__name__}")
+            f"berth_slurm_conf_restart: the {which} slurm.conf must be text, "
+            f"got {type(text).__name__}")
     settings, nodes, includes = {}, [], []
     for line in _lines(text):
         include = _INCLUDE.match(line)

@@ -157,7 +157,8 @@ def _add_edf(sub):
 
 
 def _add_setup_user(sub):
-    p = sub.add_parser("setup-user", help="as root: make a user's cache, data, runtime and config dirs")
+    p = sub.add_parser("setup-user",
+                       help="as root: make a user's cache, data, runtime and config dirs")
     p.add_argument("user", help="user name or uid")
 
 

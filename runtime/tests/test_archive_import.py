@@ -384,7 +384,8 @@ def test_a_fifo_in_place_of_an_archive_or_a_layout_file_is_refused_at_once(tmp_p
     hung in open() before it could see what the file was."""
     os.mkfifo(tmp_path / "pipe.tar")
     for uri in (f"docker-archive:{tmp_path / 'pipe.tar'}", f"oci-archive:{tmp_path / 'pipe.tar'}"):
-        one_line_error(berth(["import", uri], env, tmp_path, timeout=30), "pipe.tar", "is not a file")
+        one_line_error(berth(["import", uri], env, tmp_path, timeout=30), "pipe.tar",
+                       "is not a file")
     entries, _ = oci_layout([("v1", [BASE, TOP], None)])
     layer = next(n for n, d in entries if n.startswith("blobs/") and d[:2] == b"\x1f\x8b")
     for fifo, name in (("index.json", "i"), (layer, "l")):
@@ -407,7 +408,8 @@ def test_an_index_entry_of_the_wrong_shape_is_malformed_not_a_traceback(tmp_path
     good = dict(index["manifests"][0], platform={"os": "linux", "architecture": "arm64"})
     hostile = dict(platform_entry, platform={"os": "linux", "architecture": HOST_ARCH})
     index["manifests"] = [good, hostile]
-    layout = write_dir(tmp_path / "layout", replace(entries, "index.json", json.dumps(index).encode()))
+    layout = write_dir(tmp_path / "layout",
+                       replace(entries, "index.json", json.dumps(index).encode()))
     one_line_error(berth(["import", f"oci:{layout}"], env, tmp_path), f"oci:{layout}",
                    "is malformed")
     nothing_written(tmp_path)

@@ -14,7 +14,8 @@ def write(path, text):
 
 
 def test_defaults_follow_xdg(tmp_path):
-    cfg = config.load({"HOME": "/home/u", "XDG_CACHE_HOME": "/c", "ENROOT_SYSCONF_PATH": str(tmp_path)})
+    cfg = config.load({"HOME": "/home/u", "XDG_CACHE_HOME": "/c",
+                       "ENROOT_SYSCONF_PATH": str(tmp_path)})
     assert cfg["ENROOT_CACHE_PATH"] == "/c/enroot"
     assert cfg["ENROOT_DATA_PATH"] == "/home/u/.local/share/enroot"
     assert cfg["ENROOT_SQUASH_OPTIONS"].startswith("-comp zstd")
@@ -40,7 +41,8 @@ def test_values_expand_variables_and_the_caller(tmp_path):
 
 def test_unknown_key_names_file_line_and_key(tmp_path):
     write(tmp_path / "enroot.conf", "ENROOT_DATA_PATH /d\n\nENROOT_DATAPATH /x\n")
-    with pytest.raises(BerthError, match=r"enroot.conf:3: unknown configuration key 'ENROOT_DATAPATH'"):
+    with pytest.raises(BerthError,
+                       match=r"enroot.conf:3: unknown configuration key 'ENROOT_DATAPATH'"):
         config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path)})
 
 
@@ -78,7 +80,8 @@ def test_enroot_4s_keys_load_from_an_enroot_conf(tmp_path):
 
 @pytest.mark.parametrize("value", ["maybe", "2"])
 def test_bad_boolean_names_the_key(tmp_path, value):
-    cfg = config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path), "ENROOT_REMAP_ROOT": value})
+    cfg = config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path),
+                       "ENROOT_REMAP_ROOT": value})
     with pytest.raises(BerthError, match=f"ENROOT_REMAP_ROOT: expected yes or no, got '{value}'"):
         cfg.flag("ENROOT_REMAP_ROOT")
 

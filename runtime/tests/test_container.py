@@ -127,7 +127,8 @@ def usable_fuse():
     tests still running on the other."""
     if AS_ROOT:
         mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
-        assert mode & 0o006 == 0o006, f"/dev/fuse is {mode:o}: conftest.py's session start did not run"
+        assert mode & 0o006 == 0o006, \
+            f"/dev/fuse is {mode:o}: conftest.py's session start did not run"
 
 
 class Berth:
@@ -561,7 +562,8 @@ def test_detach_keeper_ends_with_berth_even_killed(berth, app, namespaces):
 
 def test_detach_stopped_during_setup_leaves_nothing(berth, app):
     marker = berth.base / "host/hook-started"
-    berth.write("cfg/hooks.d/50-slow.sh", f"#!/bin/sh\ntouch {marker}\nexec sleep 5 >/dev/null 2>&1\n", mode=0o755)
+    berth.write("cfg/hooks.d/50-slow.sh",
+                f"#!/bin/sh\ntouch {marker}\nexec sleep 5 >/dev/null 2>&1\n", mode=0o755)
     process = subprocess.Popen(berth.command("start", "--detach", "app"), env=berth.env,
                                cwd=berth.base, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -806,7 +808,8 @@ def test_failing_hook_aborts_and_is_named(berth, app):
     berth.fails("start", "app", "true", needle="berth: error: hook 30-broken.sh: only why")
     berth.write("cfg/hooks.d/30-broken.sh",
                 "#!/bin/sh\necho '/tmp ../../rel none bind' >> $ENROOT_MOUNTS\n", mode=0o755)
-    berth.fails("start", "app", "true", needle="mount destination ../../rel escapes the container root")
+    berth.fails("start", "app", "true",
+                needle="mount destination ../../rel escapes the container root")
 
 
 def test_fuse_overlayfs_stands_in_when_the_kernel_refuses(tmp_path, usable_fuse):

@@ -226,7 +226,8 @@ def test_unknown_hook_lists_installed_ones(site):
 
 @pytest.mark.parametrize("annotations, expected", [
     ('com.hooks.pmix.enable = "yes"', "annotation 'com.hooks.pmix.enable' must be true or false"),
-    ('com.hooks.pmix.enabled = "True"', "annotation 'com.hooks.pmix.enabled' must be true or false"),
+    ('com.hooks.pmix.enabled = "True"',
+     "annotation 'com.hooks.pmix.enabled' must be true or false"),
     ('com.hooks.pmix.enabled = 1', "annotation 'com.hooks.pmix.enabled' must be true or false"),
     ('com.hooks.pmix.enable = true\ncom.hooks.pmix.enabled = "false"',
      "annotations 'com.hooks.pmix.enable' and 'com.hooks.pmix.enabled' disagree"),
@@ -280,7 +281,8 @@ def test_toml_syntax_error_gives_file_and_line(site):
                          ids=["arrays", "inline-tables"])
 def test_toml_nested_thousands_deep_is_bad_toml_not_a_traceback(site, value):
     path = write(site / "edf", "deep.toml", f'image = "x"\nenv = {value}\n')
-    assert failure(site, "deep") == f"{path}: invalid TOML: arrays or inline tables nested too deeply"
+    assert failure(site, "deep") == \
+        f"{path}: invalid TOML: arrays or inline tables nested too deeply"
 
 
 # Before parsing: a key of 100,000 parts (tomllib's time grows with the
@@ -289,7 +291,8 @@ def test_toml_nested_thousands_deep_is_bad_toml_not_a_traceback(site, value):
 @pytest.mark.parametrize("text, why", [
     ('image = "x"\n' + ".".join(["a"] * 100_000) + ' = "y"\n',
      ":2: invalid TOML: a key of more than 100 dotted parts"),
-    ('image = "x"\nworkdir = ' + "9" * 5000 + "\n", ": invalid TOML: an integer of more than 4300 digits"),
+    ('image = "x"\nworkdir = ' + "9" * 5000 + "\n",
+     ": invalid TOML: an integer of more than 4300 digits"),
 ], ids=["100000-part-key", "5000-digit-integer"])
 def test_toml_too_costly_to_read_is_refused_in_one_line(site, text, why):
     path = write(site / "edf", "costly.toml", text)

@@ -207,8 +207,9 @@ def data_image(berth, tmp_path):
 
 def _squashfuse_servers(berth):
     """squashfuse processes serving an image of this test (others may run beside it)."""
-    return subprocess.run(["pgrep", "-u", str(berth.user.pw_uid), "-f", f"squashfuse .*{berth.base}"],
-                          capture_output=True, text=True).stdout.split()
+    return subprocess.run(
+        ["pgrep", "-u", str(berth.user.pw_uid), "-f", f"squashfuse .*{berth.base}"],
+        capture_output=True, text=True).stdout.split()
 
 
 def test_sqsh_mounts_a_squashfs_read_only(berth, app, images, data_image):

@@ -823,7 +823,8 @@ def test_the_client_takes_only_the_stores_own_whole_entries(site, proxy):
     failed = answered("error the registry is on fire\n")
     assert failed.returncode == 1 and failed.stdout == ""
     assert failed.stderr == "berth: error: the image store: the registry is on fire\n"
-    for garbage, why in (("hello\n", "not ok, private, busy or error"), ("ok /a\nok /b\n", "not one line"),
+    for garbage, why in (("hello\n", "not ok, private, busy or error"),
+                         ("ok /a\nok /b\n", "not one line"),
                          ("ok " + "x" * 9000 + "\n", "more than 8192 bytes")):
         result = answered(garbage)
         assert result.returncode == 1 and result.stdout == ""

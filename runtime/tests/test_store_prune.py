@@ -174,7 +174,8 @@ def test_max_size_removes_the_least_recently_used_first(store):
     # the same for programs: the newest entry of its URI or not, no "(older)" to parse
     listed = store.run("store", "list", "--json", user="root")
     assert listed.returncode == 0, listed.stderr
-    assert [(entry["path"], entry["size"], entry["latest"]) for entry in json.loads(listed.stdout)] \
+    assert [(entry["path"], entry["size"], entry["latest"])
+            for entry in json.loads(listed.stdout)] \
         == [(str(oldest), SIZE, True), (str(older), SIZE, False), (str(newest), SIZE, True)]
     first = json.loads(listed.stdout)[0]
     assert first["source"] == "docker://registry.example#test/oldest:v1"

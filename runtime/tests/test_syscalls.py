@@ -161,8 +161,9 @@ def test_seccomp_program_prints_as_c_initializers():
     import sys
 
     from berth.container import seccomp
-    out = subprocess.run([sys.executable, "-m", "berth.container.seccomp", "aarch64"], capture_output=True,
-                         text=True, check=True, cwd=os.path.dirname(os.path.dirname(sc.__file__)))
+    out = subprocess.run([sys.executable, "-m", "berth.container.seccomp", "aarch64"],
+                         capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(sc.__file__)))
     rows = [tuple(int(v, 0) for v in line.strip("{}, ").split(", "))
             for line in out.stdout.splitlines()]
     assert rows == seccomp.program("aarch64")

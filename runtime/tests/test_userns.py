@@ -165,7 +165,8 @@ def test_ipc_makes_dev_itself_private(berth, app):
     name = f"bctr-dev-probe-{os.getpid()}"
     out = berth.ok("start", "--root", "--ipc", "app", "sh", "-c",
                    f"touch /dev/{name} && echo made; echo x > /dev/null && readlink /dev/fd; "
-                   "test -c /dev/fuse && echo fuse; grep ' /dev ' /proc/self/mounts | cut -d' ' -f3")
+                   "test -c /dev/fuse && echo fuse; "
+                   "grep ' /dev ' /proc/self/mounts | cut -d' ' -f3")
     # the host's devices and links are there; what the container makes is its own
     assert out.splitlines() == ["made", "/proc/self/fd", "fuse", "tmpfs"]
     assert not os.path.exists(f"/dev/{name}")

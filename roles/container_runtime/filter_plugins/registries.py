@@ -59,7 +59,8 @@ def _check_rules(rules, search):
     for index, rule in enumerate(rules if isinstance(rules, list) else []):
         # registries.conf's own name, which _tables gives the role's mirrors
         if isinstance(rule, dict) and "mirror" in rule:
-            return f"{_RULES}[{index}]: unknown key 'mirror' (a rule lists its mirrors under mirrors)"
+            return (f"{_RULES}[{index}]: unknown key 'mirror' "
+                    "(a rule lists its mirrors under mirrors)")
     data = {"registry": _tables(rules)}
     if search is not None:
         data["unqualified-search-registries"] = search
@@ -165,7 +166,8 @@ def berth_credentials_problems(users):
     """container_runtime_user_credentials: {user: [{machine, login, password}]}."""
     problems = []
     if not isinstance(users, dict):
-        return ["container_runtime_user_credentials: expected {user: [{machine, login, password}, ...]}"]
+        return ["container_runtime_user_credentials: "
+                "expected {user: [{machine, login, password}, ...]}"]
     for user, entries in users.items():
         where = f"container_runtime_user_credentials[{user!r}]"
         if not isinstance(user, str) or not re.fullmatch(r"[a-z_][a-z0-9_.-]*[$]?", user):
@@ -179,10 +181,12 @@ def berth_credentials_problems(users):
                 problems.append(f"{at}: expected exactly the keys machine, login, password")
                 continue
             _string(problems, f"{at}.machine", entry["machine"], registries.HOST, "HOST[:PORT]")
-            _string(problems, f"{at}.login", entry["login"], _TOKEN, "a login without spaces, quotes or #")
+            _string(problems, f"{at}.login", entry["login"], _TOKEN,
+                    "a login without spaces, quotes or #")
             # The password itself is never printed.
             if not isinstance(entry["password"], str) or not _TOKEN.fullmatch(entry["password"]):
-                problems.append(f"{at}.password: empty, or has spaces, quotes or # (netrc cannot hold them)")
+                problems.append(f"{at}.password: empty, or has spaces, quotes or # "
+                                "(netrc cannot hold them)")
     return problems
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-_PREFIX = re.compile(rf"(?:{_LABEL}\.)*{_LABEL}(?::[0-9]{{1,5}})?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
+_PREFIX = re.compile(rf"(?:{_LABEL}\.)*{_LABEL}(?::[0-9]{{1,5}})?"
+                     r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
 _URL = re.compile(rf"https?://(?:{_LABEL}\.)*{_LABEL}(?::[0-9]{{1,5}})?/?")
 _KEYS = {"name", "prefix", "remoteurl", "port", "username", "password"}
 _SPEC = importlib.util.spec_from_file_location(
@@ -45,7 +46,8 @@ def registry_cache_problems(upstreams, max_size="", certificate="", key="",
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             problems.append(f"{where}.name: {name!r} is not [a-z0-9][a-z0-9-]* (at most 63)")
         elif name in names:
-            problems.append(f"{where}.name: '{name}' is also registry_cache_upstreams[{names[name]}]'s")
+            problems.append(
+                f"{where}.name: '{name}' is also registry_cache_upstreams[{names[name]}]'s")
         else:
             names[name] = index
         if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
@@ -57,7 +59,8 @@ def registry_cache_problems(upstreams, max_size="", certificate="", key="",
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
             problems.append(f"{where}.port: {port!r} is not a TCP port (1-65535)")
         elif port in ports:
-            problems.append(f"{where}.port: {port} is also registry_cache_upstreams[{ports[port]}]'s")
+            problems.append(
+                f"{where}.port: {port} is also registry_cache_upstreams[{ports[port]}]'s")
         else:
             ports[port] = index
             if unprivileged_port_start is not None and not certificate \
@@ -71,9 +74,11 @@ def registry_cache_problems(upstreams, max_size="", certificate="", key="",
         if ("username" in upstream) != ("password" in upstream):
             problems.append(f"{where}: give both username and password, or neither")
     if max_size not in ("", None) and units.size(str(max_size)) is None:
-        problems.append(f"registry_cache_max_size: {max_size!r} is not bytes or a size such as 200G")
+        problems.append(
+            f"registry_cache_max_size: {max_size!r} is not bytes or a size such as 200G")
     if bool(certificate) != bool(key):
-        problems.append("registry_cache_tls_certificate, registry_cache_tls_key: set both or neither")
+        problems.append(
+            "registry_cache_tls_certificate, registry_cache_tls_key: set both or neither")
     return problems
 
 

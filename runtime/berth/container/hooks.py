@@ -6,9 +6,10 @@ is skipped (`chmod -x` disables a hook). Each hook runs in the container's
 user namespace, as the container's uid (BERTH_UID: 0 with --root, else the
 caller's), with every capability in that namespace (ambient ones for a uid
 other than 0: so it may mount into the root, and write where the caller
-may), and in the new mount namespace, but still sees the host's filesystem. Its environment is the caller's (that of `berth
-start`, where the SPANK plugin puts an EDF's BERTH_HOOK_* annotations) with
-every ENROOT_* setting and:
+may), and in the new mount namespace, but still sees the host's
+filesystem. Its environment is the caller's (that of `berth start`, where
+the SPANK plugin puts an EDF's BERTH_HOOK_* annotations) with every
+ENROOT_* setting and:
   ENROOT_PID        pid of the process that becomes the container
   ENROOT_ROOTFS     host path of the container root
   ENROOT_MOUNTS     a file the hook may append fstab lines to

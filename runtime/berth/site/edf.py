@@ -425,7 +425,8 @@ def to_toml(resolved):
         lines.append("mounts = [")
         for mount in resolved["mounts"]:
             destination = os.path.normpath(mount.split(":")[1])
-            lines.append(f"    {tomlwrite.string(mount)},{_comment(sources['mounts.' + destination])}")
+            comment = _comment(sources["mounts." + destination])
+            lines.append(f"    {tomlwrite.string(mount)},{comment}")
         lines.append("]")
     for table in ("env", "annotations"):
         if resolved[table]:

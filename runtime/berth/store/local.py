@@ -189,7 +189,8 @@ def _shortfall(here, need, limit):
     if st.f_bavail * st.f_frsize - need < floor:
         return f"it would leave less than {human_size(floor)} free there"
     if limit is not None and _held(here) + need > limit:
-        return f"the copies would hold more than BERTH_IMAGE_STORE_LOCAL_MAX_SIZE ({human_size(limit)})"
+        return ("the copies would hold more than BERTH_IMAGE_STORE_LOCAL_MAX_SIZE "
+                f"({human_size(limit)})")
     return None
 
 
