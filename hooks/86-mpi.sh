@@ -83,11 +83,15 @@ main() {
         bind "$theirs" "$path" bind,ro,nosuid,nodev
     done
 
-    # What the node's libraries need, but the C library's own.
+    # What the node's libraries need, but the C library's own and the
+    # MPICH-ABI family's six (the node's are bound over the image's above).
     local needed=0
     while read -r soname path; do
         [[ $soname =~ $glibc || $path != /* ]] && continue
-        case $soname in libmpi*.so.12 | libmpich*.so.12) continue ;; esac
+        case $soname in
+            libmpi.so.12 | libmpicxx.so.12 | libmpifort.so.12) continue ;;
+            libmpich.so.12 | libmpichcxx.so.12 | libmpichfort.so.12) continue ;;
+        esac
         bind "$(realpath -- "$path")" "$lib_dir/$soname" bind,ro,nosuid,nodev,x-create=file
         needed=$((needed + 1))
     done < <(for path in "${node_lib[@]}"; do ldd "$path"; done |

@@ -76,6 +76,28 @@ def test_the_images_mpich_is_the_nodes_and_its_open_mpi_stays(tmp_path, node):
     assert environ == ["LD_LIBRARY_PATH=/usr/local/berth/mpi/lib:/opt/app/lib"]
 
 
+def test_a_need_named_like_the_family_is_bound_and_the_family_is_not(tmp_path):
+    """Of what the node's MPI libraries need, only the MPICH-ABI family's six
+    sonames stay out of /usr/local/berth/mpi/lib (the node's are bound over the
+    image's); a support library whose name merely begins with libmpi is bound
+    there, as any other need is."""
+    mpi = tmp_path / "node-mpi"
+    mpi.mkdir()
+    shared_library(mpi / "libmpi_support.so.12", "libmpi_support.so.12")
+    shared_library(mpi / "libmpich.so.12", "libmpich.so.12", needs=mpi / "libmpi_support.so.12")
+    shared_library(mpi / "libmpichfort.so.12", "libmpichfort.so.12", needs=mpi / "libmpich.so.12")
+    root = image(tmp_path, ("libmpich.so.12.3.0", "libmpich.so.12"),
+                 ("libmpichfort.so.12.3.0", "libmpichfort.so.12"))
+    process, mounts, environ = run_hook(root, mpi, ON)
+    assert process.returncode == 0 and process.stderr == ""
+    assert sorted(mounts) == sorted([
+        f"{mpi}/libmpich.so.12 /{MULTIARCH}/libmpich.so.12 none bind,ro,nosuid,nodev",
+        f"{mpi}/libmpichfort.so.12 /{MULTIARCH}/libmpichfort.so.12 none bind,ro,nosuid,nodev",
+        f"{mpi}/libmpi_support.so.12 /usr/local/berth/mpi/lib/libmpi_support.so.12 none "
+        "bind,ro,nosuid,nodev,x-create=file"])
+    assert environ == ["LD_LIBRARY_PATH=/usr/local/berth/mpi/lib:/opt/app/lib"]
+
+
 @pytest.mark.parametrize("libraries, env, message", [
     ([("libmpi.so.40.30.4", "libmpi.so.40")], {},
      "the image's MPI is not MPICH-ABI (it has libmpi.so.40, Open MPI's): not replaced"),
