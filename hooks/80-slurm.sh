@@ -90,7 +90,7 @@ find_libraries() {
         }
         END { print loader; print pmix; for (i = 1; i <= n; i++) print dirs[i] }' <<<"$cache")
     loader=${found[0]:-}
-    [ -n "$loader" ] && [ -e "$loader" ] || die "no 64-bit ld-linux loader in the node's ld.so cache"
+    [[ -n $loader && -e $loader ]] || die "no 64-bit ld-linux loader in the node's ld.so cache"
     # one realpath for all: a fork each costs more than the rest of the hook
     found[1]=${found[1]:-/nonexistent}
     {
@@ -170,7 +170,7 @@ main() {
     plain_path SLURM_CONF "$conf"
     conf_dir=${conf%/*}
     read_conf "$conf" "$srun"
-    [ -n "$plugin_dir" ] && [ -d "$plugin_dir" ] ||
+    [[ -n $plugin_dir && -d $plugin_dir ]] ||
         die "$srun: cannot tell Slurm's plugin directory (no PluginDir in $conf, no libslurm beside srun)"
 
     # The commands this node has, links resolved (by one realpath: a fork

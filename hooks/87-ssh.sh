@@ -43,7 +43,7 @@ key_limit=65536  # bytes of authorized keys: a few hundred keys
 # The port, checked here for a message naming the annotation; the runtime
 # checks again as the server starts.
 port=${BERTH_HOOK_SSH_PORT:-15263}
-[[ $port =~ ^[0-9]{1,5}$ ]] && ((10#$port >= 1024 && 10#$port <= 65535)) ||
+{ [[ $port =~ ^[0-9]{1,5}$ ]] && ((10#$port >= 1024 && 10#$port <= 65535)); } ||
     die "BERTH_HOOK_SSH_PORT (com.hooks.ssh.port): '${port//[^[:print:]]/?}' is not a port from 1024 to 65535"
 port=$((10#$port))
 listening() {
@@ -56,7 +56,7 @@ if listening "$port"; then
 fi
 
 server=${BERTH_SSH_SERVER:-$(PATH=/usr/sbin:/usr/bin type -P dropbear || true)}
-[ -n "$server" ] && [ -x "$server" ] ||
+[[ -n $server && -x $server ]] ||
     die "it is on (BERTH_HOOK_SSH_ENABLE), but this node has no dropbear (Debian's dropbear-bin; BERTH_SSH_SERVER)"
 plain_path BERTH_SSH_SERVER "$server"
 
@@ -64,11 +64,11 @@ plain_path BERTH_SSH_SERVER "$server"
 # made (10-shadow.sh's, the Slurm hook's over it), else the image's. Its
 # home is where dropbear looks for .ssh/authorized_keys, its shell what
 # runs the session.
-home='' shell=''
+home=''
 for passwd in "$BERTH_RUNTIME_DIR/slurm-passwd" "$BERTH_RUNTIME_DIR/passwd" "$ENROOT_ROOTFS/etc/passwd"; do
-    [ -f "$passwd" ] && [ ! -L "$passwd" ] || continue
-    IFS=: read -r home shell < <(awk -F: -v uid="${BERTH_UID:?}" \
-        '$3 == uid { print $6 ":" $7; exit }' "$passwd") || true
+    [[ -f $passwd && ! -L $passwd ]] || continue
+    IFS= read -r home < <(awk -F: -v uid="${BERTH_UID:?}" \
+        '$3 == uid { print $6; exit }' "$passwd") || true
     break
 done
 [ -n "$home" ] || die "the container's /etc/passwd has no user of uid $BERTH_UID to log in as"
@@ -91,6 +91,7 @@ add_keys() { # FILE WHAT
     echo >>"$keys"
 }
 if [ -n "$node_home" ] && [ -f "$node_home/.ssh/authorized_keys" ]; then
+    # shellcheck disable=SC2088  # the file's name in the messages, not a path
     add_keys "$node_home/.ssh/authorized_keys" "~/.ssh/authorized_keys"
 fi
 extra=${BERTH_HOOK_SSH_AUTHORIZE_SSH_KEY:-}
@@ -109,6 +110,7 @@ config=${ENROOT_CONFIG_PATH:?}/ssh
 host_key=$config/dropbear_ed25519_host_key
 plain_path ENROOT_CONFIG_PATH "$config"
 if [ ! -f "$host_key" ]; then
+    # shellcheck disable=SC2174  # 0700 is for the key's directory; its parents are the user's own
     mkdir -p -m 700 -- "$config" 2>/dev/null || die "cannot make $config for the host key"
     made=$config/.new-$$-$RANDOM
     keygen=$(PATH=${server%/*}:/usr/bin:/usr/sbin type -P dropbearkey) ||
@@ -127,7 +129,7 @@ loader=$(ld_cache_entries ld-linux-x86-64.so ld-linux-aarch64.so |
 bind "$loader" "$top/ld.so" bind,ro,nosuid,nodev,x-create=file
 bind "$server" "$top/dropbear" bind,ro,nosuid,nodev,x-create=file
 while read -r name arrow path _; do
-    [ "$arrow" = "=>" ] && [[ $path == /* ]] || continue
+    [[ $arrow == "=>" && $path == /* ]] || continue
     plain_path "dropbear's library" "$path"
     bind "$path" "$top/lib/$name" bind,ro,nosuid,nodev,x-create=file
 done < <("$loader" --list "$server" 2>/dev/null)

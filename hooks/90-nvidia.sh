@@ -166,7 +166,7 @@ read_library_list() {
         line=${line%%#*}
         read -r capability kind name extra <<<"$line" || true
         [ -n "${capability:-}" ] || continue
-        [ -n "${name:-}" ] && [ -z "${extra:-}" ] ||
+        [[ -n ${name:-} && -z ${extra:-} ]] ||
             die "$conf:$number: want 'CAPABILITY KIND NAME', got '$line'"
         case " $capability " in
             " all " | " compat32 ") die "$conf:$number: '$capability' cannot be listed" ;;
@@ -234,7 +234,7 @@ check_requirements() {
                     driver) have=$driver ;;
                     *) continue ;;
                 esac
-                [ -n "$have" ] && version_holds "$have" "$op" "$wanted" || { met=no; break; }
+                { [ -n "$have" ] && version_holds "$have" "$op" "$wanted"; } || { met=no; break; }
             done
             [ "$met" = no ] || break
         done
@@ -312,7 +312,7 @@ program_path() {
     IFS=: read -ra dirs <<<"${PATH:-}"
     for dir in "${dirs[@]}" "${!driver_bin_dirs[@]}"; do
         candidate=$dir/$1
-        [ -f "$candidate" ] && [ -x "$candidate" ] || continue
+        [[ -f $candidate && -x $candidate ]] || continue
         if [ -L "$candidate" ]; then candidate=$(readlink -f "$candidate"); fi
         magic=''
         IFS= read -r -n 4 magic <"$candidate" || true

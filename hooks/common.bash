@@ -88,7 +88,7 @@ each_device() {
     for item in "${items[@]}"; do
         item=${item//[[:space:]]/}
         if [[ $item =~ ^[0-9]+$ ]]; then
-            [ "${#item}" -lt 6 ] && [ "$((10#$item))" -lt "$count" ] ||
+            { [ "${#item}" -lt 6 ] && [ "$((10#$item))" -lt "$count" ]; } ||
                 die "$variable: no $what $item on this node (it has $count)"
             "$handler" "$variable" index "$((10#$item))"
         else
@@ -109,8 +109,8 @@ plain_path() {
 # could lead out. WANTED is the path named in the message.
 inside() {
     local real top_real
-    real=$(realpath -- "$1") && top_real=$(realpath -- "$ENROOT_ROOTFS") &&
-        [[ $real == "$top_real" || $real == "$top_real/"* ]] ||
+    { real=$(realpath -- "$1") && top_real=$(realpath -- "$ENROOT_ROOTFS") &&
+        [[ $real == "$top_real" || $real == "$top_real/"* ]]; } ||
         die "${2#"$ENROOT_ROOTFS"}: a link of the image leads it out of the container's root"
 }
 
