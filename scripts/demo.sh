@@ -18,9 +18,9 @@ molecule create -s multinode
 molecule prepare -s multinode
 molecule converge -s multinode
 
-job="srun -N2 -n4 --mpi=pmix --container-image=berth-ctl:5000#berth/mpi-test:1 allreduce-openmpi"
+job=(srun -N2 -n4 --mpi=pmix --container-image=berth-ctl:5000#berth/mpi-test:1 allreduce-openmpi)
 echo
-echo "demo: as user alice on berth-ctl: $job"
-docker exec berth-ctl runuser -u alice -- $job
+echo "demo: as user alice on berth-ctl: ${job[*]}"
+docker exec berth-ctl runuser -u alice -- "${job[@]}"
 echo
 echo "demo: the cluster is up; log in with: docker exec -it berth-ctl runuser -l alice"

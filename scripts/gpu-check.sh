@@ -18,7 +18,6 @@
 # newer, with requests and tqdm), the driver (nvidia-smi), useradd, runuser, tar.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPO=$PWD
 
 die() { echo "gpu-check: $*" >&2; exit 2; }
 
@@ -53,6 +52,7 @@ prepare() {
 }
 
 apptainer_env() {
+    # shellcheck disable=SC2016  # the image's environment script: its shell expands these
     printf '%s\n' 'export PATH="/opt/gpu-check/bin:$PATH"' \
         'LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/.singularity.d/libs"' \
         'export LD_LIBRARY_PATH'
@@ -92,9 +92,9 @@ refused() { # VARIABLE OUTPUT: berth's one line, the hook's reason naming VARIAB
 }
 
 median_ms() { # COMMAND...: the median of five runs, in milliseconds
-    local i start
+    local start
     local -a times=()
-    for i in 1 2 3 4 5; do
+    for _ in 1 2 3 4 5; do
         start=$(date +%s%N)
         "$@" >/dev/null 2>&1 || true
         times+=($((($(date +%s%N) - start) / 1000000)))
@@ -133,6 +133,7 @@ run_checks() {
     out=$(as_job -- start -r -w -e "$all_gpus" "${with_cuda[@]}" gpucheck cuda-check 2>&1) && rc=0 || rc=$?
     check "the same with --root and --rw" "$rc" "$out"
 
+    # shellcheck disable=SC2016  # expanded by the container's shell
     out=$(as_job SLURM_STEP_GPUS=0 -- start gpucheck \
         sh -c 'nvidia-smi -L; echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"' 2>&1) && rc=0 || rc=$?
     [ "$rc" = 0 ] && [ "$(grep -c '^GPU ' <<<"$out")" = 1 ] &&
@@ -183,6 +184,7 @@ run_checks() {
     if command -v squashfuse >/dev/null && [ -r /dev/fuse ] && [ -w /dev/fuse ]; then
         sif_target=$work/gpucheck.sif sif_how="the SIF file started in place"
     fi
+    # shellcheck disable=SC2016  # expanded by the container's shell
     out=$(as_job -- start -e "$all_gpus" "$sif_target" sh -c \
         'cuda-check && nvidia-smi -L && echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"' 2>&1) && rc=0 || rc=$?
     grep -q '^LD_LIBRARY_PATH=.*/.singularity.d/libs$' <<<"$out" || rc=1
@@ -216,7 +218,7 @@ run() {
     local dir python
     dir=$(realpath "$1")
     [ "$(id -u)" = 0 ] || die "run it as root (it makes a throwaway user)"
-    [ -r "$dir/rootfs.tar.gz" ] && [ -x "$dir/cuda-check" ] && [ -r "$dir/gpucheck.sif" ] ||
+    [[ -r $dir/rootfs.tar.gz && -x $dir/cuda-check && -r $dir/gpucheck.sif ]] ||
         die "$dir: no rootfs.tar.gz, cuda-check and gpucheck.sif (scripts/gpu-check.sh prepare $dir)"
     command -v nvidia-smi >/dev/null || die "no nvidia-smi: is the NVIDIA driver installed?"
     python=$(command -v python3) || die "no python3"
@@ -226,7 +228,7 @@ run() {
     echo "== this machine"
     nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
     uname -r
-    ls -l /dev | grep -E 'nvidia|gdrdrv' || true
+    ls -ld /dev/*nvidia* /dev/*gdrdrv* 2>/dev/null || true
     ldconfig -p | grep -E 'libcuda\.so|libnvidia-ml\.so|libgdrapi' || true
 
     work=$(mktemp -d /tmp/berth-gpu-check.XXXXXX)

@@ -57,10 +57,11 @@ slurm_options=(
     --volume "$PWD/.cache/images/$SUITE:/opt/berth-images:ro"
     --volume "$PWD/.cache/images:/opt/berth-test-images:ro"
     --volume "$SHARED:/shared:rw"
-    --tmpfs /var/lib/berth:exec,mode=0755
+    --tmpfs "/var/lib/berth:exec,mode=0755"
 )
 # systemd in a cgroup namespace of its own, on the node's cgroup subtree made
 # writable (as the scenario's nodes)
+# shellcheck disable=SC2016  # the node's shell expands these
 node_init='for tree in /sys/fs/cgroup/*/; do mount -o remount,bind,rw "$tree"; done;
 exec /lib/systemd/systemd'
 
@@ -106,7 +107,7 @@ write_inventory() {  # N
 
 create() {  # N
     local n=$1 i
-    [[ "$n" =~ ^[0-9]+$ ]] && ((n >= 2 && n <= 32)) || {
+    { [[ "$n" =~ ^[0-9]+$ ]] && ((n >= 2 && n <= 32)); } || {
         echo "scale: N must be 2..32, not $n" >&2
         exit 2
     }
@@ -175,14 +176,17 @@ playbook() {  # PLAYBOOK ARGS...
 }
 
 memory() {
-    docker stats --no-stream --format '{{.Name}} {{.MemUsage}}' \
-        $(docker ps --filter label=berth.scale=1 --format '{{.Names}}') | sort -V
+    local -a names
+    mapfile -t names < <(docker ps --filter label=berth.scale=1 --format '{{.Names}}')
+    docker stats --no-stream --format '{{.Name}} {{.MemUsage}}' "${names[@]}" | sort -V
 }
 
 destroy() {
     local names
+    local -a each
     names=$(docker ps -a --filter label=berth.scale=1 --format '{{.Names}}')
-    [[ -z "$names" ]] || docker rm -f $names >/dev/null
+    mapfile -t each <<<"$names"
+    [[ -z "$names" ]] || docker rm -f "${each[@]}" >/dev/null
     for net in "$NET" "$UPSTREAM_NET"; do
         docker network rm "$net" >/dev/null 2>&1 || true
     done

@@ -41,7 +41,7 @@ realistic_image.with_shell(realistic_image.cached(
 PYTHON
 
 if [[ -f $OUT/mpi-test.sqsh && -f $OUT/mpi-test.tar && -f $OUT/mpi-test.sif &&
-      "$(cat $OUT/stamp 2>/dev/null)" == "$stamp" ]]; then
+      "$(cat "$OUT/stamp" 2>/dev/null)" == "$stamp" ]]; then
     echo "test-image: $OUT/mpi-test.{tar,sqsh,sif} present"
     exit 0
 fi
@@ -79,6 +79,7 @@ mksquashfs "$work/root" "$work/mpi-test.sqsh" -noappend -quiet -comp zstd >/dev/
 # makes the primary system partition of a new SIF file.
 echo "test-image: writing $OUT/mpi-test.sif"
 mkdir -p "$work/apptainer/.singularity.d/env"
+# shellcheck disable=SC2016  # the image's environment script: its shell expands $PATH
 printf '%s\n' 'export PATH="/opt/mpi-test:$PATH"' 'export MPI_TEST_IMAGE=sif' \
     >"$work/apptainer/.singularity.d/env/90-environment.sh"
 printf '%s\n' '#!/bin/sh' 'exec allreduce-openmpi "$@"' >"$work/apptainer/.singularity.d/runscript"

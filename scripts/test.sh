@@ -246,7 +246,7 @@ else
     # have their own /dev, users, network, /shared and cgroup namespace; the
     # runtime suite runs in a container of its own).
     beside cluster-trixie cluster_beside
-    beside pytest unit_tests then runtime-trixie runtime_suite_trixie
+    beside pytest unit_tests "then" runtime-trixie runtime_suite_trixie
     stage cluster-bookworm env BERTH_NODE_SUITE=bookworm molecule test -s multinode
     collect pytest
     collect runtime-trixie
