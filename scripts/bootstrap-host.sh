@@ -11,6 +11,7 @@ APT_PACKAGES=(
     squashfs-tools squashfuse fuse-overlayfs uidmap zstd pigz isal busybox-static siftool dropbear-bin
     python3-venv python3-requests python3-tqdm python3-setuptools python3-wheel
     gcc make libc6-dev valgrind libslurm-dev slurm-wlm-basic-plugins-dev slurm-client
+    shellcheck
 )
 
 missing=()

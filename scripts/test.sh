@@ -24,7 +24,7 @@ CI_LIMIT=5400  # CI stops a run after 90 minutes: past it, nothing lands
 STAGES=(
     "bootstrap|180|host bootstrap (packages, Docker daemon, venv, node images)"
     "unit|60|--fast only: the unit tier of pytest (pytest.ini; no root, network, playbook or namespaces)"
-    "lint|45|ansible-lint (production profile), syntax check, module documentation, the docs site"
+    "lint|45|ruff, shellcheck, ansible-lint (production profile), syntax check, module documentation, the docs site"
     "images|240|test images (Open MPI, MPICH) of Debian 12 and 13"
     "pytest|800|unit and integration tests (tests, runtime/tests)"
     "runtime-trixie|240|runtime suite on Debian 13 (Python 3.13), SPANK plugin against Slurm 24.11"
@@ -166,7 +166,32 @@ collect() {
     record "$key" "$seconds" "$rc"
 }
 
+# The shell scripts lint checks, NUL-terminated: every tracked *.sh and
+# *.bash file and every other whose first line runs sh or bash, but the
+# roles' Jinja templates (*.j2), which are shell only once rendered.
+shell_scripts() {
+    local file line
+    while IFS= read -r -d '' file; do
+        case $file in
+            *.j2) continue ;;
+            *.sh | *.bash) printf '%s\0' "$file"; continue ;;
+        esac
+        [[ -f $file && ! -L $file ]] || continue
+        line=''
+        IFS= read -r line 2>/dev/null <"$file" || true
+        if [[ $line =~ ^'#!'[[:space:]]*(/usr)?/bin/(env[[:space:]]+)?(ba)?sh([[:space:]]|$) ]]; then
+            printf '%s\0' "$file"
+        fi
+    done < <(git ls-files -z)
+}
+
 lint() {
+    # Python (ruff.toml: pyflakes, pycodestyle, bugbear, import order), then
+    # the shell scripts, following the files they source (from the root)
+    ruff check --quiet .
+    local -a scripts
+    mapfile -d '' scripts < <(shell_scripts)
+    shellcheck --external-sources "${scripts[@]}"
     ansible-lint --profile production --offline
     ansible-playbook --syntax-check -i inventories/example/hosts.yml site.yml
     ansible-playbook --syntax-check -i inventories/example/hosts.yml playbooks/upgrade.yml
