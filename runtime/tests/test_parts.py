@@ -5,7 +5,6 @@ namespaces, kernel overlay, squashfuse and mksquashfs, run as the test
 user (test_container's fixtures), as test_start_uri.py does.
 """
 
-import json
 import os
 import stat
 import subprocess
@@ -15,13 +14,19 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from berth.image import parts  # noqa: E402
-from registry_fixture import (  # noqa: E402
-    FORGED_DIGEST, forged_listing_line, forged_part, gzipped, layer_tar, listing, tree)
-from test_container import (  # noqa: E402, F401 (fixtures)
-    berth, berth_pid, build_root, images, library, usable_fuse, user)
-from test_start_uri import (  # noqa: E402, F401 (fixtures)
-    HOST_ARCH, busybox_layer, detached, pulling, registry, uri_of)
+from registry_fixture import (
+    FORGED_DIGEST,
+    forged_listing_line,
+    forged_part,
+    gzipped,
+    layer_tar,
+    listing,
+    tree,
+)
+from test_container import berth, berth_pid, build_root, images, library, usable_fuse, user  # noqa: F401 (fixtures)
+from test_start_uri import HOST_ARCH, busybox_layer, detached, pulling, registry, uri_of  # noqa: F401 (fixtures)
+
+from berth.image import parts
 
 CONFIG = {"architecture": HOST_ARCH, "os": "linux",
           "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]}}

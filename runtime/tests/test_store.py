@@ -23,10 +23,18 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import (  # noqa: E402
-    FORGED_DIGEST, Proxy, berth, berth_env, forged_part, gzipped, layer_tar, throwaway_users)
-from test_container import usable_fuse  # noqa: E402, F401 (a fixture)
-from test_sif import sifs  # noqa: E402, F401 (a fixture)
+from registry_fixture import (
+    FORGED_DIGEST,
+    Proxy,
+    berth,
+    berth_env,
+    forged_part,
+    gzipped,
+    layer_tar,
+    throwaway_users,
+)
+from test_container import usable_fuse  # noqa: F401 (a fixture)
+from test_sif import sifs  # noqa: F401 (a fixture)
 
 pytestmark = [
     pytest.mark.skipif(not shutil.which("docker-registry"),
