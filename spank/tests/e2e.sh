@@ -49,6 +49,7 @@ if [[ $mode == fake ]]; then
     put /usr/local/bin/berth 0755 <"$here/fake-berth"
 else
     # as the container_runtime role does: a venv on the distribution's packages
+    # shellcheck disable=SC2016  # the node's shell expands these
     tar -C "$repo/runtime" --exclude=__pycache__ --exclude=tests -c . | on_node sh -ec '
         mkdir -p /opt/berth/src && tar -C /opt/berth/src -x
         python3 -m venv --system-site-packages /opt/berth
@@ -149,6 +150,7 @@ absent() { # description, command, substring that must appear in neither stream
 }
 # the node's state once it settles: "idle" within 30 s, else the last seen
 # (a drained node never gets there; "planned" or "completing" soon pass)
+# shellcheck disable=SC2016  # run by the node's shell (as_alice_apart)
 settled_state='for _ in $(seq 30); do s=$(sinfo -h -o %T); [ "$s" = idle ] && break; sleep 1; done; echo "$s"'
 jobs_so_far() { on_node sh -c 'scontrol show jobs -o 2>/dev/null | grep -c JobId= || true'; }
 
@@ -303,6 +305,7 @@ fi
 
 # --environment: the real runtime resolves EDF files; fake-berth hands out
 # the resolved lines (NAME.spank), so the plugin's part runs in both modes.
+# shellcheck disable=SC2016  # the node's shell expands these
 on_node sh -ec 'mkdir -p /srv/data/sub /home/alice/.edf
     printf "#!/bin/sh\necho HOOK_SAW=\${BERTH_HOOK_PROBE_FLAVOUR:-unset} >>\"\$ENROOT_ENVIRON\"\n" \
         >/srv/50-probe.sh'
@@ -315,6 +318,7 @@ if [[ $mode == real ]]; then
         put /home/alice/.edf/ssh.toml 0644
     printf 'image = "/srv/img.sqsh"\nmounts = ["/srv/data:mnt"]\n' | put /home/alice/.edf/reltarget.toml 0644
     reltarget_says="mount '/srv/data:mnt': destination 'mnt' is not an absolute path"
+    # shellcheck disable=SC2016  # ${EDF_SRC} is the EDF's, which the runtime expands
     edf_file=toml edf_text='image = "/srv/img.sqsh"
 workdir = "/data"
 mounts = ["${EDF_SRC}:/data:ro"]
@@ -458,6 +462,7 @@ absent "no step dir left" "ls /run/berth/1000/spank" "."
 
 if ((failures)); then
     echo "e2e: $failures check(s) failed; the plugin's step dirs left:"
+    # shellcheck disable=SC2016  # the node's shell expands these
     on_node sh -c 'for f in /run/berth/1000/spank/*.*/*; do echo "== $f"; cat "$f"; done' || true
     exit 1
 fi
