@@ -229,8 +229,9 @@ ENROOT_CONF = {
     "ENROOT_MAX_PROCESSORS": "Processors `mksquashfs` uses for an import.",
     "ENROOT_MAX_CONNECTIONS": "Downloads an import runs at once.",
     "ENROOT_CONNECT_TIMEOUT": "Seconds to connect to a registry; 0: no limit.",
-    "ENROOT_TRANSFER_TIMEOUT": "Seconds a download may go without a byte; 0: no limit (enroot's "
-                               "bounds the whole transfer).",
+    "ENROOT_TRANSFER_TIMEOUT": "Seconds a download may go without a byte, and the window over "
+                               "which a layer must move 1 KiB/s; 0: no limit (enroot's bounds "
+                               "the whole transfer).",
     "ENROOT_TRANSFER_RETRIES": "Retries of a failed download.",
     "ENROOT_LOGIN_SHELL": "Commands run through the container's login shell, so its profile "
                           "applies.",
