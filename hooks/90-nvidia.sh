@@ -122,14 +122,17 @@ select_gpu() { # VARIABLE index N | VARIABLE name ITEM (each_device's handler)
     fi
 }
 
-# Slurm's binding of GPUs to this step into "binding", as "VARIABLE=VALUE",
-# or empty (set, not printed: a $(...) would fork in every container start).
+# slurm_binding OUT: Slurm's binding of GPUs to this step into the variable
+# named OUT, as "VARIABLE=VALUE", or empty (through a nameref, not printed:
+# a $(...) would fork in every container start).
+# shellcheck disable=SC2034  # binding_out is the caller's variable
 slurm_binding() {
+    local -n binding_out=$1
     local variable
-    binding=''
+    binding_out=''
     for variable in SLURM_STEP_GPUS SLURM_JOB_GPUS CUDA_VISIBLE_DEVICES; do
         if [ -n "${!variable:-}" ]; then
-            binding="$variable=${!variable}"
+            binding_out="$variable=${!variable}"
             return
         fi
     done
@@ -187,6 +190,12 @@ read_library_list() {
     done <"$conf"
 }
 
+# Whether NVIDIA_REQUIRE_* is enforced: NVIDIA_DISABLE_REQUIRE unset or false.
+requirements_enforced() {
+    case ${NVIDIA_DISABLE_REQUIRE:-} in "" | 0 | false | no | n) return 0 ;; esac
+    return 1
+}
+
 # version_le A B: A <= B in version order.
 version_le() {
     [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" = "$1" ]
@@ -209,7 +218,7 @@ version_holds() { # VERSION OP WANTED
 check_requirements() {
     local variable alternative term key op wanted have driver='' cuda='' met
     local -a alternatives terms words
-    case ${NVIDIA_DISABLE_REQUIRE:-} in "" | 0 | false | no | n) ;; *) return 0 ;; esac
+    requirements_enforced || return 0
     compgen -v NVIDIA_REQUIRE_ >/dev/null || return 0
     command -v nvidia-smi >/dev/null || return 0
     cuda=$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -n1)
@@ -298,38 +307,38 @@ bind_libraries() {
     if [ -n "$line" ]; then environ+=("$line"); fi
 }
 
-# program_path NAME: into "program", what to bind for NAME: the first executable ELF
-# file called NAME on PATH or in a driver's own bin directory (beside the
-# directory of its bound libraries: a driver mounted into a containerized
-# node at /usr/local/nvidia has /usr/local/nvidia/bin), else the first file
-# found. A node's PATH may find a wrapper script that execs a path the
+# program_path OUT NAME: into the variable named OUT, what to bind for NAME:
+# the first executable ELF file called NAME on PATH or in a driver's own bin
+# directory (beside the directory of its bound libraries: a driver mounted
+# into a containerized node at /usr/local/nvidia has /usr/local/nvidia/bin),
+# else the first file found. A node's PATH may find a wrapper script that execs a path the
 # container lacks (seen on a GPU machine: /usr/bin/nvidia-smi running
 # /usr/local/nvidia/bin/nvidia-smi).
-program=''
 program_path() {
+    local -n program_out=$1
     local dir candidate first='' magic
     local -a dirs
     IFS=: read -ra dirs <<<"${PATH:-}"
     for dir in "${dirs[@]}" "${!driver_bin_dirs[@]}"; do
-        candidate=$dir/$1
+        candidate=$dir/$2
         [[ -f $candidate && -x $candidate ]] || continue
         if [ -L "$candidate" ]; then candidate=$(readlink -f "$candidate"); fi
         magic=''
         IFS= read -r -n 4 magic <"$candidate" || true
         if [ "$magic" = $'\x7fELF' ]; then
-            program=$candidate
+            program_out=$candidate
             return 0
         fi
         first=${first:-$candidate}
     done
-    program=$first
-    [ -n "$program" ]
+    program_out=$first
+    [ -n "$program_out" ]
 }
 
 bind_programs_and_files() {
-    local name path
+    local name path program
     for name in "${wanted_bins[@]}"; do
-        program_path "$name" || continue
+        program_path program "$name" || continue
         bind "$program" "/usr/bin/$name" bind,ro,nosuid,x-create=file
     done
     for path in "${wanted_files[@]}"; do
@@ -339,11 +348,13 @@ bind_programs_and_files() {
     done
 }
 
-# counting_list N: into "list", "0,1,...,N-1" (no seq: every fork counts).
+# counting_list OUT N: into the variable named OUT, "0,1,...,N-1" (no seq:
+# every fork counts).
 counting_list() {
+    local -n list_out=$1
     local i
-    list=''
-    for ((i = 0; i < $1; i++)); do list+=${list:+,}$i; done
+    list_out=''
+    for ((i = 0; i < $2; i++)); do list_out+=${list_out:+,}$i; done
 }
 
 # Inside, the driver numbers only the GPUs it can see, from 0: Slurm's
@@ -353,7 +364,7 @@ renumber_cuda_devices() {
     if [ "${#selected_migs[@]}" -gt 0 ]; then
         list=$(IFS=,; echo "${selected_migs[*]}")
     else
-        counting_list "${#selected_gpus[@]}"
+        counting_list list "${#selected_gpus[@]}"
     fi
     environ+=("CUDA_VISIBLE_DEVICES=$list")
 }
@@ -370,12 +381,11 @@ run_container_cli() {
     for capability in "${!capabilities[@]}"; do
         [ "$capability" = all ] || args+=("--$capability")
     done
-    case ${NVIDIA_DISABLE_REQUIRE:-} in
-        "" | 0 | false | no | n)
-            for variable in $(compgen -v NVIDIA_REQUIRE_ || true); do
-                args+=("--require=${!variable}")
-            done ;;
-    esac
+    if requirements_enforced; then
+        for variable in $(compgen -v NVIDIA_REQUIRE_ || true); do
+            args+=("--require=${!variable}")
+        done
+    fi
     nvidia-container-cli "${args[@]}" "${ENROOT_ROOTFS:?}" ||
         die "nvidia-container-cli failed for GPUs $list"
 }
@@ -387,12 +397,12 @@ main() {
         *) die "BERTH_NVIDIA_BACKEND: unknown backend '$backend' (ldcache or nvidia-container-cli)" ;;
     esac
     if [ -z "${NVIDIA_VISIBLE_DEVICES+set}" ]; then
-        slurm_binding
+        slurm_binding binding
         [ -n "$binding" ] || exit 0
     else
         case $NVIDIA_VISIBLE_DEVICES in
             "" | none | void) exit 0 ;;
-            all) slurm_binding ;;
+            all) slurm_binding binding ;;
         esac
     fi
 
@@ -406,7 +416,7 @@ main() {
         select_devices "${binding%%=*}" "${binding#*=}"
     elif [ "$NVIDIA_VISIBLE_DEVICES" = all ]; then
         [ "${#gpu_minor[@]}" -gt 0 ] || exit 0
-        counting_list "${#gpu_minor[@]}"
+        counting_list list "${#gpu_minor[@]}"
         select_devices NVIDIA_VISIBLE_DEVICES "$list"
     else
         select_devices NVIDIA_VISIBLE_DEVICES "$NVIDIA_VISIBLE_DEVICES"
