@@ -132,17 +132,32 @@ def differs(path, content):
         return True
 
 
-def write(path, content, mode):
+def write(module, path, content, mode):
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".berth-tree.")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(content)
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        move_into_place(module, tmp, path, mode)
     except BaseException:
         if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
+
+
+def move_into_place(module, tmp, path, mode):
+    """Rename tmp to path: owned by the module's user, never wider than mode."""
+    # keep_dest_attrs=False: by default atomic_move copies an existing file's
+    # owner and mode onto the new one, so the file would stay the old
+    # owner's, with the old (maybe wider) mode until the chmod below. A file
+    # it creates it makes 0666 & ~umask after the rename: the narrowed umask
+    # keeps that within mode (a 0600 file is never readable by others).
+    umask = os.umask(0o777 & ~mode)
+    try:
+        module.atomic_move(tmp, path, keep_dest_attrs=False)
+    finally:
+        os.umask(umask)
+    os.chmod(path, mode)
 
 
 def remove(path, st):
@@ -271,9 +286,11 @@ def main():
             if not os.path.isdir(path):
                 os.mkdir(path, made_mode)
         for rel in written:
-            write(os.path.join(dest, rel), files[rel], mode)
+            write(module, os.path.join(dest, rel), files[rel], mode)
     except OSError as e:
         module.fail_json(msg=f"berth_tree: {e.filename or dest}: {e.strerror}", **result)
+    except Exception as e:  # atomic_move's own, naming the file it could not replace
+        module.fail_json(msg=f"berth_tree: {e}", **result)
     module.exit_json(**result)
 
 

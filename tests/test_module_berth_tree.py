@@ -2,9 +2,11 @@
 ansible-playbook): a directory made to hold exactly the given files, in one
 module run."""
 
+import errno
 import os
 
 import pytest
+from ansible.module_utils import basic
 
 import ansible_module
 
@@ -144,3 +146,46 @@ def test_a_shared_dest_reached_through_a_link_is_followed_a_tree_of_ours_is_not(
     run(owned, {"a": "1\n"})
     assert not owned.is_symlink() and tree(owned) == {"a": "1\n"}
     assert tree(real) == {"site.conf": "the site's\n", "ours.conf": "1\n"}
+
+
+def test_a_change_of_mode_alone_rewrites_an_existing_file_with_the_new_mode(tmp_path):
+    dest = tmp_path / "hooks.d"
+    files = {"10-home.sh": "#!/bin/sh\n"}
+    run(dest, files)
+    result = run(dest, files, mode="0755")
+    assert result["written"] == ["10-home.sh"]
+    assert oct((dest / "10-home.sh").stat().st_mode & 0o777) == "0o755"
+    assert not run(dest, files, mode="0755")["changed"]
+    run(dest, {"10-home.sh": "#!/bin/sh\nexit 0\n"}, mode="0700")
+    assert oct((dest / "10-home.sh").stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_new_private_file_is_never_readable_by_others_on_its_way(tmp_path, monkeypatch):
+    # atomic_move makes a file it creates 0666 & ~umask before the module sets
+    # the file's mode: what others could read in between, under umask 002.
+    seen = {}
+    real_move = basic.AnsibleModule.atomic_move
+
+    def move_and_look(self, src, dest, **options):
+        real_move(self, src, dest, **options)
+        seen[os.path.basename(dest)] = os.stat(dest).st_mode & 0o777
+
+    monkeypatch.setattr(basic.AnsibleModule, "atomic_move", move_and_look)
+    dest = tmp_path / "enroot"
+    result = ansible_module.call_module(
+        "berth_tree", {"dest": str(dest), "files": {".credentials": "x\n", "run.sh": "y\n"},
+                       "mode": "0600"}, umask=0o002)
+    assert result["changed"] and seen and all(mode & 0o077 == 0 for mode in seen.values())
+    assert oct((dest / ".credentials").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_rename_that_fails_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    def refuse(src, dest):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), dest)
+
+    monkeypatch.setattr(os, "rename", refuse)
+    dest = tmp_path / "src"
+    result = run(dest, {"a.py": "1\n"})
+    assert result["failed"] and result["msg"].startswith("berth_tree: ")
+    assert str(dest / "a.py") in result["msg"] and "\n" not in result["msg"]
+    assert os.listdir(dest) == []
