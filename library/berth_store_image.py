@@ -17,6 +17,9 @@ description:
   - The store pulls anonymously, so only images the registry gives anyone can
     be staged; a private image fails, named. So does a tag the registry does
     not know.
+  - A store that answers busy (the user the module runs as has used its share
+    of the store) fails saying so, apart from an import that failed; a later
+    run stages the image.
   - Run it on one node with the store's socket (C(run_once)), since the store is one
     filesystem for the whole cluster.
 version_added: "0.1.0"
@@ -39,9 +42,10 @@ options:
     default: /run/berth-store.sock
   timeout:
     description:
-      - Seconds to wait for the store's answer about one image. Past it the
-        module fails naming the image; the store's own import goes on (within
-        its service's time limit), so a later run finds it there or waits again.
+      - Seconds the exchange with the store about one image may take, from
+        the connect to the end of its answer. Past it the module fails naming
+        the image; the store's own import goes on (within its service's time
+        limit), so a later run finds it there or waits again.
     type: int
     default: 7200
 attributes:
@@ -84,8 +88,10 @@ resolved:
   sample: {"nvcr.io#nvidia/pytorch:24.01-py3": "docker://nvcr.io#nvidia/pytorch@sha256:4f2a..."}
 """
 
+import contextlib
 import json
 import socket
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -115,21 +121,63 @@ def stored_sources(module):
                              f"entries ({e}): {out[:200]!r}")
 
 
+# The store's protocol (runtime/berth/store/service.py), read by the same rules
+# as the runtime's client (store/client.py), which this module cannot import:
+# berth lives in its own venv, maybe of another Python than the module's.
 def ask_store(path, reference, timeout):
-    """The store's one-line answer to a request for `reference`, within
-    `timeout` seconds of each read (TimeoutError past it)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+    """The store's one-line answer to a request for `reference` (None when
+    it closed without one). The whole exchange, from the connect to the last
+    read, within `timeout` seconds (TimeoutError past it); ValueError for
+    an answer that is not one line of text."""
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
         sock.settimeout(timeout)
         sock.connect(path)
-        sock.sendall(reference.encode() + b"\n")
-        sock.shutdown(socket.SHUT_WR)
-        data = b""
-        while b"\n" not in data and len(data) <= ANSWER_MAX:
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-    return data.split(b"\n", 1)[0].decode("utf-8", "replace")
+        with contextlib.suppress(OSError):  # (an early answer is read all the same)
+            sock.settimeout(remaining(deadline))
+            sock.sendall(reference.encode() + b"\n")
+            sock.shutdown(socket.SHUT_WR)
+        return read_answer(sock, deadline)
+
+
+def remaining(deadline):
+    return max(deadline - time.monotonic(), 0.001)
+
+
+def read_answer(sock, deadline):
+    data = b""
+    while b"\n" not in data:
+        sock.settimeout(remaining(deadline))
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > ANSWER_MAX:
+            raise ValueError(f"more than {ANSWER_MAX} bytes")
+    if not data:
+        return None
+    line, _, rest = data.partition(b"\n")
+    text = line.decode("utf-8", "replace")
+    if rest or not text.isprintable():
+        raise ValueError(f"{data[:100]!r}, not one line")
+    return text
+
+
+def answer_problem(answer):
+    """What is wrong with the store's `answer`, as the module says it; None for ok."""
+    if answer is None:
+        return "the store closed without answering"
+    kind, _, reason = answer.partition(" ")
+    if kind == "ok":
+        return None
+    if kind == "private":
+        return ("the registry wants a login; the store pulls anonymously, so only public "
+                "images can be staged")
+    if kind == "busy":  # the store's share of this user is taken: nothing failed
+        return f"the store is busy ({reason}); a later run stages it"
+    if kind == "error":
+        return f"the store failed to import it: {reason}"
+    return f"the store answered {answer[:100]!r}, not ok, private, busy or error"
 
 
 def stage(module, image, pinned):
@@ -143,13 +191,11 @@ def stage(module, image, pinned):
     except OSError as e:
         module.fail_json(msg=f"berth_store_image: {image}: the store's socket "
                              f"{module.params['socket']}: {e.strerror or e}")
-    kind, _, rest = answer.partition(" ")
-    if kind == "private":
-        module.fail_json(msg=f"berth_store_image: {image}: the registry wants a login; the store "
-                             "pulls anonymously, so only public images can be staged")
-    if kind != "ok":
-        module.fail_json(msg=f"berth_store_image: {image}: the store answered: "
-                             f"{answer[:500] or '(nothing)'}")
+    except ValueError as e:
+        module.fail_json(msg=f"berth_store_image: {image}: the store answered {e}; refusing it")
+    problem = answer_problem(answer)
+    if problem is not None:
+        module.fail_json(msg=f"berth_store_image: {image}: {problem}")
 
 
 def main():

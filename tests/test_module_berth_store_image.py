@@ -5,6 +5,7 @@ and the store's socket a thread of this test answering one line per request;
 the multinode scenario runs the module against the real runtime, the real
 socket unit and a real registry (molecule/multinode/tests/test_image_store.py)."""
 
+import contextlib
 import json
 import socket
 import textwrap
@@ -67,6 +68,12 @@ class Store:
                 answer = self.answers.get(request, "ok /shared/images/new.sqsh")
                 if answer is None:  # a store whose import takes longer than the module waits
                     time.sleep(3)
+                    continue
+                if isinstance(answer, list):  # an answer in pieces, each after a pause
+                    with contextlib.suppress(OSError):  # (the module may have given up)
+                        for piece in answer:
+                            time.sleep(0.4)
+                            conn.sendall(piece.encode())
                     continue
                 if answer.startswith("ok"):
                     self.add(request)
@@ -187,6 +194,42 @@ def test_a_store_that_does_not_answer_fails_after_the_timeout(play_dir, store):
         result = run(play_dir, store, ["registry#a/b:1"], timeout=bad)
         assert result["failed"] and result["msg"] == (
             f"berth_store_image: timeout: {bad} is not between 1 and 604800 seconds")
+
+
+def test_a_store_answering_by_trickles_fails_when_the_whole_exchange_is_past_the_timeout(
+        play_dir, store):
+    # Each piece comes well within the timeout; the answer as a whole does not.
+    store.answers["docker://registry#a/b@sha256:" + "1" * 64] = ["o", "k", " /x", ".sqsh", "\n"]
+    started = time.monotonic()
+    result = run(play_dir, store, ["registry#a/b:1"], timeout=1)
+    assert result["failed"] and result["msg"] == (
+        "berth_store_image: registry#a/b:1: the store gave no answer within 1 s (its import "
+        "goes on; a later run finds it or waits again)")
+    assert time.monotonic() - started < 1.8
+
+
+@pytest.mark.parametrize("answer, said", [
+    ("busy alice holds 4 connections on this node",
+     "the store is busy (alice holds 4 connections on this node); a later run stages it"),
+    ("error registry#a/b: blocked by registries.conf",
+     "the store failed to import it: registry#a/b: blocked by registries.conf"),
+    ("", "the store answered '', not ok, private, busy or error"),
+    ("fine", "the store answered 'fine', not ok, private, busy or error"),
+    ("ok /x.sqsh\nok /y.sqsh", "the store answered b'ok /x.sqsh\\nok /y.sqsh\\n', not one line; "
+                                "refusing it"),
+    ("ok " + "x" * 9000, "the store answered more than 8192 bytes; refusing it"),
+])
+def test_each_answer_but_ok_fails_saying_what_the_store_meant(play_dir, store, answer, said):
+    store.answers["docker://registry#a/b@sha256:" + "1" * 64] = answer
+    result = run(play_dir, store, ["registry#a/b:1"])
+    assert result["failed"] and result["msg"] == f"berth_store_image: registry#a/b:1: {said}"
+
+
+def test_a_store_that_closes_without_answering_fails_saying_so(play_dir, store):
+    store.answers["docker://registry#a/b@sha256:" + "1" * 64] = []
+    result = run(play_dir, store, ["registry#a/b:1"])
+    assert result["failed"] and result["msg"] == (
+        "berth_store_image: registry#a/b:1: the store closed without answering")
 
 
 def test_a_reference_with_spaces_is_refused(play_dir, store):
