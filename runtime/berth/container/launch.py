@@ -50,6 +50,7 @@ import os
 import select
 import signal
 import sys
+import typing
 
 from berth import porcelain, rootpath, syscalls as sc
 from berth.container import entry, environ, hooks, mounts, rootfs, seccomp, services
@@ -61,33 +62,34 @@ _NAMESPACES = (("user", sc.CLONE_NEWUSER), ("mnt", sc.CLONE_NEWNS), ("pid", sc.C
                ("net", sc.CLONE_NEWNET), ("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS))
 
 
-class Plan:
-    """Everything a start needs, checked before any process or file is made.
+class Plan(typing.NamedTuple):
+    """Everything a start needs, checked before any process or file is made
+    (verbs.py makes it)."""
 
-    cfg          the resolved configuration
-    runtime      per-start directory under ENROOT_RUNTIME_PATH
-    image        a squashfs started without unpacking, or
-    rootfs       an unpacked container root
-    scratch      the root unpacked for this start only (a writable start of
-                 an image), removed at the end; or None
-    writable, pid_namespace, restrict_dev, detach   booleans
-    porcelain    --detach's pid line as pid=PID (berth/porcelain.py)
-    ids          (uid, gid) of the container's processes inside (0, 0 with
-                 --root), or None: no user namespace (ENROOT_ALLOW_SUPERUSER)
-    unshare      extra CLONE_NEW* flags: net, ipc, uts
-    mounts       user mounts: mounts.d, config files, -m, in that order
-    env_files    environ.d files; env: config-file variables, then -e
-    hooks        hook executables in order
-    rc           script run instead of the image's /etc/rc, or None
-    login        run the command (or the keeper) through a login shell of the
-                 image, as enroot's ENROOT_LOGIN_SHELL does (_login_shell)
-    command      the command and its arguments
-    entrypoint   run the image's entrypoint with the command as its arguments
-    entrypoint_timeout  seconds a --detach entrypoint has to exec its arguments
-    """
-
-    def __init__(self, **fields):
-        self.__dict__.update(fields)
+    cfg: object              # the resolved configuration (config.Config)
+    runtime: str             # per-start directory under ENROOT_RUNTIME_PATH
+    image: object            # a squashfs started without unpacking (imagefile.Squashfs), or
+    rootfs: str              # an unpacked container root
+    scratch: str             # the root unpacked for this start only (a writable start of
+                             # an image), removed at the end; or None
+    writable: bool
+    ids: tuple               # (uid, gid) of the container's processes inside ((0, 0) with
+                             # --root), or None: no user namespace (ENROOT_ALLOW_SUPERUSER)
+    unshare: int             # extra CLONE_NEW* flags: net, ipc, uts
+    pid_namespace: bool
+    restrict_dev: bool
+    mounts: list             # user mounts: mounts.d, config files, -m, in that order
+    env_files: list          # environ.d files
+    env: dict                # config-file variables, then -e
+    hooks: list              # hook executables in order
+    rc: str                  # script run instead of the image's /etc/rc, or None
+    login: bool              # run the command (or the keeper) through a login shell of the
+                             # image, as enroot's ENROOT_LOGIN_SHELL does (_login_shell)
+    command: list            # the command and its arguments
+    detach: bool
+    porcelain: bool          # --detach's pid line as pid=PID (berth/porcelain.py)
+    entrypoint: bool         # run the image's entrypoint with the command as its arguments
+    entrypoint_timeout: int  # seconds a --detach entrypoint has to exec its arguments
 
 
 def _send(fd, message):

@@ -27,6 +27,7 @@ import collections
 import fcntl
 import os
 import sys
+import typing
 
 from berth import config, porcelain, safedir, syscalls as sc
 from berth.container import environ, hooks, launch, mounts, rootfs
@@ -37,14 +38,41 @@ from berth.image import imagefile, parts, reference
 # command-line namespace below it). Named tuples, as image/request.py's.
 CreateRequest = collections.namedtuple("CreateRequest", "image name force",
                                        defaults=(None, False))
-# start and batch: start's container (NAME, IMAGE or docker://URI) or
-# batch's config file, the options they share, and start's --reuse and the
-# shared image store's client for a docker://URI (image.request.ImportRequest's).
-StartRequest = collections.namedtuple(
-    "StartRequest", "command container config conf env rc root rw mount pid net ipc uts "
-                    "detach entrypoint reuse quiet store_client porcelain",
-    defaults=(None, None, (), (), None, False, False, (), False, False, False, False, False,
-              False, False, False, None, False))
+
+
+class _StartFields(typing.NamedTuple):
+    command: tuple
+    container: str = None  # start's NAME, IMAGE or docker://URI
+    config: str = None     # batch's config file
+    conf: tuple = ()       # -c CONF files
+    env: tuple = ()
+    rc: str = None
+    root: bool = False
+    rw: bool = False
+    mount: tuple = ()
+    pid: bool = False
+    net: bool = False
+    ipc: bool = False
+    uts: bool = False
+    detach: bool = False
+    entrypoint: bool = False
+    reuse: bool = False
+    quiet: bool = False
+    store_client: object = None  # the shared image store's, for a docker://URI
+    porcelain: bool = False
+
+
+class StartRequest(_StartFields):
+    """start and batch: the options they share, start's --reuse and the
+    shared image store's client (image.request.ImportRequest's). Given by
+    keyword only: nineteen fields are not told apart by their places."""
+
+    __slots__ = ()
+
+    def __new__(cls, **fields):
+        return super().__new__(cls, **fields)
+
+
 ExecRequest = collections.namedtuple("ExecRequest", "pid command")
 ListRequest = collections.namedtuple("ListRequest", "fancy", defaults=(False,))
 RemoveRequest = collections.namedtuple("RemoveRequest", "names force", defaults=(False,))
@@ -221,9 +249,41 @@ def _plan(request, cfg, container, conf, uri=False):
     image pulled (_pulled) once every other input is checked."""
     if request.porcelain and not request.detach:
         raise BerthError("--porcelain: only with --detach")
-    expand_env = {**os.environ, **dict(cfg.items())}
     # hooks.d, environ.d and mounts.d in there run as the caller or reach the container
     safedir.check_if_present(cfg["ENROOT_CONFIG_PATH"], "ENROOT_CONFIG_PATH")
+    source = _source(request, cfg, container, uri)
+    user_mounts = _user_mounts(request, cfg, conf)
+    env = _environment(request, conf)
+    rc = _rc(request, conf)
+    ids = _ids(request, cfg)
+    unshare = _unshare(request, cfg)
+    pid_namespace = request.pid or cfg.flag("ENROOT_UNSHARE_PID")
+    restrict_dev = cfg.flag("ENROOT_RESTRICT_DEV")
+    env_files = _sorted_files(cfg, "environ.d", ".env")
+    found_hooks = hooks.find(cfg)
+    login = cfg.flag("ENROOT_LOGIN_SHELL")
+    entrypoint_timeout = _entrypoint_timeout()
+    root = _prepare_root(request, cfg, container, uri, source)  # the first change: last
+    return launch.Plan(
+        cfg=cfg, runtime=root.runtime, image=root.image, rootfs=root.rootfs,
+        scratch=root.scratch, writable=source.writable, ids=ids, unshare=unshare,
+        pid_namespace=pid_namespace, restrict_dev=restrict_dev, mounts=user_mounts,
+        env_files=env_files, env=env, hooks=found_hooks, rc=rc, login=login,
+        command=list(request.command), detach=request.detach, porcelain=request.porcelain,
+        entrypoint=request.entrypoint, entrypoint_timeout=entrypoint_timeout,
+    )
+
+
+class _Source(typing.NamedTuple):
+    """Where a start's root comes from, checked (_source)."""
+
+    image: object   # the image file's imagefile.Squashfs; None for a container or a URI
+    rootfs: str     # the container's root, or None for an image
+    writable: bool
+    unpack: bool    # the image unpacked for this start (_writable_image)
+
+
+def _source(request, cfg, container, uri):
     is_image = uri or container.endswith(imagefile.SUFFIXES) or "/" in container
     image = imagefile.locate(container) if is_image and not uri else None
     root = None if is_image else _container_root(cfg, container)
@@ -235,65 +295,94 @@ def _plan(request, cfg, container, conf, uri=False):
     if is_image and not unpack and not os.access("/dev/fuse", os.R_OK | os.W_OK):
         raise BerthError(f"/dev/fuse is not usable by uid {os.getuid()}: starting {container} "
                          "without unpacking needs it with mode 0666 (or use berth create)")
+    return _Source(image=image, rootfs=root, writable=writable, unpack=unpack)
+
+
+def _user_mounts(request, cfg, conf):
+    """mounts.d's fstab files, then the config files', then -m's."""
+    expand_env = {**os.environ, **dict(cfg.items())}
     fstabs = []
     for path in _sorted_files(cfg, "mounts.d", ".fstab"):
         fstabs += mounts.read_fstab(path, expand_env)
-    user_mounts = fstabs + conf.mounts + [mounts.parse_spec(s) for s in request.mount]
+    return fstabs + conf.mounts + [mounts.parse_spec(s) for s in request.mount]
+
+
+def _environment(request, conf):
+    """The config files' variables, then -e's."""
     env = dict(conf.env)
     for spec in request.env:
         pair = environ.parse_option(spec, os.environ)
         if pair:
             env[pair[0]] = pair[1]
-    rc = conf.rc
-    if request.rc:
-        try:
-            rc = _read_text(request.rc)
-        except OSError as e:
-            raise BerthError(f"--rc {request.rc}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise BerthError(f"--rc {request.rc}: not UTF-8 text") from None
+    return env
+
+
+def _rc(request, conf):
+    if not request.rc:
+        return conf.rc
+    try:
+        return _read_text(request.rc)
+    except OSError as e:
+        raise BerthError(f"--rc {request.rc}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise BerthError(f"--rc {request.rc}: not UTF-8 text") from None
+
+
+def _ids(request, cfg):
     if os.getuid() == 0 and cfg.flag("ENROOT_ALLOW_SUPERUSER"):
-        ids = None  # no user namespace at all
-    elif request.root or cfg.flag("ENROOT_REMAP_ROOT"):
-        ids = (0, 0)
-    else:
-        ids = (os.getuid(), os.getgid())
+        return None  # no user namespace at all
+    if request.root or cfg.flag("ENROOT_REMAP_ROOT"):
+        return (0, 0)
+    return (os.getuid(), os.getgid())
+
+
+def _unshare(request, cfg):
     unshare = 0
     for ns, flag in (("net", sc.CLONE_NEWNET), ("ipc", sc.CLONE_NEWIPC), ("uts", sc.CLONE_NEWUTS)):
         if getattr(request, ns) or cfg.flag(f"ENROOT_UNSHARE_{ns.upper()}"):
             unshare |= flag
-    plan = launch.Plan(
-        cfg=cfg, runtime="", image=image, rootfs=root,
-        writable=writable, scratch=None, ids=ids, unshare=unshare,
-        pid_namespace=request.pid or cfg.flag("ENROOT_UNSHARE_PID"),
-        restrict_dev=cfg.flag("ENROOT_RESTRICT_DEV"),
-        mounts=user_mounts, env_files=_sorted_files(cfg, "environ.d", ".env"), env=env,
-        hooks=hooks.find(cfg), rc=rc, login=cfg.flag("ENROOT_LOGIN_SHELL"),
-        command=list(request.command), detach=request.detach, porcelain=request.porcelain,
-        entrypoint=request.entrypoint, entrypoint_timeout=_entrypoint_timeout(),
-    )
+    return unshare
+
+
+class _Root(typing.NamedTuple):
+    """The start's directories as _prepare_root made them (launch.Plan's fields)."""
+
+    runtime: str
+    image: object
+    rootfs: str
+    scratch: str
+
+
+def _prepare_root(request, cfg, container, uri, source):
+    """The runtime directory, made, and the root: a URI's image pulled, an
+    image unpacked for a writable start, else the image's mount points."""
     base = safedir.ensure(cfg["ENROOT_RUNTIME_PATH"], "ENROOT_RUNTIME_PATH")
+    image = source.image
     if uri:  # from here on, as a start of the image cache's IMAGE.sqsh
         container = _pulled(request, cfg, container)
-        plan.image = image = imagefile.locate(container)
-    # an image's file name, made a safe directory name (the start's, for berth
-    # list) that overlay's options (sc.OVERLAY_UNSAFE) can hold
-    label = "".join(c if c.isprintable() and c not in f"/{sc.OVERLAY_UNSAFE}" else "_"
-                    for c in os.path.basename(container))[:NAME_MAX]
+        image = imagefile.locate(container)
+    label = _label(container)
     try:
-        plan.runtime = _fresh_dir(base, label)
+        runtime = _fresh_dir(base, label)
     except OSError as e:
         raise BerthError(f"ENROOT_RUNTIME_PATH {base}: {e.strerror}") from None
-    if unpack:
+    if source.unpack:
         try:
-            plan.scratch = plan.rootfs = _unpack_for_start(cfg, image, label)
+            scratch = _unpack_for_start(cfg, image, label)
         except BaseException:
-            rootfs.remove_tree(plan.runtime)
+            rootfs.remove_tree(runtime)
             raise
-        plan.image = None
-    for sub in ("root", "lower") if plan.image else ():
-        os.mkdir(f"{plan.runtime}/{sub}")
-    return plan
+        return _Root(runtime=runtime, image=None, rootfs=scratch, scratch=scratch)
+    for sub in ("root", "lower") if image else ():
+        os.mkdir(f"{runtime}/{sub}")
+    return _Root(runtime=runtime, image=image, rootfs=source.rootfs, scratch=None)
+
+
+def _label(container):
+    """An image's file name, made a safe directory name (the start's, for
+    berth list) that overlay's options (sc.OVERLAY_UNSAFE) can hold."""
+    return "".join(c if c.isprintable() and c not in f"/{sc.OVERLAY_UNSAFE}" else "_"
+                   for c in os.path.basename(container))[:NAME_MAX]
 
 
 def _writable_image():
