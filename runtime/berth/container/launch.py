@@ -382,58 +382,90 @@ def start(plan):
     os.close(hold_r)
     rootfs.write_file(f"{plan.runtime}/state", f"{child}\n")
     _forward_signals(child)  # until --detach is ready: a stop then ends the setup
-    helpers, started, error, keeper, ready, login = [], [], None, None, False, ""
+    setup = _Setup()  # (filled as it goes: what a failed read left is stopped all the same)
     try:
         with os.fdopen(status_r, encoding="utf-8") as messages:
-            for line in messages:
-                kind, _, value = line.rstrip("\n").partition(" ")
-                if kind == "fuse":
-                    helpers.append(int(value))
-                elif kind == "service":
-                    started.append(int(value))
-                elif kind == "error":
-                    error = value
-                elif kind == "keeper":  # "ready" then comes from the keeper shell
-                    keeper, _, login = value.partition(" ")
-                    keeper = int(keeper)
-                    if plan.entrypoint or login:
-                        _kill_after(keeper, plan.entrypoint_timeout, plan.entrypoint)
-                elif kind == "ready":
-                    ready = True
-                    break  # (what the entrypoint left running may hold the pipe)
+            _read_setup(messages, setup, plan)
         signal.alarm(0)
-        if keeper and not ready:
-            error = error or ('the image\'s entrypoint exited; it must end with exec "$@"'
-                              if plan.entrypoint else "the container's keeper shell exited"
-                              + (" (in the login shell's profile: ENROOT_LOGIN_SHELL=no "
-                                 "skips it)" if login else ""))
-        if ready:
-            _fill_ready_environ(plan, keeper)
-            print(porcelain.line(pid=keeper) if plan.porcelain else f"{keeper}\n", end="",
-                  flush=True)
-            _wait_for_stop(child)
-            with contextlib.suppress(ProcessLookupError):  # it may be gone already
-                os.kill(keeper, signal.SIGKILL)
+        if setup.keeper and not setup.ready:
+            setup.error = setup.error or _keeper_failure(plan, setup.login)
+        if setup.ready:
+            _hold_detached(plan, child, setup.keeper)
         code = entry.exit_code(os.waitpid(child, 0)[1])
     finally:
         os.close(hold_w)
-        for pid in started:  # with their sessions, before their root goes
-            _kill_tree(pid)
-            with contextlib.suppress(ChildProcessError):  # orphans come to berth
-                os.waitpid(pid, 0)
-        for pid in helpers:
-            os.kill(pid, signal.SIGTERM)
-            os.waitpid(pid, 0)
+        _stop_helpers(setup)
         rootfs.remove_tree(plan.runtime)
         if plan.scratch:
             rootfs.remove_tree(plan.scratch)
-    if error:
-        raise BerthError(error)
-    if ready:  # a Slurm step's end waits for this exit: skip the interpreter's teardown
+    if setup.error:
+        raise BerthError(setup.error)
+    if setup.ready:  # a Slurm step's end waits for this exit: skip the interpreter's teardown
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
     return code
+
+
+class _Setup:
+    """What the child's setup messages (the module's docstring) have said."""
+
+    __slots__ = ("fuse", "services", "error", "keeper", "login", "ready")
+
+    def __init__(self):
+        self.fuse = []        # FUSE servers' pids, stopped at the end
+        self.services = []    # hooks' services' pids, killed at the end
+        self.error = None     # the setup's error message
+        self.keeper = None    # --detach's keeper pid
+        self.login = False    # the keeper runs through a login shell
+        self.ready = False    # the keeper said ready
+
+
+def _read_setup(messages, setup, plan):
+    """Read the child's messages into `setup`, up to `ready` or the pipe's end."""
+    for line in messages:
+        kind, _, value = line.rstrip("\n").partition(" ")
+        if kind == "fuse":
+            setup.fuse.append(int(value))
+        elif kind == "service":
+            setup.services.append(int(value))
+        elif kind == "error":
+            setup.error = value
+        elif kind == "keeper":  # "ready" then comes from the keeper shell
+            keeper, _, login = value.partition(" ")
+            setup.keeper, setup.login = int(keeper), bool(login)
+            if plan.entrypoint or setup.login:
+                _kill_after(setup.keeper, plan.entrypoint_timeout, plan.entrypoint)
+        elif kind == "ready":
+            setup.ready = True
+            return  # (what the entrypoint left running may hold the pipe)
+
+
+def _keeper_failure(plan, login):
+    """Why a keeper that never said ready ended, where the child said nothing."""
+    if plan.entrypoint:
+        return 'the image\'s entrypoint exited; it must end with exec "$@"'
+    return "the container's keeper shell exited" + (
+        " (in the login shell's profile: ENROOT_LOGIN_SHELL=no skips it)" if login else "")
+
+
+def _hold_detached(plan, child, keeper):
+    """--detach, ready: say the keeper's pid, then hold the container until told to stop."""
+    _fill_ready_environ(plan, keeper)
+    print(porcelain.line(pid=keeper) if plan.porcelain else f"{keeper}\n", end="", flush=True)
+    _wait_for_stop(child)
+    with contextlib.suppress(ProcessLookupError):  # it may be gone already
+        os.kill(keeper, signal.SIGKILL)
+
+
+def _stop_helpers(setup):
+    for pid in setup.services:  # with their sessions, before their root goes
+        _kill_tree(pid)
+        with contextlib.suppress(ChildProcessError):  # orphans come to berth
+            os.waitpid(pid, 0)
+    for pid in setup.fuse:
+        os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
 
 
 def _ready_environ(plan):
@@ -450,14 +482,20 @@ def _fill_ready_environ(plan, keeper):
     if not os.path.exists(path):  # no hooks ran
         return
     try:
-        with open(f"/proc/{keeper}/environ", "rb") as f:
-            made = f.read()
+        env = _environ_of(keeper)
     except OSError:  # it has just ended: so does the start
         return
-    pairs = (os.fsdecode(e).partition("=") for e in made.split(b"\0") if e)
-    env = {key: value for key, _, value in pairs if key}
     with open(path, "r+b") as f:  # in place: a bind of it shows the same file
         f.write(os.fsencode(environ.to_shell(env)))
+
+
+def _environ_of(pid):
+    """The environment of process `pid`, from /proc/PID/environ: its
+    NAME=VALUE entries (one with no '=' or no name is no variable)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        entries = f.read().split(b"\0")
+    pairs = (os.fsdecode(e).partition("=") for e in entries)
+    return {name: value for name, equals, value in pairs if name and equals}
 
 
 def _kill_after(pid, seconds, entrypoint):
@@ -499,9 +537,7 @@ def exec_in(pid, command):
         raise BerthError("exec: missing COMMAND")
     proc = f"/proc/{pid}"
     try:
-        with open(f"{proc}/environ", "rb") as f:
-            env = dict(e.decode(errors="surrogateescape").split("=", 1)
-                       for e in f.read().split(b"\0") if b"=" in e)
+        env = _environ_of(pid)
         cwd = os.open(f"{proc}/cwd", os.O_RDONLY | os.O_DIRECTORY)
         joins = []
         for name, flag in _NAMESPACES:
