@@ -10,13 +10,22 @@ import argparse
 import importlib
 import os
 import sys
+import typing
 
 from berth import __version__, config
 from berth.errors import BerthError, one_line
 
 
-def cmd_version(_, cfg):
+class VersionRequest(typing.NamedTuple):
+    verbose: bool = False
+
+
+def cmd_version(request, cfg):
+    """The version; with --verbose, also what serves a squashfs here."""
     print(__version__)
+    if request.verbose:
+        from berth.image import squashserve
+        print(squashserve.describe())
     return 0
 
 
@@ -216,11 +225,11 @@ def _add_store(sub):
 
 
 def _add_version(sub):
-    sub.add_parser("version", help="print the version")
+    sub.add_parser("version", help="print the version (--verbose: and what serves a squashfs)")
 
 
 # verb -> (adds its sub-parser, "module:function" run with (request, cfg) ->
-# exit status, "module:Request" the named tuple it takes, or None)
+# exit status, "module:Request" the named tuple it takes)
 VERBS = {
     "import": (_add_import, "berth.image.importer:cmd_import",
                "berth.image.request:ImportRequest"),
@@ -241,7 +250,7 @@ VERBS = {
                    "berth.site.userdirs:SetupUserRequest"),
     "cache": (_add_cache, "berth.image.cache:cmd_cache", "berth.image.cache:CacheRequest"),
     "store": (_add_store, "berth.store.verbs:cmd_store", "berth.store.verbs:StoreRequest"),
-    "version": (_add_version, "berth.cli:cmd_version", None),
+    "version": (_add_version, "berth.cli:cmd_version", "berth.cli:VersionRequest"),
 }
 
 
@@ -295,10 +304,10 @@ def main(argv=None):
         cfg = config.load()
         os.environ.update(cfg.network_environment())
         func = _named(func_where)
-        return func(_request(_named(request_where), args) if request_where else None, cfg)
+        return func(_request(_named(request_where), args), cfg)
     except BerthError as e:
         print(f"{prog()}: error: {one_line(str(e))}", file=sys.stderr)
-        return 1
+        return e.status
     except KeyboardInterrupt:
         return 130
 

@@ -35,9 +35,10 @@ as `/`; one that still climbs above it (a `..` past `/`) is refused when it
 is mounted, naming it, with enroot's words for it (EXDEV's).
 `$VAR`/`${VAR}` in an fstab line expand from the container's environment.
 
-The FUSE servers are started here (mount_fuse): squashfuse for a sqsh mount
-and for a start's image (mount_squashfs), fuse-overlayfs for rootfs.py's
-overlay where the kernel refuses one.
+The FUSE servers are started here (mount_fuse): the squashfs server
+image/squashserve.py chooses for a sqsh mount and for a start's image
+(mount_squashfs), fuse-overlayfs for rootfs.py's overlay where the kernel
+refuses one.
 """
 
 import collections
@@ -50,7 +51,7 @@ import time
 from berth import syscalls as sc
 from berth.config import text_lines
 from berth.errors import BerthError
-from berth.image import imagefile
+from berth.image import imagefile, squashserve
 from berth.rootpath import resolve
 
 _MS_SYNCHRONOUS, _MS_MANDLOCK, _MS_DIRSYNC, _MS_NOSYMFOLLOW = 0x10, 0x40, 0x80, 0x100
@@ -403,16 +404,15 @@ def _exec_server(server, fuse, failed_w, middle, starter):
 
 
 def mount_squashfs(image, target):
-    """Serve the imagefile.Squashfs `image` read-only at `target` with
-    squashfuse (at its offset: a SIF file's partition); return its pid.
+    """Serve the imagefile.Squashfs `image` read-only at `target` with the
+    server squashserve chooses (at its offset: a SIF file's partition);
+    return its pid.
 
     In a user namespace that maps one uid (a container's), every file is
     shown as that uid and gid, as an unpacked image's files are the
     caller's: the image's owners (root, mostly) do not exist there."""
     with open("/proc/self/uid_map", "rb") as f:
         single = f.read().split()[2:3] == [b"1"]
-    owner = ["-o", f"uid={os.getuid()},gid={os.getgid()}"] if single else []
-    if image.offset:
-        owner += ["-o", f"offset={image.offset}"]
-    return mount_fuse(target, "squashfuse", sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV,
-                      ["squashfuse", "-f", image.path, *owner])
+    server = squashserve.argv(image, (os.getuid(), os.getgid()) if single else None)
+    # (the type stays fuse.squashfuse whichever server: what scripts look for)
+    return mount_fuse(target, "squashfuse", sc.MS_RDONLY | sc.MS_NOSUID | sc.MS_NODEV, server)

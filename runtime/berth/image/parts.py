@@ -34,6 +34,7 @@ import stat
 
 from berth import syscalls as sc
 from berth.errors import BerthError
+from berth.image import imagefile, squashserve
 from berth.image.imageconfig import IMAGE_JSON
 
 PREFIX = ".berth-top."
@@ -43,9 +44,6 @@ _NAME = re.compile(rf"{re.escape(PREFIX)}({_DIGIT})")
 # an entry at a marker's path in `unsquashfs -ls` (names only)
 _MARKER_PATH = re.compile(
     rf"^squashfs-root/({re.escape(PREFIX)}{_DIGIT})/\1$".encode(), re.MULTILINE)
-# squashfuse's low-level server shows the inode numbers of the file (hard
-# links as one inode, which `cp -a` in unpack() keeps); the other does not.
-_SQUASHFUSE = "squashfuse_ll" if shutil.which("squashfuse_ll") else "squashfuse"
 
 
 class Unavailable(Exception):
@@ -142,14 +140,18 @@ def _served_top(fd, mount_point):
 
 
 def _serve(image, mount_point, pass_fds=()):
-    """Serve the squashfs `image` at `mount_point` with squashfuse (in a
-    namespace where this process is root); OSError saying why not."""
+    """Serve the squashfs `image` at `mount_point` with squashserve's server
+    for the image's own owners (in a namespace where this process is root:
+    squashfuse_ll wherever it is installed, which shows hard links as one
+    inode, as `cp -a` in unpack() keeps them); OSError saying why not."""
     import subprocess  # (kept off the path of start, which a step waits for)
-    served = subprocess.run([_SQUASHFUSE, image, mount_point], capture_output=True,
+    server = squashserve.argv(imagefile.Squashfs(image), foreground=False)
+    program = server[0]
+    served = subprocess.run([*server, mount_point], capture_output=True,
                             check=False, pass_fds=pass_fds)
     if served.returncode != 0:
         lines = served.stderr.decode(errors="replace").strip().splitlines()
-        raise OSError(f"{_SQUASHFUSE} cannot serve {image}: "
+        raise OSError(f"{program} cannot serve {image}: "
                       f"{lines[-1] if lines else f'exit {served.returncode}'}")
 
 
