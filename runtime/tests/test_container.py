@@ -444,6 +444,57 @@ def test_start_image_directly(berth, images):
     assert servers == ""
 
 
+def _children(pid):
+    return [int(child) for task in os.listdir(f"/proc/{pid}/task")
+            for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_a_killed_squashfs_server_stops_the_start_in_one_line(berth, images, detach):
+    """The root's FUSE server killed mid-job: the reads fail at once, and the
+    start ends in one line naming the image, nothing left mounted or running."""
+    image = images / "app.sqsh"
+    ready = berth.base / "host" / "ready"
+    # it would read (and fail) forever: only berth's stop ends it
+    loop = "exec 2>/dev/null; touch /host/ready; while :; do cat /bin/busybox >/dev/null; done"
+    args = ["--detach"] if detach else []
+    args += ["-m", f"{berth.base / 'host'}:/host", image, *([] if detach else ["sh", "-c", loop])]
+    process = subprocess.Popen(berth.command("start", *args), env=berth.env, cwd=berth.base,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    task = None
+    try:
+        if detach:  # a job's task, joined as the SPANK plugin joins it
+            task = subprocess.Popen(berth.command("exec", process.stdout.readline().strip(),
+                                                  "sh", "-c", loop), env=berth.env)
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
+            time.sleep(0.05)
+        servers = [pid for pid in _children(berth_pid(process))
+                   if Path(f"/proc/{pid}/comm").read_text().startswith("squashfuse")
+                   and str(image).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(servers) == 1, servers
+        os.kill(servers[0], signal.SIGKILL)
+        killed = time.monotonic()
+        _, stderr = process.communicate(timeout=20)
+        took = time.monotonic() - killed
+    finally:
+        for running in (task, process):
+            if running and running.poll() is None:
+                running.kill()
+                running.wait()
+    assert process.returncode == 1 and took < 5, (process.returncode, took, stderr)
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0] == (f"berth: error: {image} at /: its FUSE server (pid {servers[0]}) "
+                        "was killed by signal 9; the container was stopped"), lines[0]
+    assert berth.leftovers() == []
+    assert str(berth.base) not in Path("/proc/self/mountinfo").read_text()
+    assert subprocess.run(["pgrep", "-u", str(berth.user.pw_uid), "squashfuse"],
+                          capture_output=True, text=True).stdout == ""
+
+
 @pytest.mark.parametrize("native, fstype", [("yes", "overlay"), ("no", "fuse.fuse-overlayfs")])
 def test_native_overlayfs_no_takes_fuse_overlayfs_as_enroot_does(berth, images, native, fstype):
     # (a read-only start: a writable one unpacks the image, BERTH_WRITABLE_IMAGE)

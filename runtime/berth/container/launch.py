@@ -4,7 +4,10 @@ One start is two processes (three with --pid):
   berth    stays on the host, as a child subreaper: forwards SIGTERM, SIGHUP,
            SIGUSR1 and SIGUSR2 to the container (SIGINT/SIGQUIT reach it from
            the terminal), reports setup errors, and at the end stops the
-           FUSE servers and removes the per-start runtime directory.
+           FUSE servers and removes the per-start runtime directory. A FUSE
+           server that ends before then (killed, crashed) stops the
+           container: its tasks get I/O errors from that mount at once, and
+           the start fails in one line naming it, not a step that hangs on.
   child    in the container's user namespace, mapped as enroot maps it
            (`UID UID 1`, or `0 UID 1` with --root; the same for gids), with
            every capability there until its exec, and a new mount
@@ -15,7 +18,8 @@ One start is two processes (three with --pid):
            the caller's open file descriptors (with --pid it forks pid 1
            for that and waits for it).
 Setup messages travel to berth over a close-on-exec pipe, one line each:
-`fuse PID` (a FUSE server to stop at the end), `service PID` (a hook's
+`fuse PID WHAT` (a FUSE server to stop at the end, and what it serves,
+for the line that says it ended first), `service PID` (a hook's
 service, services.py, to kill at the end; in a pid namespace its end kills
 them), `error MESSAGE`, and for --detach `keeper PID`, then `ready` from
 the keeper itself.
@@ -174,18 +178,19 @@ def _build(plan, status):
         # Always an overlay, read-only at the end unless --rw: mount points
         # missing in the image can then be created (in the tmpfs upper dir).
         root, lower = f"{plan.runtime}/root", f"{plan.runtime}/lower"
-        _send(status, f"fuse {mounts.mount_squashfs(plan.image, lower)}")
+        _send(status, f"fuse {mounts.mount_squashfs(plan.image, lower)} {plan.image.path} at /")
         top = parts.top_of_mounted(lower)  # an image kept as parts: its top over its root
         if top:
             again = f"{plan.runtime}/top"
             os.mkdir(again)
-            _send(status, f"fuse {mounts.mount_squashfs(plan.image, again)}")
+            _send(status, f"fuse {mounts.mount_squashfs(plan.image, again)} "
+                          f"{plan.image.path} at / (its top part)")
         server = rootfs.mount_overlay(f"{again}/{top}:{lower}" if top else lower, root,
                                       f"{plan.runtime}/rw",
                                       native=plan.cfg.flag("ENROOT_NATIVE_OVERLAYFS"),
                                       user_xattrs=bool(top))
         if server:
-            _send(status, f"fuse {server}")
+            _send(status, f"fuse {server} the overlay at /")
     else:
         root = plan.rootfs
         sc.mount(root, root, None, sc.MS_BIND | sc.MS_REC)
@@ -201,7 +206,7 @@ def _build(plan, status):
     for mount in rootfs.system_mounts(plan.restrict_dev, private_dev) + now:
         server = mounts.apply(root, mount)  # a sqsh mount's squashfuse
         if server:
-            _send(status, f"fuse {server}")
+            _send(status, f"fuse {server} {mount.source} at {mount.target}")
     rootfs.make_dev_links(root, links)
     wanted = _run_hooks(plan, root, env) if plan.hooks else []
     for mount in late:  # a -m umount: may remove what a hook mounted (/root), as under enroot
@@ -348,24 +353,53 @@ def _forward_signals(pid):
         signal.signal(sig, lambda *_: None)
 
 
-def _wait_for_stop(child):
-    """Block until SIGTERM/SIGINT/SIGHUP, end of stdin, or the container's end."""
+def _wait_for_stop(child, servers):
+    """Block until SIGTERM/SIGINT/SIGHUP, end of stdin, or the container's end
+    (None); or until one of the FUSE `servers` (pids) ends first: its pid."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
     child_fd = os.pidfd_open(child)
-    watched = [wake_r, child_fd]
+    server_fds = {os.pidfd_open(pid): pid for pid in servers}
+    watched = [wake_r, child_fd, *server_fds]
     try:
         os.fstat(0)
         watched.append(0)
     except OSError:
-        return
+        return None
     while True:
         ready = select.select(watched, [], [])[0]
+        ended = [server_fds[fd] for fd in ready if fd in server_fds]
+        if ended:
+            return ended[0]
         if 0 not in ready or not os.read(0, 65536):
-            return
+            return None
+
+
+def _server_ended(child, servers):
+    """Block until the container's `child` ends (None) or one of the FUSE
+    `servers` (pids) ends before it (its pid)."""
+    fds = {os.pidfd_open(pid): pid for pid in servers}
+    child_fd = os.pidfd_open(child)
+    try:
+        ready = select.select([child_fd, *fds], [], [])[0]
+    finally:
+        for fd in (child_fd, *fds):
+            os.close(fd)
+    return next((fds[fd] for fd in ready if fd in fds), None)
+
+
+def _server_lost(child, pid, what):
+    """Stop the container whose FUSE server `pid` (serving `what`) has ended:
+    its tasks get I/O errors from that mount from now on, and one that
+    retries must not hold the step. The error line that says so."""
+    _kill_tree(child)
+    status = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    how = (f"was killed by signal {status.si_status}" if status.si_code != os.CLD_EXITED
+           else f"exited with status {status.si_status}")
+    return f"{what}: its FUSE server (pid {pid}) {how}; the container was stopped"
 
 
 def start(plan):
@@ -389,8 +423,10 @@ def start(plan):
         signal.alarm(0)
         if setup.keeper and not setup.ready:
             setup.error = setup.error or _keeper_failure(plan, setup.login)
-        if setup.ready:
-            _hold_detached(plan, child, setup.keeper)
+        ended = (_hold_detached(plan, child, setup.keeper, setup.fuse) if setup.ready
+                 else _server_ended(child, setup.fuse))
+        if ended:
+            setup.error = _server_lost(child, ended, setup.fuse[ended])
         code = entry.exit_code(os.waitpid(child, 0)[1])
     finally:
         os.close(hold_w)
@@ -413,7 +449,7 @@ class _Setup:
     __slots__ = ("fuse", "services", "error", "keeper", "login", "ready")
 
     def __init__(self):
-        self.fuse = []        # FUSE servers' pids, stopped at the end
+        self.fuse = {}        # FUSE servers' pids -> what each serves; stopped at the end
         self.services = []    # hooks' services' pids, killed at the end
         self.error = None     # the setup's error message
         self.keeper = None    # --detach's keeper pid
@@ -426,7 +462,8 @@ def _read_setup(messages, setup, plan):
     for line in messages:
         kind, _, value = line.rstrip("\n").partition(" ")
         if kind == "fuse":
-            setup.fuse.append(int(value))
+            pid, _, what = value.partition(" ")
+            setup.fuse[int(pid)] = what
         elif kind == "service":
             setup.services.append(int(value))
         elif kind == "error":
@@ -449,13 +486,15 @@ def _keeper_failure(plan, login):
         " (in the login shell's profile: ENROOT_LOGIN_SHELL=no skips it)" if login else "")
 
 
-def _hold_detached(plan, child, keeper):
-    """--detach, ready: say the keeper's pid, then hold the container until told to stop."""
+def _hold_detached(plan, child, keeper, servers):
+    """--detach, ready: say the keeper's pid, then hold the container until told
+    to stop; the pid of the FUSE server of `servers` that ended first, if one did."""
     _fill_ready_environ(plan, keeper)
     print(porcelain.line(pid=keeper) if plan.porcelain else f"{keeper}\n", end="", flush=True)
-    _wait_for_stop(child)
+    ended = _wait_for_stop(child, servers)
     with contextlib.suppress(ProcessLookupError):  # it may be gone already
         os.kill(keeper, signal.SIGKILL)
+    return ended
 
 
 def _stop_helpers(setup):
