@@ -1,13 +1,15 @@
 """Write spank/answer_keys.h, the plugin's table of the runtime's --porcelain
-keys, from their one table, runtime/berth/porcelain.py's KEYS.
-  python scripts/answer_keys.py           write it
-  python scripts/answer_keys.py --check   exit 1 when it is out of date"""
+keys, and spank/answer_status.h, the exit statuses it tells apart, from
+their one table each, runtime/berth/porcelain.py's KEYS and STATUSES.
+  python scripts/answer_keys.py           write them
+  python scripts/answer_keys.py --check   exit 1 when one is out of date"""
 
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "spank/answer_keys.h"
+STATUS_HEADER = ROOT / "spank/answer_status.h"
 sys.path.insert(0, str(ROOT / "runtime"))
 
 from berth import porcelain  # noqa: E402 (the checkout's runtime, not an installed one)
@@ -26,16 +28,33 @@ def header():
     return "\n".join(lines) + "\n"
 
 
+def status_header():
+    lines = ["/*",
+             " * The runtime's exit statuses the plugin tells apart beyond 0 and 1",
+             " * (any other failure), one BERTH_STATUS_<NAME> a line: written by",
+             " * scripts/answer_keys.py from their one table,",
+             " * runtime/berth/porcelain.py's STATUSES (do not edit).",
+             " */",
+             "#ifndef BERTH_SPANK_ANSWER_STATUS_H",
+             "#define BERTH_SPANK_ANSWER_STATUS_H"]
+    for name, (status, said) in porcelain.STATUSES.items():
+        lines += [f"/* {said} */", f"#define BERTH_STATUS_{name.upper()} {status}"]
+    return "\n".join(lines + ["#endif"]) + "\n"
+
+
 def main(argv):
     if argv not in ([], ["--check"]):
         print("usage: python scripts/answer_keys.py [--check]", file=sys.stderr)
         return 2
+    made = {HEADER: header(), STATUS_HEADER: status_header()}
     if argv == ["--check"]:
-        if HEADER.read_text() != header():
-            print(f"{HEADER.relative_to(ROOT)} is out of date: python scripts/answer_keys.py")
-            return 1
-        return 0
-    HEADER.write_text(header())
+        stale = [path for path, text in made.items()
+                 if not path.exists() or path.read_text() != text]
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is out of date: python scripts/answer_keys.py")
+        return 1 if stale else 0
+    for path, text in made.items():
+        path.write_text(text)
     return 0
 
 

@@ -8,7 +8,13 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class BerthError(Exception):
-    """A user-facing failure: the message names the input that caused it."""
+    """A user-facing failure: the message names the input that caused it;
+    `status` is the exit status the CLI ends with (1, any failure, unless
+    one of porcelain.STATUSES tells a program more)."""
+
+    def __init__(self, message, status=1):
+        super().__init__(message)
+        self.status = status
 
 
 def one_line(message):
@@ -17,12 +23,23 @@ def one_line(message):
     return _CONTROL.sub(lambda found: repr(found.group())[1:-1], message)
 
 
-class AccessDenied(BerthError):
+class Permanent(BerthError):
+    """A failure that asking again will not mend, as the image's name or the
+    caller's login stand: the SPANK plugin refuses a job at submission on
+    it (see porcelain.STATUSES), where one that may pass is left to the
+    nodes to try again."""
+
+
+class AccessDenied(Permanent):
     """A registry refused the image to this caller (401, 403): a login is missing or wrong."""
 
 
-class ImageNotFound(BerthError):
+class ImageNotFound(Permanent):
     """A registry has no such manifest (404), or hides a private one from this caller."""
+
+
+class UnknownHost(Permanent):
+    """A registry's name does not exist (the resolver says so): mistyped."""
 
 
 class Terminated(Exception):

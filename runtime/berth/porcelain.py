@@ -6,7 +6,9 @@ spaces, newlines or '=' stays one word of one line.
 
 KEYS is the vocabulary's one table: spank/answer_keys.h, which the plugin's
 parser is made of, is generated from it (python scripts/answer_keys.py),
-and tests/test_spank_plugin.py holds the two equal."""
+and tests/test_spank_plugin.py holds the two equal. STATUSES, the exit
+statuses a program tells apart beyond 0 and 1, likewise makes
+spank/answer_status.h."""
 
 import os
 
@@ -19,6 +21,14 @@ KEYS = {
     "cached": ("yesno", "yes: the image was there already, nothing was downloaded"),
     "pid": ("pid", "the container's pid, once it is ready (start --detach): its own line"),
 }
+
+# name: (exit status, when the runtime ends with it). 1 is any other failure;
+# 2 is argparse's (a bad command line), 125 and 126 the plugin's own (child.h).
+STATUSES = {
+    "permanent": (3, "import --resolve failed for a reason asking again will not mend "
+                     "(errors.Permanent: no such host, no such image, access refused)"),
+}
+PERMANENT = STATUSES["permanent"][0]
 
 # The bytes a value keeps as they are; every other is %XX. (urllib.parse's
 # quote with safe="-._~/:@", written out: importing urllib.parse, and the

@@ -1,12 +1,17 @@
-"""A busy registry is waited for (issue #49): 429, 502, 503 and 504 answers
-and broken connections are asked again after growing waits or as long as
-Retry-After asks, within ENROOT_TRANSFER_RETRIES and the transfer timeout;
-a broken download resumes with a Range request. And a document that drips
-a byte at a time ends at the transfer timeout (issue #42, item 4).
+"""A busy registry is waited for (issue #49): 408, 429, 500, 502, 503 and
+504 answers and broken connections are asked again after growing waits or
+as long as Retry-After asks, within ENROOT_TRANSFER_RETRIES and the
+transfer timeout; a broken download resumes with a Range request. And a
+document that drips a byte at a time ends at the transfer timeout (issue
+#42, item 4). What asking again will not mend ends at once (issue #61): a
+name that does not resolve, a refused connection, a 401 or a 404; `import
+--resolve` asks once, and ends with porcelain.PERMANENT where the plugin
+is to refuse the job.
 
 The registries are HostileRegistry (registry_fixture.py), in this process.
-The waits asserted are lower bounds (what the registry asked for): none
-of these tests bounds how long a step may take.
+The waits asserted are lower bounds (what the registry asked for); the
+failures that end at once are held to a bound of their own, AT_ONCE,
+against the 15 s and more that the retries' doubling waits would take.
 """
 
 import email.utils
@@ -16,6 +21,7 @@ import json
 import os
 import socket
 import struct
+import subprocess
 import sys
 import termios
 import time
@@ -24,10 +30,24 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_fixture import OCI_MANIFEST, HostileRegistry, berth, gzipped, layer_tar, sha256
+from registry_fixture import (
+    OCI_MANIFEST,
+    RUNTIME,
+    HostileRegistry,
+    berth,
+    free_port,
+    gzipped,
+    layer_tar,
+    sha256,
+)
+
+from berth import porcelain
 
 LAYER = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=busy\n")))
 RETRIES = {"ENROOT_TRANSFER_RETRIES": "5"}  # what the role's enroot.conf sets
+# What a failure that ends at once may take, a Python start included; with
+# ENROOT_TRANSFER_RETRIES=5, retried, it would take 15 s at least.
+AT_ONCE = 3.0
 
 
 @pytest.fixture
@@ -319,3 +339,108 @@ def test_a_document_that_drips_ends_at_the_transfer_timeout(tmp_path, env, hosti
     flags = ["--resolve"] if what == "resolve" else []  # (over http.client, not requests)
     result = run_import(hostile, tmp_path, env, *flags, ENROOT_TRANSFER_TIMEOUT="2")
     one_line_error(result, needle, "failed: not whole within 2 s (ENROOT_TRANSFER_TIMEOUT)")
+
+
+# -- what asking again will not mend ends at once (issue #61) -----------------------------
+
+NO_SUCH_HOST = "nosuchhost.invalid"  # RFC 2606: a name that never resolves
+
+
+def timed(run):
+    """(what run() returns, the seconds it took)"""
+    began = time.monotonic()
+    result = run()
+    return result, time.monotonic() - began
+
+
+def berth_hosts_only(args, env, tmp_path):
+    """`berth ARGS` where names resolve from /etc/hosts alone (a mount
+    namespace of its own, its nsswitch.conf "hosts: files"): the resolver
+    answers NO_SUCH_HOST at once, with no DNS server asked, offline or not."""
+    nsswitch = tmp_path / "nsswitch.conf"
+    nsswitch.write_text("hosts: files\n")
+    command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+               'mount --bind "$0" /etc/nsswitch.conf && exec "$@"', str(nsswitch),
+               sys.executable, "-m", "berth.cli", *args]
+    return subprocess.run(command, env=dict(env, PYTHONPATH=str(RUNTIME)), cwd=tmp_path,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+@pytest.mark.namespaces
+def test_a_name_that_does_not_resolve_ends_at_once(tmp_path, env):
+    result, took = timed(lambda: berth_hosts_only(
+        ["import", "--cache-only", f"docker://{NO_SUCH_HOST}#x/y:1"], dict(env, **RETRIES),
+        tmp_path))
+    one_line_error(result, f"berth: error: registry {NO_SUCH_HOST}: Name or service not known\n")
+    assert took < AT_ONCE, took
+
+
+def test_a_refused_connection_ends_at_once(tmp_path, env):
+    closed = f"127.0.0.1:{free_port()}"  # nothing listens there
+    result, took = timed(lambda: berth(["import", "--cache-only", f"docker://{closed}#x/y:1"],
+                                       dict(env, **RETRIES), tmp_path, timeout=60))
+    one_line_error(result, f"berth: error: registry {closed}: Connection refused\n")
+    assert took < AT_ONCE, took
+
+
+@pytest.mark.parametrize("basic", [None, "Basic eDp5"], ids=["404", "401"])
+def test_no_such_image_or_no_access_ends_at_once(tmp_path, env, basic):
+    hostile = HostileRegistry(basic=basic)
+    try:
+        result, took = timed(lambda: run_import(hostile, tmp_path, env, "--cache-only",
+                                                **RETRIES))
+        asked = len(hostile.requests)
+    finally:
+        hostile.stop()
+    needle = "image not found: " if basic is None else "refused access to test/app (401"
+    one_line_error(result, needle)
+    assert waits(result) == [] and asked <= 2, hostile.requests  # (a 401, then its login)
+    assert took < AT_ONCE, took
+
+
+@pytest.mark.parametrize("status", [408, 500, 503])
+def test_a_busy_answer_then_the_image_is_waited_for(tmp_path, env, hostile, status):
+    hostile.image("test/app", "v1", [LAYER])
+    manifest = hostile.behave["v1"] = busy(status, None)
+    result, took = timed(lambda: run_import(hostile, tmp_path, env, "--cache-only", **RETRIES))
+    assert result.returncode == 0, result.stderr
+    assert Path(result.stdout.strip()).is_file(), result.stdout
+    assert len(manifest.times) == 2
+    assert took < 1.0 + AT_ONCE, took  # the first retry's wait is 1 s at most
+    [line] = waits(result)
+    assert f"manifest v1 answered {status} " in line and line.endswith("retry 1 of 5)"), line
+
+
+@pytest.mark.parametrize("what", ["no-such-host", "404", "401"])
+def test_a_resolve_that_will_not_pass_ends_with_its_status(tmp_path, env, what):
+    """The plugin refuses the job on porcelain.PERMANENT (its answer_status.h)."""
+    if what == "no-such-host":
+        result = berth_hosts_only(["import", "--resolve", f"docker://{NO_SUCH_HOST}#x/y:1"],
+                                  dict(env, **RETRIES), tmp_path)
+    else:
+        hostile = HostileRegistry(basic="Basic eDp5" if what == "401" else None)
+        try:
+            result = run_import(hostile, tmp_path, env, "--resolve", **RETRIES)
+        finally:
+            hostile.stop()
+    assert result.returncode == porcelain.PERMANENT, result.stderr
+    assert result.stderr.startswith("berth: error: ") and result.stderr.count("\n") == 1, \
+        result.stderr
+
+
+@pytest.mark.parametrize("answer", ["refused", "503"])
+def test_a_resolve_that_may_pass_asks_once_and_leaves_it_to_the_nodes(tmp_path, env, hostile,
+                                                                       answer):
+    """A failure that may pass ends with 1 (the nodes try again, with
+    their retries), after one request: retried at submission as well, a
+    busy registry would hold the job twice as long."""
+    hostile.image("test/app", "v1", [LAYER])
+    manifest = hostile.behave["v1"] = busy(503)
+    uri = f"docker://127.0.0.1:{free_port()}#test/app:v1" if answer == "refused" else \
+        f"docker://{hostile.host}#test/app:v1"
+    result, took = timed(lambda: berth(["import", "--resolve", uri], dict(env, **RETRIES),
+                                       tmp_path, timeout=60))
+    one_line_error(result, "Connection refused" if answer == "refused" else "answered 503")
+    assert len(manifest.times) == (0 if answer == "refused" else 1)
+    assert took < AT_ONCE, took

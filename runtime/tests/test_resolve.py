@@ -15,6 +15,8 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import Proxy, Registry, berth, free_port, gzipped, layer_tar, listing
 
+from berth import porcelain
+
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
                                 reason="needs docker-registry (Debian package docker-registry)")
 
@@ -157,7 +159,7 @@ def test_user_and_credentials_as_for_an_import(tmp_path, env, registry):
         assert pinned == f"docker://alice@{guarded.host}#test/app@{registry.app_digest}"
         credentials.unlink()
         result = resolve(f"docker://{guarded.host}#test/app:v1", env, tmp_path)
-        assert result.returncode == 1 and result.stdout == ""
+        assert result.returncode == porcelain.PERMANENT and result.stdout == ""
         assert result.stderr.count("\n") == 1 and "401" in result.stderr
     finally:
         guarded.stop()
@@ -174,7 +176,7 @@ def test_a_bearer_token_from_the_token_service(tmp_path, env, registry):
             "/v2/test/app/manifests/v1"]
         credentials.unlink()  # the token service then refuses: one line
         result = resolve(f"docker://{guarded.host}#test/app:v1", env, tmp_path)
-        assert result.returncode == 1 and result.stderr.count("\n") == 1
+        assert result.returncode == porcelain.PERMANENT and result.stderr.count("\n") == 1
         assert f"registry {guarded.host} refused access to test/app (401 Unauthorized)" in \
             result.stderr
     finally:
@@ -278,17 +280,19 @@ def test_a_malformed_proxy_is_one_line_naming_its_variable(tmp_path, env, proxy,
     assert proxy.requests == []
 
 
-@pytest.mark.parametrize("uri, message", [
-    ("docker://{host}#test/absent:v1", "image not found: {host}/test/absent:v1"),
-    ("docker://{dead}#test/app:v1", "Connection refused"),
+# (the exit status: the plugin refuses the job on porcelain.PERMANENT)
+@pytest.mark.parametrize("uri, message, status", [
+    ("docker://{host}#test/absent:v1", "image not found: {host}/test/absent:v1",
+     porcelain.PERMANENT),
+    ("docker://{dead}#test/app:v1", "Connection refused", 1),
     ("docker-archive:/tmp/image.tar", "--resolve: 'docker-archive:/tmp/image.tar' is an "
-                                      "archive"),
-    ("docker://{host}#Test/app:v1", "invalid image reference"),
+                                      "archive", 1),
+    ("docker://{host}#Test/app:v1", "invalid image reference", 1),
 ])
-def test_errors_are_one_line(tmp_path, env, proxy, uri, message):
+def test_errors_are_one_line(tmp_path, env, proxy, uri, message, status):
     values = {"host": proxy.host, "dead": f"127.0.0.1:{free_port()}"}
     result = resolve(uri.format(**values), env, tmp_path)
-    assert result.returncode == 1 and result.stdout == ""
+    assert result.returncode == status and result.stdout == ""
     assert result.stderr.startswith("berth: error: ") and result.stderr.count("\n") == 1
     assert message.format(**values) in result.stderr
     assert proxy.blob_requests() == [] and not (tmp_path / "cache").exists()

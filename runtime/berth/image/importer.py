@@ -36,7 +36,7 @@ import sys
 import time
 
 from berth import porcelain, safedir
-from berth.errors import BerthError, Terminated, raise_terminated
+from berth.errors import BerthError, Permanent, Terminated, raise_terminated
 from berth.image import archive, reference, registries
 from berth.image.request import CachedImage, ImportResult
 
@@ -215,7 +215,10 @@ def _resolve(request, cfg, ref, plan):
         print(request.uri)  # pinned already: no request
         return 0
     from berth.image import manifests  # (only where a request is made)
-    print(manifests.pinned(request.arch, request.quiet, cfg, ref, plan))
+    try:
+        print(manifests.pinned(request.arch, request.quiet, cfg, ref, plan))
+    except Permanent as e:  # the plugin refuses the job on this status, not the nodes
+        raise BerthError(str(e), status=porcelain.PERMANENT) from None
     return 0
 
 

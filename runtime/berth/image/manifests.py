@@ -13,7 +13,7 @@ import os
 import sys
 
 from berth.config import Config
-from berth.errors import AccessDenied, BerthError, ImageNotFound
+from berth.errors import AccessDenied, BerthError, ImageNotFound, UnknownHost
 from berth.image.imageconfig import goarch
 from berth.image.reference import DIGEST
 from berth.image.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_credentials
@@ -27,9 +27,13 @@ def pinned(arch, quiet, cfg, ref, plan):
     the same rules). The digest is the one a pull records: an index's for a
     multi-arch image, whatever the platform: the nodes pick theirs. One
     manifest request through the endpoints of `plan` (for a `ref` with a
-    tag: one pinned already is its own answer, see importer.py)."""
+    tag: one pinned already is its own answer, see importer.py). Asked
+    once, without ENROOT_TRANSFER_RETRIES: the plugin leaves a failure
+    that may pass to the nodes, which retry it then; retried here too, a
+    busy registry would hold the submission as long again."""
     credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
-    answer = first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
+    once = Config({**dict(cfg.items()), "ENROOT_TRANSFER_RETRIES": "0"})
+    answer = first_answer(plan, ref, once, credentials, credentials_path, arch, quiet,
                           pick_platform=False)
     where = answer.candidate
     if ref.is_oras:
@@ -102,9 +106,11 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
             print(f"berth: {doing} {ref} from {endpoint.name(candidate)}", file=sys.stderr)
         return Answer(registry, candidate, *found)
     # a refusal anywhere says more than the others' failures (the image store
-    # takes it, or a 404 from every place, for an image it may not hold)
+    # takes it, or a 404 from every place, for an image it may not hold); a
+    # name that no place knows will not pass either (the plugin refuses it)
     kind = AccessDenied if AccessDenied in kinds else \
-        ImageNotFound if kinds == {ImageNotFound} else BerthError
+        ImageNotFound if kinds == {ImageNotFound} else \
+        UnknownHost if kinds == {UnknownHost} else BerthError
     raise kind(f"cannot get {ref} from any of {len(plan)} places: {'; '.join(failures)}")
 
 

@@ -16,11 +16,16 @@ document read into memory must also arrive whole within it, so that one
 dripping a byte at a time never holds an import for days; a blob, streamed
 to a file, must keep above a rate floor (see _Floor) for the same reason.
 
-A busy registry is waited for: a 429, 502, 503 or 504 answer, or a
-connection refused, reset or broken, is asked again after a wait (see
+A busy registry is waited for: what curl's --retry (enroot's) takes for
+transient, a 408, 429, 500, 502, 503 or 504 answer or a timeout, and a
+connection reset or broken midway, is asked again after a wait (see
 _Patience), at most ENROOT_TRANSFER_RETRIES times per request; a broken
 blob download resumes from the bytes it has where the registry honours a
-Range request, and a try that moved it on starts its retries over.
+Range request, and a try that moved it on starts its retries over. What
+asking again would only repeat ends the request at once, in one line: a
+name that does not resolve (UnknownHost), a connection refused or with
+no route, a TLS handshake that fails, any other answer (a 401, 403 or 404 included) and a
+malformed one.
 
 The requests go over a transport of transport.py: http.client for a
 resolve (direct=True), requests for pulls.
@@ -38,11 +43,13 @@ import time
 from urllib.parse import urlencode, urljoin, urlsplit
 
 from berth import units
-from berth.errors import AccessDenied, BerthError, ImageNotFound
+from berth.errors import AccessDenied, BerthError, ImageNotFound, UnknownHost
 from berth.image.reference import DIGEST
 from berth.image.transport import (
+    NoSuchHost,
     TLSError,
     TransferError,
+    Unreachable,
     UntrustedCertificate,
     deadline,
     open_transport,
@@ -63,7 +70,8 @@ MAX_MANIFEST = 4 << 20  # manifests, indexes, token answers: a few KiB in practi
 MAX_CONFIG = 8 << 20  # image configs: tens of KiB in practice
 MAX_REDIRECTS = 10
 _REDIRECTS = (301, 302, 303, 307, 308)
-BUSY = (429, 502, 503, 504)  # answers that say: ask again later
+# answers that say: ask again later (curl's --retry's transient ones)
+BUSY = (408, 429, 500, 502, 503, 504)
 # With ENROOT_TRANSFER_TIMEOUT 0 (no limit), how long a request's retries
 # may go on (a Retry-After past it is not waited for).
 UNTIMED_RETRY_BOUND = 3600
@@ -253,10 +261,12 @@ class Registry:
     def _get_with_retries(self, url, headers, method, what, patience=None, authorization=None,
                           who=None):
         """GET, asking again while the registry is busy or the connection
-        fails, as `patience` allows (by default, the registry's own for one
+        breaks, as `patience` allows (by default, the registry's own for one
         request); past that, one line naming the server, the last answer or
-        error and how long it was tried. who, authorization: another server's
-        (a token service), the registry's by default."""
+        error and how long it was tried. A connection never made (no such
+        host, refused) is not asked again: one line at once. who,
+        authorization: another server's (a token service), the registry's
+        by default."""
         if who is None:
             who, authorization = f"registry {self.ref.registry}", self.authorization
         what = what or urlsplit(url).path
@@ -269,6 +279,9 @@ class Registry:
                 if not self.base:
                     raise  # _first_get is finding out whether the registry speaks TLS
                 raise BerthError(f"{who}: {e}") from None
+            except Unreachable as e:
+                raise (UnknownHost if isinstance(e, NoSuchHost) else BerthError)(
+                    f"{who}: {e}") from None
             except TransferError as e:
                 if patience.wait(f"failed ({e})"):
                     continue

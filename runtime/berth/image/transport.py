@@ -31,9 +31,10 @@ http.client asks anyway) and none is undone, so that its size, Range and
 digest count the bytes on the wire.
 
 Failures are TransferError (TLSError for a failed handshake, and of that
-UntrustedCertificate where TLS is there but its certificate is refused),
-whose text is the reason alone: "Connection refused", "timed out",
-"[SSL: CERTIFICATE_VERIFY_FAILED] ...".
+UntrustedCertificate where TLS is there but its certificate is refused;
+Unreachable for a connection never made, and of that NoSuchHost where the
+name does not exist), whose text is the reason alone: "Connection
+refused", "timed out", "[SSL: CERTIFICATE_VERIFY_FAILED] ...".
 
 Either way the answers are parsed by http.client (urllib3 builds on it):
 no HTTP parser of the runtime's own reads what a registry sends.
@@ -51,7 +52,8 @@ SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 _HASH_LINK = re.compile(r"[0-9a-f]{8}\.[0-9]+")  # subject hash . index, as `openssl rehash` names
 _IDLE_DRAIN = 1 << 16  # an unread body up to this size is read to keep its connection
 _REASON = re.compile(r"(\[SSL[^\]]*\][^()']*|Connection refused|Read timed out|timed out|"
-                     r"Name or service not known|Connection reset by peer|"
+                     r"Name or service not known|No address associated with hostname|"
+                     r"Temporary failure in name resolution|Connection reset by peer|"
                      r"Connection broken[^()']*)")
 
 
@@ -65,6 +67,56 @@ class TLSError(TransferError):
 
 class UntrustedCertificate(TLSError):
     """TLS is there, but its certificate is not one the CA certificates vouch for."""
+
+
+class Unreachable(TransferError):
+    """No connection was made: the host's name did not resolve, nothing
+    listens at its address, or there is no route to it (a timeout is not
+    this). curl's --retry, which enroot's transfers use, takes none of
+    these for transient (CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_CONNECT;
+    a refused connection only with --retry-connrefused): the request ends
+    at once."""
+
+
+class NoSuchHost(Unreachable):
+    """The host's name does not exist (EAI_NONAME, EAI_NODATA): a mistyped
+    name, which no wait mends (a resolver that could not answer, EAI_AGAIN,
+    is Unreachable alone)."""
+
+
+def connect_error(error):
+    """The TransferError of a request that failed (an OSError of the socket,
+    or requests' around one): Unreachable or NoSuchHost where it never
+    connected, by the socket error at the bottom of the chain."""
+    import errno
+    import socket
+    text = reason(error)
+    cause = _socket_cause(error)
+    if isinstance(cause, socket.gaierror):
+        gone = (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME))
+        return NoSuchHost(text) if cause.errno in gone else Unreachable(text)
+    # (the last address's error: with localhost's ::1 where a node has no
+    # IPv6, a refused 127.0.0.1 ends in EADDRNOTAVAIL)
+    if cause is not None and cause.errno in (errno.ECONNREFUSED, errno.ENETUNREACH,
+                                             errno.EHOSTUNREACH, errno.EADDRNOTAVAIL):
+        return Unreachable(text)
+    return TransferError(text)
+
+
+def _socket_cause(error):
+    """The OSError under `error`: itself, or one urllib3 and requests wrap
+    (as a cause, a context, a `reason` or an argument); None when none is."""
+    pending, seen = [error], set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        pending += [current.__cause__, current.__context__, getattr(current, "reason", None)]
+        pending += [arg for arg in getattr(current, "args", ()) if isinstance(arg, BaseException)]
+    return None
 
 
 def tls_error(error):
@@ -249,7 +301,7 @@ class Direct:
             raise tls_error(e) from None
         except OSError as e:
             connection.close()
-            raise TransferError(reason(e)) from None
+            raise connect_error(e) from None
         connection.sock.settimeout(self.stall_timeout)
         return connection
 
@@ -461,7 +513,7 @@ class Pooled:
         except requests.exceptions.SSLError as e:
             raise tls_error(e) from None
         except (requests.RequestException, ValueError) as e:
-            raise TransferError(reason(e)) from None
+            raise connect_error(e) from None
         return _PooledResponse(response)
 
 
