@@ -33,7 +33,7 @@ from typing import NamedTuple
 LOW_LEVEL, HIGH_LEVEL = "squashfuse_ll", "squashfuse"
 # The high-level server's libfuse options that keep what the kernel learnt
 # (a day: "forever" for a mount that lives as long as a job).
-_CACHED = "kernel_cache,entry_timeout=86400,attr_timeout=86400,negative_timeout=86400"
+CACHE_OPTIONS = "kernel_cache,entry_timeout=86400,attr_timeout=86400,negative_timeout=86400"
 
 
 class Server(NamedTuple):
@@ -66,7 +66,7 @@ def choose(owner):
         return low
     high = _offers(HIGH_LEVEL)
     if high:  # (libfuse's high-level API itself takes uid= and gid=)
-        return high._replace(owner=True, options=_CACHED)
+        return high._replace(owner=True, options=CACHE_OPTIONS)
     return low or Server(HIGH_LEVEL, False, False, "")  # neither: mount_fuse says so
 
 

@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""How fast a job reads its image: a container's root against the kernel's
+squashfs and the other ways to serve the same file, one run.
+
+    /opt/berth-dev/venv/bin/python bench/read.py [CACHE_DIR] [--size-gib 0.08]
+        [--files 5000] [--rounds 2] [--tasks N] [--full] [--quiet]
+
+As root (a kernel squashfs mount and dropping the page cache need it), on
+a host or on a node of the demo cluster alike: on a node, copy the
+checkout's bench/ and runtime/ there and run it with the node's python3
+(`docker cp . berth-node1:/tmp/berth && docker exec berth-node1 python3
+/tmp/berth/bench/read.py`; it needs the node's squashfs-tools, squashfuse,
+docker-registry and busybox-static, as scripts/test-runtime-suite.sh's
+image has them).
+
+The image is bench/realistic_image.py's (made once under CACHE_DIR,
+default /var/tmp/berth-bench), imported by `berth import`, with a static
+busybox appended as /bin/sh for the keeper. Its tree is read:
+
+  berth start      in a container started as a job's is, `berth start
+                   --detach IMAGE` (the SPANK plugin's start), through its
+                   root as the keeper sees it (/proc/PID/root): the server
+                   Berth chooses (`berth --verbose version` names it),
+                   under the overlay a start stacks on it
+  local disk       the tree unpacked by unsquashfs (pyxis's default)
+  kernel           the kernel's squashfs on a loop device (root only: the limit)
+  each FUSE server the node has: squashfuse; squashfuse with the cache
+                   options Berth gives it; squashfuse_ll; and where
+                   squashfuse_ll is threaded (0.5), also with -s
+
+and on each, these reads, warm (after a run of the same) and cold (the
+page cache dropped first), by one task and by TASKS concurrent ones
+(default: one per core), all on the one mount, each task doing all of it:
+
+  read     every file of the image's Python tree read whole
+  open     stat and open of every file there, nothing read
+  seq      the largest libraries read from start to end
+  random   4 KiB reads at random offsets in them (1,000 per task)
+
+Each round runs every place in turn, so a busy machine hits all alike; the
+table has the median of the rounds, as the kernel's seconds and every
+other place's ratio to them. --full takes the issue's test image (0.25
+GiB, 8,000 files, 40 layers); the default, a smaller image of the same
+shape (0.08 GiB, 5,000 files), ends in about 3 minutes on two cores.
+"""
+
+import argparse
+import os
+import platform
+import random
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import realistic_image
+
+from berth import config  # (realistic_image put the runtime on the path)
+from berth.image import squashserve
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON_TREE = realistic_image.SITE
+LIBRARIES = 4  # the largest, for seq and random
+RANDOM_READS = 1000
+WORKLOADS = ("read", "open", "seq", "random")
+
+
+# -- the reads ---------------------------------------------------------------------
+
+def files_under(top):
+    """Every regular file under `top`, in the order a walk finds them."""
+    found = []
+    for directory, _, names in os.walk(top):
+        found += [path for path in (os.path.join(directory, n) for n in names)
+                  if os.path.isfile(path) and not os.path.islink(path)]
+    return found
+
+
+def read_whole(paths, _seed):
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(1 << 20):
+                pass
+
+
+def stat_open(paths, _seed):
+    for path in paths:
+        os.stat(path)
+        os.close(os.open(path, os.O_RDONLY))
+
+
+def random_reads(paths, seed):
+    rng = random.Random(seed)
+    descriptors = [os.open(path, os.O_RDONLY) for path in paths]
+    try:
+        sizes = [os.fstat(fd).st_size for fd in descriptors]
+        for _ in range(RANDOM_READS):
+            which = rng.randrange(len(descriptors))
+            os.pread(descriptors[which], 4096, rng.randrange(max(1, sizes[which] - 4096)))
+    finally:
+        for fd in descriptors:
+            os.close(fd)
+
+
+READERS = {"read": read_whole, "open": stat_open, "seq": read_whole, "random": random_reads}
+
+
+def timed_tasks(reader, paths, tasks):
+    """Seconds until `tasks` forked processes have each run reader(paths)."""
+    started = time.perf_counter()
+    children = []
+    for number in range(tasks):
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                reader(paths, number)
+                status = 0
+            finally:
+                os._exit(status)
+        children.append(pid)
+    failed = [pid for pid in children if os.waitpid(pid, 0)[1] != 0]
+    if failed:
+        raise SystemExit(f"read bench: {len(failed)} of {tasks} tasks failed")
+    return time.perf_counter() - started
+
+
+def drop_caches():
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+# -- the places --------------------------------------------------------------------
+
+class Places:
+    """Every place the image is read from: name -> the root of its tree."""
+
+    def __init__(self, image, tree, work, env):
+        self.image, self.work, self.env = image, work, env
+        self.roots, self.mounted, self.started = {}, [], None
+        self.roots["berth start"] = self.start_detached()
+        self.roots["local disk"] = tree
+        self.roots["kernel"] = self.mount("kernel", ["mount", "-t", "squashfs", "-o", "loop,ro"])
+        self.roots["squashfuse"] = self.mount("squashfuse", ["squashfuse"])
+        self.roots["squashfuse +cache"] = self.mount(
+            "squashfuse-cache", ["squashfuse", "-o", squashserve.CACHE_OPTIONS])
+        self.roots["squashfuse_ll"] = self.mount("squashfuse_ll", ["squashfuse_ll"])
+        if squashserve.choose(False).threads:
+            self.roots["squashfuse_ll -s"] = self.mount("squashfuse_ll-s", ["squashfuse_ll", "-s"])
+
+    def start_detached(self):
+        command = [sys.executable, "-m", "berth.cli", "start", "--detach", str(self.image)]
+        self.started = subprocess.Popen(command, env=self.env, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
+        line = self.started.stdout.readline()
+        if not line.strip().isdigit():
+            raise SystemExit(f"read bench: {shlex.join(command)} printed no pid")
+        return f"/proc/{line.strip()}/root"
+
+    def mount(self, name, command):
+        point = self.work / name
+        point.mkdir()
+        subprocess.run([*command, str(self.image), str(point)], check=True)
+        self.mounted.append(point)
+        return str(point)
+
+    def close(self):
+        for point in self.mounted:
+            subprocess.run(["umount", str(point)], check=False)
+        if self.started:
+            self.started.stdin.close()
+            self.started.wait()
+
+
+# -- the image ---------------------------------------------------------------------
+
+def berth_env(work):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
+           "PYTHONPATH": str(REPO / "runtime"), "ENROOT_TEMP_PATH": str(work),
+           "ENROOT_ALLOW_HTTP": "yes"}
+    for key in ("SYSCONF", "CONFIG", "CACHE", "DATA", "RUNTIME"):
+        env[f"ENROOT_{key}_PATH"] = str(work / key.lower())
+    env["ENROOT_SQUASH_OPTIONS"] = config.load(env)["ENROOT_SQUASH_OPTIONS"]
+    return env
+
+
+def image_of(top, env, quiet):
+    """The image as a job would run it (top/read-bench.sqsh, made once):
+    imported by berth, a static busybox appended as /bin/sh."""
+    image = top / "read-bench.sqsh"
+    if image.exists():
+        return image
+    registry = realistic_image.serve(top, quiet)
+    partial = top / "read-bench.partial.sqsh"
+    try:
+        uri = f"docker://{registry.host}#{realistic_image.REPOSITORY}:{realistic_image.TAG}"
+        subprocess.run([sys.executable, "-m", "berth.cli", "--quiet", "import", "-o",
+                        str(partial), uri], env=env, check=True)
+    finally:
+        registry.stop()
+    shell = top / "shell"
+    (shell / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy(shutil.which("busybox") or "/bin/busybox", shell / "bin/busybox")
+    for applet in ("sh", "true"):
+        (shell / "bin" / applet).unlink(missing_ok=True)
+        (shell / "bin" / applet).symlink_to("busybox")
+    subprocess.run(["mksquashfs", str(shell), str(partial), "-all-root", "-quiet",
+                    "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+    partial.rename(image)
+    return image
+
+
+def workload_paths(root):
+    """workload -> the paths it reads under `root`."""
+    python = files_under(os.path.join(root, PYTHON_TREE))
+    libraries = sorted((p for p in files_under(root) if ".so." in os.path.basename(p)),
+                       key=os.path.getsize, reverse=True)[:LIBRARIES]
+    return {"read": python, "open": python, "seq": libraries, "random": libraries}
+
+
+# -- the run -----------------------------------------------------------------------
+
+def measure(places, rounds, task_counts, say):
+    """(workload, cold?, tasks) -> place -> median seconds."""
+    paths = {place: workload_paths(root) for place, root in places.roots.items()}
+    samples = {}
+    for number in range(rounds):
+        say(f"round {number + 1} of {rounds}")
+        for place in places.roots:
+            for workload in WORKLOADS:
+                reader, wanted = READERS[workload], paths[place][workload]
+                for tasks in task_counts:
+                    timed_tasks(reader, wanted, tasks)  # warms it
+                    warm = timed_tasks(reader, wanted, tasks)
+                    drop_caches()
+                    cold = timed_tasks(reader, wanted, tasks)
+                    for cold_start, seconds in ((False, warm), (True, cold)):
+                        by_place = samples.setdefault((workload, cold_start, tasks), {})
+                        by_place.setdefault(place, []).append(seconds)
+    return {key: {place: statistics.median(values) for place, values in by_place.items()}
+            for key, by_place in samples.items()}
+
+
+def print_table(results, places):
+    names = list(places.roots)
+    header = ["reads", "kernel s", *[n for n in names if n != "kernel"]]
+    lines = [header]
+    for (workload, cold, tasks), by_place in results.items():
+        kernel = by_place["kernel"]
+        lines.append([f"{workload}, {'cold' if cold else 'warm'}, {tasks} task{'s' * (tasks > 1)}",
+                      f"{kernel:.3f}",
+                      *[f"{by_place[n] / kernel:.2f}x" for n in names if n != "kernel"]])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        print("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
+                        for i, (cell, width) in enumerate(zip(line, widths, strict=True))))
+
+
+def describe_run(args, image, paths):
+    commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+                            capture_output=True, text=True, check=False).stdout.strip()
+    release = platform.freedesktop_os_release().get("PRETTY_NAME", "Linux")
+    python = paths["read"]
+    print(f"command: {shlex.join(['bench/read.py', *sys.argv[1:]])}")
+    print(f"machine: {release}, kernel {platform.release()}, {os.cpu_count()} CPUs; "
+          f"commit {commit or 'unknown'}")
+    print(f"image: {image.stat().st_size / 1e6:.0f} MB squashfs ({args.size_gib:g} GiB, "
+          f"{args.files} files, {args.layers} layers); Python tree {len(python)} files, "
+          f"{sum(map(os.path.getsize, python)) / 1e6:.1f} MB; libraries "
+          f"{sum(map(os.path.getsize, paths['seq'])) / 1e6:.1f} MB; median of {args.rounds} "
+          f"rounds")
+    print(squashserve.describe())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cache_dir", nargs="?", default="/var/tmp/berth-bench")
+    parser.add_argument("--size-gib", type=float, default=0.08)
+    parser.add_argument("--files", type=int, default=5000)
+    parser.add_argument("--layers", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tasks", type=int, default=os.cpu_count() or 1,
+                        help="concurrent tasks besides one (default: one per core)")
+    parser.add_argument("--full", action="store_true",
+                        help="the issue's test image (0.25 GiB, 8,000 files, 40 layers)")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args()
+    if args.full:
+        shape = realistic_image.CLUSTER_TEST_SHAPE
+        args.size_gib, args.files, args.layers = shape["size_gib"], shape["files"], shape["layers"]
+    if os.geteuid() != 0:
+        raise SystemExit("read bench: run it as root (for the kernel's mount and drop_caches)")
+
+    def say(line):
+        if not args.quiet:
+            print(f"read bench: {line}", file=sys.stderr, flush=True)
+
+    top = realistic_image.cached(args.cache_dir, args.size_gib, args.files, args.layers,
+                                 quiet=args.quiet)
+    work = Path(tempfile.mkdtemp(prefix="read-bench-", dir=args.cache_dir))
+    places = None
+    try:
+        env = berth_env(work)
+        image = image_of(top, env, args.quiet)
+        say("unpacking the tree to local disk")
+        tree = work / "tree"
+        subprocess.run(["unsquashfs", "-q", "-n", "-d", str(tree), str(image)], check=True,
+                       stdout=subprocess.DEVNULL)
+        places = Places(image, str(tree), work, env)
+        results = measure(places, args.rounds, sorted({1, args.tasks}), say)
+        describe_run(args, image, workload_paths(places.roots["kernel"]))
+        print_table(results, places)
+    finally:
+        if places:
+            places.close()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+if __name__ == "__main__":
+    main()
