@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include "berth_cmd.h"
+#include "answer_status.h"
 #include "child.h"
 #include "paths.h"
 
@@ -358,15 +359,17 @@ static void capture_cancel(struct capture *c)
 
 /*
  * Collect a started capture of program: stdout into out (NUL terminated),
- * on failure the last stderr line into msg. 0: exit status 0.
+ * on failure the last stderr line into msg. 0: exit status 0. *exited:
+ * the exit status it ended with, -1 where it did not exit or cannot tell.
  */
 static int capture_finish(const char *program, struct capture *c, char *out, size_t outlen,
-			  char *msg, size_t msglen)
+			  char *msg, size_t msglen, int *exited)
 {
 	struct child_output o = { .out_fd = c->out_fd, .err_fd = c->err_fd, .out = out,
 				  .outlen = outlen };
 	int status = 0, rc = -1;
 
+	*exited = -1;
 	if (child_read(&o, -1, NULL) < 0) {
 		snprintf(msg, msglen, "cannot read what %s printed", program);
 		capture_cancel(c);
@@ -374,9 +377,13 @@ static int capture_finish(const char *program, struct capture *c, char *out, siz
 	}
 	close(c->out_fd);
 	close(c->err_fd);
-	if (child_wait(&c->child, -1, program, 0, &status) < 0)
+	if (child_wait(&c->child, -1, program, 0, &status) < 0) {
 		snprintf(msg, msglen, "%s: cannot get its exit status", program);
-	else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !o.overflow)
+		return -1;
+	}
+	if (WIFEXITED(status))
+		*exited = WEXITSTATUS(status);
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !o.overflow)
 		rc = 0;
 	else if (o.overflow)
 		snprintf(msg, msglen, "%s printed more than %zu bytes", program, outlen - 1);
@@ -393,10 +400,11 @@ static int capture_finish(const char *program, struct capture *c, char *out, siz
 static int capture(char *const argv[], char *out, size_t outlen, char *msg, size_t msglen)
 {
 	struct capture c;
+	int exited;
 
 	if (capture_start(argv, &c, msg, msglen) < 0)
 		return -1;
-	return capture_finish(argv[0], &c, out, outlen, msg, msglen);
+	return capture_finish(argv[0], &c, out, outlen, msg, msglen, &exited);
 }
 
 int berth_edf_show(const struct plugin_conf *conf, const char *name, char *out, size_t outlen,
@@ -424,9 +432,12 @@ int berth_resolve_start(const struct plugin_conf *conf, const char *uri, struct 
 }
 
 int berth_resolve_finish(const struct plugin_conf *conf, struct capture *c, char *out,
-			 size_t outlen, char *msg, size_t msglen)
+			 size_t outlen, char *msg, size_t msglen, int *permanent)
 {
-	return capture_finish(conf->berth, c, out, outlen, msg, msglen);
+	int exited, rc = capture_finish(conf->berth, c, out, outlen, msg, msglen, &exited);
+
+	*permanent = rc < 0 && exited == BERTH_STATUS_PERMANENT;
+	return rc;
 }
 
 void berth_resolve_cancel(struct capture *c)

@@ -91,13 +91,15 @@ int berth_check_sif(const struct plugin_conf *conf, const char *path, char *msg,
 
 /*
  * "berth import --resolve URI": start starts it (-1 and why in msg),
- * finish collects its output into out (-1 and why in msg), cancel kills
- * one that will not be collected.
+ * finish collects its output into out (-1 and why in msg; *permanent
+ * set where the runtime ended with BERTH_STATUS_PERMANENT, answer_status.h:
+ * asking again, on the nodes, would fail the same), cancel kills one that
+ * will not be collected.
  */
 int berth_resolve_start(const struct plugin_conf *conf, const char *uri, struct capture *c,
 			char *msg, size_t msglen);
 int berth_resolve_finish(const struct plugin_conf *conf, struct capture *c, char *out,
-			 size_t outlen, char *msg, size_t msglen);
+			 size_t outlen, char *msg, size_t msglen, int *permanent);
 void berth_resolve_cancel(struct capture *c);
 
 #pragma GCC visibility pop

@@ -240,9 +240,10 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		if (submit_check_image(&conf, &flags) < 0)
 			return -1;
 		/* the tag's digest now, for every node; srun's allocation meanwhile */
-		submit_image_start(&conf, &flags, &image_resolve);
+		if (submit_image_start(&conf, &flags, &image_resolve) < 0)
+			return -1;
 		if (spank_context() != S_CTX_LOCAL)
-			submit_image_finish(&conf, &image_resolve);
+			return submit_image_finish(&conf, &image_resolve);
 		return 0;
 	}
 	if (spank_get_item(sp, S_JOB_STEPID, &step.stepid) != ESPANK_SUCCESS) {
@@ -258,14 +259,17 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	return step_init(sp, &step, &conf, &flags);
 }
 
-/* srun, allocation granted, the step not launched yet: its environment is still ours to set. */
+/*
+ * srun, allocation granted, the step not launched yet: its environment is
+ * still ours to set, and a resolve that will not pass still ends srun
+ * before any node imports.
+ */
 int slurm_spank_local_user_init(spank_t sp, int ac, char **av)
 {
 	(void)sp;
 	(void)ac;
 	(void)av;
-	submit_image_finish(&conf, &image_resolve);
-	return 0;
+	return submit_image_finish(&conf, &image_resolve);
 }
 
 int slurm_spank_user_init(spank_t sp, int ac, char **av)

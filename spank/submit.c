@@ -84,49 +84,59 @@ int submit_check_image(const struct plugin_conf *conf, const struct container_fl
  * ("berth import --resolve URI": one manifest request, as the user) and put
  * "URI\nPINNED" into this process's environment, which srun/sbatch/salloc
  * hand to the job. A step inside an sbatch/salloc of the same image finds
- * it there already: resolved once per job. Best effort: when the registry
- * cannot be asked from here, one line says so and the nodes import the tag
- * as they find it, as without this. Started here, collected by
- * submit_image_finish: srun collects it after its allocation is granted,
- * so that the request and the allocation overlap.
+ * it there already: resolved once per job. A failure that asking again
+ * will not mend (the runtime's BERTH_STATUS_PERMANENT: no such host, no
+ * such image, access refused) refuses the job in the runtime's one line,
+ * as a bad flag is. Any other is left to the nodes, which import the tag
+ * as they find it (and retry what may pass), as without this; one line
+ * says so. Started here, collected by submit_image_finish: srun collects
+ * it after its allocation is granted, so that the request and the
+ * allocation overlap.
  */
-void submit_image_start(const struct plugin_conf *conf, const struct container_flags *flags,
-			struct image_resolve *resolve)
+int submit_image_start(const struct plugin_conf *conf, const struct container_flags *flags,
+		       struct image_resolve *resolve)
 {
 	const char *inherited = getenv(IMAGE_VAR);
 	char msg[ERR_LEN];
 
-	submit_image_finish(conf, resolve); /* one still pending: collected first */
+	if (submit_image_finish(conf, resolve) < 0) /* one still pending: collected first */
+		return -1;
 	/* files and archives have no tag; a plugstack importer= imports by name */
 	if (flags->image == NULL || conf->importer[0] != '\0' || image_is_file(flags->image) ||
 	    image_archive_prefix(flags->image) > 0 ||
 	    image_uri(flags->image, resolve->uri, sizeof(resolve->uri)) < 0 ||
 	    image_registry_scheme(resolve->uri) == 0)
-		return;
+		return 0;
 	if (inherited != NULL && image_pin(inherited, resolve->uri) != NULL)
-		return;
+		return 0;
 	/* named by its digest already: the nodes import that, with nothing to ask */
 	if (strstr(resolve->uri, "@sha256:") != NULL)
-		return;
+		return 0;
 	if (berth_resolve_start(conf, resolve->uri, &resolve->child, msg, sizeof(msg)) < 0)
 		slurm_spank_log("spank_berth: warning: cannot resolve %s to a digest here (%s); "
 				"each node imports the tag as it finds it then", resolve->uri, msg);
+	return 0;
 }
 
-void submit_image_finish(const struct plugin_conf *conf, struct image_resolve *resolve)
+int submit_image_finish(const struct plugin_conf *conf, struct image_resolve *resolve)
 {
 	char pinned[PATH_MAX], msg[ERR_LEN];
 	const char *uri = resolve->uri;
 	char *text = NULL;
+	int permanent;
 	size_t len;
 
 	if (resolve->child.child.pidfd < 0)
-		return;
+		return 0;
 	if (berth_resolve_finish(conf, &resolve->child, pinned, sizeof(pinned), msg,
-				 sizeof(msg)) < 0) {
+				 sizeof(msg), &permanent) < 0) {
+		if (permanent) {
+			slurm_error("spank_berth: --container-image: %s", msg);
+			return -1;
+		}
 		slurm_spank_log("spank_berth: warning: cannot resolve %s to a digest here (%s); "
 				"each node imports the tag as it finds it then", uri, msg);
-		return;
+		return 0;
 	}
 	len = strlen(pinned);
 	if (len > 0 && pinned[len - 1] == '\n')
@@ -134,7 +144,7 @@ void submit_image_finish(const struct plugin_conf *conf, struct image_resolve *r
 	text = malloc(strlen(uri) + len + 2);
 	if (text == NULL) {
 		slurm_error("spank_berth: out of memory");
-		return;
+		return 0;
 	}
 	snprintf(text, strlen(uri) + len + 2, "%s\n%s", uri, pinned);
 	if (image_pin(text, uri) == NULL)
@@ -143,6 +153,7 @@ void submit_image_finish(const struct plugin_conf *conf, struct image_resolve *r
 	else if (setenv(IMAGE_VAR, text, 1) < 0)
 		slurm_spank_log("spank_berth: warning: cannot set %s: %m", IMAGE_VAR);
 	free(text);
+	return 0;
 }
 
 void submit_image_cancel(struct image_resolve *resolve)

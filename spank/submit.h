@@ -61,14 +61,16 @@ struct image_resolve {
 
 /*
  * A registry image's tag resolved to a digest through the runtime, once
- * per job, into this process's environment for the job (best effort: a
- * failure is a warning, and the job goes on). start begins it when there
- * is a tag to resolve; finish waits for it and sets the environment;
- * cancel kills one that will not be collected.
+ * per job, into this process's environment for the job. start begins it
+ * when there is a tag to resolve; finish waits for it and sets the
+ * environment; cancel kills one that will not be collected. Each returns
+ * -1 (logged in the runtime's line) where the job is to be refused: a
+ * failure asking again will not mend. Any other failure is a warning, and
+ * the job goes on to the nodes (0).
  */
-void submit_image_start(const struct plugin_conf *conf, const struct container_flags *flags,
-			struct image_resolve *resolve);
-void submit_image_finish(const struct plugin_conf *conf, struct image_resolve *resolve);
+int submit_image_start(const struct plugin_conf *conf, const struct container_flags *flags,
+		       struct image_resolve *resolve);
+int submit_image_finish(const struct plugin_conf *conf, struct image_resolve *resolve);
 void submit_image_cancel(struct image_resolve *resolve);
 
 #pragma GCC visibility pop

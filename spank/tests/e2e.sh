@@ -153,6 +153,14 @@ absent() { # description, command, substring that must appear in neither stream
 # shellcheck disable=SC2016  # run by the node's shell (as_alice_apart)
 settled_state='for _ in $(seq 30); do s=$(sinfo -h -o %T); [ "$s" = idle ] && break; sleep 1; done; echo "$s"'
 jobs_so_far() { on_node sh -c 'scontrol show jobs -o 2>/dev/null | grep -c JobId= || true'; }
+# the exit status the runtime ends a resolve with when asking again will not mend it
+status_permanent=$(sed -n 's/^#define BERTH_STATUS_PERMANENT //p' "$repo/spank/answer_status.h")
+# submitted IMAGE [VAR=VALUE...]: the command of an srun of IMAGE with the
+# role's 5 retries, cut at 10 s; it prints srun's exit status (124: cut),
+# how many nodes failed to import it, and the plugin's line at submission
+submitted() {
+    echo "out=\$(${2:-} ENROOT_TRANSFER_RETRIES=5 ENROOT_ALLOW_HTTP=yes timeout 10 srun --container-image=$1 true 2>&1); rc=\$?; echo \"exit=\$rc imports=\$(echo \"\$out\" | grep -c 'failed to import')\"; echo \"\$out\" | grep -o -e 'spank_berth: --container-image: .*' -e 'spank_berth: warning: cannot resolve .*'"
+}
 
 img=--container-image=/srv/img.sqsh
 check "image file runs the command inside" "srun $img cat /etc/os-release" "ID=berth-test"
@@ -256,6 +264,15 @@ if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's o
     check "a failed resolve warns naming the image and why" "FAKE_BERTH_RESOLVE=fail srun --container-image=registry.local#test/unresolved:1 true" "spank_berth: warning: cannot resolve docker://registry.local#test/unresolved:1 to a digest here (cannot get docker://registry.local#test/unresolved:1 from any of 1 places: no route to host)"
     check "a failed resolve: the step runs the tag as the node finds it" "FAKE_BERTH_RESOLVE=fail srun --container-image=registry.local#test/unresolved:1 cat /etc/os-release 2>/dev/null && grep -c '^start --detach .*--reuse docker://registry.local#test/unresolved:1\$' $calls" "ID=berth-test
 2"
+    # one the runtime says will not pass: the job is refused, in the runtime's line
+    permanent="FAKE_BERTH_RESOLVE=fail FAKE_BERTH_RESOLVE_STATUS=$status_permanent"
+    before=$(jobs_so_far)
+    check "a resolve that will not pass refuses sbatch in the runtime's line" "$permanent sbatch --container-image=registry.local#test/gone:1 --wrap true" "spank_berth: --container-image: cannot get docker://registry.local#test/gone:1 from any of 1 places: no route to host"
+    after=$(jobs_so_far)
+    if [[ $before == "$after" ]]; then echo "ok   ... and submits no job"; else
+        echo "FAIL a refused resolve submitted a job ($before -> $after)"; failures=$((failures + 1)); fi
+    check "a resolve that will not pass ends srun before any node imports" "$(submitted registry.local#test/gone:1 "$permanent")" "exit=1 imports=0
+spank_berth: --container-image: cannot get docker://registry.local#test/gone:1 from any of 1 places: no route to host"
     # a user stopping her own runtime before it is ready: no step or node waits on it
     check "a keeper its user stopped before it was ready fails the step" "FAKE_BERTH_STOP_BEFORE_READY=1 timeout 60 srun $img true" "spank_berth: berth start was stopped (SIGSTOP) for 10 s before the container was ready; killed"
     check "... and leaves the node idle" "$settled_state" "idle"
@@ -301,6 +318,22 @@ with tarfile.open("/srv/app.tar", "w") as out:
 PY
     check "--container-image=docker-archive:PATH (relative) runs the saved image" "cp /srv/app.tar . && srun --container-image=docker-archive:app.tar cat /etc/os-release" "ID=berth-test"
     check "an archive that is not there fails naming it" "srun --container-image=docker-archive:/srv/none.tar true" "failed to import docker image: docker-archive:/srv/none.tar"
+
+    # What asking again will not mend is refused at submission, in the
+    # runtime's line, at once; what may pass goes to the nodes. The node
+    # resolves names from /etc/hosts alone: nosuchhost.invalid (RFC 2606)
+    # asks no DNS server. A plain HTTP server with nothing to serve answers
+    # 404 to every manifest; nothing listens on 127.0.0.1:1.
+    on_node sed -i 's/^hosts:.*/hosts: files/' /etc/nsswitch.conf
+    on_node mkdir -p /srv/empty
+    docker exec -d -w /srv/empty "$name" python3 -m http.server --bind 127.0.0.1 5999
+    on_node bash -c 'for _ in {1..50}; do (: </dev/tcp/127.0.0.1/5999) 2>/dev/null && exit; sleep 0.1; done'
+    check "a registry name that does not resolve: srun refused at submission, at once" "$(submitted nosuchhost.invalid#x/y:1)" "exit=1 imports=0
+spank_berth: --container-image: registry nosuchhost.invalid: Name or service not known"
+    check "an image the registry does not have (404): refused at submission, at once" "$(submitted 127.0.0.1:5999#x/y:1)" "exit=1 imports=0
+spank_berth: --container-image: image not found: 127.0.0.1:5999/x/y:1"
+    check "a refused connection may pass: the nodes try again, after one line" "$(submitted 127.0.0.1:1#no/such:1)" "exit=1 imports=1
+spank_berth: warning: cannot resolve docker://127.0.0.1:1#no/such:1 to a digest here (registry 127.0.0.1:1: Connection refused); each node imports the tag as it finds it then"
 fi
 
 # --environment: the real runtime resolves EDF files; fake-berth hands out
