@@ -203,12 +203,7 @@ class _Merge:
         self.guard = guard
         self.out = None
         self.decided = {}       # name -> is a directory: the first entry of a name wins
-        # Each of these says, for a name, the number of the lowest layer read
-        # so far (numbered from the top) that did so:
-        self.hiding = {}        # whited it out: the name and all below it
-        self.emptied = {}       # marked it opaque: all below it
-        self.entered = {}       # had an entry of that name
-        self.bare = {}          # led a path through it where no entry of its own had made it
+        self.lowest = _Lowest()
         self.traversed = set()  # names some entry's path led through, as directories
         self.below = set()      # directories above entries passed on
         self.number = 0
@@ -237,66 +232,53 @@ class _Merge:
         """What the layer read did, for the layers below it: its whiteouts
         and opaque markers hide what they hold."""
         self.number += 1
-        for names, kept in ((self.layer.whiteouts, self.hiding),
-                            (self.layer.opaque, self.emptied),
-                            (self.layer.seen, self.entered), (self.layer.bare, self.bare)):
-            kept.update(dict.fromkeys(names, self.number))
+        self.lowest.note(self.layer, self.number)
         if self.root_mode is None:
             self.root_mode = self.layer.root_mode
 
     def _member(self, archive, member, digest):
+        """Take the entry `member` of the layer being read: a marker, a
+        whiteout, something skipped, the root, or an entry of the image."""
         name = entry_name(member.name, digest)
         parent_name, base = name.rstrip("/").rpartition("/")[::2]
         if base == OPAQUE:
-            directory = self._path(parent_name, digest)
-            if directory in self.layer.under or not directory and self.layer.seen:
-                raise NotStreamable(f"layer {digest}: an opaque marker after entries it empties")
-            self._lead_through(directory, including=True)
-            self.layer.opaque.add(directory)
-            return
-        if base.startswith(WHITEOUT):
-            hidden = base[len(WHITEOUT):]
-            if hidden in ("", ".", ".."):
-                raise BerthError(f"layer {digest}: whiteout '{name}' names no file")
-            path = self._path(f"{parent_name}/{hidden}", digest)
-            self._lead_through(path)
-            self._guard(path, digest)
-            if path in self.layer.seen or path in self.layer.under:
-                raise NotStreamable(f"layer {digest}: a whiteout after entries it removes")
-            self.layer.whiteouts.add(path)
-            return
-        if member.ischr() or member.isblk():
-            return  # devices come from the host at start, never from an image
-        if base in ("", "."):
+            self._opaque_marker(parent_name, digest)
+        elif base.startswith(WHITEOUT):
+            self._whiteout(name, parent_name, base[len(WHITEOUT):], digest)
+        elif member.ischr() or member.isblk():
+            pass  # devices come from the host at start, never from an image
+        elif base in ("", "."):
             if member.isdir():
                 self.layer.root_mode = dir_mode(member.mode)
-            return
-        path = self._path(name, digest)
+        else:
+            self._entry(archive, member, self._path(name, digest), digest)
+
+    def _opaque_marker(self, parent_name, digest):
+        directory = self._path(parent_name, digest)
+        if directory in self.layer.under or not directory and self.layer.seen:
+            raise NotStreamable(f"layer {digest}: an opaque marker after entries it empties")
+        self._lead_through(directory, including=True)
+        self.layer.opaque.add(directory)
+
+    def _whiteout(self, name, parent_name, hidden, digest):
+        if hidden in ("", ".", ".."):
+            raise BerthError(f"layer {digest}: whiteout '{name}' names no file")
+        path = self._path(f"{parent_name}/{hidden}", digest)
+        self._lead_through(path)
+        self._guard(path, digest)
+        if path in self.layer.seen or path in self.layer.under:
+            raise NotStreamable(f"layer {digest}: a whiteout after entries it removes")
+        self.layer.whiteouts.add(path)
+
+    def _entry(self, archive, member, path, digest):
+        """A file, directory, link or FIFO at `path`: passed on, or hidden
+        by the layers above."""
         self._guard(path, digest)
         self._lead_through(path)
         kind = _kind(member)
-        if path in self.layer.seen or (kind != "dir" and path in self.layer.under):
-            raise NotStreamable(f"layer {digest}: '{path}' twice, or replacing its own entries")
-        self.layer.seen.add(path)
-        if kind == "dir" and path in self.berth_files:
-            raise NotStreamable(f"layer {digest}: a directory where Berth writes '{path}'")
-        if kind == "symlink" and path in self.traversed:
-            raise NotStreamable(f"layer {digest}: a path leads through the link '{path}'")
-        if kind != "dir":
-            self.layer.files.add(path)
-        source = self._link_source(member, digest) if kind == "hardlink" else None
-        if kind != "dir" and self._led_through(path):
-            raise NotStreamable(f"layer {digest}: '{path}' where a layer above leads through "
-                                "it")
+        source = self._admit(member, path, kind, digest)
         if self._hidden(path):
-            if kind == "file":
-                self.layer.regular[path] = False
-            if kind != "dir":
-                # (applied, it took the place of all the layers below had
-                # there, even where a layer above makes it a directory again)
-                self.layer.opaque.add(path)
-            # (apply_layer made its directories then; those no layer above hides stay)
-            self._needs_above(path, self._hidden)
+            self._hide(path, kind)
             return
         self.decided[path] = kind == "dir"
         self._needs_above(path)
@@ -305,6 +287,42 @@ class _Merge:
             # stay its own (add_links), as os.link made them
             self.linked_to_hidden.setdefault(source, []).append((path, member.mtime))
             return
+        self._write(archive, member, path, kind, source, digest)
+        if kind == "file":
+            self.layer.regular[path] = True
+
+    def _admit(self, member, path, kind, digest):
+        """Note the entry in its layer; NotStreamable where applying the
+        layers in order could give another tree. A hard link's source, else None."""
+        layer = self.layer
+        if path in layer.seen or (kind != "dir" and path in layer.under):
+            raise NotStreamable(f"layer {digest}: '{path}' twice, or replacing its own entries")
+        layer.seen.add(path)
+        if kind == "dir" and path in self.berth_files:
+            raise NotStreamable(f"layer {digest}: a directory where Berth writes '{path}'")
+        if kind == "symlink" and path in self.traversed:
+            raise NotStreamable(f"layer {digest}: a path leads through the link '{path}'")
+        if kind != "dir":
+            layer.files.add(path)
+        source = self._link_source(member, digest) if kind == "hardlink" else None
+        if kind != "dir" and self._led_through(path):
+            raise NotStreamable(f"layer {digest}: '{path}' where a layer above leads through "
+                                "it")
+        return source
+
+    def _hide(self, path, kind):
+        if kind == "file":
+            self.layer.regular[path] = False
+        if kind != "dir":
+            # (applied, it took the place of all the layers below had
+            # there, even where a layer above makes it a directory again)
+            self.layer.opaque.add(path)
+        # (apply_layer made its directories then; those no layer above hides stay)
+        self._needs_above(path, self._hidden)
+
+    def _write(self, archive, member, path, kind, source, digest):
+        """The entry's header (and a file's bytes) on the tar stream, as
+        apply_layer would have made it."""
         info = tarfile.TarInfo(path)
         info.mtime = _mtime(member.mtime)
         if kind == "dir":
@@ -313,7 +331,6 @@ class _Merge:
         elif kind == "file":
             info.size, info.mode = member.size, file_mode(member.mode)
             self.out.add(info, archive, member)
-            self.layer.regular[path] = True
         elif kind == "symlink":
             info.type, info.linkname, info.mode = tarfile.SYMTYPE, member.linkname, 0o777
             _check_text(info.linkname, digest)
@@ -402,12 +419,13 @@ class _Merge:
         """Whether a layer above led a path through `path` with nothing of
         that name or above it entered, whited out or emptied in between
         (so it found what this layer leaves there)."""
-        through = self.bare.get(path)
+        lowest = self.lowest
+        through = lowest.bare.get(path)
         if through is None:
             return False
-        shields = [self.entered.get(path), self.hiding.get(path)]
+        shields = [lowest.entered.get(path), lowest.hiding.get(path)]
         for above in _ancestors(path):
-            shields += [self.hiding.get(above), self.emptied.get(above)]
+            shields += [lowest.hiding.get(above), lowest.emptied.get(above)]
         return max((number for number in shields if number is not None), default=0) <= through
 
     def _guard(self, path, digest):
@@ -415,7 +433,7 @@ class _Merge:
             self.guard(f"/{path}", digest)
 
     def _hidden(self, path):
-        if path in self.decided or path in self.hiding:
+        if path in self.decided or path in self.lowest.hiding:
             return True
         return self._covered(path.rpartition("/")[0])
 
@@ -425,10 +443,11 @@ class _Merge:
         for the layer being read, whose own entries change none of it (one
         that made such a directory a file is NotStreamable)."""
         known = self.layer.covered
+        lowest = self.lowest
         walked = []
         while directory not in known:
             walked.append(directory)
-            if directory in self.hiding or directory in self.emptied or \
+            if directory in lowest.hiding or directory in lowest.emptied or \
                     self.decided.get(directory) is False:
                 known[directory] = True
                 break
@@ -482,8 +501,31 @@ class _Merge:
                 self.out.add(info)
 
 
+class _Lowest:
+    """For each name, the number of the lowest layer read so far (numbered
+    from the top, from 1) that did a thing to it, one map for each thing.
+    _led_through and _covered read them; each layer's end adds to them."""
+
+    __slots__ = ("hiding", "emptied", "entered", "bare")
+
+    def __init__(self):
+        self.hiding = {}   # whited it out: the name and all below it
+        self.emptied = {}  # marked it opaque: all below it
+        self.entered = {}  # had an entry of that name
+        self.bare = {}     # led a path through it where no entry of its own had made it
+
+    def note(self, layer, number):
+        """What the _Layer `layer`, the number-th, did."""
+        for names, kept in ((layer.whiteouts, self.hiding), (layer.opaque, self.emptied),
+                            (layer.seen, self.entered), (layer.bare, self.bare)):
+            kept.update(dict.fromkeys(names, number))
+
+
 class _Layer:
     """What one layer has done so far: its own rules."""
+
+    __slots__ = ("seen", "files", "under", "bare", "regular", "whiteouts", "opaque", "covered",
+                 "root_mode")
 
     def __init__(self):
         self.seen = set()       # its entries' names
