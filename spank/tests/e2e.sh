@@ -334,6 +334,49 @@ spank_berth: --container-image: registry nosuchhost.invalid: Name or service not
 spank_berth: --container-image: image not found: 127.0.0.1:5999/x/y:1"
     check "a refused connection may pass: the nodes try again, after one line" "$(submitted 127.0.0.1:1#no/such:1)" "exit=1 imports=1
 spank_berth: warning: cannot resolve docker://127.0.0.1:1#no/such:1 to a digest here (registry 127.0.0.1:1: Connection refused); each node imports the tag as it finds it then"
+    # A busy registry: its first two answers for the manifest are 503, then
+    # the image. The resolve asks once (503) and leaves it to the node,
+    # whose import waits (the role's enroot.conf: 5 retries) and runs it.
+    on_node sh -c 'printf "ENROOT_TRANSFER_RETRIES 5\nENROOT_ALLOW_HTTP yes\n" >>/etc/enroot/enroot.conf'
+    put /srv/busy-registry.py 0644 <<'PY'
+import hashlib, http.server, io, json, os, tarfile
+layer = io.BytesIO()
+with tarfile.open(fileobj=layer, mode="w") as t:
+    for name in sorted(os.listdir("/tmp/imgroot")):
+        t.add(f"/tmp/imgroot/{name}", arcname=name)
+blobs = {}
+def blob(data):
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    blobs[digest] = data
+    return digest
+layer_digest = blob(layer.getvalue())
+config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/usr/bin:/bin"]},
+                     "rootfs": {"type": "layers", "diff_ids": [layer_digest]}}).encode()
+manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+    "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(config), "size": len(config)},
+    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest,
+                "size": len(blobs[layer_digest])}]}).encode()
+busy = [503, 503]
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/v2/x/busy/manifests/1":
+            if busy:
+                return self.answer(busy.pop(), b"")
+            return self.answer(200, manifest, "application/vnd.oci.image.manifest.v1+json")
+        name = self.path.rsplit("/", 1)[-1]
+        self.answer(200, blobs[name]) if "/blobs/" in self.path and name in blobs else self.answer(404, b"")
+    def answer(self, status, body, kind="application/octet-stream"):
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(("127.0.0.1", 5998), Handler).serve_forever()
+PY
+    docker exec -d "$name" python3 /srv/busy-registry.py
+    on_node bash -c 'for _ in {1..50}; do (: </dev/tcp/127.0.0.1/5998) 2>/dev/null && exit; sleep 0.1; done'
+    check "a busy registry (503, then the image): the node waits for it, after one line" "$(submitted 127.0.0.1:5998#x/busy:1)" "exit=0 imports=0
+spank_berth: warning: cannot resolve docker://127.0.0.1:5998#x/busy:1 to a digest here (registry 127.0.0.1:5998: manifest 1 answered 503 Service Unavailable); each node imports the tag as it finds it then"
 fi
 
 # --environment: the real runtime resolves EDF files; fake-berth hands out
