@@ -477,13 +477,18 @@ def test_a_killed_squashfs_server_stops_the_start_in_one_line(berth, images, det
         assert len(servers) == 1, servers
         os.kill(servers[0], signal.SIGKILL)
         killed = time.monotonic()
-        _, stderr = process.communicate(timeout=20)
+        process.wait(timeout=20)  # (stdin stays open: its end would stop a --detach start)
         took = time.monotonic() - killed
+        stderr = process.stderr.read()
     finally:
-        for running in (task, process):
-            if running and running.poll() is None:
-                running.kill()
-                running.wait()
+        if task:  # the joined task (below runuser as root) loops on until killed
+            with contextlib.suppress(ProcessLookupError, IndexError):
+                os.kill(berth_pid(task), signal.SIGKILL)
+            task.wait()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdin.close()
     assert process.returncode == 1 and took < 5, (process.returncode, took, stderr)
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
