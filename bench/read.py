@@ -5,13 +5,18 @@ squashfs and the other ways to serve the same file, one run.
     /opt/berth-dev/venv/bin/python bench/read.py [CACHE_DIR] [--size-gib 0.08]
         [--files 5000] [--rounds 2] [--tasks N] [--full] [--quiet]
 
-As root (a kernel squashfs mount and dropping the page cache need it), on
-a host or on a node of the demo cluster alike: on a node, copy the
-checkout's bench/ and runtime/ there and run it with the node's python3
-(`docker cp . berth-node1:/tmp/berth && docker exec berth-node1 python3
-/tmp/berth/bench/read.py`; it needs the node's squashfs-tools, squashfuse,
-docker-registry and busybox-static, as scripts/test-runtime-suite.sh's
-image has them).
+As root (a kernel squashfs mount and dropping the page cache need it).
+On a node of the demo cluster, with the image made by a first run on the
+host (CACHE_DIR then holds it: the node needs no registry or busybox),
+the node's python3 and tools:
+
+    tar -c bench runtime | docker exec -i berth-cn1 sh -c \
+        'mkdir -p /tmp/berth && tar -x -C /tmp/berth'
+    docker cp /var/tmp/berth-bench berth-cn1:/var/tmp/
+    docker exec berth-cn1 python3 /tmp/berth/bench/read.py
+
+(the kernel's row needs a loop device there, the cold rows a writable
+/proc/sys/vm/drop_caches).
 
 The image is bench/realistic_image.py's (made once under CACHE_DIR,
 default /var/tmp/berth-bench), imported by `berth import`, with a static
