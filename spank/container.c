@@ -414,13 +414,116 @@ static int is_step_label(const char *name)
 		(*stepid != '\0' && stepid[strspn(stepid, "0123456789")] == '\0'));
 }
 
+/* What is known of the named container on disk: "berth list" is asked only when needed. */
+enum on_disk { ON_DISK_UNASKED, ON_DISK_ABSENT, ON_DISK_PRESENT };
+
+/* Ask "berth list" whether the step's container is on disk; -1 (logged) on failure. */
+static int ask_on_disk(spank_t sp, const struct step *st, const struct plugin_conf *conf,
+		       enum on_disk *found)
+{
+	int exists = container_exists(sp, st, conf, st->container);
+
+	if (exists < 0)
+		return -1;
+	*found = exists ? ON_DISK_PRESENT : ON_DISK_ABSENT;
+	return 0;
+}
+
+/*
+ * The pid of the named container running on this node, or 0. One removed
+ * (berth remove -f) while a step still runs in it is not: that step's root
+ * is gone, and the name is free for a new container, as in pyxis. (An
+ * unnamed step's container has nothing on disk to remove.)
+ */
+static int find_running(spank_t sp, const struct step *st, const struct plugin_conf *conf,
+			const struct container_flags *flags, const char *pidfile,
+			pid_t *running, enum on_disk *found)
+{
+	*running = running_pid(pidfile, st->uid);
+	if (*running == 0 || flags->name_mode == NAME_NO_EXEC || is_step_label(flags->name))
+		return 0;
+	if (ask_on_disk(sp, st, conf, found) < 0)
+		return -1;
+	if (*found == ON_DISK_ABSENT)
+		*running = 0;
+	return 0;
+}
+
+static int attach_named(struct step *st, const struct container_flags *flags, pid_t running)
+{
+	if (running == 0) {
+		slurm_error("spank_berth: --container-name: '%s' is not running on this node",
+			    flags->name);
+		return -1;
+	}
+	if (attach_has_namespaces(flags, running) < 0)
+		return -1;
+	st->container_pid = running;
+	if (flags->mounts != NULL)
+		slurm_spank_log("spank_berth: warning: ignoring --container-mounts when "
+				"attaching to a running container '%s'", flags->name);
+	return 0;
+}
+
+/* Start the named container, created first from --container-image if it is not on disk. */
+static int start_named(spank_t sp, struct step *st, const struct plugin_conf *conf,
+		       const struct container_flags *flags, enum on_disk found)
+{
+	char sqsh[PATH_MAX];
+
+	/*
+	 * Most steps find their container on disk: start it straight away, and
+	 * pay for "berth list" only when that fails (or to refuse mode create).
+	 */
+	if (flags->name_mode != NAME_CREATE && found != ON_DISK_ABSENT &&
+	    start_keeper(sp, st, conf, flags, st->container, NULL, KEEPER_QUIET) == 0)
+		return 0;
+	if (found == ON_DISK_UNASKED && ask_on_disk(sp, st, conf, &found) < 0)
+		return -1;
+	if (found == ON_DISK_PRESENT && flags->name_mode == NAME_CREATE) {
+		slurm_error("spank_berth: --container-name: '%s' exists already (mode create)",
+			    flags->name);
+		return -1;
+	}
+	if (found == ON_DISK_ABSENT && flags->image == NULL) {
+		slurm_error("spank_berth: --container-name: no container '%s' on this node "
+			    "and no --container-image to create it from", flags->name);
+		return -1;
+	}
+	if (found == ON_DISK_ABSENT && (resolve_image(sp, st, conf, flags, sqsh) < 0 ||
+					berth_create(sp, st, conf, st->container, sqsh) < 0))
+		return -1;
+	/* again if it existed: now say why */
+	return start_keeper(sp, st, conf, flags, st->container, NULL, KEEPER_REPORT);
+}
+
+/* Under the name's lock: attach to the running container, or start it and record it. */
+static int use_named(spank_t sp, struct step *st, const struct plugin_conf *conf,
+		     const struct container_flags *flags, const char *pidfile)
+{
+	enum on_disk found = ON_DISK_UNASKED;
+	pid_t running;
+
+	if (find_running(sp, st, conf, flags, pidfile, &running, &found) < 0)
+		return -1;
+	if (flags->name_mode == NAME_EXEC || (flags->name_mode == NAME_AUTO && running))
+		return attach_named(st, flags, running);
+	if (start_named(sp, st, conf, flags, found) < 0)
+		return -1;
+	if (running != 0) /* (the old step's end leaves a pid file it no longer names) */
+		return 0;
+	if (write_pidfile(pidfile, st->container_pid) < 0)
+		return -1;
+	strcpy(st->pidfile, pidfile);
+	return 0;
+}
+
 /* --container-name: attach to it running, or create it once and start it. */
 static int prepare_named(spank_t sp, struct step *st, const struct plugin_conf *conf,
 			 const struct container_flags *flags)
 {
-	char named[PATH_MAX], lock[PATH_MAX], pidfile[PATH_MAX], sqsh[PATH_MAX];
-	int lock_fd, exists = -1, rc = -1; /* -1: berth list not asked yet */
-	pid_t running;
+	char named[PATH_MAX], lock[PATH_MAX], pidfile[PATH_MAX];
+	int lock_fd, rc;
 
 	if (path_join(named, "%s/named", st->state_dir) < 0 ||
 	    make_dir(named, 0700, st->uid, st->gid) < 0 ||
@@ -430,69 +533,7 @@ static int prepare_named(spank_t sp, struct step *st, const struct plugin_conf *
 	lock_fd = lock_file(lock);
 	if (lock_fd < 0)
 		return -1;
-	running = running_pid(pidfile, st->uid);
-	/*
-	 * Removed (berth remove -f) while a step still runs in it: that step's
-	 * root is gone, and the name is free for a new container, as in pyxis.
-	 * (An unnamed step's container has nothing on disk to remove.)
-	 */
-	if (running && flags->name_mode != NAME_NO_EXEC && !is_step_label(flags->name)) {
-		exists = container_exists(sp, st, conf, st->container);
-		if (exists < 0)
-			goto out;
-		if (!exists)
-			running = 0;
-	}
-	if (flags->name_mode == NAME_EXEC || (flags->name_mode == NAME_AUTO && running)) {
-		if (running == 0) {
-			slurm_error("spank_berth: --container-name: '%s' is not running on this node",
-				    flags->name);
-			goto out;
-		}
-		if (attach_has_namespaces(flags, running) < 0)
-			goto out;
-		st->container_pid = running;
-		if (flags->mounts != NULL)
-			slurm_spank_log("spank_berth: warning: ignoring --container-mounts when "
-					"attaching to a running container '%s'", flags->name);
-		rc = 0;
-		goto out;
-	}
-	/*
-	 * Most steps find their container on disk: start it straight away, and
-	 * pay for "berth list" only when that fails (or to refuse mode create).
-	 */
-	if (flags->name_mode != NAME_CREATE && exists != 0 &&
-	    start_keeper(sp, st, conf, flags, st->container, NULL, 0) == 0)
-		goto started;
-	if (exists < 0)
-		exists = container_exists(sp, st, conf, st->container);
-	if (exists < 0)
-		goto out;
-	if (exists && flags->name_mode == NAME_CREATE) {
-		slurm_error("spank_berth: --container-name: '%s' exists already (mode create)",
-			    flags->name);
-		goto out;
-	}
-	if (!exists && flags->image == NULL) {
-		slurm_error("spank_berth: --container-name: no container '%s' on this node "
-			    "and no --container-image to create it from", flags->name);
-		goto out;
-	}
-	if (!exists && (resolve_image(sp, st, conf, flags, sqsh) < 0 ||
-			berth_create(sp, st, conf, st->container, sqsh) < 0))
-		goto out;
-	/* again if it existed: now say why */
-	if (start_keeper(sp, st, conf, flags, st->container, NULL, 1) < 0)
-		goto out;
-started:
-	if (running == 0) { /* (the old step's end leaves a pid file it no longer names) */
-		if (write_pidfile(pidfile, st->container_pid) < 0)
-			goto out;
-		strcpy(st->pidfile, pidfile);
-	}
-	rc = 0;
-out:
+	rc = use_named(sp, st, conf, flags, pidfile);
 	close(lock_fd);
 	return rc;
 }
@@ -545,7 +586,7 @@ int setup_container(spank_t sp, struct step *st, const struct plugin_conf *conf,
 			return -1;
 		/* pyxis's two lines, which scripts count on: honest about a cached image */
 		slurm_spank_log("pyxis: importing docker image: %s", flags->image);
-		if (start_keeper(sp, st, conf, flags, NULL, &req, 1) < 0)
+		if (start_keeper(sp, st, conf, flags, NULL, &req, KEEPER_REPORT) < 0)
 			return -1;
 		slurm_spank_log("pyxis: imported docker image: %s%s", flags->image,
 				req.cached ? " (this node had it: nothing was downloaded)" : "");
@@ -555,7 +596,7 @@ int setup_container(spank_t sp, struct step *st, const struct plugin_conf *conf,
 	if (resolve_image(sp, st, conf, flags, sqsh) < 0)
 		return -1;
 	if (flags->save == NULL) {
-		if (start_keeper(sp, st, conf, flags, sqsh, NULL, 1) < 0)
+		if (start_keeper(sp, st, conf, flags, sqsh, NULL, KEEPER_REPORT) < 0)
 			return -1;
 		return record_unnamed(st, conf);
 	}
@@ -565,7 +606,7 @@ int setup_container(spank_t sp, struct step *st, const struct plugin_conf *conf,
 	if (berth_create(sp, st, conf, st->container, sqsh) < 0)
 		return -1;
 	st->remove_container = 1;
-	if (start_keeper(sp, st, conf, flags, st->container, NULL, 1) < 0)
+	if (start_keeper(sp, st, conf, flags, st->container, NULL, KEEPER_REPORT) < 0)
 		return -1;
 	return record_unnamed(st, conf);
 }

@@ -137,11 +137,11 @@ static size_t read_line(int fd, char *line, size_t len, const char *slow_notice,
 /*
  * "berth start --detach --porcelain ... TARGET" (or "--reuse URI" for an
  * image to import first, whose answer line of digest and cached comes
- * before the pid's): wait for the pid line; report: log a failure.
+ * before the pid's): wait for the pid line.
  */
 int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		 const struct container_flags *flags, const char *target,
-		 struct image_request *image, int report)
+		 struct image_request *image, enum keeper_report report)
 {
 	char log_path[PATH_MAX], pmix_dir[PATH_MAX], pmix_mount[2 * PATH_MAX + 2] = "";
 	char script_mount[2 * PATH_MAX + 2];
@@ -198,7 +198,7 @@ int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 			slurm_error("spank_berth: berth start was stopped (SIGSTOP) for %d s before "
 				    "the container was ready; killed", KEEPER_STOPPED_MS / 1000);
 			child_signal(&st->keeper, SIGKILL);
-			report = 0;
+			report = KEEPER_QUIET; /* (said already) */
 		}
 		close(st->keeper_stdin);
 		st->keeper_stdin = -1;

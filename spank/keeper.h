@@ -30,15 +30,21 @@ struct image_request {
 	int cached;                        /* out: the image was there before the step */
 };
 
+/* Whether start_keeper logs why a start failed (an import's failure it always logs). */
+enum keeper_report {
+	KEEPER_QUIET,   /* a first try, made again if it fails */
+	KEEPER_REPORT,
+};
+
 /*
  * Start the keeper of target (a squashfs file or a container name), or of
  * image's target imported first (target NULL), with the step's flags; on
  * success st holds it (keeper, keeper_stdin) and the container's pid, and
- * image->digest is filled in. report: log why it failed. 0, or -1.
+ * image->digest is filled in. 0, or -1.
  */
 int start_keeper(spank_t sp, struct step *st, const struct plugin_conf *conf,
 		 const struct container_flags *flags, const char *target,
-		 struct image_request *image, int report);
+		 struct image_request *image, enum keeper_report report);
 
 /* Close the keeper's stdin and wait for it; signal it if it does not go. */
 void stop_keeper(struct step *st);
