@@ -5,7 +5,7 @@ image kept as parts (parts.py); chosen here and nowhere else.
 squashfuse ships two servers. `squashfuse` speaks libfuse's high-level
 API: every request names a path that it looks up again from the root, and
 each open drops the file's pages from the kernel's cache; on a Python tree
-it reads 5-8x slower than the kernel's own squashfs (bench/read.py).
+it reads 8-19x slower than the kernel's own squashfs warm (bench/read.py).
 `squashfuse_ll` speaks the low-level API: inodes, entries and pages
 cached by the kernel for as long as the mount lives, and from squashfuse
 0.5 several threads. It is used wherever it can show what the caller needs:
