@@ -190,8 +190,8 @@ START_BERTH_MODULES = [
     "berth.container.mounts", "berth.container.rootfs", "berth.container.seccomp",
     "berth.container.services", "berth.container.verbs", "berth.errors", "berth.image",
     "berth.image.imageconfig", "berth.image.imagefile", "berth.image.parts",
-    "berth.image.reference", "berth.image.sif", "berth.porcelain", "berth.rootpath",
-    "berth.safedir", "berth.syscalls", "berth.units",
+    "berth.image.reference", "berth.image.sif", "berth.image.squashserve", "berth.porcelain",
+    "berth.rootpath", "berth.safedir", "berth.syscalls", "berth.units",
 ]
 START_OTHER_MODULES = [
     "_bz2", "_collections", "_compression", "_ctypes", "_functools", "_json", "_locale",
