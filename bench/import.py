@@ -59,8 +59,6 @@ from pathlib import Path
 
 import realistic_image
 
-from berth import config  # (realistic_image put the runtime on the path)
-
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_SECONDS = 0.05
 FREE_FLOOR = 0.1  # of the disk, kept free
@@ -96,7 +94,7 @@ def main():
     try:
         # (and room for the free floor the store's import keeps: at least 1 GiB)
         with own_filesystem(scratch, 2 * needed + compressed + (2 << 30)) as work:
-            env = berth_env(work)
+            env = realistic_image.berth_env(work)
             samples = {}
             say(f"download: {len(layers)} blobs, {compressed >> 20} MiB")
             downloads = work / "download"
@@ -199,19 +197,6 @@ def repeat(runs, say, function):
         seconds.append(function())
         say(f"  {seconds[-1]:.1f} s")
     return seconds
-
-
-def berth_env(work):
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
-           "PYTHONPATH": str(REPO / "runtime"), "ENROOT_TEMP_PATH": str(work),
-           "ENROOT_ALLOW_HTTP": "yes"}
-    for key in ("SYSCONF", "CONFIG", "CACHE", "DATA", "RUNTIME"):
-        env[f"ENROOT_{key}_PATH"] = str(work / key.lower())
-    settings = config.load(env)
-    for key in ("ENROOT_SQUASH_OPTIONS", "ENROOT_GZIP_PROGRAM", "ENROOT_MAX_PROCESSORS",
-                "ENROOT_MAX_CONNECTIONS"):
-        env[key] = settings[key]
-    return env
 
 
 @contextlib.contextmanager

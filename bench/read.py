@@ -64,7 +64,6 @@ from pathlib import Path
 
 import realistic_image
 
-from berth import config  # (realistic_image put the runtime on the path)
 from berth.image import squashserve
 
 REPO = Path(__file__).resolve().parents[1]
@@ -183,16 +182,6 @@ class Places:
 
 # -- the image ---------------------------------------------------------------------
 
-def berth_env(work):
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
-           "PYTHONPATH": str(REPO / "runtime"), "ENROOT_TEMP_PATH": str(work),
-           "ENROOT_ALLOW_HTTP": "yes"}
-    for key in ("SYSCONF", "CONFIG", "CACHE", "DATA", "RUNTIME"):
-        env[f"ENROOT_{key}_PATH"] = str(work / key.lower())
-    env["ENROOT_SQUASH_OPTIONS"] = config.load(env)["ENROOT_SQUASH_OPTIONS"]
-    return env
-
-
 def image_of(top, env, quiet):
     """The image as a job would run it (top/read-bench.sqsh, made once):
     imported by berth, a static busybox appended as /bin/sh."""
@@ -309,7 +298,7 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="read-bench-", dir=args.cache_dir))
     places = None
     try:
-        env = berth_env(work)
+        env = realistic_image.berth_env(work)
         image = image_of(top, env, args.quiet)
         say("unpacking the tree to local disk")
         tree = work / "tree"

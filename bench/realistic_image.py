@@ -27,7 +27,8 @@ pigz, several at a time.
 
 As a module: `cached(cache_dir, size_gib, files, ...)` returns the image's
 directory (made if missing) and `serve(directory)` a running Registry with
-the image pushed as bench/pytorch:v1. scripts/test-image.sh makes the
+the image pushed as bench/pytorch:v1; `berth_env(work)` the environment
+a bench runs berth in. scripts/test-image.sh makes the
 layout of CLUSTER_TEST_SHAPE for the clusters' store test.
 """
 
@@ -72,6 +73,25 @@ FILES_PER_LIBRARY = 1000
 HEAVY_LAYERS = (3, 11, 24)  # CUDA, cuDNN and NCCL, PyTorch
 EMPTY_LAYERS = (1, 7, 15, 30, 38)
 SITE = "usr/local/lib/python3.10/dist-packages"
+
+
+# -- the runtime a bench runs ---------------------------------------------------
+
+def berth_env(work):
+    """The environment a bench runs berth in: every path of its own under
+    `work`, this checkout's runtime, and the settings that shape an import
+    as the machine's defaults give them."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
+           "PYTHONPATH": str(REPO / "runtime"), "ENROOT_TEMP_PATH": str(work),
+           "ENROOT_ALLOW_HTTP": "yes"}
+    for key in ("SYSCONF", "CONFIG", "CACHE", "DATA", "RUNTIME"):
+        env[f"ENROOT_{key}_PATH"] = str(work / key.lower())
+    from berth import config  # (on the path this module put first)
+    settings = config.load(env)
+    for key in ("ENROOT_SQUASH_OPTIONS", "ENROOT_GZIP_PROGRAM", "ENROOT_MAX_PROCESSORS",
+                "ENROOT_MAX_CONNECTIONS"):
+        env[key] = settings[key]
+    return env
 
 
 # -- contents -------------------------------------------------------------------
