@@ -15,31 +15,30 @@ sys.path.insert(0, str(ROOT / "runtime"))
 from berth import porcelain  # noqa: E402 (the checkout's runtime, not an installed one)
 
 
+def c_header(comment, body):
+    """A generated C header: `comment`'s lines in one comment, then `body`'s."""
+    return "\n".join(["/*", *(f" * {line}" for line in comment), " */", *body]) + "\n"
+
+
 def header():
-    lines = ["/*",
-             " * The runtime's --porcelain keys, one ANSWER_KEY(key, kind) a line:",
-             " * written by scripts/answer_keys.py from their one table,",
-             " * runtime/berth/porcelain.py's KEYS (do not edit). answer.h makes",
-             " * struct answer's fields of it and answer.c its parser. No include",
-             " * guard: each user defines ANSWER_KEY and includes it.",
-             " */"]
+    body = []
     for key, (kind, said) in porcelain.KEYS.items():
-        lines += [f"/* {said} */", f"ANSWER_KEY({key}, {kind})"]
-    return "\n".join(lines) + "\n"
+        body += [f"/* {said} */", f"ANSWER_KEY({key}, {kind})"]
+    return c_header(["The runtime's --porcelain keys, one ANSWER_KEY(key, kind) a line:",
+                     "written by scripts/answer_keys.py from their one table,",
+                     "runtime/berth/porcelain.py's KEYS (do not edit). answer.h makes",
+                     "struct answer's fields of it and answer.c its parser. No include",
+                     "guard: each user defines ANSWER_KEY and includes it."], body)
 
 
 def status_header():
-    lines = ["/*",
-             " * The runtime's exit statuses the plugin tells apart beyond 0 and 1",
-             " * (any other failure), one BERTH_STATUS_<NAME> a line: written by",
-             " * scripts/answer_keys.py from their one table,",
-             " * runtime/berth/porcelain.py's STATUSES (do not edit).",
-             " */",
-             "#ifndef BERTH_SPANK_ANSWER_STATUS_H",
-             "#define BERTH_SPANK_ANSWER_STATUS_H"]
+    body = ["#ifndef BERTH_SPANK_ANSWER_STATUS_H", "#define BERTH_SPANK_ANSWER_STATUS_H"]
     for name, (status, said) in porcelain.STATUSES.items():
-        lines += [f"/* {said} */", f"#define BERTH_STATUS_{name.upper()} {status}"]
-    return "\n".join(lines + ["#endif"]) + "\n"
+        body += [f"/* {said} */", f"#define BERTH_STATUS_{name.upper()} {status}"]
+    return c_header(["The runtime's exit statuses the plugin tells apart beyond 0 and 1",
+                     "(any other failure), one BERTH_STATUS_<NAME> a line: written by",
+                     "scripts/answer_keys.py from their one table,",
+                     "runtime/berth/porcelain.py's STATUSES (do not edit)."], body + ["#endif"])
 
 
 def main(argv):
