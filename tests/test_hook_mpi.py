@@ -63,16 +63,25 @@ def run_hook(root, node, env=None):
     return process, mounts.read_text().splitlines(), environ.read_text().splitlines()[1:]
 
 
+def mpich_over_the_images(node):
+    """The mount lines of the node's libmpich and libmpichfort over the image's."""
+    return [f"{node}/{soname} /{MULTIARCH}/{soname} none bind,ro,nosuid,nodev"
+            for soname in ("libmpich.so.12", "libmpichfort.so.12")]
+
+
+def bound_as_a_need(node, soname):
+    """The mount line of a library the node's MPI needs, in the hook's own directory."""
+    return (f"{node}/{soname} /usr/local/berth/mpi/lib/{soname} none "
+            "bind,ro,nosuid,nodev,x-create=file")
+
+
 def test_the_images_mpich_is_the_nodes_and_its_open_mpi_stays(tmp_path, node):
     root = image(tmp_path, ("libmpich.so.12.3.0", "libmpich.so.12"),
                  ("libmpichfort.so.12.3.0", "libmpichfort.so.12"), ("libmpi.so.40.30.4", "libmpi.so.40"))
     process, mounts, environ = run_hook(root, node, ON)
     assert process.returncode == 0 and process.stderr == ""
-    assert sorted(mounts) == sorted([
-        f"{node}/libmpich.so.12 /{MULTIARCH}/libmpich.so.12 none bind,ro,nosuid,nodev",
-        f"{node}/libmpichfort.so.12 /{MULTIARCH}/libmpichfort.so.12 none bind,ro,nosuid,nodev",
-        f"{node}/libfabric.so.1 /usr/local/berth/mpi/lib/libfabric.so.1 none "
-        "bind,ro,nosuid,nodev,x-create=file"])
+    assert sorted(mounts) == sorted(mpich_over_the_images(node)
+                                    + [bound_as_a_need(node, "libfabric.so.1")])
     assert environ == ["LD_LIBRARY_PATH=/usr/local/berth/mpi/lib:/opt/app/lib"]
 
 
@@ -90,11 +99,8 @@ def test_a_need_named_like_the_family_is_bound_and_the_family_is_not(tmp_path):
                  ("libmpichfort.so.12.3.0", "libmpichfort.so.12"))
     process, mounts, environ = run_hook(root, mpi, ON)
     assert process.returncode == 0 and process.stderr == ""
-    assert sorted(mounts) == sorted([
-        f"{mpi}/libmpich.so.12 /{MULTIARCH}/libmpich.so.12 none bind,ro,nosuid,nodev",
-        f"{mpi}/libmpichfort.so.12 /{MULTIARCH}/libmpichfort.so.12 none bind,ro,nosuid,nodev",
-        f"{mpi}/libmpi_support.so.12 /usr/local/berth/mpi/lib/libmpi_support.so.12 none "
-        "bind,ro,nosuid,nodev,x-create=file"])
+    assert sorted(mounts) == sorted(mpich_over_the_images(mpi)
+                                    + [bound_as_a_need(mpi, "libmpi_support.so.12")])
     assert environ == ["LD_LIBRARY_PATH=/usr/local/berth/mpi/lib:/opt/app/lib"]
 
 
