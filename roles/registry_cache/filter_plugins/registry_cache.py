@@ -20,6 +20,12 @@ units = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(units)
 
 
+def _taken(what, first):
+    """The problem of `what` (an upstream's key and value) that the upstream
+    at index `first` has already."""
+    return f"{what} is also registry_cache_upstreams[{first}]'s"
+
+
 def registry_cache_problems(upstreams, max_size="", certificate="", key="",
                             unprivileged_port_start=None):
     """The problems of registry_cache_upstreams and the knobs beside it.
@@ -46,8 +52,7 @@ def registry_cache_problems(upstreams, max_size="", certificate="", key="",
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             problems.append(f"{where}.name: {name!r} is not [a-z0-9][a-z0-9-]* (at most 63)")
         elif name in names:
-            problems.append(
-                f"{where}.name: '{name}' is also registry_cache_upstreams[{names[name]}]'s")
+            problems.append(_taken(f"{where}.name: '{name}'", names[name]))
         else:
             names[name] = index
         if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
@@ -59,8 +64,7 @@ def registry_cache_problems(upstreams, max_size="", certificate="", key="",
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
             problems.append(f"{where}.port: {port!r} is not a TCP port (1-65535)")
         elif port in ports:
-            problems.append(
-                f"{where}.port: {port} is also registry_cache_upstreams[{ports[port]}]'s")
+            problems.append(_taken(f"{where}.port: {port}", ports[port]))
         else:
             ports[port] = index
             if unprivileged_port_start is not None and not certificate \
