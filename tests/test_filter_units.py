@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 ROLE = REPO / "roles" / "container_runtime"
 sys.path.insert(0, str(REPO / "runtime"))
 from berth.errors import BerthError  # noqa: E402
-from berth.image.cache import parse_size  # noqa: E402
+from berth.image.verbs import parse_size  # noqa: E402
 
 _SPEC = importlib.util.spec_from_file_location("berth_units_filter",
                                                REPO / "plugins" / "filter" / "berth_units.py")

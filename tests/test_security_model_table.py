@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "runtime"))
 from berth import config  # noqa: E402
-from berth.image import cache, manifests, squash  # noqa: E402
+from berth.image import manifests, squash, verbs  # noqa: E402
 from berth.site import userdirs  # noqa: E402
 from berth.store import service  # noqa: E402
 
@@ -33,7 +33,7 @@ def _row(constant):
 
 @pytest.mark.parametrize("constant, value, said", [
     ("USER_PART_SECONDS", userdirs.USER_PART_SECONDS, "killed after 30 s"),
-    ("PRUNE_AS_OWNER_SECONDS", cache.PRUNE_AS_OWNER_SECONDS, "killed after 600 s"),
+    ("PRUNE_AS_OWNER_SECONDS", verbs.PRUNE_AS_OWNER_SECONDS, "killed after 600 s"),
     ("PER_USER_CONNECTIONS", service.PER_USER_CONNECTIONS, "4 connections per user"),
     ("REQUEST_TIMEOUT", service.REQUEST_TIMEOUT, "30 s to send a request"),
     ("IMPORTS_PER_HOUR", service.IMPORTS_PER_HOUR, "20 new images"),

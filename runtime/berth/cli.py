@@ -171,7 +171,7 @@ def _add_setup_user(sub):
     p.add_argument("user", help="user name or uid")
 
 
-# cache prune and store prune: image.cache.parse_duration reads it
+# cache prune and store prune: image.verbs.parse_duration reads it
 _OLDER_THAN_HELP = ("remove what was unused for DURATION: 30d, 12h, 90m, 2w "
                     "(a number alone is days)")
 
@@ -248,7 +248,7 @@ VERBS = {
     "edf": (_add_edf, "berth.site.edf:cmd_edf", "berth.site.edf:EdfRequest"),
     "setup-user": (_add_setup_user, "berth.site.userdirs:cmd_setup_user",
                    "berth.site.userdirs:SetupUserRequest"),
-    "cache": (_add_cache, "berth.image.cache:cmd_cache", "berth.image.cache:CacheRequest"),
+    "cache": (_add_cache, "berth.image.verbs:cmd_cache", "berth.image.verbs:CacheRequest"),
     "store": (_add_store, "berth.store.verbs:cmd_store", "berth.store.verbs:StoreRequest"),
     "version": (_add_version, "berth.cli:cmd_version", "berth.cli:VersionRequest"),
 }

@@ -1,5 +1,6 @@
 """Sizes and durations as berth's options and the roles' variables write
-them (`--max-size 20G`, `--older-than 30d`): the one grammar of each.
+them (`--max-size 20G`, `--older-than 30d`): the one grammar of each, and
+a size as berth's messages write it (human_size).
 
 The runtime reads them here (cache and store prune); so does the
 controller, for the roles' checks of the same values (plugins/filter/
@@ -38,3 +39,12 @@ def whole(text):
     digits, nor for int() alone, which takes spaces and '_' and refuses
     4,300 digits or more. At most 100 digits: past any count Berth reads."""
     return int(text) if _WHOLE.fullmatch(text) else None
+
+
+def human_size(size):
+    """Bytes as people read them: 512B, 1.5K, 20.0G (powers of 1024)."""
+    for unit in "BKMG":
+        if size < 1024:
+            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
+        size /= 1024
+    return f"{size:.1f}T"

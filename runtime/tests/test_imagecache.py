@@ -30,7 +30,7 @@ from registry_fixture import (
 
 from berth import cli, config
 from berth.errors import BerthError
-from berth.image import cache as cache_module, squash
+from berth.image import squash, verbs as cache_verb
 from berth.image.imageconfig import read_image_config
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
@@ -606,8 +606,8 @@ def test_root_waits_for_a_stopped_users_prune_no_longer_than_its_bound(
     cache, paths = user_cache(node, cache_user, {"layer1": 10})
     for key, value in berth_env(tmp_path, ENROOT_CACHE_PATH=str(cache)).items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(cache_module, "PRUNE_AS_OWNER_SECONDS", 1)
-    monkeypatch.setattr(cache_module, "_prune", lambda *args: time.sleep(600))  # never ends
+    monkeypatch.setattr(cache_verb, "PRUNE_AS_OWNER_SECONDS", 1)
+    monkeypatch.setattr(cache_verb, "_prune", lambda *args: time.sleep(600))  # never ends
     started = time.monotonic()
     assert cli.main(["cache", "prune", "--older-than", "1"]) == 1
     assert time.monotonic() - started < 10

@@ -39,8 +39,8 @@ from test_store import (  # noqa: F401 (fixtures)
 
 from berth import config
 from berth.errors import BerthError
-from berth.image.cache import human_size
 from berth.store import paths as store
+from berth.units import human_size
 
 pytestmark = [
     pytest.mark.skipif(not shutil.which("docker-registry"),

@@ -23,6 +23,7 @@ import sys
 import threading
 
 from berth.errors import BerthError
+from berth.image.cachelayout import CacheLayout
 from berth.image.reference import DIGEST
 
 PARTIAL_PREFIX = ".partial-"  # a download's temporary file, beside the blobs
@@ -38,8 +39,8 @@ def partial_digest(name):
 
 class BlobCache:
     def __init__(self, cache_path):
-        self.blob_dir = os.path.join(cache_path, "blobs", "sha256")
-        self.lock_dir = os.path.join(cache_path, "locks")
+        self.layout = CacheLayout(cache_path)
+        self.blob_dir, self.lock_dir = self.layout.dir("layers"), self.layout.dir("locks")
         self._guard = threading.Lock()
         self._partials = set()  # temporary files of the downloads under way
         self._cancelled = False
@@ -60,7 +61,7 @@ class BlobCache:
         return os.path.join(self.blob_dir, digest.split(":", 1)[1])
 
     def lock_path(self, digest):
-        return os.path.join(self.lock_dir, digest.replace(":", "-"))
+        return self.layout.layer_lock(digest)
 
     def has(self, digest):
         return os.path.isfile(self.path(digest))

@@ -200,7 +200,7 @@ def _summary(request, path, began, found):
     alone.)"""
     if request.quiet:
         return
-    from berth.image.cache import human_size
+    from berth.units import human_size
     size = human_size(os.path.getsize(path))
     print(f"berth: imported {request.uri} to {path} ({size}) in "
           f"{time.monotonic() - began:.1f} s"

@@ -13,6 +13,7 @@ import time
 from berth.errors import BerthError
 from berth.image import parts, reference
 from berth.image.cache import ImageCache
+from berth.image.cachelayout import CacheLayout
 from berth.image.request import StoreClient
 from berth.store.paths import entry, local_path, path_of
 
@@ -55,7 +56,7 @@ def reused(cfg, uri, options, quiet):
     key = images.remembered(uri, options, None)  # (the store serves this node's platform)
     if key is None:
         return None
-    path = images.path(key) if local is None else os.path.join(local, f"{key}.sqsh")
+    path = images.path(key) if local is None else os.path.join(local, CacheLayout.image_name(key))
     if not os.path.lexists(path):
         return None
     try:

@@ -32,8 +32,10 @@ import time
 
 from berth.errors import BerthError
 from berth.image import squash
-from berth.image.cache import human_size, last_use
+from berth.image.cachelayout import CacheLayout
+from berth.image.cachescan import last_use
 from berth.store.paths import local_limit, local_path, walk
+from berth.units import human_size
 
 _COPY_NAME = re.compile(r"([0-9a-f]{64})\.sqsh(\.tmp-.+)?")
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -148,7 +150,7 @@ def copied(cfg, image):
         return image
     limit = local_limit(cfg)
     name = os.path.basename(image)
-    key = name[:-len(".sqsh")]
+    key = CacheLayout.key_of(name)
     with _Local(local, make=True) as here:
         if here.whole(name):
             return os.path.join(local, name)

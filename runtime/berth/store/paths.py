@@ -21,7 +21,8 @@ import time
 from berth import safedir, units
 from berth.errors import BerthError
 from berth.image import squash
-from berth.image.cache import IMAGE_NAME, human_size
+from berth.image.cachelayout import IMAGE_NAME
+from berth.units import human_size
 
 
 def path_of(cfg):

@@ -6,8 +6,8 @@ In this order:
 
 1. images and layers, least recently used first: those unused for
    --older-than, then more until images and layers together hold at most
-   --max-size. Last use is image.cache.last_use, the order of `berth store list`
-   (image.cache.scan): a serve marks the image it hands out, an import the
+   --max-size. Last use is image.cachescan.last_use, the order of `berth store list`
+   (image.cachescan.scan): a serve marks the image it hands out, an import the
    layers it uses. A built image needs no layer and records none, so layers
    are only an import's cache and go by the same rule.
 2. partial files not written for an hour: the squashfs of a killed build
@@ -26,7 +26,7 @@ it, and takes the file a later import made instead (blobs.locked), so the
 two never build the same image side by side.
 
 The store's directories are opened once, none through a symbolic link
-(image.cache.CacheDirs), and every unlink goes through them: a link in the
+(image.cachescan.CacheDirs), and every unlink goes through them: a link in the
 store is removed as a link, never followed.
 """
 
@@ -39,23 +39,21 @@ import time
 from berth import safedir
 from berth.errors import BerthError
 from berth.image.blobs import PARTIAL_PREFIX
-from berth.image.cache import (
-    IMAGE_NAME,
-    LAYERS_LINK,
+from berth.image.cache import ImageCache
+from berth.image.cachelayout import IMAGE_NAME, LAYERS_LINK, CacheLayout
+from berth.image.cachescan import (
     CacheDirs,
     Entry,
-    ImageCache,
     files,
     holding,
-    human_size,
     open_followed,
-    parse_duration,
-    parse_size,
     remove_lock,
     scan,
     unlink_unchanged,
 )
+from berth.image.verbs import parse_duration, parse_size
 from berth.store.paths import entry_line, owned_store, source
+from berth.units import human_size
 
 RECENT = 3600  # seconds: what was used or written this recently stays
 # squash.make_squashfs's file beside the entry it builds, and
@@ -142,7 +140,7 @@ def _remove_build(dirs, store, key):
     """Whether the partial files of `key` went: with its image's lock held
     no build of it is at work, on any node."""
     images = ImageCache(store)
-    with holding(dirs, os.path.basename(images.lock_path(key))) as held:
+    with holding(dirs, CacheLayout.image_lock_name(key)) as held:
         if held:
             images.remove_partials(key)
         return held

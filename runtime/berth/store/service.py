@@ -32,9 +32,10 @@ import time
 from berth import safedir, units
 from berth.errors import AccessDenied, BerthError, ImageNotFound, Terminated, raise_terminated
 from berth.image import archive, parts, reference, registries, squash
-from berth.image.cache import ImageCache, human_size
+from berth.image.cache import ImageCache
 from berth.image.request import PullRequest
 from berth.store.paths import configured_path, local_limit, local_path, owned_store
+from berth.units import human_size
 
 REQUEST_MAX = 4096  # bytes of a request line, its newline not counted
 REQUEST_TIMEOUT = 30  # seconds a connection has to send its request

@@ -9,7 +9,8 @@ import contextlib
 import json
 import os
 
-from berth.image.cache import LAYERS_LINK, CacheDirs, open_followed, scan
+from berth.image.cachelayout import LAYERS_LINK
+from berth.image.cachescan import CacheDirs, open_followed, scan
 from berth.store import service
 from berth.store.paths import configured_path, entry_line, source
 
