@@ -253,3 +253,35 @@ def test_a_start_imports_only_what_a_start_uses(berth, images, options):
     assert set(others) <= set(START_OTHER_MODULES), (
         f"new: {sorted(set(others) - set(START_OTHER_MODULES))}; a start's other modules "
         "now:\n" + pprint.pformat(others, compact=True, width=96))
+
+
+# The import's stages (image/pull.py, docs/architecture/runtime.md): each
+# takes one typed value, the rest of what it needs by keyword, and gives the
+# next stage's value (fetch yields it, as its downloads run on).
+STAGES = {
+    "resolve": ("PullRequest", "Resolved"),
+    "fetch": ("Resolved", "typing.Iterator[Fetched]"),
+    "pack": ("Fetched", "Packed"),
+    "record": ("Packed", "CachedImage"),
+    "build_cached": ("Resolved", None),
+}
+STAGE_VALUES = ("Resolved", "Fetched", "Target", "Packed")
+
+
+def test_the_import_is_stages_of_one_typed_value_each():
+    tree = ast.parse((BERTH / "image" / "pull.py").read_text(encoding="utf-8"))
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    wrong = []
+    for name, (takes, gives) in STAGES.items():
+        function = functions[name]
+        given = [arg.annotation and ast.unparse(arg.annotation) for arg in function.args.args]
+        if given != [takes]:
+            wrong.append(f"{name} takes {given}, not one {takes} (the rest by keyword)")
+        if gives and (function.returns is None or ast.unparse(function.returns) != gives):
+            wrong.append(f"{name} is not annotated to give {gives}")
+    for name in STAGE_VALUES:
+        bases = [ast.unparse(base) for base in classes[name].bases]
+        if bases != ["typing.NamedTuple"]:
+            wrong.append(f"{name} is not a typed named tuple: {bases}")
+    assert not wrong, "\n".join(wrong)

@@ -108,18 +108,21 @@ def default_output(archive):
 
 
 @contextlib.contextmanager
-def cached_image(request, cfg, archive, images, options):
+def cached_image(request, *, cfg, archive, images, options):
     """The CachedImage (request.py) of the archive's image for a
-    PullRequest, built when missing."""
+    PullRequest, built when missing: the archive's own resolve, then
+    pull.build_cached's fetch, pack and record."""
     from berth.image import pull  # (the image build is shared with registry imports)
     _load_modules()
     with contextlib.ExitStack() as stack:
         try:
             layout = stack.enter_context(_open(archive, cfg))
             manifest, digest, manifest_digest, source = _resolve(layout, archive, request.arch)
-            image = stack.enter_context(pull.build_cached(
-                request, cfg, images, options, archive, source, manifest, digest,
-                manifest_digest))
+            resolved = pull.Resolved(request=request, ref=archive, source=source,
+                                     manifest=manifest, digest=digest,
+                                     manifest_digest=manifest_digest)
+            image = stack.enter_context(pull.build_cached(resolved, cfg=cfg, images=images,
+                                                          options=options))
         except BerthError as e:
             raise _named(archive, e) from None
         yield image

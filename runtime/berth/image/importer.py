@@ -216,7 +216,7 @@ def _resolve(request, cfg, ref, plan):
         return 0
     from berth.image import manifests  # (only where a request is made)
     try:
-        print(manifests.pinned(request.arch, request.quiet, cfg, ref, plan))
+        print(manifests.pinned(ref, plan, cfg=cfg, arch=request.arch, quiet=request.quiet))
     except Permanent as e:  # the plugin refuses the job on this status, not the nodes
         raise BerthError(str(e), status=porcelain.PERMANENT) from None
     return 0
@@ -236,7 +236,7 @@ def _cached_image(request, cfg, ref):
                         and not getattr(ref, "is_oras", False))  # (a SIF file: pull.py)
     shared = store is not None and store.serves(request, cfg, ref)
     if shared and request.reuse:
-        image = store.reused(cfg, request.uri, options, request.quiet)
+        image = store.reused(cfg, request.uri, options, quiet=request.quiet)
         if image is not None:
             yield CachedImage(image, True)
             return
@@ -253,11 +253,13 @@ def _cached_image(request, cfg, ref):
             yield CachedImage(image, False)
             return
     if isinstance(ref, archive.Archive):
-        with archive.cached_image(request.pull(), cfg, ref, images, options) as image:
+        with archive.cached_image(request.pull(), cfg=cfg, archive=ref, images=images,
+                                  options=options) as image:
             yield image
         return
     from berth.image import pull  # (only now: its imports are most of a reuse's time)
-    with pull.cached_image(request.pull(), cfg, ref, images, options) as image:
+    with pull.cached_image(request.pull(), cfg=cfg, ref=ref, images=images,
+                           options=options) as image:
         yield image
 
 

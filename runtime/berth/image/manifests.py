@@ -19,7 +19,7 @@ from berth.image.reference import DIGEST
 from berth.image.registry import INDEX_TYPES, MANIFEST_TYPES, Registry, load_credentials
 
 
-def pinned(arch, quiet, cfg, ref, plan):
+def pinned(ref, plan, *, cfg, arch, quiet):
     """`berth import --resolve`: the URI pinned to the digest the registry
     gives for it now, docker://[USER@]REGISTRY#REPOSITORY@sha256:..., naming
     the registry the reference resolved to (a short name's search registry;
@@ -33,7 +33,8 @@ def pinned(arch, quiet, cfg, ref, plan):
     busy registry would hold the submission as long again."""
     credentials, credentials_path = load_credentials(cfg["ENROOT_CONFIG_PATH"])
     once = Config({**dict(cfg.items()), "ENROOT_TRANSFER_RETRIES": "0"})
-    answer = first_answer(plan, ref, once, credentials, credentials_path, arch, quiet,
+    answer = first_answer(plan, ref, cfg=once, credentials=credentials,
+                          credentials_path=credentials_path, arch=arch, quiet=quiet,
                           pick_platform=False)
     where = answer.candidate
     if ref.is_oras:
@@ -49,8 +50,8 @@ def pinned(arch, quiet, cfg, ref, plan):
 Answer = collections.namedtuple("Answer", "source candidate manifest digest manifest_digest")
 
 
-def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
-                 pick_platform=True):
+def first_answer(plan, ref, *, cfg, credentials=None, credentials_path=None, arch=None,
+                 quiet=False, pick_platform=True):
     """An Answer from the first endpoint of `plan` that serves the image; a
     failure there (no connection, 5xx, 404, refused access, a bad answer)
     moves on to the next, and when all fail, one line names each endpoint
@@ -67,8 +68,9 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
         # (a resolve's one manifest request over transport.Direct: requests
         # and urllib3 would cost it more than its requests do)
         # (a busy endpoint with another after it is not waited for: that one is asked now)
-        registry = Registry(endpoint_ref, cfg, credentials, credentials_path,
-                            insecure=endpoint.insecure, direct=not pick_platform, quiet=quiet,
+        registry = Registry(endpoint_ref, cfg, credentials=credentials,
+                            credentials_path=credentials_path, insecure=endpoint.insecure,
+                            direct=not pick_platform, quiet=quiet,
                             fails_over=place < len(plan) - 1)
         try:
             try:
@@ -92,8 +94,9 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
             continue
         if endpoint.mirror and not candidate.digest:
             if candidate not in upstream:
-                upstream[candidate] = _upstream_digest(plan, candidate, cfg, credentials,
-                                                       credentials_path)
+                upstream[candidate] = _upstream_digest(plan, candidate, cfg=cfg,
+                                                       credentials=credentials,
+                                                       credentials_path=credentials_path)
             checked = upstream[candidate]
             if checked and checked[0] != found[1]:
                 # said quiet or not: a mirror serving a tag of its own is news to the site
@@ -120,7 +123,7 @@ def first_answer(plan, ref, cfg, credentials, credentials_path, arch, quiet,
 UPSTREAM_CHECK_SECONDS = 5
 
 
-def _upstream_digest(plan, candidate, cfg, credentials, credentials_path):
+def _upstream_digest(plan, candidate, *, cfg, credentials, credentials_path):
     """(digest, name) the location of `candidate`'s rule gives for its tag
     now, one HEAD request; None where it does not answer (unreachable,
     refused, no such tag: the mirror is then taken at its word)."""
@@ -133,8 +136,9 @@ def _upstream_digest(plan, candidate, cfg, credentials, credentials_path):
         values = {**dict(cfg.items()), "ENROOT_CONNECT_TIMEOUT": str(bounded),
                   "ENROOT_TRANSFER_TIMEOUT": str(UPSTREAM_CHECK_SECONDS)}
         ref = candidate._replace(registry=endpoint.host, repository=endpoint.repository)
-        registry = Registry(ref, Config(values), credentials, credentials_path,
-                            insecure=endpoint.insecure, direct=True, quiet=True)
+        registry = Registry(ref, Config(values), credentials=credentials,
+                            credentials_path=credentials_path, insecure=endpoint.insecure,
+                            direct=True, quiet=True)
         try:
             digest = registry.tag_digest(ref.reference, INDEX_TYPES + MANIFEST_TYPES)
         except BerthError:

@@ -26,7 +26,7 @@ class ImportRequest(collections.namedtuple(
         return PullRequest(self.uri, self.arch, self.quiet, self.verbose)
 
 
-# What a build in the image cache (pull.build_cached) reads: the URI it
+# What a build in the image cache (pull.build_cached, in its Resolved) reads: the URI it
 # records as the image's source, the architecture asked for (None: the
 # node's), and how much it says.
 PullRequest = collections.namedtuple("PullRequest", "uri arch quiet verbose",
@@ -51,7 +51,7 @@ class StoreClient(abc.ABC):
         """Whether the ImportRequest `request` of `ref` goes through the store."""
 
     @abc.abstractmethod
-    def reused(self, cfg, uri, options, quiet):
+    def reused(self, cfg, uri, options, *, quiet):
         """--reuse: the store's entry last imported for `uri`, or None."""
 
     @abc.abstractmethod

@@ -26,8 +26,8 @@ class SharedStore(StoreClient):
     def serves(self, request, cfg, ref):
         return serves(request, cfg, ref)
 
-    def reused(self, cfg, uri, options, quiet):
-        return reused(cfg, uri, options, quiet)
+    def reused(self, cfg, uri, options, *, quiet):
+        return reused(cfg, uri, options, quiet=quiet)
 
     def ask(self, cfg, uri, quiet):
         return ask(cfg, uri, quiet)
@@ -46,7 +46,7 @@ def serves(request, cfg, ref):
     return True
 
 
-def reused(cfg, uri, options, quiet):
+def reused(cfg, uri, options, *, quiet):
     """For --reuse: the store's entry last imported for `uri`, checked, or
     None. With BERTH_IMAGE_STORE_LOCAL, this node's copy of it, or None
     (the socket makes the copy). Reads only: the store is not the caller's

@@ -31,7 +31,7 @@ import time
 
 from berth import safedir, units
 from berth.errors import AccessDenied, BerthError, ImageNotFound, Terminated, raise_terminated
-from berth.image import archive, parts, reference, registries, squash
+from berth.image import archive, parts, reference, squash
 from berth.image.cache import ImageCache
 from berth.image.request import PullRequest
 from berth.store.paths import configured_path, local_limit, local_path, owned_store
@@ -283,14 +283,12 @@ def _import(cfg, store, uri, ref, uid):
     counted as `uid`'s (_counted), unpacking within the node's free floor."""
     from berth.image import pull  # (the HTTP stack: only where a request is made)
     store_cfg = _store_config(cfg, store)
-    plan = registries.load(cfg["ENROOT_SYSCONF_PATH"]).endpoints(ref)  # blocked: refused
-    # no credentials: only what the registry gives anyone goes into the store
-    answer = pull.first_answer(plan, ref, store_cfg, None, None, None, True)
+    # blocked: refused; no credentials: only what the registry gives anyone goes in
+    resolved = pull.resolve(PullRequest(uri, quiet=True), cfg=store_cfg, ref=ref,
+                            anonymous=True)
     options = squash.options(cfg)
-    with pull.build_cached(PullRequest(uri, quiet=True), store_cfg,
-                           ImageCache(store, parts.wanted(True, options)), options, ref,
-                           answer.source, answer.manifest, answer.digest,
-                           answer.manifest_digest,
+    images = ImageCache(store, parts.wanted(True, options))
+    with pull.build_cached(resolved, cfg=store_cfg, images=images, options=options,
                            building=lambda image: _counted(store, uid, image),
                            keep_free=True) as image:
         return image.path
