@@ -44,7 +44,7 @@ class ImageCache:
         # records of their own: `import -o` copies plain ones only.
         self.parted = parted
 
-    def key(self, manifest_digest, digest, uri, squash_options):
+    def key(self, manifest_digest, digest, *, uri, squash_options):
         fields = [FORMAT, manifest_digest, digest, uri, squash_options, *self._parted()]
         return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
 
@@ -102,7 +102,7 @@ class ImageCache:
                     return path, count
         return None
 
-    def remember(self, uri, squash_options, arch, key):
+    def remember(self, uri, squash_options, *, arch, key):
         """Record `key` as the latest image of `uri` for `arch` (--arch; None:
         this machine's), replaced in one rename."""
         self._link(self._uri_link(uri, squash_options, arch), key)

@@ -135,15 +135,14 @@ def scan(cache):
             except FileNotFoundError:  # a partial file just renamed
                 continue
             path = os.path.join(directory, item.name)
-            if not whole(item.name):  # downloads and builds not done (yet)
+            if whole(item.name):
+                found, lock = kind, lock_name(item.name)
+            else:  # downloads and builds not done (yet)
                 # a download's file goes under its digest's lock: only when no import writes it
                 digest = partial_digest(item.name) if kind == "layers" else None
-                lock = lock_name(digest.split(":", 1)[1]) if digest else None
-                entries.append(Entry("partial", path, fd, item.name, lock, info.st_size,
-                                     info.st_mtime, last_use(info)))
-            else:
-                entries.append(Entry(kind, path, fd, item.name, lock_name(item.name),
-                                     info.st_size, info.st_mtime, last_use(info)))
+                found, lock = "partial", lock_name(digest.split(":", 1)[1]) if digest else None
+            entries.append(Entry(kind=found, path=path, dir_fd=fd, name=item.name, lock=lock,
+                                 size=info.st_size, mtime=info.st_mtime, used=last_use(info)))
     return sorted(entries, key=lambda entry: entry.used)
 
 

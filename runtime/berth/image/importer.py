@@ -176,7 +176,7 @@ def _import(request, cfg):
             return 0 if any(not line.startswith("blocked:") for line in lines) else 1
         plan = rules.endpoints(ref)
         if request.resolve:
-            return _resolve(request, cfg, ref, plan)
+            return _resolve(request, cfg, ref=ref, plan=plan)
         default = reference.default_output(request.uri)
     if request.digest:
         raise BerthError("--digest: only with --cache-only")
@@ -189,11 +189,11 @@ def _import(request, cfg):
         squash.require_space(os.path.dirname(output), os.path.getsize(image.path),
                              "the squashfs image")
         squash.copy_image(image.path, output, replace)
-    _summary(request, output, began, image.found)
+    _summary(request, output, began=began, found=image.found)
     return 0
 
 
-def _summary(request, path, began, found):
+def _summary(request, path, *, began, found):
     """The one line an import to a file ends with (unless --quiet): where
     the image went, its size, how long it took, and whether it was in the
     image cache already (found). (--cache-only prints its path on stdout
@@ -208,7 +208,7 @@ def _summary(request, path, began, found):
           file=sys.stderr)
 
 
-def _resolve(request, cfg, ref, plan):
+def _resolve(request, cfg, *, ref, plan):
     """--resolve: one line, the URI pinned to a digest (the plugin's, once
     per job at submission). Nothing is downloaded, nothing cached."""
     if ref.digest:

@@ -73,16 +73,7 @@ def first_answer(plan, ref, *, cfg, credentials=None, credentials_path=None, arc
                             direct=not pick_platform, quiet=quiet,
                             fails_over=place < len(plan) - 1)
         try:
-            try:
-                if pick_platform:
-                    found = _platform_manifest(registry, endpoint_ref, arch)
-                else:
-                    manifest, media_type, digest = registry.manifest(
-                        endpoint_ref.reference, INDEX_TYPES + MANIFEST_TYPES)
-                    _check_type(media_type, INDEX_TYPES + MANIFEST_TYPES, endpoint_ref)
-                    found = manifest, digest, digest
-            except (KeyError, TypeError, ValueError, AttributeError):
-                raise malformed(endpoint_ref) from None
+            found = _manifest(registry, endpoint_ref, arch=arch, pick_platform=pick_platform)
         except BerthError as e:
             if len(plan) == 1:
                 raise
@@ -115,6 +106,20 @@ def first_answer(plan, ref, *, cfg, credentials=None, credentials_path=None, arc
         ImageNotFound if kinds == {ImageNotFound} else \
         UnknownHost if kinds == {UnknownHost} else BerthError
     raise kind(f"cannot get {ref} from any of {len(plan)} places: {'; '.join(failures)}")
+
+
+def _manifest(registry, ref, *, arch, pick_platform):
+    """(manifest, digest, manifest digest) as first_answer takes them from
+    one endpoint's `registry`."""
+    try:
+        if pick_platform:
+            return _platform_manifest(registry, ref, arch)
+        manifest, media_type, digest = registry.manifest(ref.reference,
+                                                         INDEX_TYPES + MANIFEST_TYPES)
+        _check_type(media_type, INDEX_TYPES + MANIFEST_TYPES, ref)
+        return manifest, digest, digest
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise malformed(ref) from None
 
 
 # A mirror's answer for a tag is checked against the rule's own location

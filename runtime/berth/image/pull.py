@@ -136,7 +136,8 @@ def build_cached(resolved: Resolved, *, cfg, images, options, building=contextli
     if images.parted and resolved.is_sif:
         images = images.plain()  # a SIF file is kept as it came: one entry for every import
     request = resolved.request
-    key = images.key(resolved.manifest_digest, resolved.digest, request.uri, options)
+    key = images.key(resolved.manifest_digest, resolved.digest, uri=request.uri,
+                     squash_options=options)
     target = Target(images=images, key=key, options=options)
     with images.locked(key, resolved.ref, request.quiet):
         packed = _found(resolved, target)
@@ -228,7 +229,7 @@ def record(packed: Packed, *, cfg) -> CachedImage:
     if packed.in_root:
         target.images.remember_layers(packed.in_root, target.options, target.key)
     try:
-        target.images.remember(request.uri, target.options, request.arch, target.key)
+        target.images.remember(request.uri, target.options, arch=request.arch, key=target.key)
     except (OSError, BerthError):
         # A cache this user may not write still serves what it holds;
         # only `--reuse` misses the record.
@@ -336,8 +337,8 @@ class _Build:
         try:
             try:
                 self.stream(self.layers[:-1], base, guard=parts.guard("/"))
-                upper = self._top(workdir, os.path.join(workdir, "base"), self.layers[-1:], 1,
-                                  image=base)
+                upper = self._top(workdir, os.path.join(workdir, "base"), self.layers[-1:],
+                                  number=1, image=base)
             except stream.NotStreamable as e:
                 self._in_order(e)
                 upper = self._unpacked_lower(workdir, root, base)
@@ -356,7 +357,7 @@ class _Build:
         except parts.Unavailable:
             shutil.rmtree(root)  # (some of the lower layers: the whole import starts anew)
             raise
-        upper = self._top(workdir, root, self.layers[-1:], 1)
+        upper = self._top(workdir, root, self.layers[-1:], number=1)
         self.squashfs(root, base)
         return upper
 
@@ -368,14 +369,14 @@ class _Build:
                   f"the other {len(self.layers) - count}", file=sys.stderr)
         mounted = os.path.join(workdir, "base")
         try:
-            upper = self._top(workdir, mounted, self.layers[count:], number, image=base)
+            upper = self._top(workdir, mounted, self.layers[count:], number=number, image=base)
             self._append(upper, base, number)
         except FileNotFoundError as e:
             if e.filename != base:
                 raise
             raise parts.Unavailable(f"{base} was pruned meanwhile") from None
 
-    def _top(self, workdir, lower, layers, number, image=None):
+    def _top(self, workdir, lower, layers, *, number, image=None):
         """The top part `number`: `layers` and the image config applied over
         `lower`, into an upper directory of that name (returned)."""
         for layer_digest, _ in layers:  # (the child below has no download threads)

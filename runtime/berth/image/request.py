@@ -23,7 +23,7 @@ class ImportRequest(collections.namedtuple(
     __slots__ = ()
 
     def pull(self):
-        return PullRequest(self.uri, self.arch, self.quiet, self.verbose)
+        return PullRequest(self.uri, arch=self.arch, quiet=self.quiet, verbose=self.verbose)
 
 
 # What a build in the image cache (pull.build_cached, in its Resolved) reads: the URI it

@@ -173,8 +173,9 @@ def _prune_links(dirs, gone, now, tally):
             stale = st.st_mtime < now - RECENT
         else:
             stale = not _names_image(dirs, target, gone)
-        link = Entry("link", os.path.join(dirs.dir_path("uris"), item.name), uris, item.name,
-                     None, st.st_size, st.st_mtime, st.st_mtime)
+        link = Entry(kind="link", path=os.path.join(dirs.dir_path("uris"), item.name),
+                     dir_fd=uris, name=item.name, lock=None, size=st.st_size,
+                     mtime=st.st_mtime, used=st.st_mtime)
         if stale and (tally.dry_run or unlink_unchanged(link)):
             shown = target if target.isprintable() else ascii(target)
             tally.removed(link, f"(link to {shown})")

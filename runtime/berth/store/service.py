@@ -130,7 +130,7 @@ def _serve_request(cfg):
     _make_store(store)
     local_path(cfg)  # wrong node-local copy settings: refused before any import
     local_limit(cfg)
-    image = _import(cfg, store, uri, ref, uid)
+    image = _import(cfg, uri, ref=ref, store=store, uid=uid)
     from berth.store import local
     return local.copied(cfg, image)
 
@@ -278,7 +278,7 @@ def _make_store(store):
             os.chmod(path, mode)
 
 
-def _import(cfg, store, uri, ref, uid):
+def _import(cfg, uri, *, ref, store, uid):
     """`berth import --cache-only --quiet URI` into the store, anonymously,
     counted as `uid`'s (_counted), unpacking within the node's free floor."""
     from berth.image import pull  # (the HTTP stack: only where a request is made)
