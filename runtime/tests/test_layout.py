@@ -269,9 +269,6 @@ POSITIONAL_CALLS = {
     "berth.container.verbs:_plan": 2,
     "berth.container.verbs:config.number_in_range": 1,
     "berth.container.verbs:squash.make_squashfs": 1,
-    "berth.image.archive:_decompressed": 1,
-    "berth.image.archive:_manifest": 1,
-    "berth.image.archive:_read": 4,
     "berth.image.layers:_apply_member": 1,
     "berth.image.layers:_apply_tar": 1,
     "berth.image.layers:read_layer": 1,
@@ -296,10 +293,6 @@ POSITIONAL_CALLS = {
     "berth.site.edf:_resolve": 1,
     "berth.store.local:_make_room": 1,
     "berth.store.paths:checked": 1,
-    "berth.store.prune:_prune_builds": 1,
-    "berth.store.prune:_prune_downloads": 1,
-    "berth.store.prune:_prune_links": 1,
-    "berth.store.prune:_prune_lru": 1,
 }
 
 

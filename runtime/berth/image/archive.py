@@ -152,12 +152,12 @@ def _open(archive, cfg):
             raise BerthError(f"{archive.path} is not a file")
         command = layers.decompressor(os.pread(fd, 4, 0), cfg["ENROOT_GZIP_PROGRAM"])
         if command:
-            fd = _decompressed(fd, command, cfg["ENROOT_TEMP_PATH"], archive)
+            fd = _decompressed(fd, command, temp=cfg["ENROOT_TEMP_PATH"], archive=archive)
             stack.callback(os.close, fd)
         yield _Tar(fd, archive)
 
 
-def _decompressed(fd, command, temp, archive):
+def _decompressed(fd, command, *, temp, archive):
     """An unnamed temporary file (gone with the process) holding the tar."""
     import subprocess
     import tempfile
@@ -292,7 +292,7 @@ class _Directory:
                 yield data
 
 
-def _read(layout, name, limit, what, follow=False):
+def _read(layout, name, *, limit, what, follow=False):
     """The whole of entry `name`, at most `limit` bytes, or None when missing."""
     size = layout.size(name, follow)
     if size is None:
@@ -388,13 +388,13 @@ def _descriptor(entry, what):
 
 def _oci(layout, archive, arch):
     from berth.image.manifests import platform_digest
-    layout_file = _read(layout, "oci-layout", registry.MAX_MANIFEST, "oci-layout")
+    layout_file = _read(layout, "oci-layout", limit=registry.MAX_MANIFEST, what="oci-layout")
     if layout_file is not None:
         version = _json(layout_file, "oci-layout")
         if not isinstance(version, dict) or not str(
                 version.get("imageLayoutVersion", "")).startswith("1."):
             raise BerthError("oci-layout: unsupported imageLayoutVersion")
-    index = _json(_read(layout, "index.json", registry.MAX_MANIFEST, "index.json"),
+    index = _json(_read(layout, "index.json", limit=registry.MAX_MANIFEST, what="index.json"),
                   "index.json")
     entries = index.get("manifests") if isinstance(index, dict) else None
     if not isinstance(entries, list) or not entries or \
@@ -405,7 +405,7 @@ def _oci(layout, archive, arch):
     top = digest  # what was asked for: an index's digest for a multi-platform image
     names = {}
     for _ in range(_MAX_NESTING):
-        manifest, media_type = _manifest(layout, digest, size, names)
+        manifest, media_type = _manifest(layout, digest, size, names=names)
         if media_type not in registry.INDEX_TYPES:
             break
         inner = manifest.get("manifests")
@@ -425,7 +425,7 @@ def _oci(layout, archive, arch):
     return manifest, top, digest, _Source(layout, archive, names)
 
 
-def _manifest(layout, digest, size, names):
+def _manifest(layout, digest, size, *, names):
     """(parsed manifest or index, media type) of blob `digest`, verified."""
     if size > registry.MAX_MANIFEST:
         raise BerthError(f"manifest {digest} is {size} bytes, more than the "
@@ -467,7 +467,8 @@ def _choose(entries, archive, arch):
 
 def _docker(layout, archive):
     """The image of a `docker save` archive, as a manifest of our own."""
-    listing = _json(_read(layout, "manifest.json", registry.MAX_MANIFEST, "manifest.json"),
+    listing = _json(_read(layout, "manifest.json", limit=registry.MAX_MANIFEST,
+                          what="manifest.json"),
                     "manifest.json")
     if not isinstance(listing, list) or not listing or \
             not all(isinstance(e, dict) for e in listing):
@@ -483,8 +484,8 @@ def _docker(layout, archive):
         raise BerthError(f"the image config '{config_name}' is missing")
     config_digest = _named_digest(config_name)
     if config_digest is None:  # no digest in its name: the content is its identity
-        data = _read(layout, config_name, registry.MAX_CONFIG,
-                     f"the image config '{config_name}'", follow=True)
+        data = _read(layout, config_name, limit=registry.MAX_CONFIG,
+                     what=f"the image config '{config_name}'", follow=True)
         config_digest = "sha256:" + hashlib.sha256(data).hexdigest()
     names = {config_digest: config_name}
     descriptors = []

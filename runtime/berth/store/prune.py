@@ -76,15 +76,15 @@ def cmd_prune(request, cfg):
     tally = _Tally(request.dry_run, request.quiet)
     with _StoreDirs(store, open_followed(store), strict=True) as dirs:
         entries, now = scan(dirs), time.time()
-        gone = _prune_lru(dirs, entries, now, older, limit, tally)
-        _prune_builds(dirs, store, entries, now, tally)
-        _prune_downloads(dirs, entries, now, tally)
-        _prune_links(dirs, gone, now, tally)
+        gone = _prune_lru(dirs, entries, now=now, older=older, limit=limit, tally=tally)
+        _prune_builds(dirs, entries, store=store, now=now, tally=tally)
+        _prune_downloads(dirs, entries, now=now, tally=tally)
+        _prune_links(dirs, gone, now=now, tally=tally)
     tally.total(limit)
     return 0
 
 
-def _prune_lru(dirs, entries, now, older, limit, tally):
+def _prune_lru(dirs, entries, *, now, older, limit, tally):
     """Images and layers, least recently used first, while unused for `older`
     seconds or more than `limit` bytes are left; the names of the images gone."""
     lru = [entry for entry in entries if entry.kind != "partial"]
@@ -118,7 +118,7 @@ def _remove(dirs, entry):
         return held and unlink_unchanged(entry) and remove_lock(dirs, entry.lock)
 
 
-def _prune_builds(dirs, store, entries, now, tally):
+def _prune_builds(dirs, entries, *, store, now, tally):
     """The squashfs files of killed builds, per image: all of an image's once
     one was not written for an hour."""
     builds = collections.defaultdict(list)
@@ -146,7 +146,7 @@ def _remove_build(dirs, store, key):
         return held
 
 
-def _prune_downloads(dirs, entries, now, tally):
+def _prune_downloads(dirs, entries, *, now, tally):
     """The files of killed downloads. Their names do not say which layer, so
     no lock tells: an hour without a write does (a live download writes on,
     and the registry's stall timeout ends a stalled one far sooner)."""
@@ -157,7 +157,7 @@ def _prune_downloads(dirs, entries, now, tally):
             tally.removed(entry, "(partial)")
 
 
-def _prune_links(dirs, gone, now, tally):
+def _prune_links(dirs, gone, *, now, tally):
     """uris/ links that name no image of the store, and links a killed
     remember left. A serve may remember a URI anew meanwhile: a link changed
     since its stat stays, and one lost costs the next `import --reuse` of
