@@ -202,10 +202,8 @@ def functions():
 # docstring, outside what issue 56 split: none may join them, and one split
 # leaves this list.
 LONG_FUNCTIONS = {
-    "berth.config:_defaults", "berth.container.launch:start", "berth.container.mounts:apply",
-    "berth.container.verbs:_plan", "berth.image.layers:_apply_member", "berth.image.sif:read",
-    "berth.image.stream:squash_layers", "berth.image.stream:_Merge._member",
-    "berth.site.userdirs:_plan",
+    "berth.config:_defaults", "berth.container.mounts:apply", "berth.image.layers:_apply_member",
+    "berth.image.sif:read", "berth.image.stream:squash_layers", "berth.site.userdirs:_plan",
 }
 
 

@@ -423,7 +423,7 @@ def start(plan):
         signal.alarm(0)
         if setup.keeper and not setup.ready:
             setup.error = setup.error or _keeper_failure(plan, setup.login)
-        ended = (_hold_detached(plan, child, setup.keeper, setup.fuse) if setup.ready
+        ended = (_hold_detached(plan, child, keeper=setup.keeper, servers=setup.fuse) if setup.ready
                  else _server_ended(child, setup.fuse))
         if ended:
             setup.error = _server_lost(child, ended, setup.fuse[ended])
@@ -486,7 +486,7 @@ def _keeper_failure(plan, login):
         " (in the login shell's profile: ENROOT_LOGIN_SHELL=no skips it)" if login else "")
 
 
-def _hold_detached(plan, child, keeper, servers):
+def _hold_detached(plan, child, *, keeper, servers):
     """--detach, ready: say the keeper's pid, then hold the container until told
     to stop; the pid of the FUSE server of `servers` that ended first, if one did."""
     _fill_ready_environ(plan, keeper)

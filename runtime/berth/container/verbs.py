@@ -251,7 +251,7 @@ def _plan(request, cfg, container, conf, uri=False):
         raise BerthError("--porcelain: only with --detach")
     # hooks.d, environ.d and mounts.d in there run as the caller or reach the container
     safedir.check_if_present(cfg["ENROOT_CONFIG_PATH"], "ENROOT_CONFIG_PATH")
-    source = _source(request, cfg, container, uri)
+    source = _source(request, cfg, container=container, uri=uri)
     user_mounts = _user_mounts(request, cfg, conf)
     env = _environment(request, conf)
     rc = _rc(request, conf)
@@ -263,7 +263,9 @@ def _plan(request, cfg, container, conf, uri=False):
     found_hooks = hooks.find(cfg)
     login = cfg.flag("ENROOT_LOGIN_SHELL")
     entrypoint_timeout = _entrypoint_timeout()
-    root = _prepare_root(request, cfg, container, uri, source)  # the first change: last
+    # the first change made: last, once every input is read
+    root = _prepare_root(request, cfg, container=container, uri=uri,
+                         source=source)
     return launch.Plan(
         cfg=cfg, runtime=root.runtime, image=root.image, rootfs=root.rootfs,
         scratch=root.scratch, writable=source.writable, ids=ids, unshare=unshare,
@@ -283,7 +285,7 @@ class _Source(typing.NamedTuple):
     unpack: bool    # the image unpacked for this start (_writable_image)
 
 
-def _source(request, cfg, container, uri):
+def _source(request, cfg, *, container, uri):
     is_image = uri or container.endswith(imagefile.SUFFIXES) or "/" in container
     image = imagefile.locate(container) if is_image and not uri else None
     root = None if is_image else _container_root(cfg, container)
@@ -353,7 +355,7 @@ class _Root(typing.NamedTuple):
     scratch: str
 
 
-def _prepare_root(request, cfg, container, uri, source):
+def _prepare_root(request, cfg, *, container, uri, source):
     """The runtime directory, made, and the root: a URI's image pulled, an
     image unpacked for a writable start, else the image's mount points."""
     base = safedir.ensure(cfg["ENROOT_RUNTIME_PATH"], "ENROOT_RUNTIME_PATH")

@@ -67,7 +67,8 @@ def choose(owner):
     high = _offers(HIGH_LEVEL)
     if high:  # (libfuse's high-level API itself takes uid= and gid=)
         return high._replace(owner=True, options=CACHE_OPTIONS)
-    return low or Server(HIGH_LEVEL, False, False, "")  # neither: mount_fuse says so
+    # neither: mount_fuse says so
+    return low or Server(program=HIGH_LEVEL, owner=False, threads=False, options="")
 
 
 def _offers(program):
@@ -79,11 +80,12 @@ def _offers(program):
         with open(path, "rb") as f:
             executable = f.read()
     except OSError:
-        return Server(program, False, False, "")
+        return Server(program=program, owner=False, threads=False, options="")
     # b"uid=N": its help's line for the option. Threads: libfuse's multi-threaded
     # loop linked, or its fuse_main (the high-level server's), threaded unless -s.
     threads = b"fuse_session_loop_mt" in executable or b"fuse_main_real" in executable
-    return Server(program, b"uid=N" in executable, threads, "")
+    return Server(program=program, owner=b"uid=N" in executable, threads=threads,
+                  options="")
 
 
 def describe():

@@ -244,14 +244,14 @@ class _Merge:
         if base == OPAQUE:
             self._opaque_marker(parent_name, digest)
         elif base.startswith(WHITEOUT):
-            self._whiteout(name, parent_name, base[len(WHITEOUT):], digest)
+            self._whiteout(name, parent_name, hidden=base[len(WHITEOUT):], digest=digest)
         elif member.ischr() or member.isblk():
             pass  # devices come from the host at start, never from an image
         elif base in ("", "."):
             if member.isdir():
                 self.layer.root_mode = dir_mode(member.mode)
         else:
-            self._entry(archive, member, self._path(name, digest), digest)
+            self._entry(archive, member, path=self._path(name, digest), digest=digest)
 
     def _opaque_marker(self, parent_name, digest):
         directory = self._path(parent_name, digest)
@@ -260,7 +260,7 @@ class _Merge:
         self._lead_through(directory, including=True)
         self.layer.opaque.add(directory)
 
-    def _whiteout(self, name, parent_name, hidden, digest):
+    def _whiteout(self, name, parent_name, *, hidden, digest):
         if hidden in ("", ".", ".."):
             raise BerthError(f"layer {digest}: whiteout '{name}' names no file")
         path = self._path(f"{parent_name}/{hidden}", digest)
@@ -270,13 +270,13 @@ class _Merge:
             raise NotStreamable(f"layer {digest}: a whiteout after entries it removes")
         self.layer.whiteouts.add(path)
 
-    def _entry(self, archive, member, path, digest):
+    def _entry(self, archive, member, *, path, digest):
         """A file, directory, link or FIFO at `path`: passed on, or hidden
         by the layers above."""
         self._guard(path, digest)
         self._lead_through(path)
         kind = _kind(member)
-        source = self._admit(member, path, kind, digest)
+        source = self._admit(member, path, kind=kind, digest=digest)
         if self._hidden(path):
             self._hide(path, kind)
             return
@@ -287,11 +287,11 @@ class _Merge:
             # stay its own (add_links), as os.link made them
             self.linked_to_hidden.setdefault(source, []).append((path, member.mtime))
             return
-        self._write(archive, member, path, kind, source, digest)
+        self._write(archive, member, path=path, kind=kind, source=source, digest=digest)
         if kind == "file":
             self.layer.regular[path] = True
 
-    def _admit(self, member, path, kind, digest):
+    def _admit(self, member, path, *, kind, digest):
         """Note the entry in its layer; NotStreamable where applying the
         layers in order could give another tree. A hard link's source, else None."""
         layer = self.layer
@@ -320,7 +320,7 @@ class _Merge:
         # (apply_layer made its directories then; those no layer above hides stay)
         self._needs_above(path, self._hidden)
 
-    def _write(self, archive, member, path, kind, source, digest):
+    def _write(self, archive, member, *, path, kind, source, digest):
         """The entry's header (and a file's bytes) on the tar stream, as
         apply_layer would have made it."""
         info = tarfile.TarInfo(path)
