@@ -232,9 +232,18 @@ def test_start_works_with_something_mounted_below_the_hosts_tmp(berth, app):
 # 4. the FUSE server dies with its starter ---------------------------------------------
 
 def _servers(image):
-    found = subprocess.run(["pgrep", "-f", f"^squashfuse -f {image}"],
-                           capture_output=True, text=True, check=False).stdout.split()
-    return [int(p) for p in found]
+    """The pids of the FUSE servers (either squashfuse) serving `image`,
+    whatever options squashserve gives them."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:  # (gone meanwhile)
+            continue
+        if argv and os.path.basename(argv[0]).startswith(b"squashfuse") \
+                and os.fsencode(image) in argv:
+            found.append(int(entry.name))
+    return found
 
 
 @pytest.mark.parametrize("detach", [False, True])
