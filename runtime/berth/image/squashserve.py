@@ -14,10 +14,11 @@ cached by the kernel for as long as the mount lives, and from squashfuse
     shown as that uid and gid, as an unpacked image's files are the
     caller's: the image's owners (root, mostly) do not exist there, and the
     kernel's overlay refuses to copy up a file whose owner is unmapped.
-    Only squashfuse_ll 0.2 and later take `-o uid=N,gid=N` (Debian 13's
-    0.5.2 does, Debian 12's 0.1.105 does not); without them the
-    high-level server is kept, told to keep entries, attributes and pages
-    in the kernel's cache (the image never changes while it is mounted).
+    squashfuse_ll 0.2 and later take `-o uid=N,gid=N` (Debian 13's 0.5.2
+    does, Debian 12's 0.1.105 does not), but serving a job's root there
+    hung (see choose): such a root is served by the high-level server,
+    told to keep entries, attributes and pages in the kernel's cache (the
+    image never changes while it is mounted).
   - Elsewhere (a namespace that maps root, as parts.py's; none at all)
     squashfuse_ll as it is.
 
@@ -62,7 +63,11 @@ def choose(owner):
     """The Server for a mount that must show every file as one owner
     (`owner`) or as the image has it: see the module's doc."""
     low = _offers(LOW_LEVEL)
-    if low and (low.owner or not owner):
+    # A root shown as one owner stays on the high-level server even where
+    # squashfuse_ll takes uid= (0.2+): Debian 13's 0.5.2 serving a job's
+    # root hung in the clusters' runs, its own threads waiting on a FUSE
+    # answer (D state) with the job's tasks behind them.
+    if low and not owner:
         return low
     high = _offers(HIGH_LEVEL)
     if high:  # (libfuse's high-level API itself takes uid= and gid=)
