@@ -373,9 +373,10 @@ def unsquash(image, directory):
     """The tree of a squashfs image in `directory`; of an image cache's entry
     kept as parts (berth/image/parts.py), its merged tree."""
     from berth.image import parts
-    if parts.top_of_file(str(image)):
+    top = parts.top_of_file(str(image))
+    if top:
         os.mkdir(directory)
-        parts.unpack(str(image), str(directory))
+        parts.unpack(str(image), str(directory), top)
         return Path(directory)
     subprocess.run(["unsquashfs", "-q", "-n", "-d", str(directory), str(image)], check=True,
                    stdout=subprocess.DEVNULL)

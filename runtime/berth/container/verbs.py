@@ -409,8 +409,9 @@ def _writable_image():
 
 def _unsquash(image, target):
     """Unpack the imagefile.Squashfs `image` into `target`."""
-    if not image.offset and parts.top_of_file(image.path):
-        parts.unpack(image.path, target)  # its merged tree, as a start shows it
+    top = None if image.offset else parts.top_of_file(image.path)
+    if top:
+        parts.unpack(image.path, target, top)  # its merged tree, as a start shows it
         _make_removable(target)
         return
     # Unprivileged, unsquashfs cannot make device nodes: a non-fatal error.

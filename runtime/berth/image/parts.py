@@ -305,8 +305,9 @@ def check_top(upper):
         raise Unavailable(f"its /{IMAGE_JSON} is not a file of the top part")
 
 
-def unpack(image, target):
-    """Copy the merged tree of the parted squashfs file `image` into the
+def unpack(image, target, top):
+    """Copy the merged tree of the parted squashfs file `image`, whose top
+    part is `top` (top_of_file, which the caller asked already), into the
     existing directory `target`, as unsquashfs copies a plain one (modes,
     times, links; every file the caller's)."""
     work = f"{target.rstrip('/')}.parts"
@@ -322,7 +323,7 @@ def unpack(image, target):
             raise BerthError(f"unpacking {image}: {lines[-1] if lines else 'cp failed'}")
 
     try:
-        apply_over(f"{again}/{top_of_file(image)}:{mounted}", os.path.join(work, "merged"),
+        apply_over(f"{again}/{top}:{mounted}", os.path.join(work, "merged"),
                    copy, image=image, mount_points=(mounted, again))
     except Unavailable as e:
         raise BerthError(f"unpacking {image} (an image kept as parts): {e}") from None
