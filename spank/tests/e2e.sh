@@ -480,9 +480,12 @@ wait
 # free, as in pyxis; joining the old step's root, deleted, failed every task.
 # The old and the new step run until cancelled (at most two jobs at once).
 running() { as_alice "for i in \$(seq 60); do squeue -h -n $1 -t R | grep -q . && exit; sleep 0.5; done"; }
+# a job is R before its step's container exists: wait for the container's process
+started() { as_alice "for i in \$(seq 120); do berth list -f | grep -q '^$1 *[0-9]' && exit; sleep 0.5; done"; }
 as_alice "srun -J gone-old --container-name=gone --container-remap-root $img sh -c 'mount -t tmpfs none /mnt && echo up > /mnt/flag && exec sleep 300'" >/dev/null &
 running gone-old
-sleep 2
+started pyxis_gone
+sleep 1
 check "a removed named container: :exec finds none running" "berth remove -f pyxis_gone && srun --container-name=gone:exec true" "'gone' is not running on this node"
 check "a removed named container: made anew from the image, with its mounts" "srun --container-name=gone --container-mounts=/srv/data:/data $img sh -c 'cat /data/hello; ls /mnt | grep -c flag || true'" "hello-from-host
 0"
