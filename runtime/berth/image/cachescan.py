@@ -214,3 +214,12 @@ def unlink_unchanged(entry):
     except OSError as e:
         raise BerthError(f"{entry.path}: {e.strerror}") from None
     return True
+
+
+def remove_unused(cache, entry):
+    """Whether `entry` went: unused since the scan and, where imports lock
+    it, with its lock held; its lock file with it (see remove_lock)."""
+    if entry.lock is None:
+        return unlink_unchanged(entry)
+    with holding(cache, entry.lock) as held:
+        return held and unlink_unchanged(entry) and remove_lock(cache, entry.lock)

@@ -19,11 +19,9 @@ from berth.errors import BerthError, one_line
 from berth.image.cachescan import (
     CacheDirs,
     files,
-    holding,
     open_followed,
-    remove_lock,
+    remove_unused,
     scan,
-    unlink_unchanged,
 )
 from berth.units import human_size
 
@@ -189,7 +187,7 @@ def _prune(cache, older, limit):
         left_behind = entry.kind == "partial" and entry.lock is not None
         if not (old or over or left_behind):
             continue
-        if not _remove(entry, cache):
+        if not remove_unused(cache, entry):
             kept += 1
             continue
         total -= entry.size
@@ -214,11 +212,3 @@ def _forget_pruned(uri_fd):
                 os.unlink(item.name, dir_fd=uri_fd)
         except OSError:  # a loop, say: the user's own making, left alone
             continue
-
-
-def _remove(entry, cache):
-    """Remove `entry` unless an import holds its lock or used it since the scan."""
-    if entry.lock is None:
-        return unlink_unchanged(entry)
-    with holding(cache, entry.lock) as held:
-        return held and unlink_unchanged(entry) and remove_lock(cache, entry.lock)

@@ -47,7 +47,7 @@ from berth.image.cachescan import (
     files,
     holding,
     open_followed,
-    remove_lock,
+    remove_unused,
     scan,
     unlink_unchanged,
 )
@@ -98,7 +98,7 @@ def _prune_lru(dirs, entries, *, now, older, limit, tally):
             continue
         # the URI first: image.json is read from the file
         what = None if tally.quiet else _describe(entry)
-        if not (tally.dry_run or _remove(dirs, entry)):
+        if not (tally.dry_run or remove_unused(dirs, entry)):
             tally.busy += 1
             continue
         tally.removed(entry, what)
@@ -109,13 +109,6 @@ def _prune_lru(dirs, entries, *, now, older, limit, tally):
 
 def _describe(entry):
     return source(entry.path) if entry.kind == "images" else "(layer)"
-
-
-def _remove(dirs, entry):
-    """Whether `entry` went: with its import's lock held, and unused since the
-    scan; its lock file with it (see the module's doc)."""
-    with holding(dirs, entry.lock) as held:
-        return held and unlink_unchanged(entry) and remove_lock(dirs, entry.lock)
 
 
 def _prune_builds(dirs, entries, *, store, now, tally):
