@@ -6,6 +6,7 @@ import stat
 
 import pytest
 
+from container_fixture import app, berth, images, library, usable_fuse, user  # noqa: F401 (for every module)
 from registry_fixture import Proxy, berth_env
 
 

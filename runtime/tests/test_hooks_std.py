@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_container import AS_ROOT, app, berth, images, library, usable_fuse, user  # noqa: F401
+from container_fixture import AS_ROOT
 
 HOOKS = Path(__file__).resolve().parents[2] / "hooks"
 
@@ -110,7 +110,7 @@ def test_shipped_hooks_never_act_on_the_images_variables(berth):
     """Every shipped hook (bash ones included) under an image whose Env holds a
     BASH_ENV payload and loader variables: the start works, nothing of it runs
     on the host side, and the container keeps its variables."""
-    from test_container import create_with_env
+    from container_fixture import create_with_env
     target = berth.base / "sys/hooks.d"
     target.mkdir(parents=True)
     for hook in [*HOOKS.glob("*.sh"), HOOKS / "common.bash", HOOKS / "nvidia-libraries.conf"]:

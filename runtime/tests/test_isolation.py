@@ -16,18 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from test_container import (  # noqa: F401 (fixtures)
+from container_fixture import (
     AS_ROOT,
-    _world_readable_dir,
-    app,
-    berth,
     berth_pid,
     create_with_env,
-    images,
-    library,
     start_detached,
-    usable_fuse,
-    user,
+    world_readable_dir,
 )
 
 NOBODY = 65534
@@ -52,7 +46,7 @@ def fallback(berth, tmp_path):
     $TMPDIR/berth-UID.RANDOM. Returns (run, $TMPDIR)."""
     if os.access(f"/run/user/{berth.user.pw_uid}", os.W_OK):
         pytest.skip("the test user has a /run/user directory")
-    tmp = _world_readable_dir("bsec-tmp-")
+    tmp = world_readable_dir("bsec-tmp-")
     tmp.chmod(0o1777)
     env = {k: v for k, v in berth.env.items() if k != "ENROOT_RUNTIME_PATH"}
     env["TMPDIR"] = str(tmp)
@@ -127,7 +121,7 @@ def test_two_first_starts_at_once_each_see_the_others_start(fallback, app, berth
 @needs_root
 def test_a_runtime_dir_made_meanwhile_is_checked(berth, app):
     """ENROOT_RUNTIME_PATH given, missing, its parent another user's and world-writable."""
-    shared = _world_readable_dir("bsec-shared-")
+    shared = world_readable_dir("bsec-shared-")
     try:
         shared.chmod(0o777)
         os.chown(shared, NOBODY, NOBODY)
@@ -217,7 +211,7 @@ echo "SEEN_BY_{name[:2]}=$gpus" >> "$ENROOT_ENVIRON"
 
 @needs_root
 def test_start_works_with_something_mounted_below_the_hosts_tmp(berth, app):
-    below = Path(_world_readable_dir("berth-test-"))
+    below = Path(world_readable_dir("berth-test-"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(below)],
                    check=True)
     try:

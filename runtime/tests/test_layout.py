@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from test_container import berth, images, library, usable_fuse, user  # noqa: F401 (fixtures)
-
 BERTH = Path(__file__).resolve().parents[1] / "berth"
 
 # The parts and their floors (0 the lowest). A module may import from its

@@ -9,18 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_container import (  # noqa: F401 (fixtures)
-    AS_ROOT,
-    app,
-    berth,
-    berth_pid,
-    images,
-    library,
-    squash,
-    start_detached,
-    usable_fuse,
-    user,
-)
+from container_fixture import berth_pid, squash, start_detached
 
 from berth.container import mounts
 

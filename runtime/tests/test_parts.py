@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from registry_fixture import (
     FORGED_DIGEST,
     forged_listing_line,
@@ -23,7 +24,6 @@ from registry_fixture import (
     listing,
     tree,
 )
-from test_container import berth, berth_pid, build_root, images, library, usable_fuse, user  # noqa: F401 (fixtures)
 from test_start_uri import HOST_ARCH, busybox_layer, detached, pulling, registry, uri_of  # noqa: F401 (fixtures)
 
 from berth.image import parts

@@ -16,19 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from test_container import (  # noqa: F401 (fixtures)
-    AS_ROOT,
-    _make_readable,
-    _running,
-    _world_readable_dir,
-    berth,
+from container_fixture import (
     build_root,
-    images,
-    library,
+    make_readable,
+    pids_of,
     squash,
     start_detached,
-    usable_fuse,
-    user,
+    world_readable_dir,
 )
 
 from berth.errors import BerthError
@@ -88,7 +82,7 @@ def apptainer_root(root, env_script=ENV_SCRIPT, runscript=RUNSCRIPT):
 
 @pytest.fixture(scope="session")
 def sifs():
-    top = _world_readable_dir("bctr-sif-")
+    top = world_readable_dir("bctr-sif-")
     apptainer_root(top / "root")
     squash(top / "root", top / "app.sqsh")
     signature = top / "signature.bin"
@@ -118,7 +112,7 @@ def sifs():
     apptainer_root(top / "killing", env_script=KILLING_SCRIPT)
     squash(top / "killing", top / "killing.sqsh")
     make_sif(top / "killing.sif", top / "killing.sqsh")
-    _make_readable(top)
+    make_readable(top)
     yield top
     shutil.rmtree(top)
 
@@ -210,7 +204,7 @@ def test_env_scripts_that_fail_or_hang_fail_the_start_in_one_line(berth, sifs):
     # a script waiting on a child: that child goes too (it held berth's stderr)
     berth.fails("start", sifs / "sleeping.sif", "true", env={"BERTH_ENTRYPOINT_TIMEOUT": "1"},
                 needle="/.singularity.d/env scripts have not finished after 1 s")
-    assert _running(berth.user.pw_uid, "sleep 301") == []
+    assert pids_of(berth.user.pw_uid, "sleep 301") == []
 
 
 def test_what_env_scripts_kill_is_in_their_reading_and_the_start_goes_on(berth, sifs):
@@ -221,7 +215,7 @@ def test_what_env_scripts_kill_is_in_their_reading_and_the_start_goes_on(berth, 
     result = berth("start", sifs / "killing.sif", "sh", "-c", "echo $FROM_SIF",
                    start_new_session=True)
     assert (result.returncode, result.stdout) == (0, "after-killing\n"), result.stderr
-    assert _running(berth.user.pw_uid, "sleep 9994") == []
+    assert pids_of(berth.user.pw_uid, "sleep 9994") == []
     assert berth.leftovers() == []
 
 
@@ -239,22 +233,22 @@ LEFT = ("fork loop", "sleep 999")
 
 @pytest.fixture(scope="module")
 def detaching_sif():
-    top = _world_readable_dir("bctr-sifd-")
+    top = world_readable_dir("bctr-sifd-")
     apptainer_root(top / "root", env_script=DETACHING_SCRIPT)
     squash(top / "root", top / "detaching.sqsh")
     make_sif(top / "detaching.sif", top / "detaching.sqsh")
-    _make_readable(top)
+    make_readable(top)
     yield top / "detaching.sif"
     shutil.rmtree(top)
 
 
 def left_behind(uid):
-    return [pid for needle in LEFT for pid in _running(uid, needle)]
+    return [pid for needle in LEFT for pid in pids_of(uid, needle)]
 
 
 def kill_left_behind(uid):
     for needle in LEFT:  # the loop first: it makes more
-        for pid in _running(uid, needle):
+        for pid in pids_of(uid, needle):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
 

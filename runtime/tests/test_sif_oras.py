@@ -15,7 +15,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_fixture import OCI_MANIFEST, Registry
-from test_container import berth, images, library, usable_fuse, user  # noqa: F401 (fixtures)
 from test_sif import sifs  # noqa: F401 (fixture)
 from test_start_uri import pulling  # noqa: F401 (fixture)
 

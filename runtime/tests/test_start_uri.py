@@ -22,16 +22,8 @@ from urllib.parse import unquote
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from container_fixture import berth_pid, build_root
 from registry_fixture import Registry, free_port, gzipped
-from test_container import (  # noqa: F401 (fixtures)
-    berth,
-    berth_pid,
-    build_root,
-    images,
-    library,
-    usable_fuse,
-    user,
-)
 
 pytestmark = pytest.mark.skipif(not shutil.which("docker-registry"),
                                 reason="needs docker-registry (Debian package docker-registry)")

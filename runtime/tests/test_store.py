@@ -33,7 +33,6 @@ from registry_fixture import (
     layer_tar,
     throwaway_users,
 )
-from test_container import usable_fuse  # noqa: F401 (a fixture)
 from test_sif import sifs  # noqa: F401 (a fixture)
 
 pytestmark = [

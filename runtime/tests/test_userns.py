@@ -15,17 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from test_container import (  # noqa: F401 (fixtures)
-    AS_ROOT,
-    app,
-    berth,
-    berth_pid,
-    images,
-    library,
-    start_detached,
-    usable_fuse,
-    user,
-)
+from container_fixture import AS_ROOT, berth_pid, start_detached
 from test_hooks_std import hooked  # noqa: F401 (fixture)
 
 
