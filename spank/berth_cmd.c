@@ -40,8 +40,8 @@ static void last_line(const char *text, size_t used, int strip, char *line, size
 }
 
 /*
- * Report why a runtime command failed: headline (if any) first, then its last
- * stderr line ("spank_berth: WHAT: LINE" after a headline).
+ * Report why a runtime command failed: headline (if any, a whole line in
+ * its own words) first, then its last stderr line ("spank_berth: WHAT: LINE").
  */
 void report_failure(const struct step *st, const char *what, const char *log_path, int status,
 		    const char *headline)
@@ -54,7 +54,7 @@ void report_failure(const struct step *st, const char *what, const char *log_pat
 		read_user_tail(st, log_path, buf, sizeof(buf));
 	last_line(buf, strlen(buf), headline != NULL, line, sizeof(line));
 	if (headline != NULL)
-		slurm_error("spank_berth: %s", headline);
+		slurm_error("%s", headline);
 	if (headline != NULL && *line != '\0')
 		slurm_error("spank_berth: %s: %s", what, line);
 	else if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_NO_USER)

@@ -179,7 +179,7 @@ static int import_with_importer(spank_t sp, const struct step *st, const struct 
  */
 static void import_messages(struct image_request *req, const char *image, const char *resolved)
 {
-	snprintf(req->headline, sizeof(req->headline), "failed to import docker image: %s",
+	snprintf(req->headline, sizeof(req->headline), "pyxis: failed to import docker image: %s",
 		 image);
 	if (resolved != NULL)
 		snprintf(req->notice, sizeof(req->notice), "importing %s into this node's image "
@@ -289,7 +289,7 @@ static int import_image(spank_t sp, const struct step *st, const struct plugin_c
 	if (parsed == 0 && (!ANSWER_HAS(&answer, squashfs) || !ANSWER_HAS(&answer, digest)))
 		parsed = fail(err, sizeof(err), "its answer has no squashfs or no digest");
 	if (parsed < 0) {
-		slurm_error("spank_berth: %s", req.headline);
+		slurm_error("%s", req.headline);
 		slurm_error("spank_berth: berth import printed no path and digest for %s: %s",
 			    req.uri, err);
 		return -1;

@@ -215,7 +215,7 @@ check "the batch step's container joined as JOBID.batch" "sbatch -W -o joinb.txt
 check "JOBID.STEPID of no running step" "srun --container-name=999.0:exec true" "'999.0' is not running on this node"
 
 # nothing listens on localhost:1: the runtime's import fails at once
-check "a failed import says so in pyxis's words, once per node and step" "srun -n2 --container-image=localhost:1#no/such:1 true 2>&1 | grep -c 'spank_berth: failed to import docker image: localhost:1#no/such:1'" "1"
+check "a failed import says so in pyxis's words, once per node and step" "srun -n2 --container-image=localhost:1#no/such:1 true 2>&1 | grep -c 'pyxis: failed to import docker image: localhost:1#no/such:1$'" "1"
 check "a failed import: the runtime's reason in a line of its own" "srun --container-image=localhost:1#no/such:1 true" "error: spank_berth: berth import: "
 if [[ $mode == fake ]]; then # the real import needs a registry: the runtime's own tests
     calls=/var/tmp/fake-berth-1000/calls
