@@ -341,6 +341,29 @@ def test_a_document_that_drips_ends_at_the_transfer_timeout(tmp_path, env, hosti
     one_line_error(result, needle, "failed: not whole within 2 s (ENROOT_TRANSFER_TIMEOUT)")
 
 
+def drip_head():
+    """A status line, then a header a byte every 0.5 s: never a stall, never a whole head."""
+    def answer(hostile, handler, body):
+        hostile.write(handler, b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        while not hostile.release.wait(0.5):
+            hostile.write(handler, b"x")
+    return answer
+
+
+@pytest.mark.parametrize("what", ["pull", "resolve"])
+def test_an_answer_whose_headers_drip_ends_at_the_transfer_timeout(tmp_path, env, hostile, what):
+    """The store's service imports for every user: a registry that sends its
+    headers a byte at a time must not hold it (or anyone) for as long as it likes."""
+    hostile.image("test/app", "v1", [LAYER])
+    hostile.behave["v1"] = drip_head()
+    flags = ["--resolve"] if what == "resolve" else []  # (over http.client, not requests)
+    result, took = timed(lambda: run_import(hostile, tmp_path, env, *flags,
+                                            ENROOT_TRANSFER_TIMEOUT="2"))
+    one_line_error(result,
+                   "the answer's headers not whole within 4 s (twice ENROOT_TRANSFER_TIMEOUT)")
+    assert took < 12, took  # the head's 4 s, and no wait that would pass the bound
+
+
 # -- what asking again will not mend ends at once (issue #61) -----------------------------
 
 NO_SUCH_HOST = "nosuchhost.invalid"  # RFC 2606: a name that never resolves

@@ -21,7 +21,11 @@ is off, as the registry's credentials are $ENROOT_CONFIG_PATH/.credentials
 alone.
 
 deadline() cuts a response off after a time, whatever comes meanwhile:
-registry.py reads documents (manifests, tokens, configs) under it.
+registry.py reads documents (manifests, tokens, configs) under it. An
+answer's head (its status line and headers) must be whole within twice the
+stall timeout, over either transport (_HeadTimer): a stall timeout counts
+from byte to byte, so without it a head sent a byte at a time would hold a
+request for as long as the server likes.
 
 A body is read the same way over either transport, off http.client's
 response, in pieces as they arrive (see _pieces): a connection cut or reset
@@ -207,6 +211,37 @@ def _shut_down(sock):
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
+class _HeadTimer:
+    """Shuts the socket `sock()` gives down unless the answer's head came
+    whole within twice the stall timeout `stall` (None: no limit), so that
+    a server that sends nothing at all is a stall, said as such; `late()`
+    is the error then."""
+
+    def __init__(self, stall, sock):
+        self.seconds, self.fired, self._timer = stall and 2 * stall, False, None
+        if stall:
+            import threading
+            self._timer = threading.Timer(self.seconds, self._fire, (sock,))
+            self._timer.daemon = True
+
+    def _fire(self, sock):
+        self.fired = True
+        _shut_down(sock())
+
+    def late(self):
+        return TransferError(f"the answer's headers not whole within {self.seconds:g} s "
+                             "(twice ENROOT_TRANSFER_TIMEOUT)")
+
+    def __enter__(self):
+        if self._timer is not None:
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._timer is not None:
+            self._timer.cancel()
+
+
 _PROXY_SCHEMES = ("http", "https", "socks4", "socks4a", "socks5", "socks5h")
 
 
@@ -326,17 +361,23 @@ class Direct:
 
     def _ask(self, connection, where, target, headers, method, kept=False):
         import http.client
-        try:
-            connection.request(method, target, headers=headers)
-            response = connection.getresponse()
-        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
+        with _HeadTimer(self.stall_timeout, lambda: connection.sock) as head:
+            try:
+                connection.request(method, target, headers=headers)
+                response = connection.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
+                connection.close()
+                if head.fired:
+                    raise head.late() from None
+                if kept:
+                    raise _Closed() from None
+                raise TransferError(reason(e)) from None
+            except (OSError, http.client.HTTPException) as e:
+                connection.close()
+                raise (head.late() if head.fired else TransferError(_broken(e))) from None
+        if head.fired:  # (whole, as the timer went off: its socket is shut down)
             connection.close()
-            if kept:
-                raise _Closed() from None
-            raise TransferError(reason(e)) from None
-        except (OSError, http.client.HTTPException) as e:
-            connection.close()
-            raise TransferError(_broken(e)) from None
+            raise head.late()
         return _DirectResponse(self, where, connection, response)
 
 
@@ -483,6 +524,54 @@ def _unredirected_session(requests):
     return Session()
 
 
+# thread ident -> the urllib3 connection its request took from a pool: what
+# a _HeadTimer of Pooled shuts down
+_TAKEN = {}
+
+
+def _recording(manager):
+    """Make `manager`'s pools (urllib3's PoolManager, or a proxy's) record in
+    _TAKEN the connection each request takes: requests hands out no socket
+    before the answer's head is read."""
+    if getattr(manager, "berth_records", False):
+        return manager
+    manager.pool_classes_by_scheme = {scheme: _recording_pool(cls) for scheme, cls
+                                      in manager.pool_classes_by_scheme.items()}
+    manager.berth_records = True
+    return manager
+
+
+_RECORDING_POOLS = {}
+
+
+def _recording_pool(pool_class):
+    if pool_class not in _RECORDING_POOLS:
+        import threading
+
+        class Recording(pool_class):
+            def _get_conn(self, timeout=None):
+                connection = super()._get_conn(timeout)
+                _TAKEN[threading.get_ident()] = connection
+                return connection
+        _RECORDING_POOLS[pool_class] = Recording
+    return _RECORDING_POOLS[pool_class]
+
+
+def _recording_adapter(requests, connections):
+    class Adapter(requests.adapters.HTTPAdapter):
+        def init_poolmanager(self, *args, **kwargs):
+            super().init_poolmanager(*args, **kwargs)
+            _recording(self.poolmanager)
+
+        def proxy_manager_for(self, proxy, **kwargs):
+            return _recording(super().proxy_manager_for(proxy, **kwargs))
+    return Adapter(pool_maxsize=max(1, connections))
+
+
+def _taken_socket(thread):
+    return getattr(_TAKEN.get(thread), "sock", None)
+
+
 class Pooled:
     """GETs (and HEADs) over a requests session, its pool as large as the
     parallel downloads."""
@@ -496,7 +585,7 @@ class Pooled:
         # Bodies are read off http.client's response (_pieces), not undone
         # by urllib3: none may come encoded.
         self.session.headers["Accept-Encoding"] = "identity"
-        adapter = requests.adapters.HTTPAdapter(pool_maxsize=max(1, connections))
+        adapter = _recording_adapter(requests, connections)
         self.session.mount("https://", adapter)
         self.session.mount("http://", adapter)
         # Given per request: requests lets REQUESTS_CA_BUNDLE override a
@@ -506,14 +595,23 @@ class Pooled:
             urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
     def get(self, url, headers, method="GET"):
+        import threading
         requests = self._requests
-        try:
-            response = self.session.request(method, url, headers=headers, timeout=self.timeout,
-                                            stream=True, verify=self.verify, auth=_no_netrc)
-        except requests.exceptions.SSLError as e:
-            raise tls_error(e) from None
-        except (requests.RequestException, ValueError) as e:
-            raise connect_error(e) from None
+        thread = threading.get_ident()
+        with _HeadTimer(self.timeout[1], lambda: _taken_socket(thread)) as head:
+            try:
+                response = self.session.request(method, url, headers=headers,
+                                                timeout=self.timeout, stream=True,
+                                                verify=self.verify, auth=_no_netrc)
+            except requests.exceptions.SSLError as e:
+                raise (head.late() if head.fired else tls_error(e)) from None
+            except (requests.RequestException, ValueError) as e:
+                raise (head.late() if head.fired else connect_error(e)) from None
+            finally:
+                _TAKEN.pop(thread, None)
+        if head.fired:  # (whole, as the timer went off: its socket is shut down)
+            response.close()
+            raise head.late()
         return _PooledResponse(response)
 
 
