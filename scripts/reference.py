@@ -322,6 +322,55 @@ def _enroot_value(config, key, default):
     return "text"
 
 
+def _runtime_confvalue():
+    sys.path.insert(0, str(ROOT / "runtime"))
+    try:
+        from berth import confvalue
+    finally:
+        sys.path.pop(0)
+    return confvalue
+
+
+#: What an enroot.conf value may hold (runtime/berth/confvalue.py), a row each.
+ENROOT_CONF_VALUES = [
+    ("words", "`-noI -noD -noF`", "Split on blanks and joined by one space, as "
+     "enroot's `echo` prints them."),
+    ("a comment", "`/d # node-local`", "An unquoted `#` that starts a word ends the value; "
+     "`a#b` keeps its `#`."),
+    ("quotes", "`'$X'`, `\"$X y\"`", "`'...'` is literal; `\"...\"` keeps its blanks "
+     "and expands `$` forms; `\\` quotes the next character."),
+    ("variables", "`$VAR`, `${VAR}`", "From the environment, the keys set before, `UID` and "
+     "`USER`; the text they hold is never read again (no command, quote or glob in it acts), "
+     "and its blanks split words."),
+    ("defaults", "`${VAR:-word}`, `${VAR-word}`", "`word` (text, `$` forms, a leading `~`) "
+     "where `VAR` is unset or empty, or unset only."),
+    ("the home", "`~`, `~/.local`", "`$HOME`, at the start of a word; `~NAME` is refused."),
+]
+
+
+def enroot_conf_values():
+    confvalue = _runtime_confvalue()
+    commands = ", ".join(code("$(" + " ".join(argv) + ")") for argv in confvalue.COMMANDS)
+    rows = [*ENROOT_CONF_VALUES,
+            ("commands", commands, "Answered by the runtime from the process (its effective "
+             "user and group, the processors it may run on), never from the environment; "
+             "no program runs.")]
+    return (
+        "## Values\n\nenroot hands every value to its shell (`eval echo`). Berth runs no "
+        "shell: it reads the part of the shell's language that sites use, as bash would, "
+        "and refuses the rest with one line naming the file, the line and the key.\n\n"
+        + table(["Form", "Example", "Read as"], rows)
+        + "\n\n"
+        "A value that names an unset variable (outside `${VAR:-word}`) leaves the key as it "
+        "was (its default, or what an earlier file set), as enroot does (its shell fails on "
+        "it); so does a value that reads as empty. Refused, because enroot's shell would run, "
+        "redirect or glob something: any other `$(...)`, backquotes, `$((...))`, `;`, `&`, "
+        "`|`, `<`, `>`, `(`, `)`, unquoted `*`, `?`, `[` and `{`, `$1`, `$$` and the shell's "
+        "other special variables, `$'...'`, `${VAR` with any other operator, an unclosed "
+        "quote, and a first word `-n`, `-e` or `-E` (the options of enroot's `echo`)."
+    )
+
+
 def enroot_conf_page():
     config = _runtime_config()
     missing = sorted(set(config.KEYS) - set(ENROOT_CONF))
@@ -339,11 +388,12 @@ def enroot_conf_page():
         "enroot.conf keys",
         "The keys the runtime reads from `$ENROOT_SYSCONF_PATH/enroot.conf`, then "
         "`enroot.conf.d/*.conf` in name order, then the process environment, which wins "
-        "(`runtime/berth/config.py`). A line is `KEY VALUE`; `$VAR` and `${VAR}` in a value "
-        "expand from the environment, the keys set before it, `UID` and `USER`. Any other "
-        "key is an error naming the file and line. The roles set them through "
-        "`container_runtime_enroot_conf`.",
+        "(`runtime/berth/config.py`). A line is `KEY VALUE` or `KEY=VALUE`; a line that "
+        "starts with `#` is a comment. A value is read as enroot reads it, through the shell "
+        "(see [Values](#values) below). Any other key is an error naming the file and line. "
+        "The roles set them through `container_runtime_enroot_conf`.",
         table(["Key", "Value", "Default", "What it does"], rows),
+        enroot_conf_values(),
         "## Refused\n\nenroot's keys that Berth refuses in a file, naming the file and line, "
         "because a site that sets one expects an effect Berth cannot give:",
         table(["Key", "Why"], refused),

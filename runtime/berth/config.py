@@ -2,9 +2,12 @@
 
 Precedence, lowest first: built-in defaults, `$ENROOT_SYSCONF_PATH/enroot.conf`,
 `$ENROOT_SYSCONF_PATH/enroot.conf.d/*.conf` (sorted), the process environment.
-A file line is `KEY VALUE`; `#` starts a comment; `${VAR}`/`$VAR` in a value
-expand from the environment, from keys set before it, and from UID and
-USER (the caller's), so a site can write per-user paths.
+A file line is `KEY VALUE` (or `KEY=VALUE`); a line starting with `#` is a
+comment. A value is read as enroot's shell reads it (confvalue): quotes,
+`$VAR`, `${VAR:-word}`, `~/`, `$(id -u)`, from the environment, the keys set
+before it, and UID and USER (the caller's), so a site can write per-user
+paths. A value that reads as empty, or names an unset variable, leaves the
+key as it was, as in enroot.
 """
 
 import os
@@ -12,12 +15,13 @@ import pwd
 import re
 import stat
 
-from berth import units
+from berth import confvalue, units
 from berth.errors import BerthError
 
 _TRUE = {"1", "true", "yes", "y"}
 _FALSE = {"0", "false", "no", "n"}
-_VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+# KEY, then blanks with at most one `=` (enroot splits on IFS=" \t="), VALUE
+_LINE = re.compile(r"([^ \t=]*)[ \t]*=?[ \t]*(.*)")
 
 
 def _xdg(env, name, fallback):
@@ -149,10 +153,6 @@ REFUSED = {
 }
 
 
-def _expand(value, scope):
-    return _VAR.sub(lambda m: scope.get(m.group(1) or m.group(2), ""), value)
-
-
 def text_lines(path, skip=0, added_by=None):
     """Yield (number, line) of the UTF-8 text file `path`, from byte `skip`
     on (what `added_by` appended); a file that cannot be read, or a line
@@ -172,18 +172,23 @@ def text_lines(path, skip=0, added_by=None):
 
 
 def parse_file(path, scope):
-    """Yield (key, value) from one enroot.conf file; scope expands $VARs."""
+    """Yield (key, value) from one enroot.conf file, each value read with
+    `scope`'s variables; a value that reads as nothing yields no pair."""
     for lineno, raw in text_lines(path):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
+        line = raw.strip()
+        if not line or line.startswith("#"):
             continue
-        key, _, value = line.partition(" ")
+        key, text = _LINE.fullmatch(line).groups()
         if key in REFUSED:
             raise BerthError(f"{path}:{lineno}: {key} is not supported: {REFUSED[key]}")
         if key not in KEYS:
             raise BerthError(f"{path}:{lineno}: unknown configuration key '{key}'")
-        value = value.strip().strip("\"'")
-        yield key, _expand(value, scope)
+        try:
+            value = confvalue.read(text, scope)
+        except confvalue.Refused as e:
+            raise BerthError(f"{path}:{lineno}: {key}: {e}") from None
+        if value:
+            yield key, value
 
 
 class Config:
@@ -278,10 +283,11 @@ def load(env=None):
     values = _defaults(env)
     sysconf = env.get("ENROOT_SYSCONF_PATH") or values["ENROOT_SYSCONF_PATH"]
     files = [f"{sysconf}/enroot.conf", *files_in(f"{sysconf}/enroot.conf.d", ".conf")]
+    scope = {**env, **values}  # (a key a line sets, the lines after it read)
     for path in files:
         if os.path.isfile(path):
-            for key, value in parse_file(path, {**env, **values}):
-                values[key] = value
+            for key, value in parse_file(path, scope):
+                values[key] = scope[key] = value
     for key in KEYS:
         if env.get(key):
             values[key] = env[key]

@@ -22,7 +22,7 @@ BERTH = Path(__file__).resolve().parents[1] / "berth"
 # import each other. A part holds packages (every module below them) and
 # single modules.
 PARTS = {
-    "ground": (0, ("berth", "berth.config", "berth.errors", "berth.safedir",
+    "ground": (0, ("berth", "berth.config", "berth.confvalue", "berth.errors", "berth.safedir",
                    "berth.rootpath", "berth.syscalls", "berth.units",
                    "berth.tomlread", "berth.tomlwrite", "berth.porcelain")),
     "image": (1, ("berth.image",)),
@@ -319,7 +319,7 @@ def test_calls_pass_at_most_three_positional_arguments():
 # run this test on both Pythons (the venv's 3.11; scripts/test-runtime-suite.sh
 # trixie for 3.13): its failure prints the start's lists as they are.
 START_BERTH_MODULES = [
-    "berth", "berth.config", "berth.container", "berth.container.entry",
+    "berth", "berth.config", "berth.confvalue", "berth.container", "berth.container.entry",
     "berth.container.environ", "berth.container.hooks", "berth.container.launch",
     "berth.container.mounts", "berth.container.rootfs", "berth.container.seccomp",
     "berth.container.services", "berth.container.verbs", "berth.errors", "berth.image",
