@@ -10,7 +10,9 @@ description:
   - Every key must be one the runtime knows; an unknown key, a flag that is not
     yes/no, or a count that is not a whole number fails the task with a message
     naming the key, and leaves the file as it was.
-  - Values may contain C(${UID}), C(${USER}) and other variables; the runtime expands them.
+  - Values are written as given, so a site's shell forms are kept, C($(id -u)),
+    C(${UID}), C(${TMPDIR:-/tmp}) and C(~/) among them; the runtime reads them as
+    enroot's shell does (see the enroot.conf reference page).
   - The whole file is owned by this module; lines not in O(settings) are removed.
 version_added: "0.1.0"
 options:

@@ -115,3 +115,29 @@ def test_the_roles_retries_all_fit_within_the_default_transfer_timeout():
     assert count == 5
     default = int(config._defaults(dict(os.environ))["ENROOT_TRANSFER_TIMEOUT"])
     assert sum(2 ** n for n in range(count)) < default
+
+
+def test_a_sites_shell_values_are_kept_as_written_and_read_as_enroot_reads_them(tmp_path):
+    """The values of pyxis's setup guide and of enroot's own file: the
+    module writes them as the site had them, not quoted nor expanded, a
+    second run changes nothing, and the runtime reads them."""
+    conf = tmp_path / "enroot.conf"
+    shell = {
+        "ENROOT_RUNTIME_PATH": "/run/enroot/user-$(id -u)",
+        "ENROOT_CACHE_PATH": "/raid/enroot-cache/group-$(id -g)",
+        "ENROOT_DATA_PATH": "~/.local/share/enroot",
+        "ENROOT_TEMP_PATH": "${TMPDIR:-/tmp}",
+        "ENROOT_MAX_PROCESSORS": "$(nproc)",
+    }
+    args = {"path": str(conf), "settings": shell}
+    assert run_module(args)["changed"] is True
+    lines = conf.read_text().splitlines()[1:]
+    assert lines == [f"{key} {value}" for key, value in sorted(shell.items())]
+    assert run_module(args)["changed"] is False
+
+    cfg = config.load({"ENROOT_SYSCONF_PATH": str(tmp_path), "HOME": "/home/u"})
+    assert cfg["ENROOT_RUNTIME_PATH"] == f"/run/enroot/user-{os.geteuid()}"
+    assert cfg["ENROOT_CACHE_PATH"] == f"/raid/enroot-cache/group-{os.getegid()}"
+    assert cfg["ENROOT_DATA_PATH"] == "/home/u/.local/share/enroot"
+    assert cfg["ENROOT_TEMP_PATH"] == "/tmp"
+    assert cfg.number("ENROOT_MAX_PROCESSORS") == len(os.sched_getaffinity(0))

@@ -86,10 +86,12 @@ def conf_value(key, value):
     if kind == COUNT:
         return _count(key, value)
     text = str(value)
-    # The runtime reads one line per key and cuts comments at '#'.
+    # The runtime reads one line per key, and a '#' that starts a word
+    # starts a comment; the value is written as given, shell and all
+    # ($(id -u), ${VAR:-word}, ~/), for the runtime to read as enroot does.
     if not text or "\n" in text or "#" in text:
         raise ValueError(f"{key}: value must be one non-empty line without '#', got {text!r}")
-    if kind == PATH and not text.startswith(("/", "$")):
+    if kind == PATH and not text.startswith(("/", "$", "~")):
         raise ValueError(f"{key}: expected an absolute path, got {text!r}")
     return text
 
@@ -107,6 +109,8 @@ def _flag(key, value):
 
 def _count(key, value):
     # bool is an int in Python; 'yes' is no number of connections.
+    if str(value).startswith("$(") and not isinstance(value, bool):
+        return str(value)  # enroot's own $(nproc): the runtime reads it and checks the range
     if isinstance(value, bool) or not str(value).strip().isdigit():
         raise ValueError(f"{key}: expected a whole number, got {value!r}")
     number = int(str(value).strip())
