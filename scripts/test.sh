@@ -24,7 +24,7 @@ CI_LIMIT=5400  # CI stops a run after 90 minutes: past it, nothing lands
 STAGES=(
     "bootstrap|180|host bootstrap (packages, Docker daemon, venv, node images)"
     "unit|60|--fast only: the unit tier of pytest (pytest.ini; no root, network, playbook or namespaces)"
-    "lint|45|ruff, shellcheck, ansible-lint (production profile), syntax check, module documentation, the docs site"
+    "lint|45|ruff, shellcheck, ansible-lint (production profile), the AppArmor profile, syntax check, module documentation, the docs site"
     "images|240|test images (Open MPI, MPICH) of Debian 12 and 13"
     "pytest|800|unit and integration tests (tests, runtime/tests)"
     "runtime-trixie|240|runtime suite on Debian 13 (Python 3.13), SPANK plugin against Slurm 24.11"
@@ -193,6 +193,7 @@ lint() {
     mapfile -d '' scripts < <(shell_scripts)
     shellcheck --external-sources "${scripts[@]}"
     ansible-lint --profile production --offline
+    bash scripts/check-apparmor.sh >/dev/null
     ansible-playbook --syntax-check -i inventories/example/hosts.yml site.yml
     ansible-playbook --syntax-check -i inventories/example/hosts.yml playbooks/upgrade.yml
     local module name
