@@ -70,6 +70,24 @@ def test_makes_the_users_dirs_0700_and_a_second_run_is_a_no_op(monkeypatch, shar
 
 
 @needs_root
+def test_the_pyxis_guides_id_commands_name_the_user_not_root(monkeypatch, shared_root):
+    """A site's enroot.conf from its pyxis days: $(id -u) and $(id -un) are
+    read in the child that became the user, so they are the user's."""
+    for shared in ("cache", "data", "run"):
+        (shared_root / shared).mkdir(mode=0o755)
+    configure(monkeypatch, shared_root, ENROOT_CACHE_PATH=f"{shared_root}/cache/user-$(id -u)",
+              ENROOT_DATA_PATH=f"{shared_root}/data/$(id -un)",
+              ENROOT_RUNTIME_PATH=f"{shared_root}/run/user-$(id -u)")
+    assert cli.main(["setup-user", "nobody"]) == 0
+    expected = (NOBODY.pw_uid, NOBODY.pw_gid, 0o700)
+    assert owner_and_mode(shared_root / f"cache/user-{NOBODY.pw_uid}") == expected
+    assert owner_and_mode(shared_root / "data/nobody") == expected
+    assert owner_and_mode(shared_root / f"run/user-{NOBODY.pw_uid}") == expected
+    assert sorted(p.name for p in shared_root.glob("*/*")) == sorted(
+        ["nobody", f"user-{NOBODY.pw_uid}", f"user-{NOBODY.pw_uid}", "enroot.conf"])
+
+
+@needs_root
 def test_paths_inside_the_users_own_tree_are_made_as_the_user(monkeypatch, shared_root):
     home = shared_root / "home"
     home.mkdir()
