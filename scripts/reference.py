@@ -20,6 +20,7 @@ variable without one stops the generator, naming it.
 """
 
 import html
+import importlib
 import json
 import re
 import sys
@@ -193,13 +194,13 @@ def readme_with_variables(role):
 
 # ------------------------------------------------------------ enroot.conf
 
-def _runtime_config():
+def _runtime_module(name):
+    """berth.NAME of this checkout's runtime, whatever python3 has installed."""
     sys.path.insert(0, str(ROOT / "runtime"))
     try:
-        from berth import config
+        return importlib.import_module(f"berth.{name}")
     finally:
         sys.path.pop(0)
-    return config
 
 
 #: What each key does, in a line; the runtime's key set is the code's.
@@ -295,7 +296,7 @@ _SHOWN_ENVIRONMENT = {
 
 def enroot_conf_defaults():
     """{key: the default as the page shows it}, for every key the runtime reads."""
-    config = _runtime_config()
+    config = _runtime_module("config")
     values = config._defaults(dict(_SHOWN_ENVIRONMENT))
     shown = {}
     for key in sorted(config.KEYS, key=_key_order(values)):
@@ -322,15 +323,6 @@ def _enroot_value(config, key, default):
     return "text"
 
 
-def _runtime_confvalue():
-    sys.path.insert(0, str(ROOT / "runtime"))
-    try:
-        from berth import confvalue
-    finally:
-        sys.path.pop(0)
-    return confvalue
-
-
 #: What an enroot.conf value may hold (runtime/berth/confvalue.py), a row each.
 ENROOT_CONF_VALUES = [
     ("words", "`-noI -noD -noF`", "Split on blanks and joined by one space, as "
@@ -349,7 +341,7 @@ ENROOT_CONF_VALUES = [
 
 
 def enroot_conf_values():
-    confvalue = _runtime_confvalue()
+    confvalue = _runtime_module("confvalue")
     commands = ", ".join(code("$(" + " ".join(argv) + ")") for argv in confvalue.COMMANDS)
     rows = [*ENROOT_CONF_VALUES,
             ("commands", commands, "Answered by the runtime from the process (its effective "
@@ -372,7 +364,7 @@ def enroot_conf_values():
 
 
 def enroot_conf_page():
-    config = _runtime_config()
+    config = _runtime_module("config")
     missing = sorted(set(config.KEYS) - set(ENROOT_CONF))
     unknown = sorted(set(ENROOT_CONF) - set(config.KEYS))
     if missing or unknown:
@@ -576,7 +568,7 @@ def _hook_rows(name, variables, conf, defaults):
 
 
 def hooks_page():
-    config = _runtime_config()
+    config = _runtime_module("config")
     defaults = enroot_conf_defaults()
     parts = ["What each hook in `hooks/` reads (its code, scanned for `BERTH_*` and `ENROOT_*`). "
              "The runtime runs every hook of `$ENROOT_SYSCONF_PATH/hooks.d` at each container "

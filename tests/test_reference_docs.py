@@ -50,7 +50,7 @@ def test_each_page_starts_with_its_title_and_says_it_is_generated(pages):
 def test_the_tables_name_everything_the_code_has(pages):
     """What the generator reads is all there is: a regular expression that
     silently matched less would leave a name out of a page."""
-    config = REFERENCE._runtime_config()
+    config = REFERENCE._runtime_module("config")
     page = pages["docs/reference/enroot-conf.md"]
     assert all(f"| `{key}` |" in page for key in set(config.KEYS) | set(config.REFUSED))
     plugin = pages["docs/reference/plugin.md"]
