@@ -25,6 +25,12 @@ ADMIN_GUIDE = [
     ("admin/mirrors/", "Mirrors and the registry cache"),
     ("admin/hooks/", "Hooks"),
     ("admin/day2/", "Day 2 and upgrades"),
+    ("admin/day2/logs/", "Where the logs are"),
+    ("admin/day2/why-did-job-fail/", "Why did job N fail?"),
+    ("admin/day2/nodes/", "Adding or removing a node"),
+    ("admin/day2/upgrade/", "Upgrades"),
+    ("admin/day2/munge-key/", "Rotating the munge key"),
+    ("admin/day2/remove/", "Removing Berth"),
     ("admin/troubleshooting/", "Troubleshooting"),
 ]
 
