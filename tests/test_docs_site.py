@@ -9,6 +9,8 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # The admin guide's pages, in install order: what the site provides first,
@@ -139,3 +141,22 @@ def test_a_table_cell_checker_sees_a_long_cell():
     text = "| a | b |\n| --- | --- |\n| x | " + "y" * (LONGEST_CELL + 1) + " |\n```\n| " + "z" * 400 + " |\n```\n"
     assert [number for number, cell in _table_cells(text) if len(cell) > LONGEST_CELL] == [3]
 
+
+_RELEASES = {"bookworm": "12", "trixie": "13", "jammy": "22.04", "noble": "24.04", "9": "9"}
+
+
+def _platform_line(meta):
+    """The Requirements line a role's README states, from its meta/main.yml."""
+    platforms = {p["name"]: [_RELEASES[str(v)] for v in p["versions"]]
+                 for p in yaml.safe_load(meta.read_text())["galaxy_info"]["platforms"]}
+    assert platforms.pop("Debian") == ["12", "13"], meta
+    untested = [f"{name} {' and '.join(versions)}" for name, versions in platforms.items()]
+    return ("Platforms: Debian 12 and 13 (tested: the cluster scenario runs every role on both); "
+            f"{' and '.join(untested)} (package names only, untested).")
+
+
+def test_each_role_readme_states_the_platforms_of_its_meta():
+    for meta in sorted((ROOT / "roles").glob("*/meta/main.yml")):
+        readme = meta.parent.parent / "README.md"
+        if "## Requirements" in readme.read_text():
+            assert _platform_line(meta) in readme.read_text(), readme
