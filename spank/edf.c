@@ -49,6 +49,8 @@ static int edf_line(struct container_flags *edf, const char *line, size_t len,
 	memcpy(value, eq + 1, len - keylen - 1);
 	value[len - keylen - 1] = '\0';
 #define KEY_IS(k) (keylen == sizeof(k) - 1 && strncmp(line, k, keylen) == 0)
+	if (KEY_IS("warning")) /* submit_environment printed it */
+		return 0;
 	if (KEY_IS("image"))
 		return set_image(edf, value, check_files, err, errlen);
 	if (KEY_IS("workdir"))

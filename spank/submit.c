@@ -17,6 +17,22 @@
  * step inside an sbatch/salloc of the same environment finds it there
  * already: resolved once, at the first submission.
  */
+/* The runtime's warning=LINE lines (an annotation for a hook this cluster
+ * lacks, say): once, at the first submission, and the job goes on. */
+static void print_edf_warnings(const char *lines)
+{
+	static const char key[] = "warning=";
+
+	for (const char *p = lines; *p != '\0'; ) {
+		size_t len = strcspn(p, "\n");
+
+		if (strncmp(p, key, sizeof(key) - 1) == 0)
+			slurm_spank_log("spank_berth: warning: --environment: %.*s",
+					(int)(len - (sizeof(key) - 1)), p + sizeof(key) - 1);
+		p += len + (p[len] == '\n');
+	}
+}
+
 int submit_environment(const struct plugin_conf *conf, struct container_flags *flags)
 {
 	const char *inherited = getenv(EDF_VAR);
@@ -51,6 +67,7 @@ int submit_environment(const struct plugin_conf *conf, struct container_flags *f
 		slurm_error("spank_berth: %s", err);
 		goto out;
 	}
+	print_edf_warnings(text + header);
 	if (setenv(EDF_VAR, text, 1) < 0) {
 		slurm_error("spank_berth: --environment: cannot set %s: %m", EDF_VAR);
 		goto out;

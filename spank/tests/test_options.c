@@ -521,6 +521,10 @@ static void test_edf(void)
 	REFUSED(apply_edf(&f, "colour=blue\n", 0, err, sizeof(err)), "unexpected line");
 	REFUSED(apply_edf(&f, "hook_env==1\n", 0, err, sizeof(err)), "not KEY=VALUE");
 	CHECK(f.image == NULL && f.mounts == NULL && f.env_set == NULL && f.hook_env == NULL);
+	/* a warning line (submit_environment prints it) sets nothing */
+	ACCEPTED(apply_edf(&f, "warning=e.toml: annotation 'com.hooks.cxi.enable' is for hook "
+			   "'cxi', which is not installed: left out\n", 0, err, sizeof(err)));
+	CHECK(f.image == NULL && f.mounts == NULL && f.env_set == NULL && f.hook_env == NULL);
 	/* an EDF without an image needs --container-image */
 	ACCEPTED(apply_edf(&f, "workdir=/w\n", 0, err, sizeof(err)));
 	REFUSED(flags_check(&f, err, sizeof(err)),
