@@ -538,10 +538,19 @@ def hook_variables(path):
 
 
 def _annotation(name, variable):
-    param = variable.removeprefix(f"BERTH_HOOK_{name.upper()}_")
-    if param == "ENABLE":
-        return f"`com.hooks.{name}.enabled` (`\"true\"`, `\"false\"`), `com.hooks.{name}.enable`"
-    return code(f"com.hooks.{name}.{param.lower()}")
+    """The annotations that set `variable` (the runtime's table), with whose
+    spelling each is where there are several."""
+    vocabulary = _runtime_module("site.annotations")
+    rows = vocabulary.for_variable(variable)
+    if not rows:
+        raise ReferenceError(f"hooks: {variable} (read by {name}) has no annotation in "
+                             "runtime/berth/site/annotations.py")
+    def spelled(row):
+        notes = [f"{row.spelling}'s"] if len(rows) > 1 else []
+        if row.key.endswith(".enabled"):
+            notes.append('`"true"`, `"false"`')
+        return code(vocabulary.PREFIX + row.key) + (f" ({': '.join(notes)})" if notes else "")
+    return ", ".join(spelled(row) for row in rows)
 
 
 def _hook_rows(name, variables, conf, defaults):
@@ -569,12 +578,17 @@ def _hook_rows(name, variables, conf, defaults):
 
 def hooks_page():
     config = _runtime_module("config")
+    vocabulary = _runtime_module("site.annotations")
     defaults = enroot_conf_defaults()
     parts = ["What each hook in `hooks/` reads (its code, scanned for `BERTH_*` and `ENROOT_*`). "
              "The runtime runs every hook of `$ENROOT_SYSCONF_PATH/hooks.d` at each container "
              "start. An EDF's `com.hooks.NAME.PARAM` annotation reaches hook `NAME` as "
-             "`BERTH_HOOK_NAME_PARAM` (upper-cased, other characters `_`, booleans `1`/`0`); an "
-             "annotation naming a hook the site has not installed is refused at submission. A "
+             "`BERTH_HOOK_NAME_PARAM` (upper-cased, other characters `_`, booleans `1`/`0`); "
+             "the annotations of the hooks below are listed in "
+             "`runtime/berth/site/annotations.py`, where one setting may have several "
+             "spellings (Berth's, the CSCS engine's, the CSCS talk's). An annotation naming a "
+             "hook the site has not installed is left out, with a warning at submission; one "
+             "that an installed hook of the list does not take is refused there. A "
              "switch that is also an `enroot.conf` key is the site's default: the job's "
              "environment overrides it, and an EDF's annotation both."]
     used = set()
@@ -588,9 +602,8 @@ def hooks_page():
               f"`{switch}` (default {defaults[switch]})" if switch in config.KEYS else
               "unless an EDF turns it off")
         prefix = f"BERTH_HOOK_{name.upper()}_"
-        annotations = sorted(code(f"com.hooks.{name}." + ("enabled" if v == switch else
-                                                         v.removeprefix(prefix).lower()))
-                             for v in variables if v.startswith(prefix))
+        annotations = sorted(code(vocabulary.PREFIX + row.key) for v in variables
+                             if v.startswith(prefix) for row in vocabulary.for_variable(v))
         summary.append([f"[{name}](#{name})", code(path.name), on, ", ".join(annotations) or "—"])
         sections += [f"## {name}", f"`hooks/{path.name}`: {inline(hook_purpose(path))}"]
         if variables:

@@ -130,14 +130,15 @@ def test_broken_sets_leave_installed_edfs_untouched(node):
         "pytorch": {**example()["pytorch"], "workdir": "/valid/change"},
         "bad-type": {"entrypoint": "no"},
         "unset-var": {"mounts": ["${SCRATCH}:/data"]},
-        "no-hook": {"annotations": {"com.hooks.cxi.enable": True}},
+        # (an annotation for a hook not installed is a warning: a misspelling is refused)
+        "misspelt": {"annotations": {"com.hooks.nvidia.enabel": True}},
         "orphan": {"base_environment": "gone"},
     }
     status, _, out = apply(node, {**example(), **broken})
     assert status != 0
     for message in ("'entrypoint' must be a boolean, not a string",
                     "${SCRATCH} in 'mounts' is not set in the environment",
-                    "names hook 'cxi', which is not installed",
+                    "hook 'nvidia' takes no annotation 'com.hooks.nvidia.enabel'",
                     "environment 'gone' not found"):
         assert message in out
     assert snapshot(node / "edf") == before

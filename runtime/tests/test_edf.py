@@ -1,13 +1,15 @@
 """Environment Definition Files: lookup, inheritance, expansion, validation, output."""
 
 import json
+import re
 import tomllib
+from pathlib import Path
 
 import pytest
 
 from berth import cli
 from berth.errors import BerthError
-from berth.site import edf
+from berth.site import annotations, edf
 
 
 @pytest.fixture
@@ -202,7 +204,7 @@ def test_hook_environment_mapping():
         "com.hooks.ofi-nccl.enable": True, "com.hooks.ofi-nccl.version": "cuda12",
         "com.hooks.pmix.enable": False, "com.hooks.pmix.max.ranks": 8,
         "org.example.other": "ignored"}}
-    assert edf.hook_environment(resolved) == {
+    assert edf.hook_environment(resolved).env == {
         "BERTH_HOOK_OFI_NCCL_ENABLE": "1", "BERTH_HOOK_OFI_NCCL_VERSION": "cuda12",
         "BERTH_HOOK_PMIX_ENABLE": "0", "BERTH_HOOK_PMIX_MAX_RANKS": "8"}
 
@@ -212,16 +214,26 @@ def test_the_cscs_engines_enabled_strings_switch_a_hook_as_enable_does():
         "com.hooks.nvidia.enabled": "false", "com.hooks.pmix.enabled": "true",
         "com.hooks.ofi-nccl.enabled": True, "com.hooks.ofi-nccl.enable": True,
         "com.hooks.ofi-nccl.variant": "cuda12"}}
-    assert edf.hook_environment(resolved) == {
+    assert edf.hook_environment(resolved).env == {
         "BERTH_HOOK_NVIDIA_ENABLE": "0", "BERTH_HOOK_PMIX_ENABLE": "1",
         "BERTH_HOOK_OFI_NCCL_ENABLE": "1", "BERTH_HOOK_OFI_NCCL_VARIANT": "cuda12"}
 
 
-def test_unknown_hook_lists_installed_ones(site):
-    path = write(site / "edf", "h.toml", '[annotations]\n"com.hooks.cxi.enable" = true\n')
-    message = failure(site, "h")
-    assert message.startswith(f"{path}: annotation 'com.hooks.cxi.enable' names hook 'cxi'")
-    assert message.endswith("(installed: nvidia, ofi_nccl, pmix)")
+def test_an_annotation_for_a_hook_not_installed_is_a_warning_and_left_out(site, run):
+    """A portable EDF: on a cluster without the hook the job goes on."""
+    path = write(site / "edf", "h.toml", 'image = "x"\n[annotations]\n'
+                 '"com.hooks.cxi.enable" = true\ncom.hooks.pmix.enable = true\n')
+    warning = (f"{path}: annotation 'com.hooks.cxi.enable' is for hook 'cxi', which is not "
+               f"installed in {site / 'sysconf' / 'hooks.d'} (installed: nvidia, ofi_nccl, "
+               f"pmix): left out")
+    got = resolve(site, "h")
+    assert got["warnings"] == [warning]
+    assert got["hook_env"] == {"BERTH_HOOK_PMIX_ENABLE": "1"}
+    assert run("edf", "check", "h") == (0, "", f"berth: warning: {warning}\n")
+    status, out, err = run("edf", "show", "--spank", "h")
+    assert (status, err) == (0, "")
+    assert out.splitlines() == [f"warning={warning}", "image=x",
+                                "hook_env=BERTH_HOOK_PMIX_ENABLE=1"]
 
 
 @pytest.mark.parametrize("annotations, expected", [
@@ -369,7 +381,7 @@ def test_show_toml_round_trips_with_sources(site, run):
     parsed = tomllib.loads(out)
     resolved = edf.resolve("pytorch", environ(site, SCRATCH="/scratch/u"))
     assert parsed == {k: v for k, v in resolved.items()
-                      if k not in ("sources", "hook_env") and v is not None}
+                      if k not in ("sources", "hook_env", "warnings") and v is not None}
     assert f'image = "nvcr.io#nvidia/pytorch:24.01-py3"  # {child}\n' in out
     assert f'    "/scratch/u:/scratch",  # {site / "edf" / "site.toml"}\n' in out
 
@@ -381,7 +393,7 @@ def test_show_json_is_the_plugin_interface(site, run):
     data = json.loads(out)
     assert status == 0
     assert list(data) == ["image", "workdir", "entrypoint", "writable", "mounts", "env",
-                          "annotations", "sources", "hook_env"]
+                          "annotations", "sources", "hook_env", "warnings"]
     assert data["mounts"] == ["/scratch/u:/scratch", "/home:/home:ro"]
     assert data["writable"] is True and data["entrypoint"] is False
     assert data["sources"]["workdir"] == str(site / "edf" / "site.toml")
@@ -461,3 +473,164 @@ def test_base_environment_nests_at_most_ten_levels(site):
     message = failure(site, "l0")
     assert message.startswith("base_environment nests deeper than 10 levels: l0 -> l1 -> ")
     assert message.endswith("l10 -> l11")
+
+
+# ---------------------------------------------------------------- the CSCS talk's EDFs
+# The four EDFs of the CSCS talk "Containers-First User Environments on HPE
+# Cray EX", as written there but for their images' and files' paths (and the
+# devtools one's `containerfile` key, which is not this file's), resolved
+# against a hooks.d holding the hooks Berth ships.
+
+SHIPPED = sorted(Path(__file__).resolve().parents[2].joinpath("hooks").glob("*.sh"))
+
+DEVTOOLS = """
+base_environment = ["parent_env0", "research_group_env"]
+image = "nvcr.io/nvidia/nvhpc:23.11-devel-cuda_multi-ubuntu22.04"
+entrypoint = false
+writable = true
+mounts = [
+    "/capstor/scratch/cscs/u/tools:/tools",
+    "${SCRATCH}/data:/workdir/data",
+    "/users/u/.config:/config:ro",
+]
+
+[env]
+MELLANOX_VISIBLE_DEVICES = "none"
+CONFDIR = "/config"
+UNSET_BEFORE_RUNNING = ""
+
+[annotations]
+com.hooks.cxi.enable = true
+com.hooks.ofi_nccl.version = "cuda12"
+"""
+FOURCASTNET = """
+image = "${SCRATCH}/fcn-collaboration/ml+fourcastnet+22.12.sqsh"
+mounts = [
+    "${SCRATCH}/fcn-collaboration/FourCastNet:/workspace/FourCastNet",
+    "${SCRATCH}/fcn-collaboration/era5:/data/era5",
+    "${SCRATCH}/fcn-collaboration/stats:/data/stats",
+    "${SCRATCH}/fcn-collaboration/model weights:/data/weights",
+    "${SCRATCH}/fcn-collaboration/out:/workspace/out",
+]
+
+[annotations]
+com.hooks.cxi.enable = true
+com.hooks.ofi_nccl.version = "cuda11"
+"""
+CSCS_MLP = """
+mounts = ["${HOME}/.bash_history:/.bash_history", "${SCRATCH}:${SCRATCH}", "/tmp:/tmp"]
+
+[env]
+HISTFILE = "/.bash_history"
+
+[annotations]
+com.hooks.cxi.enable = true
+com.hooks.ofi_nccl.version = "cuda12"
+"""
+USE_CASE = """
+base_environment = "cscs-mlp"
+image = "nvcr.io/nvidia/pytorch:24.01-py3"
+"""
+
+
+@pytest.fixture
+def cluster(site):
+    """`site` with hooks.d holding the shipped hooks' names, and the talk's parents."""
+    hooks = site / "sysconf" / "hooks.d"
+    for hook in hooks.glob("*.sh"):
+        hook.unlink()
+    for hook in SHIPPED:
+        (hooks / hook.name).write_text("#!/bin/sh\n")
+    write(site / "edf", "parent_env0.toml", 'workdir = "/workdir"\n[env]\nCONFDIR = "/etc/x"\n'
+          'PARENT = "0"\n')
+    write(site / "edf", "research_group_env.toml", 'mounts = ["/store/group:/group:ro"]\n'
+          '[annotations]\ncom.hooks.aws_ofi_nccl.variant = "cuda11"\n')
+    return site
+
+
+def talk_environ(site):
+    return {"SCRATCH": "/capstor/scratch/cscs/u", "HOME": str(site / "home")}
+
+
+def test_the_talks_devtools_edf_resolves_as_written(cluster):
+    write(cluster / "edf", "devtools.toml", DEVTOOLS)
+    got = resolve(cluster, "devtools", **talk_environ(cluster))
+    assert got["image"] == "nvcr.io/nvidia/nvhpc:23.11-devel-cuda_multi-ubuntu22.04"
+    assert (got["workdir"], got["entrypoint"], got["writable"]) == ("/workdir", False, True)
+    assert got["mounts"] == ["/store/group:/group:ro", "/capstor/scratch/cscs/u/tools:/tools",
+                             "/capstor/scratch/cscs/u/data:/workdir/data",
+                             "/users/u/.config:/config:ro"]
+    assert got["env"] == {"CONFDIR": "/config", "PARENT": "0",
+                          "MELLANOX_VISIBLE_DEVICES": "none", "UNSET_BEFORE_RUNNING": ""}
+    # the child's ofi_nccl.version replaces the parent's aws_ofi_nccl.variant
+    assert got["hook_env"]["BERTH_HOOK_AWS_OFI_NCCL_VARIANT"] == "cuda12"
+    assert "com.hooks.aws_ofi_nccl.variant" not in got["annotations"]
+    # this cluster has no CXI hook: the job goes on without it
+    assert [w.split(": ", 1)[1].split(",")[0] for w in got["warnings"]] == [
+        "annotation 'com.hooks.cxi.enable' is for hook 'cxi'"]
+    assert "BERTH_HOOK_CXI_ENABLE" not in got["hook_env"]
+
+
+def test_the_talks_fourcastnet_edf_resolves_as_written(cluster):
+    write(cluster / "edf", "fourcastnet.toml", FOURCASTNET)
+    got = resolve(cluster, "fourcastnet", **talk_environ(cluster))
+    scratch = "/capstor/scratch/cscs/u/fcn-collaboration"
+    assert got["image"] == f"{scratch}/ml+fourcastnet+22.12.sqsh"
+    assert len(got["mounts"]) == 5
+    assert f"{scratch}/model weights:/data/weights" in got["mounts"]
+    assert got["hook_env"]["BERTH_HOOK_AWS_OFI_NCCL_VARIANT"] == "cuda11"
+
+
+def test_the_talks_site_base_and_use_case_resolve_as_written(cluster):
+    write(cluster / "edf", "cscs-mlp.toml", CSCS_MLP)
+    write(cluster / "edf", "use-case.toml", USE_CASE)
+    got = resolve(cluster, "use-case", **talk_environ(cluster))
+    home = cluster / "home"
+    assert got["image"] == "nvcr.io/nvidia/pytorch:24.01-py3"
+    assert got["mounts"] == [f"{home}/.bash_history:/.bash_history",
+                             "/capstor/scratch/cscs/u:/capstor/scratch/cscs/u", "/tmp:/tmp"]
+    assert got["env"] == {"HISTFILE": "/.bash_history"}
+    assert got["hook_env"]["BERTH_HOOK_AWS_OFI_NCCL_VARIANT"] == "cuda12"
+    assert got["sources"]["image"] == str(cluster / "edf" / "use-case.toml")
+    assert got["sources"]["env.HISTFILE"] == str(cluster / "edf" / "cscs-mlp.toml")
+
+
+@pytest.mark.parametrize("annotations, expected", [
+    ('com.hooks.ofi_nccl.version = "cuda12"\ncom.hooks.aws_ofi_nccl.variant = "cuda11"',
+     "annotations 'com.hooks.ofi_nccl.version' and 'com.hooks.aws_ofi_nccl.variant' disagree"),
+    ('com.hooks.ofi_nccl.enable = false\ncom.hooks.aws_ofi_nccl.enabled = "true"',
+     "annotations 'com.hooks.ofi_nccl.enable' and 'com.hooks.aws_ofi_nccl.enabled' disagree"),
+    ('com.hooks.ssh.prot = 2222', "hook 'ssh' takes no annotation 'com.hooks.ssh.prot' (it "
+     "takes com.hooks.ssh.authorize_ssh_key, com.hooks.ssh.enable, com.hooks.ssh.enabled, "
+     "com.hooks.ssh.port)"),
+    ('com.hooks.ofi_nccl.varient = "cuda12"', "hook 'aws_ofi_nccl' takes no annotation "
+     "'com.hooks.ofi_nccl.varient' (it takes com.hooks.ofi_nccl.enable, "
+     "com.hooks.ofi_nccl.enabled, com.hooks.ofi_nccl.version)"),
+])
+def test_spellings_that_contradict_or_misspell_are_refused(cluster, annotations, expected):
+    path = write(cluster / "edf", "h.toml", f'image = "x"\n[annotations]\n{annotations}\n')
+    assert failure(cluster, "h") == f"{path}: {expected}"
+
+
+def test_two_spellings_that_agree_are_one_setting(cluster):
+    write(cluster / "edf", "h.toml", 'image = "x"\n[annotations]\n'
+          'com.hooks.ofi_nccl.version = "cuda12"\ncom.hooks.aws_ofi_nccl.variant = "cuda12"\n'
+          'com.hooks.aws_ofi_nccl.enabled = "true"\ncom.hooks.ofi_nccl.enable = true\n')
+    assert resolve(cluster, "h")["hook_env"] == {"BERTH_HOOK_AWS_OFI_NCCL_VARIANT": "cuda12",
+                                                 "BERTH_HOOK_AWS_OFI_NCCL_ENABLE": "1"}
+
+
+def test_the_vocabulary_is_what_the_shipped_hooks_read():
+    """Every BERTH_HOOK_NAME_* variable a shipped hook reads has annotations in
+    the table, and every row of the table reaches a variable its hook reads."""
+    read = {}
+    for path in SHIPPED:
+        name = path.stem.split("-", 1)[1]
+        code = "\n".join(line for line in path.read_text().splitlines()
+                         if not line.lstrip().startswith("#"))
+        read[name] = set(re.findall(rf"\bBERTH_HOOK_{annotations.env_name(name)}_[A-Z0-9_]+\b",
+                                    code))
+    in_table = {}
+    for row in annotations.TABLE:
+        in_table.setdefault(row.hook, set()).add(row.variable)
+    assert {hook: variables for hook, variables in read.items() if variables} == in_table

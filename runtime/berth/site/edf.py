@@ -20,15 +20,17 @@ Merge rules, parents first in the order listed, then the child:
 scalars (image, workdir, entrypoint, writable) are replaced; mounts are
 appended, a mount whose destination is already mounted replaces that entry in
 place (so nested mounts keep their order); env and annotations tables merge
-key by key. `${VAR}` in image, workdir, mounts and env values expands from
-the submitting environment when the file is read (an unset VAR is an
-error); `${VAR:-WORD}` gives WORD where VAR is unset or empty, and `$$` is a
-literal `$`.
+key by key, and a child's annotation replaces its parents' other spellings
+of the same setting (berth.site.annotations). `${VAR}` in image, workdir,
+mounts and env values expands from the submitting environment when the
+file is read (an unset VAR is an error); `${VAR:-WORD}` gives WORD where
+VAR is unset or empty, and `$$` is a literal `$`.
 
 The JSON form is for tools; its keys are fixed:
 image, workdir, entrypoint, writable (null when no file sets them), mounts,
-env, annotations, hook_env (see hook_environment) and sources (value -> file;
-table entries as "env.KEY", "annotations.KEY", "mounts.DST").
+env, annotations, sources (value -> file; table entries as "env.KEY",
+"annotations.KEY", "mounts.DST"), hook_env and warnings (see
+hook_environment).
 The --spank form is what the SPANK plugin reads at submission (it has no JSON
 parser): one KEY=VALUE line per setting, see to_spank.
 """
@@ -37,11 +39,13 @@ import collections
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 from berth import tomlread, tomlwrite
 from berth.container import mounts as mounts_module
 from berth.errors import BerthError
+from berth.site import annotations
 
 # base_environment nests at most this deep (the CSCS engine's limit)
 MAX_DEPTH = 10
@@ -50,7 +54,6 @@ KEYS = ("base_environment", *SCALARS, "mounts", "env", "annotations")
 # ${VAR}, ${VAR:-WORD} (WORD when VAR is unset or empty) and $$ (a literal $)
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOML_LINE = re.compile(r"at line (\d+)")
-_HOOK_PREFIX = "com.hooks."
 
 
 # `berth edf show|check ENVIRONMENT` (cli.py makes it of the command line)
@@ -61,6 +64,9 @@ EdfRequest = collections.namedtuple("EdfRequest", "edf_verb environment json spa
 def cmd_edf(request, cfg):
     hooks_dir = Path(cfg["ENROOT_SYSCONF_PATH"]) / "hooks.d"
     resolved = resolve(request.environment, hooks_dir=hooks_dir)
+    if not request.spank:  # the plugin prints them from the warning= lines
+        for warning in resolved["warnings"]:
+            print(f"berth: warning: {warning}", file=sys.stderr)
     if request.edf_verb == "show":
         out = to_json if request.json else to_spank if request.spank else to_toml
         print(out(resolved), end="")
@@ -126,6 +132,11 @@ class _Layer:
         for mount in child.mounts:
             self.add_mount(*mount)
         self.env.update(child.env)
+        for key in child.annotations:  # the child's spelling of a setting replaces the parent's
+            setting = annotations.meaning(key)
+            for other in [k for k in self.annotations if k != key]:
+                if setting and annotations.meaning(other) == setting:
+                    del self.annotations[other]
         self.annotations.update(child.annotations)
 
 
@@ -303,7 +314,7 @@ def resolve(ref, environ=None, hooks_dir=None):
     sources.update({f"env.{k}": src for k, (_, src) in layer.env.items()})
     sources.update({f"annotations.{k}": src for k, (_, src) in layer.annotations.items()})
     result["sources"] = sources
-    result["hook_env"] = hook_environment(result, hooks_dir)
+    result["hook_env"], result["warnings"] = hook_environment(result, hooks_dir)
     return result
 
 
@@ -349,49 +360,55 @@ def installed_hooks(hooks_dir):
     }
 
 
-def _env_name(text):
-    return re.sub(r"[^A-Za-z0-9]", "_", text).upper()
+class HookSettings(collections.namedtuple("HookSettings", "env warnings")):
+    """What an EDF's hook annotations come to: BERTH_HOOK_* variables
+    {name: value} for `berth start`, and one line for each annotation left
+    out because its hook is not installed here."""
 
 
 def hook_environment(resolved, hooks_dir=None):
-    """Environment variables that pass `com.hooks.*` annotations to hooks.
+    """The `com.hooks.*` annotations of `resolved`, read through the
+    vocabulary (berth.site.annotations), as HookSettings.
 
-    `com.hooks.NAME.enable = true|false` -> BERTH_HOOK_NAME_ENABLE=1|0, and
-    the CSCS engine's current spelling, `com.hooks.NAME.enabled = "true"|"false"`
-    (strings; booleans too), the same; `com.hooks.NAME.PARAM = value` ->
-    BERTH_HOOK_NAME_PARAM=value (booleans as 1/0); names upper-cased,
-    anything not a letter or digit becomes '_'. With `hooks_dir`, a NAME with
-    no hook installed there is an error.
+    A switch (`enable = true`, `enabled = "true"`) becomes 1 or 0, another
+    boolean too; other values pass as they are. Two spellings of one
+    setting that disagree are an error naming both. With `hooks_dir`: an
+    annotation for a hook not installed there is left out with a warning
+    (an EDF may be written for several clusters), and one that a hook
+    installed there does not take (a misspelling) is an error.
     """
     installed = installed_hooks(hooks_dir) if hooks_dir is not None else None
+    site_hooks = frozenset(installed or ()) - annotations.HOOKS
     sources = resolved.get("sources", {})
-    hook_env = {}
+    env, given, warnings = {}, {}, []
     for key, value in resolved["annotations"].items():
-        if not key.startswith(_HOOK_PREFIX):
+        name, param = annotations.split(key)
+        if not name and not key.startswith(annotations.PREFIX):
             continue
         where = sources.get(f"annotations.{key}", "annotations")
-        name, _, param = key[len(_HOOK_PREFIX):].partition(".")
         if not name or not param:
             raise BerthError(f"{where}: annotation '{key}' is not com.hooks.NAME.PARAM")
-        if installed is not None and name not in installed:
+        meaning = annotations.meaning(key, site_hooks)
+        hook = meaning.hook if meaning else annotations.NAMES[name]
+        if installed is not None and hook not in installed:
             known = ", ".join(sorted(installed)) or "none"
-            raise BerthError(f"{where}: annotation '{key}' names hook '{name}', which is not "
-                             f"installed in {hooks_dir} (installed: {known})")
-        if param in _SWITCHES:
-            value, param = ("1" if _switch(value, key, where) else "0"), "enable"
+            warnings.append(f"{where}: annotation '{key}' is for hook '{hook}', which is not "
+                            f"installed in {hooks_dir} (installed: {known}): left out")
+            continue
+        if meaning is None:
+            raise BerthError(f"{where}: hook '{hook}' takes no annotation '{key}' (it takes "
+                             f"{', '.join(annotations.keys_of(name))})")
+        if meaning.switch:
+            value = "1" if _switch(value, key, where) else "0"
         elif isinstance(value, bool):
             value = "1" if value else "0"
-        variable = f"BERTH_HOOK_{_env_name(name)}_{_env_name(param)}"
-        if param == "enable" and hook_env.get(variable, value) != value:
-            raise BerthError(f"{where}: annotations 'com.hooks.{name}.enable' and "
-                             f"'com.hooks.{name}.enabled' disagree")
-        hook_env[variable] = str(value)
-    return hook_env
-
-
-# A hook's on/off annotation: Berth's `enable` (a boolean) and the CSCS
-# engine's `enabled` (the string "true" or "false" in its documentation).
-_SWITCHES = ("enable", "enabled")
+        value = str(value)
+        if env.get(meaning.variable, value) != value:
+            raise BerthError(f"{where}: annotations '{given[meaning.variable]}' and '{key}' "
+                             f"disagree")
+        env[meaning.variable] = value
+        given[meaning.variable] = key
+    return HookSettings(env, warnings)
 
 
 def _switch(value, key, where):
@@ -409,9 +426,13 @@ def to_json(resolved):
     return json.dumps(resolved, indent=2) + "\n"
 
 
+def _one_line(text):
+    return re.sub(r"[\x00-\x1f\x7f]", "?", text)
+
+
 def _comment(source):
     # A source path is printed as a comment: keep it on one line.
-    return "  # " + re.sub(r"[\x00-\x1f\x7f]", "?", source)
+    return "  # " + _one_line(source)
 
 
 def to_toml(resolved):
@@ -438,12 +459,13 @@ def to_toml(resolved):
 
 def to_spank(resolved):
     """One KEY=VALUE line per setting, in the plugin's flag vocabulary:
-    image=, workdir=, entrypoint=yes|no, writable=yes|no, then mount=SRC:DST[:FLAGS],
+    warning=LINE for each warning (the plugin prints them), image=, workdir=,
+    entrypoint=yes|no, writable=yes|no, then mount=SRC:DST[:FLAGS],
     env=KEY=VALUE and hook_env=KEY=VALUE, one line each, in merge order.
     A value that cannot travel on one line (or, for a mount, in the plugin's
     comma-separated mount list) is an error naming it."""
     sources = resolved["sources"]
-    lines = []
+    lines = [f"warning={_one_line(warning)}" for warning in resolved["warnings"]]
 
     def add(key, value, where):
         if "\n" in value or "\0" in value:
