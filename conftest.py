@@ -27,6 +27,7 @@ NEEDS = {
     "tests/test_cache_prune_script.py": "root",
     "tests/test_container_runtime_enroot_link.py": "playbook",
     "tests/test_container_runtime_store_local.py": "playbook",
+    "tests/test_hook_cxi.py": "root",  # device nodes
     "tests/test_hook_mellanox.py": "root",  # device nodes
     "tests/test_hook_nvidia.py": "root",  # device nodes
     "tests/test_hook_ssh.py": "root",  # a user of its own and an sshd

@@ -1,5 +1,5 @@
 # Shared by Berth's bash hooks (80-slurm.sh, 85-aws_ofi_nccl.sh, 86-mpi.sh,
-# 87-ssh.sh, 90-nvidia.sh, 91-mellanox.sh), which source it. Not a hook itself: without
+# 87-ssh.sh, 88-cxi.sh, 90-nvidia.sh, 91-mellanox.sh), which source it. Not a hook itself: without
 # the .sh suffix the runtime does not run it.
 #
 # A hook finds it beside its own real file (a hook linked into hooks.d too;

@@ -47,7 +47,7 @@ KEYS = {
     # a size (runtime/berth/units.py), checked by the role's preflight
     "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": TEXT,
     # hooks' site defaults and settings (hooks/80-slurm.sh, 85-aws_ofi_nccl.sh,
-    # 86-mpi.sh, 87-ssh.sh read them)
+    # 86-mpi.sh, 87-ssh.sh, 88-cxi.sh read them)
     "BERTH_HOOK_SLURM_ENABLE": FLAG,
     "BERTH_HOOK_AWS_OFI_NCCL_ENABLE": FLAG,
     "BERTH_NCCL_PLUGIN_DIR": PATH,
@@ -55,6 +55,8 @@ KEYS = {
     "BERTH_MPI_LIBRARY": PATH,
     "BERTH_HOOK_SSH_ENABLE": FLAG,
     "BERTH_HOOK_SSH_PORT": COUNT,
+    "BERTH_HOOK_CXI_ENABLE": FLAG,
+    "BERTH_CXI_ENVIRONMENT": PATH,
     # the network tools' environment, as enroot.conf may set it
     "http_proxy": TEXT,
     "https_proxy": TEXT,

@@ -99,6 +99,10 @@ def _defaults(env):
         # server listens on where the job or EDF names none
         "BERTH_HOOK_SSH_ENABLE": "no",
         "BERTH_HOOK_SSH_PORT": "15263",
+        # the same for the Slingshot hook (hooks/88-cxi.sh), and a file of
+        # the libfabric provider's FI_* settings it adds; empty: none
+        "BERTH_HOOK_CXI_ENABLE": "no",
+        "BERTH_CXI_ENVIRONMENT": "",
     }
 
 

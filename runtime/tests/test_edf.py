@@ -565,10 +565,19 @@ def test_the_talks_devtools_edf_resolves_as_written(cluster):
     # the child's ofi_nccl.version replaces the parent's aws_ofi_nccl.variant
     assert got["hook_env"]["BERTH_HOOK_AWS_OFI_NCCL_VARIANT"] == "cuda12"
     assert "com.hooks.aws_ofi_nccl.variant" not in got["annotations"]
-    # this cluster has no CXI hook: the job goes on without it
-    assert [w.split(": ", 1)[1].split(",")[0] for w in got["warnings"]] == [
-        "annotation 'com.hooks.cxi.enable' is for hook 'cxi'"]
-    assert "BERTH_HOOK_CXI_ENABLE" not in got["hook_env"]
+    assert got["hook_env"] == {"BERTH_HOOK_CXI_ENABLE": "1",
+                               "BERTH_HOOK_AWS_OFI_NCCL_VARIANT": "cuda12"}
+    assert got["warnings"] == []
+
+
+def test_the_talks_edf_on_a_cluster_without_slingshot_warns_and_goes_on(cluster):
+    (cluster / "sysconf" / "hooks.d" / "88-cxi.sh").unlink()
+    path = write(cluster / "edf", "devtools.toml", DEVTOOLS)
+    got = resolve(cluster, "devtools", **talk_environ(cluster))
+    assert got["hook_env"] == {"BERTH_HOOK_AWS_OFI_NCCL_VARIANT": "cuda12"}
+    [warning] = got["warnings"]
+    assert warning.startswith(f"{path}: annotation 'com.hooks.cxi.enable' is for hook 'cxi', "
+                              f"which is not installed in ")
 
 
 def test_the_talks_fourcastnet_edf_resolves_as_written(cluster):
@@ -578,7 +587,8 @@ def test_the_talks_fourcastnet_edf_resolves_as_written(cluster):
     assert got["image"] == f"{scratch}/ml+fourcastnet+22.12.sqsh"
     assert len(got["mounts"]) == 5
     assert f"{scratch}/model weights:/data/weights" in got["mounts"]
-    assert got["hook_env"]["BERTH_HOOK_AWS_OFI_NCCL_VARIANT"] == "cuda11"
+    assert got["hook_env"] == {"BERTH_HOOK_CXI_ENABLE": "1",
+                               "BERTH_HOOK_AWS_OFI_NCCL_VARIANT": "cuda11"}
 
 
 def test_the_talks_site_base_and_use_case_resolve_as_written(cluster):
@@ -590,7 +600,8 @@ def test_the_talks_site_base_and_use_case_resolve_as_written(cluster):
     assert got["mounts"] == [f"{home}/.bash_history:/.bash_history",
                              "/capstor/scratch/cscs/u:/capstor/scratch/cscs/u", "/tmp:/tmp"]
     assert got["env"] == {"HISTFILE": "/.bash_history"}
-    assert got["hook_env"]["BERTH_HOOK_AWS_OFI_NCCL_VARIANT"] == "cuda12"
+    assert got["hook_env"] == {"BERTH_HOOK_CXI_ENABLE": "1",
+                               "BERTH_HOOK_AWS_OFI_NCCL_VARIANT": "cuda12"}
     assert got["sources"]["image"] == str(cluster / "edf" / "use-case.toml")
     assert got["sources"]["env.HISTFILE"] == str(cluster / "edf" / "cscs-mlp.toml")
 
@@ -598,6 +609,8 @@ def test_the_talks_site_base_and_use_case_resolve_as_written(cluster):
 @pytest.mark.parametrize("annotations, expected", [
     ('com.hooks.ofi_nccl.version = "cuda12"\ncom.hooks.aws_ofi_nccl.variant = "cuda11"',
      "annotations 'com.hooks.ofi_nccl.version' and 'com.hooks.aws_ofi_nccl.variant' disagree"),
+    ('com.hooks.cxi.enable = true\ncom.hooks.cxi.enabled = "false"',
+     "annotations 'com.hooks.cxi.enable' and 'com.hooks.cxi.enabled' disagree"),
     ('com.hooks.ofi_nccl.enable = false\ncom.hooks.aws_ofi_nccl.enabled = "true"',
      "annotations 'com.hooks.ofi_nccl.enable' and 'com.hooks.aws_ofi_nccl.enabled' disagree"),
     ('com.hooks.ssh.prot = 2222', "hook 'ssh' takes no annotation 'com.hooks.ssh.prot' (it "

@@ -62,6 +62,7 @@ TABLE = (
     *_switch("ssh"),
     _setting("ssh", "port"),
     _setting("ssh", "authorize_ssh_key"),
+    *_switch("cxi", spellings=((CSCS_TALK, "enable"), (CSCS, "enabled"))),
     *_switch("nvidia"),
     *_switch("mellanox"),
 )
