@@ -7,12 +7,15 @@ shared libraries built here with their sonames and file names (libfabric
 linking libcxi, libcxi linking a support library, as the real ones do),
 listed by a canned `ldconfig -p`; an image root's ld.so cache is written
 by `ldconfig -r`, as an image's build does. The tests read the lines the
-hook appends; nothing is mounted.
+hook appends, and the last one makes a real `berth start` of a busybox
+image with them.
 """
 
 import os
+import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,3 +195,41 @@ def test_an_images_link_is_read_not_followed(tmp_path, node):
     assert process.returncode == 1 and mounts == []
     assert process.stderr == ("cxi hook: the image's libfabric 1.99.0 is newer than the node's "
                               "1.22.0: not replaced\n")
+
+
+def test_a_real_start_sees_the_devices_the_nodes_libraries_and_the_settings(tmp_path, node):
+    """Through `berth start`: the mocked NIC's node is a character device in
+    the container, the image's libfabric path holds the node's library, and
+    the provider's settings are in the command's environment."""
+    sysconf = tmp_path / "sys"
+    (sysconf / "hooks.d").mkdir(parents=True)
+    for name in ("88-cxi.sh", "common.bash"):
+        shutil.copy(REPO / "hooks" / name, sysconf / "hooks.d" / name)
+    root = image(tmp_path / "data", ("libfabric.so.1.18.1", "libfabric.so.1"))
+    root = root.rename(tmp_path / "data" / "app")
+    for directory in ("bin", "proc", "dev", "sys", "tmp"):
+        (root / directory).mkdir(exist_ok=True)
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    shutil.copy(busybox, root / "bin" / "busybox")
+    for applet in ("sh", "cmp", "stat", "cat"):
+        (root / "bin" / applet).symlink_to("busybox")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
+           "PYTHONPATH": str(REPO / "runtime"), "ENROOT_SYSCONF_PATH": str(sysconf),
+           "ENROOT_DATA_PATH": str(tmp_path / "data"), "ENROOT_RUNTIME_PATH": str(tmp_path / "run"),
+           "ENROOT_CONFIG_PATH": str(tmp_path / "cfg"), "ENROOT_CACHE_PATH": str(tmp_path / "cache"),
+           "BERTH_DEV_ROOT": str(node["dev"]), "BERTH_LDCONFIG": f"cat {node['listing']}",
+           "BERTH_CXI_ENVIRONMENT": str(node["settings"]), **ON}
+    script = (f"stat -c '%F %t' /dev/cxi0 /dev/cxi1; "
+              f"cmp /{MULTIARCH}/libfabric.so.1 {LIB_DIR}/libfabric.so.1 && echo same; "
+              'echo "$FI_PROVIDER $FI_CXI_RX_MATCH_MODE $LD_LIBRARY_PATH"')
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; from berth.cli import main; sys.exit(main())",
+         "start", "app", "sh", "-c", script],
+        capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "character special file eb", "character special file eb", "same",
+        f"cxi hybrid {LIB_DIR}"]
+    # the node's library, not the image's: the bound file is the node's
+    assert (node["lib"] / "libfabric.so.1.22.0").read_bytes() != \
+        (root / MULTIARCH / "libfabric.so.1.18.1").read_bytes()
