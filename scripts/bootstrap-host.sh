@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
     docker.io iproute2 iptables debootstrap skopeo docker-registry apache2-utils
     squashfs-tools squashfuse fuse-overlayfs uidmap zstd pigz isal busybox-static siftool dropbear-bin
-    python3-venv python3-requests python3-tqdm python3-setuptools python3-wheel
+    python3-venv python3-requests python3-tqdm python3-yaml python3-setuptools python3-wheel
     gcc make libc6-dev valgrind libslurm-dev slurm-wlm-basic-plugins-dev slurm-client
     shellcheck
 )

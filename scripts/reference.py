@@ -269,6 +269,8 @@ ENROOT_CONF = {
     "BERTH_HOOK_SSH_PORT": "The SSH hook's port where the job or its EDF names none.",
     "BERTH_HOOK_CXI_ENABLE": "The site's default for the Slingshot hook (`88-cxi.sh`); a job's "
                              "environment, then an EDF annotation, override it.",
+    "BERTH_CDI_SPEC_DIRS": "The directories, colon-separated, where `berth start --device` "
+                           "finds CDI specs (root's files alone are read).",
     "BERTH_CXI_ENVIRONMENT": "A file of `FI_*` `KEY=VALUE` lines (the cxi provider's settings) "
                              "that the Slingshot hook sets after `FI_PROVIDER=cxi`; empty: none.",
     "http_proxy": "The registry client's proxy for HTTP (`[SCHEME://]HOST[:PORT]`); hooks see it.",

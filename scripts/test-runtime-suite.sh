@@ -37,7 +37,7 @@ NODE=berth/node:$SUITE
 IMAGE=berth/node:$SUITE-tests
 NAME=berth-$SUITE-runtime-suite
 PACKAGES=(
-    python3-pytest python3-pytest-xdist python3-hypothesis python3-requests python3-tqdm
+    python3-pytest python3-pytest-xdist python3-hypothesis python3-requests python3-tqdm python3-yaml
     squashfs-tools squashfuse fuse-overlayfs uidmap zstd pigz busybox-static siftool
     docker-registry openssl tzdata
     gcc make libc6-dev libslurm-dev

@@ -57,6 +57,8 @@ KEYS = {
     "BERTH_HOOK_SSH_PORT": COUNT,
     "BERTH_HOOK_CXI_ENABLE": FLAG,
     "BERTH_CXI_ENVIRONMENT": PATH,
+    # a colon-separated list of directories (runtime/berth/container/cdi.py)
+    "BERTH_CDI_SPEC_DIRS": TEXT,
     # the network tools' environment, as enroot.conf may set it
     "http_proxy": TEXT,
     "https_proxy": TEXT,

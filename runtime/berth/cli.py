@@ -83,6 +83,8 @@ def _add_start_options(p):
     p.add_argument("-r", "--root", action="store_true", help="map the caller to root")
     p.add_argument("-w", "--rw", action="store_true", help="make the root filesystem writable")
     p.add_argument("-m", "--mount", action="append", default=[], metavar="SRC:DST[:FLAGS]")
+    p.add_argument("--device", action="append", default=[], metavar="VENDOR/CLASS=NAME",
+                   help="a CDI device, from the specs in BERTH_CDI_SPEC_DIRS")
     for ns in ("pid", "net", "ipc", "uts"):
         p.add_argument(f"--{ns}", action="store_true", help=f"new {ns} namespace")
     p.add_argument(

@@ -103,6 +103,8 @@ def _defaults(env):
         # the libfabric provider's FI_* settings it adds; empty: none
         "BERTH_HOOK_CXI_ENABLE": "no",
         "BERTH_CXI_ENVIRONMENT": "",
+        # where `berth start --device` finds CDI specs (container/cdi.py)
+        "BERTH_CDI_SPEC_DIRS": "/etc/cdi:/var/run/cdi",
     }
 
 

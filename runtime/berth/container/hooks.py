@@ -34,6 +34,7 @@ such (hooks/common.bash: container_env), never acted on by a shell or the
 loader on the host side.
 """
 
+import json
 import os
 import signal
 import sys
@@ -66,17 +67,44 @@ def run(hooks, env):
             raise BerthError(f"hook {hook} failed with exit status {status}")
 
 
-def _run_one(hook, env):
+def run_device_hooks(device_hooks, state):
+    """A CDI spec's OCI hooks (cdi.Hook), in order, each with the container's
+    OCI state (a dict) as JSON on its stdin; one that fails aborts the start
+    as a hooks.d hook does, its last line the reason."""
+    data = json.dumps(state).encode()
+    for hook in device_hooks:
+        status, output = _run_one(hook.path, dict(e.partition("=")[::2] for e in hook.env),
+                                  argv=list(hook.args), stdin=data)
+        reason = b""
+        if status:  # its last line is why
+            before, _, reason = output.rstrip().rpartition(b"\n")
+            output = before + b"\n" if before else b""
+        sys.stderr.flush()
+        with open(sys.stderr.fileno(), "wb", closefd=False) as stderr:
+            stderr.write(output)
+        if status:
+            why = reason.decode(errors="replace").strip()
+            raise BerthError(f"{hook.origin}: hook {hook.path} failed with exit status "
+                             f"{status}" + (f": {why}" if why else ""))
+
+
+def _run_one(hook, env, argv=None, stdin=None):
     """Run `hook` with its stdout and stderr in a file (not a pipe: what it
-    leaves running cannot hold the start): (its exit status, its output)."""
+    leaves running cannot hold the start): (its exit status, its output).
+    `stdin`: bytes for its standard input (else /dev/null)."""
     # posix_spawn rather than subprocess: every start runs every hook, and
     # subprocess costs an import of its own.
     output = os.memfd_create("hook-output")
+    given = os.memfd_create("hook-input") if stdin is not None else None
+    if given is not None:
+        os.write(given, stdin)
+        os.lseek(given, 0, os.SEEK_SET)
+    first = ((os.POSIX_SPAWN_DUP2, given, 0) if given is not None
+             else (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
     try:
         try:
-            pid = os.posix_spawn(hook, [hook], env, file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, output, 1), (os.POSIX_SPAWN_DUP2, output, 2)],
+            pid = os.posix_spawn(hook, argv or [hook], env, file_actions=[
+                first, (os.POSIX_SPAWN_DUP2, output, 1), (os.POSIX_SPAWN_DUP2, output, 2)],
                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
         except OSError as e:
             raise BerthError(f"hook {hook}: cannot run: {e.strerror}") from None
@@ -84,3 +112,5 @@ def _run_one(hook, env):
         return status, os.pread(output, os.fstat(output).st_size, 0)
     finally:
         os.close(output)
+        if given is not None:
+            os.close(given)

@@ -94,6 +94,7 @@ class Plan(typing.NamedTuple):
     porcelain: bool          # --detach's pid line as pid=PID (berth/porcelain.py)
     entrypoint: bool         # run the image's entrypoint with the command as its arguments
     entrypoint_timeout: int  # seconds a --detach entrypoint has to exec its arguments
+    device_hooks: tuple = ()  # the CDI devices' OCI hooks (cdi.Hook), after hooks.d's
 
 
 def _send(fd, message):
@@ -209,6 +210,10 @@ def _build(plan, status):
             _send(status, f"fuse {server} {mount.source} at {mount.target}")
     rootfs.make_dev_links(root, links)
     wanted = _run_hooks(plan, root, env) if plan.hooks else []
+    if plan.device_hooks:
+        hooks.run_device_hooks(plan.device_hooks, {
+            "ociVersion": "1.0.2", "id": os.path.basename(plan.runtime), "status": "created",
+            "pid": int(os.readlink("/proc/self")), "bundle": root, "annotations": {}})
     for mount in late:  # a -m umount: may remove what a hook mounted (/root), as under enroot
         mounts.apply(root, mount)
     env.update(plan.env)

@@ -50,6 +50,7 @@ class _StartFields(typing.NamedTuple):
     root: bool = False
     rw: bool = False
     mount: tuple = ()
+    device: tuple = ()     # CDI device names
     pid: bool = False
     net: bool = False
     ipc: bool = False
@@ -252,8 +253,9 @@ def _plan(request, cfg, container, conf, uri=False):
     # hooks.d, environ.d and mounts.d in there run as the caller or reach the container
     safedir.check_if_present(cfg["ENROOT_CONFIG_PATH"], "ENROOT_CONFIG_PATH")
     source = _source(request, cfg, container=container, uri=uri)
-    user_mounts = _user_mounts(request, cfg, conf)
-    env = _environment(request, conf)
+    devices = _devices(request, cfg)
+    user_mounts = [*devices.mounts, *_user_mounts(request, cfg, conf)]
+    env = {**dict(devices.env), **_environment(request, conf)}
     rc = _rc(request, conf)
     ids = _ids(request, cfg)
     unshare = _unshare(request, cfg)
@@ -273,7 +275,27 @@ def _plan(request, cfg, container, conf, uri=False):
         env_files=env_files, env=env, hooks=found_hooks, rc=rc, login=login,
         command=list(request.command), detach=request.detach, porcelain=request.porcelain,
         entrypoint=request.entrypoint, entrypoint_timeout=entrypoint_timeout,
+        device_hooks=tuple(devices.hooks),
     )
+
+
+class _NoDevices(typing.NamedTuple):
+    """What a start without --device has of CDI (cdi.Devices' fields)."""
+
+    env: tuple = ()
+    mounts: tuple = ()
+    hooks: tuple = ()
+
+
+def _devices(request, cfg):
+    """The CDI devices of --device, checked against the node (container/cdi.py)."""
+    if not request.device:
+        return _NoDevices()
+    from berth.container import cdi  # only for a start that asks for a device
+
+    def warn(line):
+        print(f"berth: warning: {line}", file=sys.stderr)
+    return cdi.resolve(request.device, cfg["BERTH_CDI_SPEC_DIRS"], warn)
 
 
 class _Source(typing.NamedTuple):
