@@ -575,3 +575,19 @@ def test_unrunnable_runtime_is_named(slurm_conf, tmp_path):
     result = _run(slurm_conf(f"berth={tmp_path}/no-berth"), "srun", "--environment=x", "true")
     assert result.returncode != 0
     assert f"spank_berth: --environment: cannot execute {tmp_path}/no-berth" in result.stderr
+
+
+@needs_srun
+def test_an_edf_annotation_for_a_hook_not_installed_warns_and_the_job_goes_on(edf_site):
+    """A portable EDF: the CSCS talk's Slingshot switch on a cluster without
+    the CXI hook is one warning at submission, and the job is submitted."""
+    env, edf_dir = edf_site
+    path, image = edf_dir / "portable.toml", edf_dir / "app.sqsh"
+    image.write_bytes(b"")  # (the plugin checks that it is there; no node reads it)
+    path.write_text(f'image = "{image}"\n[annotations]\ncom.hooks.cxi.enable = true\n')
+    result = _run(env, "sbatch", "--environment=portable", "--wrap=true")
+    warning = (f"spank_berth: warning: --environment: {path}: annotation "
+               f"'com.hooks.cxi.enable' is for hook 'cxi', which is not installed in "
+               f"{env['ENROOT_SYSCONF_PATH']}/hooks.d (installed: none): left out\n")
+    assert warning in result.stderr, result.stderr
+    assert "slurm controller" in result.stderr  # submitted all the same
