@@ -228,7 +228,7 @@ static void set_override(char **env, int *n, char *storage, const char *key, enu
 int start_cmd_begin(struct start_cmd *cmd, spank_t sp, const struct plugin_conf *conf,
 		    const struct container_flags *flags)
 {
-	size_t nmounts = 1, nenv = 1, nhooks = 1;
+	size_t nmounts = 1, nenv = 1, nhooks = 1, ndevices = 1;
 
 	memset(cmd, 0, sizeof(*cmd));
 	for (const char *p = flags->mounts; p && *p; p++)
@@ -237,13 +237,16 @@ int start_cmd_begin(struct start_cmd *cmd, spank_t sp, const struct plugin_conf 
 		nenv += *p == '\n';
 	for (const char *p = flags->hook_env; p && *p; p++)
 		nhooks += *p == '\n';
-	cmd->argv = calloc(2 * nmounts + 2 * nenv + 15, sizeof(*cmd->argv));
+	for (const char *p = flags->devices; p && *p; p++)
+		ndevices += *p == '\n';
+	cmd->argv = calloc(2 * nmounts + 2 * nenv + 2 * ndevices + 15, sizeof(*cmd->argv));
 	cmd->env = calloc(nhooks + 3, sizeof(*cmd->env));
 	cmd->mount_args = calloc(nmounts, sizeof(*cmd->mount_args));
 	if (cmd->argv == NULL || cmd->env == NULL || cmd->mount_args == NULL ||
 	    (flags->mounts && (cmd->mounts = strdup(flags->mounts)) == NULL) ||
 	    (flags->env_set && (cmd->env_set = strdup(flags->env_set)) == NULL) ||
-	    (flags->hook_env && (cmd->hook_env = strdup(flags->hook_env)) == NULL)) {
+	    (flags->hook_env && (cmd->hook_env = strdup(flags->hook_env)) == NULL) ||
+	    (flags->devices && (cmd->devices = strdup(flags->devices)) == NULL)) {
 		slurm_error("spank_berth: out of memory");
 		return -1;
 	}
@@ -273,6 +276,12 @@ int start_cmd_begin(struct start_cmd *cmd, spank_t sp, const struct plugin_conf 
 		cmd->mount_args[cmd->nmount_args++] = arg;
 		cmd->argv[cmd->argc++] = "-m";
 		cmd->argv[cmd->argc++] = arg;
+	}
+	/* --environment's devices: CDI names, resolved by the node's specs */
+	for (char *save = NULL, *d = cmd->devices ? strtok_r(cmd->devices, "\n", &save) : NULL; d;
+	     d = strtok_r(NULL, "\n", &save)) {
+		cmd->argv[cmd->argc++] = "--device";
+		cmd->argv[cmd->argc++] = d;
 	}
 	/* --environment's env: the container's, over its image's */
 	for (char *save = NULL, *e = cmd->env_set ? strtok_r(cmd->env_set, "\n", &save) : NULL; e;
@@ -308,6 +317,7 @@ void start_cmd_free(struct start_cmd *cmd)
 	free(cmd->mounts);
 	free(cmd->env_set);
 	free(cmd->hook_env);
+	free(cmd->devices);
 	memset(cmd, 0, sizeof(*cmd));
 }
 

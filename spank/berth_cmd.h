@@ -56,7 +56,7 @@ struct start_cmd {
 	int argc;
 	char **env;
 	int nenv;
-	char *mounts, *env_set, *hook_env; /* copies of the flags' lists, cut up */
+	char *mounts, *env_set, *hook_env, *devices; /* copies of the flags' lists, cut up */
 	char **mount_args;                 /* the -m arguments made from them */
 	size_t nmount_args;
 	char home[64], remap[64], writable[64];

@@ -41,6 +41,7 @@ void flags_free(struct container_flags *flags)
 	free(flags->environment);
 	free(flags->env_set);
 	free(flags->hook_env);
+	free(flags->devices);
 	flags_init(flags);
 }
 

@@ -32,6 +32,7 @@ struct container_flags {
 	char *environment;      /* --environment NAME|PATH.toml as given */
 	char *env_set;          /* KEY=VALUE lines of the EDF's env: the container's */
 	char *hook_env;         /* KEY=VALUE lines from its annotations: the hooks' */
+	char *devices;          /* CDI names of its devices key, one a line */
 };
 
 /*

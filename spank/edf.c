@@ -63,6 +63,12 @@ static int edf_line(struct container_flags *edf, const char *line, size_t len,
 		return append(&edf->mounts, ',', value, strlen(value)) < 0
 			? fail(err, errlen, "out of memory") : 0;
 	}
+	if (KEY_IS("device")) { /* a CDI name, which the node's specs resolve */
+		if (value[0] == '\0' || strchr(value, '=') == NULL || strchr(value, '/') == NULL)
+			return fail(err, errlen, "device: '%s' is not a CDI device name", value);
+		return append(&edf->devices, '\n', value, strlen(value)) < 0
+			? fail(err, errlen, "out of memory") : 0;
+	}
 	if (KEY_IS("env") || KEY_IS("hook_env")) {
 		if (value[0] == '=' || strchr(value, '=') == NULL)
 			return fail(err, errlen, "%.*s: '%s' is not KEY=VALUE", (int)keylen, line, value);
@@ -121,6 +127,7 @@ int apply_edf(struct container_flags *flags, const char *lines,
 	}
 	take(&flags->env_set, &edf.env_set);
 	take(&flags->hook_env, &edf.hook_env);
+	take(&flags->devices, &edf.devices);
 	if (flags->writable == UNSET)
 		flags->writable = edf.writable;
 	if (flags->entrypoint == UNSET)

@@ -255,7 +255,10 @@ def test_bad_hook_annotations(site, annotations, expected):
 
 @pytest.mark.parametrize("text, expected", [
     ('image = "x"\nbogus = 1\n', "2: unknown key 'bogus' (known: annotations, base_environment, "
-     "entrypoint, env, image, mounts, workdir, writable)"),
+     "devices, entrypoint, env, image, mounts, workdir, writable)"),
+    ('devices = "vendor.example/nic=0"\n', "1: 'devices' must be an array of CDI device names"),
+    ('devices = ["nic0"]\n', "1: device 'nic0' is not a CDI device name (VENDOR/CLASS=DEVICE, "
+     "as nvidia.com/gpu=0)"),
     ('entrypoint = "no"\n', "1: 'entrypoint' must be a boolean, not a string"),
     ('\nwritable = 1\n', "2: 'writable' must be a boolean, not an integer"),
     ('image = 3\n', "1: 'image' must be a string, not an integer"),
@@ -364,6 +367,7 @@ SITE = """
 workdir = "/workspace"
 writable = true
 mounts = ["${SCRATCH}:/scratch", "/home:/home:ro"]
+devices = ["vendor.example/nic=nic0"]
 [env]
 NCCL_DEBUG = "WARN"
 [annotations]
@@ -393,7 +397,9 @@ def test_show_json_is_the_plugin_interface(site, run):
     data = json.loads(out)
     assert status == 0
     assert list(data) == ["image", "workdir", "entrypoint", "writable", "mounts", "env",
-                          "annotations", "sources", "hook_env", "warnings"]
+                          "annotations", "devices", "sources", "hook_env", "warnings"]
+    assert data["devices"] == ["vendor.example/nic=nic0"]
+    assert data["sources"]["devices.vendor.example/nic=nic0"] == str(site / "edf" / "site.toml")
     assert data["mounts"] == ["/scratch/u:/scratch", "/home:/home:ro"]
     assert data["writable"] is True and data["entrypoint"] is False
     assert data["sources"]["workdir"] == str(site / "edf" / "site.toml")
@@ -423,6 +429,7 @@ def test_show_spank_lines_are_the_plugins_flag_vocabulary(site, run):
         "writable=yes",
         "mount=/scratch/u:/scratch",
         "mount=/home:/home:ro",
+        "device=vendor.example/nic=nic0",
         "env=NCCL_DEBUG=WARN",
         'env=ODD=tab\tquote"back\\slash\x7f',
         "hook_env=BERTH_HOOK_PMIX_ENABLE=1",
@@ -647,3 +654,19 @@ def test_the_vocabulary_is_what_the_shipped_hooks_read():
     for row in annotations.TABLE:
         in_table.setdefault(row.hook, set()).add(row.variable)
     assert {hook: variables for hook, variables in read.items() if variables} == in_table
+
+
+def test_devices_are_appended_once_each_parents_first(site):
+    write(site / "edf", "base.toml", 'devices = ["vendor.example/nic=nic0", '
+          '"vendor.example/gpu=g0"]\n')
+    child = write(site / "edf", "child.toml", 'base_environment = "base"\nimage = "x"\n'
+                  'devices = ["vendor.example/gpu=g0", "vendor.example/nic=nic1"]\n')
+    got = resolve(site, "child")
+    assert got["devices"] == ["vendor.example/nic=nic0", "vendor.example/gpu=g0",
+                              "vendor.example/nic=nic1"]
+    assert got["sources"]["devices.vendor.example/gpu=g0"] == str(site / "edf" / "base.toml")
+    assert got["sources"]["devices.vendor.example/nic=nic1"] == str(child)
+    assert [line for line in edf.to_spank(got).splitlines() if line.startswith("device=")] == [
+        "device=vendor.example/nic=nic0", "device=vendor.example/gpu=g0",
+        "device=vendor.example/nic=nic1"]
+    assert tomllib.loads(edf.to_toml(got))["devices"] == got["devices"]

@@ -521,6 +521,15 @@ static void test_edf(void)
 	REFUSED(apply_edf(&f, "colour=blue\n", 0, err, sizeof(err)), "unexpected line");
 	REFUSED(apply_edf(&f, "hook_env==1\n", 0, err, sizeof(err)), "not KEY=VALUE");
 	CHECK(f.image == NULL && f.mounts == NULL && f.env_set == NULL && f.hook_env == NULL);
+	/* its devices: CDI names, one a line, for berth start --device */
+	ACCEPTED(apply_edf(&f, "device=vendor.example/nic=nic0\ndevice=vendor.example/gpu=g0\n",
+			   0, err, sizeof(err)));
+	CHECK(f.devices && strcmp(f.devices, "vendor.example/nic=nic0\nvendor.example/gpu=g0") == 0);
+	flags_free(&f);
+	ACCEPTED(set_environment(&f, "e", err, sizeof(err)));
+	REFUSED(apply_edf(&f, "device=nic0\n", 0, err, sizeof(err)),
+		"device: 'nic0' is not a CDI device name");
+	CHECK(f.devices == NULL);
 	/* a warning line (submit_environment prints it) sets nothing */
 	ACCEPTED(apply_edf(&f, "warning=e.toml: annotation 'com.hooks.cxi.enable' is for hook "
 			   "'cxi', which is not installed: left out\n", 0, err, sizeof(err)));

@@ -79,9 +79,14 @@ def resolve(names, spec_dirs, warn):
     return Devices(env=env, mounts=found, hooks=hooks)
 
 
-def _find(known, name):
+def is_name(name):
+    """Is `name` a CDI device name, VENDOR/CLASS=DEVICE?"""
     kind, _, device = name.partition("=")
-    if not _KIND.fullmatch(kind) or not _DEVICE.fullmatch(device):
+    return bool(_KIND.fullmatch(kind) and _DEVICE.fullmatch(device))
+
+
+def _find(known, name):
+    if not is_name(name):
         raise BerthError(f"--device {name}: not a CDI device name (VENDOR/CLASS=DEVICE, "
                          f"as nvidia.com/gpu=0)")
     claims = known.get(name, [])

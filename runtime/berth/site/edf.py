@@ -19,7 +19,8 @@ read-only at DST).
 Merge rules, parents first in the order listed, then the child:
 scalars (image, workdir, entrypoint, writable) are replaced; mounts are
 appended, a mount whose destination is already mounted replaces that entry in
-place (so nested mounts keep their order); env and annotations tables merge
+place (so nested mounts keep their order); devices (CDI names) are appended,
+each once; env and annotations tables merge
 key by key, and a child's annotation replaces its parents' other spellings
 of the same setting (berth.site.annotations). `${VAR}` in image, workdir,
 mounts and env values expands from the submitting environment when the
@@ -28,9 +29,9 @@ VAR is unset or empty, and `$$` is a literal `$`.
 
 The JSON form is for tools; its keys are fixed:
 image, workdir, entrypoint, writable (null when no file sets them), mounts,
-env, annotations, sources (value -> file; table entries as "env.KEY",
-"annotations.KEY", "mounts.DST"), hook_env and warnings (see
-hook_environment).
+env, annotations, devices, sources (value -> file; table entries as
+"env.KEY", "annotations.KEY", "mounts.DST", "devices.NAME"), hook_env and
+warnings (see hook_environment).
 The --spank form is what the SPANK plugin reads at submission (it has no JSON
 parser): one KEY=VALUE line per setting, see to_spank.
 """
@@ -43,14 +44,14 @@ import sys
 from pathlib import Path
 
 from berth import tomlread, tomlwrite
-from berth.container import mounts as mounts_module
+from berth.container import cdi, mounts as mounts_module
 from berth.errors import BerthError
 from berth.site import annotations
 
 # base_environment nests at most this deep (the CSCS engine's limit)
 MAX_DEPTH = 10
 SCALARS = ("image", "workdir", "entrypoint", "writable")
-KEYS = ("base_environment", *SCALARS, "mounts", "env", "annotations")
+KEYS = ("base_environment", *SCALARS, "mounts", "env", "annotations", "devices")
 # ${VAR}, ${VAR:-WORD} (WORD when VAR is unset or empty) and $$ (a literal $)
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOML_LINE = re.compile(r"at line (\d+)")
@@ -118,6 +119,7 @@ class _Layer:
         self.mounts = []  # [(mount, destination, file)]
         self.env = {}  # key -> (value, file)
         self.annotations = {}  # key -> (value, file)
+        self.devices = {}  # CDI name -> file, in the order first given
 
     def add_mount(self, mount, destination, source):
         entry = (mount, destination, source)
@@ -138,6 +140,8 @@ class _Layer:
                 if setting and annotations.meaning(other) == setting:
                     del self.annotations[other]
         self.annotations.update(child.annotations)
+        for name, source in child.devices.items():
+            self.devices.setdefault(name, source)
 
 
 class _File:
@@ -249,6 +253,7 @@ def _read_layer(edf, environ):
             edf.fail(f"'workdir' must be an absolute path, not '{value}'", key)
         layer.scalars[key] = (value, source)
     _read_mounts(edf, environ, layer)
+    _read_devices(edf, layer)
     for key, value in _table(edf, "env").items():
         if not isinstance(value, str):
             edf.fail(f"'env.{key}' must be a string, not {_type_name(value)}", key, "env")
@@ -268,6 +273,19 @@ def _table(edf, key):
     if not isinstance(value, dict):
         edf.fail(f"'{key}' must be a table, not {_type_name(value)}", key)
     return value
+
+
+def _read_devices(edf, layer):
+    """`devices`: CDI names (VENDOR/CLASS=DEVICE), looked up by `berth start
+    --device` on the node that starts the container, whose specs count."""
+    names = edf.data.get("devices", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        edf.fail("'devices' must be an array of CDI device names", "devices")
+    for name in names:
+        if not cdi.is_name(name):
+            edf.fail(f"device '{name}' is not a CDI device name (VENDOR/CLASS=DEVICE, as "
+                     f"nvidia.com/gpu=0)", "devices")
+        layer.devices.setdefault(name, str(edf.path))
 
 
 def _read_mounts(edf, environ, layer):
@@ -309,10 +327,12 @@ def resolve(ref, environ=None, hooks_dir=None):
     result["mounts"] = [m[0] for m in layer.mounts]
     result["env"] = {k: v for k, (v, _) in layer.env.items()}
     result["annotations"] = {k: v for k, (v, _) in layer.annotations.items()}
+    result["devices"] = list(layer.devices)
     sources = {key: src for key, (_, src) in layer.scalars.items()}
     sources.update({f"mounts.{dst}": src for _, dst, src in layer.mounts})
     sources.update({f"env.{k}": src for k, (_, src) in layer.env.items()})
     sources.update({f"annotations.{k}": src for k, (_, src) in layer.annotations.items()})
+    sources.update({f"devices.{name}": src for name, src in layer.devices.items()})
     result["sources"] = sources
     result["hook_env"], result["warnings"] = hook_environment(result, hooks_dir)
     return result
@@ -449,6 +469,11 @@ def to_toml(resolved):
             comment = _comment(sources["mounts." + destination])
             lines.append(f"    {tomlwrite.string(mount)},{comment}")
         lines.append("]")
+    if resolved["devices"]:
+        lines.append("devices = [")
+        lines += [f"    {tomlwrite.string(name)},{_comment(sources[f'devices.{name}'])}"
+                  for name in resolved["devices"]]
+        lines.append("]")
     for table in ("env", "annotations"):
         if resolved[table]:
             lines += ["", f"[{table}]"]
@@ -461,7 +486,8 @@ def to_spank(resolved):
     """One KEY=VALUE line per setting, in the plugin's flag vocabulary:
     warning=LINE for each warning (the plugin prints them), image=, workdir=,
     entrypoint=yes|no, writable=yes|no, then mount=SRC:DST[:FLAGS],
-    env=KEY=VALUE and hook_env=KEY=VALUE, one line each, in merge order.
+    device=NAME, env=KEY=VALUE and hook_env=KEY=VALUE, one line each, in
+    merge order.
     A value that cannot travel on one line (or, for a mount, in the plugin's
     comma-separated mount list) is an error naming it."""
     sources = resolved["sources"]
@@ -485,6 +511,8 @@ def to_spank(resolved):
             raise BerthError(f"{where}: mount '{mount}' has a ',', which the SPANK plugin's "
                              f"mount list cannot carry")
         add("mount", mount, where)
+    for name in resolved["devices"]:
+        add("device", name, sources[f"devices.{name}"])
     for key, value in resolved["env"].items():
         add("env", f"{key}={value}", sources[f"env.{key}"])
     for key, value in resolved["hook_env"].items():
