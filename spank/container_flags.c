@@ -123,6 +123,8 @@ int flags_check(const struct container_flags *flags, char *err, size_t errlen)
 		return fail(err, errlen, need_container, "--container-env");
 	if (flags->unshare)
 		return fail(err, errlen, need_container, "--container-unshare");
+	if (flags->devices)
+		return fail(err, errlen, need_container, "--container-device");
 	return 0;
 }
 
@@ -399,6 +401,54 @@ int set_env_names(struct container_flags *flags, const char *value,
 		p += len + 1;
 	}
 	return store(&flags->env_names, value, err, errlen);
+}
+
+/* VENDOR/CLASS=DEVICE, as runtime/berth/container/cdi.py's is_name takes it
+ * (its finer rules are the runtime's, on the node) */
+int is_device_name(const char *name, size_t len)
+{
+	const char *eq = memchr(name, '=', len);
+	const char *slash = memchr(name, '/', len);
+
+	if (eq == NULL || slash == NULL || slash > eq || slash == name || slash + 1 == eq ||
+	    eq + 1 == name + len)
+		return 0;
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)name[i];
+
+		if (!(isalnum(c) || strchr("._-:/=", c) != NULL) ||
+		    (c == '/' && name + i != slash) || (c == '=' && name + i != eq))
+			return 0;
+	}
+	return 1;
+}
+
+int set_devices(struct container_flags *flags, const char *value,
+		char *err, size_t errlen)
+{
+	char *lines = strdup(value);
+
+	if (lines == NULL)
+		return fail(err, errlen, "out of memory");
+	for (char *p = lines;; ) {
+		size_t len = strcspn(p, ",");
+
+		if (!is_device_name(p, len)) {
+			size_t at = (size_t)(p - lines);
+
+			free(lines);
+			return fail(err, errlen, "--container-device: '%.*s' is not a CDI device "
+				    "name (VENDOR/CLASS=NAME, as nvidia.com/gpu=0)", (int)len,
+				    value + at);
+		}
+		if (p[len] == '\0')
+			break;
+		p[len] = '\n'; /* one a line, as the EDF's */
+		p += len + 1;
+	}
+	free(flags->devices);
+	flags->devices = lines;
+	return 0;
 }
 
 int set_unshare(struct container_flags *flags, const char *value,

@@ -72,6 +72,9 @@ int set_unshare(struct container_flags *flags, const char *value,
 		char *err, size_t errlen);
 int set_environment(struct container_flags *flags, const char *value,
 		    char *err, size_t errlen);
+/* --container-device: CDI names, VENDOR/CLASS=NAME, comma separated */
+int set_devices(struct container_flags *flags, const char *value,
+		char *err, size_t errlen);
 
 /*
  * --container-mounts entries (also EDF mounts): SRC:DST[:FLAGS], SRC alone
@@ -95,5 +98,8 @@ __attribute__((visibility("hidden")))
 int check_mount(const char *spec, size_t len, char *err, size_t errlen);
 __attribute__((visibility("hidden")))
 int switch_opposite(enum switch_id sw);
+/* Is the len bytes at name a CDI device name (VENDOR/CLASS=DEVICE)? */
+__attribute__((visibility("hidden")))
+int is_device_name(const char *name, size_t len);
 
 #endif

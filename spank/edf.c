@@ -64,7 +64,7 @@ static int edf_line(struct container_flags *edf, const char *line, size_t len,
 			? fail(err, errlen, "out of memory") : 0;
 	}
 	if (KEY_IS("device")) { /* a CDI name, which the node's specs resolve */
-		if (value[0] == '\0' || strchr(value, '=') == NULL || strchr(value, '/') == NULL)
+		if (!is_device_name(value, strlen(value)))
 			return fail(err, errlen, "device: '%s' is not a CDI device name", value);
 		return append(&edf->devices, '\n', value, strlen(value)) < 0
 			? fail(err, errlen, "out of memory") : 0;
@@ -127,6 +127,14 @@ int apply_edf(struct container_flags *flags, const char *lines,
 	}
 	take(&flags->env_set, &edf.env_set);
 	take(&flags->hook_env, &edf.hook_env);
+	if (edf.devices && flags->devices) { /* the EDF's devices first, then the flag's */
+		if (append(&edf.devices, '\n', flags->devices, strlen(flags->devices)) < 0) {
+			flags_free(&edf);
+			return fail(err, errlen, "out of memory");
+		}
+		free(flags->devices);
+		flags->devices = NULL;
+	}
 	take(&flags->devices, &edf.devices);
 	if (flags->writable == UNSET)
 		flags->writable = edf.writable;

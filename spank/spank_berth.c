@@ -57,7 +57,7 @@ enum opt_id {
 	OPT_IMAGE, OPT_MOUNTS, OPT_WORKDIR, OPT_NAME, OPT_SAVE,
 	OPT_MOUNT_HOME, OPT_NO_MOUNT_HOME, OPT_REMAP_ROOT, OPT_NO_REMAP_ROOT,
 	OPT_ENTRYPOINT, OPT_NO_ENTRYPOINT, OPT_ENTRYPOINT_LOG,
-	OPT_WRITABLE, OPT_READONLY, OPT_ENV, OPT_UNSHARE, OPT_ENVIRONMENT,
+	OPT_WRITABLE, OPT_READONLY, OPT_ENV, OPT_UNSHARE, OPT_ENVIRONMENT, OPT_DEVICE,
 };
 
 static int on_option(int val, const char *optarg, int remote);
@@ -95,6 +95,8 @@ static struct spank_option options[] = {
 	  "[berth] variables whose task value beats the image's", 1, OPT_ENV, on_option },
 	{ "container-unshare", "net,ipc,uts",
 	  "[berth] give the container its own namespaces", 1, OPT_UNSHARE, on_option },
+	{ "container-device", "VENDOR/CLASS=NAME[,...]",
+	  "[berth] CDI devices, resolved by the node's specs", 1, OPT_DEVICE, on_option },
 	{ "environment", "NAME|PATH.toml",
 	  "[berth] an Environment Definition File; --container-* flags override it", 1,
 	  OPT_ENVIRONMENT, on_option },
@@ -130,6 +132,9 @@ static int on_option(int val, const char *optarg, int remote)
 		break;
 	case OPT_ENVIRONMENT:
 		rc = set_environment(&flags, optarg, err, sizeof(err));
+		break;
+	case OPT_DEVICE:
+		rc = set_devices(&flags, optarg, err, sizeof(err));
 		break;
 	case OPT_MOUNT_HOME:
 		rc = set_switch(&flags, SW_MOUNT_HOME, err, sizeof(err));

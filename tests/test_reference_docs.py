@@ -56,7 +56,7 @@ def test_the_tables_name_everything_the_code_has(pages):
     plugin = pages["docs/reference/plugin.md"]
     spank = "\n".join(p.read_text() for p in sorted((ROOT / "spank").glob("*.c")))
     flags = set(REFERENCE.re.findall(r'\{ "([a-z-]+)",[^{}]*?"\[berth\]', spank))
-    assert len(flags) == 17 and all(f"--{flag}" in plugin for flag in flags)
+    assert len(flags) == 18 and all(f"--{flag}" in plugin for flag in flags)
     keys = REFERENCE.re.findall(r"^PLUGSTACK_KEY\((\w+),", (ROOT / "spank/plugstack_keys.h").read_text(),
                                 REFERENCE.re.M)
     assert len(keys) == 10 and all(f"| `{key}` |" in plugin for key in keys)

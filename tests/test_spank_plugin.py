@@ -152,7 +152,8 @@ def test_srun_help_lists_the_flags(slurm_conf):
     for flag in ("--container-image", "--container-mounts", "--container-workdir",
                  "--container-name", "--container-save", "--no-container-mount-home",
                  "--container-remap-root", "--container-entrypoint-log",
-                 "--container-readonly", "--container-env", "--container-unshare"):
+                 "--container-readonly", "--container-env", "--container-unshare",
+                 "--container-device"):
         assert flag in out, flag
 
 
@@ -174,6 +175,8 @@ def test_srun_help_lists_the_flags(slurm_conf):
     ("--container-name=n:sometimes", "--container-name: unknown mode 'sometimes'"),
     ("--container-unshare=pid", "--container-unshare: unknown namespace 'pid'"),
     ("--container-env=1BAD", "--container-env: '1BAD' is not a variable name"),
+    ("--container-device=nvidia.com/gpu", "--container-device: 'nvidia.com/gpu' is not a CDI "
+     "device name (VENDOR/CLASS=NAME, as nvidia.com/gpu=0)"),
 ])
 def test_srun_refuses_bad_flags_before_submission(slurm_conf, flag, message):
     result = _run(slurm_conf(), "srun", flag, "true")

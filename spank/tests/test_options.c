@@ -467,6 +467,10 @@ static void test_flags_check(void)
 	ACCEPTED(set_unshare(&f, "ipc", err, sizeof(err)));
 	REFUSED(flags_check(&f, err, sizeof(err)), "--container-unshare needs");
 	flags_free(&f);
+	ACCEPTED(set_devices(&f, "vendor.example/gpu=0", err, sizeof(err)));
+	REFUSED(flags_check(&f, err, sizeof(err)),
+		"--container-device needs --container-image or --container-name");
+	flags_free(&f);
 }
 
 static void test_edf(void)
@@ -530,6 +534,23 @@ static void test_edf(void)
 	REFUSED(apply_edf(&f, "device=nic0\n", 0, err, sizeof(err)),
 		"device: 'nic0' is not a CDI device name");
 	CHECK(f.devices == NULL);
+	/* --container-device: a comma list, one a line; after the EDF's */
+	ACCEPTED(set_devices(&f, "vendor.example/gpu=0,vendor.example/gpu=1", err, sizeof(err)));
+	CHECK(strcmp(f.devices, "vendor.example/gpu=0\nvendor.example/gpu=1") == 0);
+	ACCEPTED(apply_edf(&f, "device=vendor.example/nic=nic0\n", 0, err, sizeof(err)));
+	CHECK(strcmp(f.devices, "vendor.example/nic=nic0\nvendor.example/gpu=0\n"
+			     "vendor.example/gpu=1") == 0);
+	REFUSED(set_devices(&f, "vendor.example/gpu=0,gpu1", err, sizeof(err)),
+		"--container-device: 'gpu1' is not a CDI device name (VENDOR/CLASS=NAME, "
+		"as nvidia.com/gpu=0)");
+	REFUSED(set_devices(&f, "", err, sizeof(err)), "'' is not a CDI device name");
+	REFUSED(set_devices(&f, "a/b=c,", err, sizeof(err)), "'' is not a CDI device name");
+	REFUSED(set_devices(&f, "/b=c", err, sizeof(err)), "'/b=c' is not a CDI device name");
+	REFUSED(set_devices(&f, "a/b/c=d", err, sizeof(err)), "'a/b/c=d' is not");
+	REFUSED(set_devices(&f, "a/b=c d", err, sizeof(err)), "'a/b=c d' is not");
+	CHECK(strncmp(f.devices, "vendor.example/nic=nic0\n", 24) == 0); /* kept as it was */
+	flags_free(&f);
+	ACCEPTED(set_environment(&f, "e", err, sizeof(err)));
 	/* a warning line (submit_environment prints it) sets nothing */
 	ACCEPTED(apply_edf(&f, "warning=e.toml: annotation 'com.hooks.cxi.enable' is for hook "
 			   "'cxi', which is not installed: left out\n", 0, err, sizeof(err)));
