@@ -42,6 +42,7 @@ NEEDS = {
     "tests/test_userdirs.py": "root",
     "tests/test_validate_playbook.py": "playbook",
     "runtime/tests/test_archive_import.py": "slow",  # squashfs images of each archive
+    "runtime/tests/test_build.py": "namespaces",
     "runtime/tests/test_container.py": "namespaces",
     "runtime/tests/test_hooks_std.py": "namespaces",
     "runtime/tests/test_hostile_registry.py": "registry",

@@ -16,7 +16,10 @@
 # scripts/base-image.sh when missing). The checkout's runtime/, hooks/ and
 # spank/ are copied in, so nothing is written into the checkout; the MPI
 # test image (.cache/images/bookworm/mpi-test.sqsh, from scripts/test-image.sh)
-# is bound read-only when present: the dpkg test starts it.
+# is bound read-only when present: the dpkg test starts it. One module comes
+# from the host's venv: berth build's parser (the build extra of
+# runtime/pyproject.toml, in no Debian suite), one abi3 file for every
+# Python 3, copied in as /src/pylib/dockerfile.abi3.so.
 # The container runs the tests as root, as close to the host as they expect,
 # without --privileged (it fails on the development machines; set
 # BERTH_PRIVILEGED=true where it works): every capability but SYS_RESOURCE,
@@ -72,12 +75,17 @@ docker rm -f "$NAME" >/dev/null 2>&1 || true
 trap 'docker rm -f "$NAME" >/dev/null 2>&1 || true' EXIT
 # /tmp (pytest's tmp_path) is a tmpfs: overlayfs does not mount on the
 # container's own overlay root.
+parser=$("${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin/python3" -c \
+         'import dockerfile; print(dockerfile.__file__)')
 tar -c --exclude=__pycache__ --exclude='*.egg-info' --exclude=.pytest_cache \
         --exclude=.hypothesis runtime hooks spank bench \
+        -C "$(dirname "$parser")" --transform 's,^dockerfile,pylib/dockerfile,' \
+        "$(basename "$parser")" \
     | docker run -i --rm --init --name "$NAME" "${access[@]}" \
         --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
         --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:ro \
-        --tmpfs /tmp:exec,mode=1777 "${mounts[@]}" -e PYTHONPATH=/src/runtime -w /src "$IMAGE" \
+        --tmpfs /tmp:exec,mode=1777 "${mounts[@]}" -e PYTHONPATH=/src/runtime:/src/pylib \
+        -w /src "$IMAGE" \
         sh -c '. /etc/os-release && tar -x &&
                echo "runtime-suite: SPANK plugin, $PRETTY_NAME, Slurm $(dpkg-query -W \
                      -f "\${Version}" libslurm-dev)" &&

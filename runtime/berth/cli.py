@@ -226,6 +226,26 @@ def _add_store(sub):
                        help="print the total only")
 
 
+def _add_build(sub):
+    p = sub.add_parser("build", help="build a squashfs image from a Containerfile, unprivileged",
+                       description="Runs the Containerfile's steps in Berth's own container "
+                       "(remapped root, no daemon), each step's result kept in the image "
+                       "cache and reused while its instruction and inputs stay the same.")
+    p.add_argument("-f", "--file", help="the Containerfile (default: CONTEXT/Containerfile, "
+                                        "else CONTEXT/Dockerfile)")
+    p.add_argument("--build-arg", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="a build argument (NAME alone: its value from the environment)")
+    p.add_argument("--target", metavar="STAGE", help="build this stage (default: the last)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="run every step, taking none from the cache")
+    p.add_argument("-o", "--output", metavar="OUT.sqsh",
+                   help="the image to write (default: image.sqsh)")
+    # (SUPPRESS: `berth --quiet build` says the same)
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                   help="no progress lines, nor RUN's output unless it fails")
+    p.add_argument("context", help="the build context: the directory COPY reads")
+
+
 def _add_version(sub):
     sub.add_parser("version", help="print the version (--verbose: and what serves a squashfs)")
 
@@ -252,6 +272,7 @@ VERBS = {
                    "berth.site.userdirs:SetupUserRequest"),
     "cache": (_add_cache, "berth.image.verbs:cmd_cache", "berth.image.verbs:CacheRequest"),
     "store": (_add_store, "berth.store.verbs:cmd_store", "berth.store.verbs:StoreRequest"),
+    "build": (_add_build, "berth.build.verbs:cmd_build", "berth.build.verbs:BuildRequest"),
     "version": (_add_version, "berth.cli:cmd_version", "berth.cli:VersionRequest"),
 }
 

@@ -29,6 +29,7 @@ PARTS = {
     "container": (2, ("berth.container",)),
     "store": (2, ("berth.store",)),
     "site": (3, ("berth.site",)),
+    "build": (3, ("berth.build",)),
     "cli": (4, ("berth.cli",)),
 }
 

@@ -1,0 +1,51 @@
+"""The image configuration a build carries from step to step, and the
+record (imageconfig.py's etc/berth/image.json) it becomes: the contract's
+keys, and what berth start does not act on but a build records as BuildKit
+does: labels, exposed ports, volumes, the stop signal."""
+
+import json
+import typing
+
+from berth.errors import BerthError
+from berth.image import imageconfig
+
+DEFAULT_SHELL = ("/bin/sh", "-c")
+
+
+class ImageConfig(typing.NamedTuple):
+    env: dict = {}
+    workdir: str = ""
+    user: str = ""
+    shell: tuple = DEFAULT_SHELL
+    cmd: list = None
+    entrypoint: list = None
+    labels: dict = {}
+    expose: tuple = ()
+    volumes: tuple = ()
+    stopsignal: str = ""
+
+
+def from_record(text, where):
+    """The ImageConfig of a base image's image.json text (None: an image without one)."""
+    if text is None:
+        return ImageConfig()
+    try:
+        record = json.loads(text)
+        env = dict(entry.partition("=")[::2] for entry in record["env"])
+        return ImageConfig(env=env, workdir=record["workdir"], user=record["user"],
+                           cmd=record["cmd"], entrypoint=record["entrypoint"],
+                           labels=dict(record.get("labels") or {}),
+                           expose=tuple(record.get("expose") or ()),
+                           volumes=tuple(record.get("volumes") or ()),
+                           stopsignal=record.get("stopsignal") or "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise BerthError(f"{where}: the base image's {imageconfig.IMAGE_JSON} is not "
+                         "Berth's image record") from None
+
+
+def record(config, source):
+    """The image.json record of `config`."""
+    return {"env": [f"{k}={v}" for k, v in config.env.items()], "entrypoint": config.entrypoint,
+            "cmd": config.cmd, "workdir": config.workdir, "user": config.user, "source": source,
+            "digest": "", "labels": config.labels, "expose": list(config.expose),
+            "volumes": list(config.volumes), "stopsignal": config.stopsignal}

@@ -1,0 +1,170 @@
+"""What COPY and ADD take: the files a source names, in the build context
+(a directory of the user's, read as hostile: a source that leaves it, a
+symbolic link on a source's way, a FIFO or a device is refused, never
+followed or opened) or in an earlier stage's root; their checksum, of
+names, kinds, modes and contents (never times), for the step's cache key;
+and their copy into the stage's root, through its symlinks as the
+container sees them (rootpath)."""
+
+import fnmatch
+import hashlib
+import os
+import stat
+import typing
+
+from berth import rootpath
+from berth.errors import BerthError
+
+_GLOB = "*?["
+
+
+class Entry(typing.NamedTuple):
+    path: str       # the host path
+    name: str       # its name below the copied source ("" for the source itself)
+    kind: str       # "file", "dir" or "link"
+    mode: int       # permission bits
+    target: str     # a link's target, else ""
+
+
+class Source(typing.NamedTuple):
+    spec: str       # as the instruction names it
+    is_dir: bool
+    entries: list   # Entry values, the source's own first
+
+
+def _refuse(where, spec, why):
+    raise BerthError(f"{where}: COPY source '{spec}': {why}")
+
+
+def _in_context(context, spec, where):
+    """The host path of `spec` in the directory `context`, every component
+    checked with lstat: no '..' above it, no symbolic link on the way."""
+    if spec.startswith("/"):
+        _refuse(where, spec, "an absolute path (sources are relative to the build context)")
+    parts = [p for p in spec.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        _refuse(where, spec, "'..' leaves the build context")
+    path = context
+    for part in parts:
+        path = os.path.join(path, part)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            _refuse(where, spec, "not found in the build context")
+        if stat.S_ISLNK(mode):
+            _refuse(where, spec, f"{os.path.relpath(path, context)} is a symbolic link "
+                                 "(berth build never follows one out of the context)")
+    return path
+
+
+def _expand(context, spec, where, *, root):
+    """The paths a source names: its glob matched in the last component."""
+    if root is not None:
+        return [rootpath.resolve(root, spec, follow_last=True)]
+    head, tail = os.path.split(spec)
+    if not any(c in tail for c in _GLOB):
+        return [_in_context(context, spec, where)]
+    parent = _in_context(context, head, where) if head else context
+    found = sorted(os.path.join(parent, n) for n in os.listdir(parent) if fnmatch.fnmatch(n, tail))
+    if not found:
+        _refuse(where, spec, "matches no file in the build context")
+    return [_in_context(context, os.path.relpath(p, context), where) for p in found]
+
+
+def _entry(path, name, *, where, spec):
+    st = os.lstat(path)
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISREG(st.st_mode):
+        return Entry(path=path, name=name, kind="file", mode=mode, target="")
+    if stat.S_ISDIR(st.st_mode):
+        return Entry(path=path, name=name, kind="dir", mode=mode, target="")
+    if stat.S_ISLNK(st.st_mode):
+        return Entry(path=path, name=name, kind="link", mode=mode, target=os.readlink(path))
+    return _refuse(where, spec, f"{name or os.path.basename(path)} is a FIFO, socket or "
+                                "device: only files, directories and links are copied")
+
+
+def _walk(path, where, spec):
+    top = _entry(path, "", where=where, spec=spec)
+    entries, pending = [top], [top] if top.kind == "dir" else []
+    while pending:
+        current = pending.pop()
+        for child in sorted(os.listdir(current.path)):
+            found = _entry(os.path.join(current.path, child),
+                           f"{current.name}/{child}".lstrip("/"), where=where, spec=spec)
+            entries.append(found)
+            if found.kind == "dir":
+                pending.append(found)
+    return entries
+
+
+def gather(specs, *, context, where, root=None):
+    """The Source of each of `specs`, from `context` or (COPY --from) the
+    stage root `root`; a missing or refused one in one line."""
+    sources = []
+    for spec in specs:
+        for path in _expand(context, spec, where, root=root):
+            if not os.path.lexists(path):
+                _refuse(where, spec, "not found" + (" in the stage" if root else ""))
+            entries = _walk(path, where, spec)
+            sources.append(Source(spec, entries[0].kind == "dir", entries))
+    return sources
+
+
+def checksum(sources):
+    """The sha256 of what `sources` hold: names, kinds, modes, contents."""
+    digest = hashlib.sha256()
+    for source in sources:
+        digest.update(f"source {source.spec}\0".encode())
+        for entry in source.entries:
+            digest.update(f"{entry.name}\0{entry.kind}\0{entry.mode:o}\0{entry.target}\0"
+                          .encode(errors="surrogateescape"))
+            if entry.kind == "file":
+                with open(entry.path, "rb") as f:
+                    digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()
+
+
+def _place(root, dest, entry, *, chmod):
+    """Copy one entry to `dest` (a path in the container) of `root`."""
+    target = rootpath.resolve(root, dest)
+    os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+    mode = chmod if chmod is not None else entry.mode
+    if entry.kind == "dir":
+        if not os.path.isdir(target) or os.path.islink(target):
+            _remove(target)
+            os.mkdir(target, 0o700)
+        os.chmod(target, mode | 0o700)  # kept writable here: the image's is all root's
+        return
+    _remove(target)
+    if entry.kind == "link":
+        os.symlink(entry.target, target)
+        return
+    with open(entry.path, "rb") as src:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+            os.fchmod(out.fileno(), mode)
+
+
+def _remove(target):
+    if os.path.islink(target) or os.path.lexists(target) and not os.path.isdir(target):
+        os.unlink(target)
+    elif os.path.isdir(target):
+        import shutil  # (a directory replaced by a file: rare)
+        shutil.rmtree(target)
+
+
+def copy(sources, *, root, dest, chmod=None):
+    """Copy `sources` to `dest` (absolute, in the container) of `root`:
+    a directory's contents into it; a file to it, or into it when it ends
+    with '/', names a directory there, or more than one source is copied."""
+    into = dest.endswith("/") or len(sources) > 1 or os.path.isdir(
+        rootpath.resolve(root, dest, follow_last=True))
+    for source in sources:
+        base = dest if source.is_dir or not into else \
+            f"{dest.rstrip('/')}/{os.path.basename(source.entries[0].path)}"
+        for entry in source.entries:
+            _place(root, f"{base.rstrip('/')}/{entry.name}" if entry.name else base or "/",
+                   entry, chmod=chmod)

@@ -1,0 +1,225 @@
+"""What each instruction does to a stage's State (steps.py): the image
+configuration ones (ENV, ARG, WORKDIR, USER, SHELL, LABEL, CMD, ENTRYPOINT,
+EXPOSE, VOLUME, STOPSIGNAL) change it and the key; RUN, COPY and ADD
+change the root, through Builder.changed and its cache."""
+
+import os
+import posixpath
+
+from berth.build import context, run, stepcache
+from berth.build.steps import PROXIES, variables, write_record
+from berth.errors import BerthError
+
+_ROOT_OWNERS = ("0", "root", "0:0", "root:root", "root:0", "0:root")
+
+
+def _pairs(builder, step, state):
+    """ENV and LABEL's KEY VALUE pairs, expanded."""
+    values = step.value
+    if len(values) % 2:
+        raise BerthError(f"{step.where}: {step.cmd}: expected KEY=VALUE pairs")
+    return [(builder.expand(values[i], state, step.where),
+             builder.expand(values[i + 1], state, step.where)) for i in range(0, len(values), 2)]
+
+
+def _env(builder, step, state, *, stage):
+    env = {**state.config.env}
+    for name, value in _pairs(builder, step, state):
+        if not name or "\0" in value or "\n" in value:
+            raise BerthError(f"{step.where}: ENV {name}: an empty name, or a newline or NUL "
+                             "in the value")
+        env[name] = value
+    return state._replace(config=state.config._replace(env=env))
+
+
+def _label(builder, step, state, *, stage):
+    labels = {**state.config.labels, **dict(_pairs(builder, step, state))}
+    return state._replace(config=state.config._replace(labels=labels))
+
+
+def _arg(builder, step, state, *, stage):
+    args = {**state.args}
+    for spec in step.value:
+        name, equals, default = spec.partition("=")
+        if name in builder.build_args:
+            args[name] = builder.build_args[name]
+        elif equals:
+            args[name] = builder.expand(default, state, step.where)
+        else:
+            args[name] = builder.global_args.get(name)
+    return state._replace(args=args)
+
+
+def _workdir(builder, step, state, *, stage):
+    path = builder.expand(step.value[0], state, step.where)
+    path = posixpath.normpath(posixpath.join("/", state.config.workdir or "/", path))
+    return state._replace(config=state.config._replace(workdir=path))
+
+
+def _user(builder, step, state, *, stage):
+    return state._replace(config=state.config._replace(
+        user=builder.expand(step.value[0], state, step.where)))
+
+
+def _shell(builder, step, state, *, stage):
+    return state._replace(config=state.config._replace(shell=tuple(step.value)))
+
+
+def _command(step, state):
+    """CMD and ENTRYPOINT's argv: the JSON form as it is, else through SHELL."""
+    if step.json:
+        return list(step.value)
+    return [*state.config.shell, " ".join(step.value)] if step.value else None
+
+
+def _cmd(builder, step, state, *, stage):
+    return state._replace(config=state.config._replace(cmd=_command(step, state)),
+                          cmd_here=True)
+
+
+def _entrypoint(builder, step, state, *, stage):
+    cmd = state.config.cmd if state.cmd_here else None  # (BuildKit's rule)
+    return state._replace(config=state.config._replace(entrypoint=_command(step, state),
+                                                       cmd=cmd))
+
+
+def _expose(builder, step, state, *, stage):
+    ports = []
+    for port in builder.split(" ".join(step.value), state, step.where):
+        number, _, protocol = port.partition("/")
+        if not number.isdigit() or protocol not in ("", "tcp", "udp", "sctp"):
+            raise BerthError(f"{step.where}: EXPOSE {port}: expected PORT[/tcp|udp|sctp]")
+        ports.append(f"{int(number)}/{protocol or 'tcp'}")
+    expose = tuple(dict.fromkeys([*state.config.expose, *ports]))
+    return state._replace(config=state.config._replace(expose=expose))
+
+
+def _volume(builder, step, state, *, stage):
+    found = list(step.value) if step.json else builder.split(" ".join(step.value), state,
+                                                                step.where)
+    volumes = tuple(dict.fromkeys([*state.config.volumes, *found]))
+    return state._replace(config=state.config._replace(volumes=volumes))
+
+
+def _stopsignal(builder, step, state, *, stage):
+    return state._replace(config=state.config._replace(
+        stopsignal=builder.expand(step.value[0], state, step.where)))
+
+
+def _script(step):
+    """A shell-form RUN's script: its heredoc's text when the heredoc is the
+    command, else the line with its heredocs, which the shell reads."""
+    line = " ".join(step.value)
+    if step.heredocs and line == f"<<{step.heredocs[0].name}" and len(step.heredocs) == 1:
+        return step.heredocs[0].content
+    return line + "".join(f"\n{h.content}{h.name}" for h in step.heredocs)
+
+
+def _run(builder, step, state, *, stage):
+    run.check_user(state.config.user, step.where)
+    command = list(step.value) if step.json else [*state.config.shell, _script(step)]
+    env = {"HOME": "/root", **variables(state)}
+    key = stepcache.key(state.key, ["RUN", command, env, state.config.workdir])
+    proxies = {name: builder.build_args.get(name, os.environ.get(name)) for name in PROXIES}
+
+    def change(root):
+        write_record(root, state, "berth build")
+        status = run.run(builder.cfg, root=root, command=command, quiet=builder.quiet,
+                         env={**env, **{k: v for k, v in proxies.items() if v is not None}})
+        if status:
+            shown = " ".join(step.value).splitlines()[0]
+            raise BerthError(f"{step.where}: RUN {shown} exited with status {status}")
+
+    return builder.changed(stage, state, step=step, key=key, change=change)
+
+
+def _owner(step):
+    """--chown, where it names root: an image a user builds is all root's."""
+    for flag in step.flags:
+        if flag.startswith("--chown=") and flag[8:] not in _ROOT_OWNERS:
+            raise BerthError(f"{step.where}: {step.cmd} {flag}: berth build stores every "
+                             "file as root's, so --chown may name root only")
+
+
+def _chmod(step):
+    for flag in step.flags:
+        if flag.startswith("--chmod="):
+            mode = flag[8:]
+            if not mode or any(c not in "01234567" for c in mode) or int(mode, 8) > 0o7777:
+                raise BerthError(f"{step.where}: {step.cmd} {flag}: expected an octal mode")
+            return int(mode, 8)
+    return None
+
+
+def _sources(builder, step, state, *, specs):
+    """The Sources of a COPY/ADD: a heredoc's text, an earlier stage's
+    files (--from) or the context's."""
+    origin = next((f[7:] for f in step.flags if f.startswith("--from=")), None)
+    heredocs = {f"<<{h.name}": h for h in step.heredocs}
+    if origin is not None:
+        stage = builder.stage_named(origin)
+        root = builder.tree_at(stage, builder.ends[stage])
+        return context.gather(specs, context=None, where=step.where, root=root), \
+            builder.ends[stage].key
+    found = []
+    for spec in specs:
+        if spec in heredocs:
+            path = f"{builder.work}/heredoc-{len(os.listdir(builder.work))}"
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(heredocs[spec].content)
+            entry = context.Entry(path=path, name="", kind="file", mode=0o644, target="")
+            found.append(context.Source(spec, False, [entry]))
+        else:
+            found += context.gather([spec], context=builder.context, where=step.where)
+    return found, None
+
+
+def _archive(sources, step):
+    """ADD unpacks a local archive: not done here (COPY and RUN tar do)."""
+    for source in sources:
+        entry = source.entries[0]
+        if entry.kind == "file":
+            with open(entry.path, "rb") as f:
+                head = f.read(262)
+            if head[:2] in (b"\x1f\x8b", b"BZ") or head[:6] == b"\xfd7zXZ\x00" \
+                    or head[257:262] == b"ustar":
+                raise BerthError(f"{step.where}: ADD {source.spec}: an archive; berth build "
+                                 "does not unpack one yet (COPY it and RUN tar)")
+
+
+def _copy(builder, step, state, *, stage):
+    _owner(step)
+    mode = _chmod(step)
+    args = builder.split(" ".join(step.value), state, step.where)
+    specs, dest = args[:-1], args[-1]
+    if step.cmd == "ADD" and any("://" in spec for spec in specs):
+        raise BerthError(f"{step.where}: ADD of a URL: not supported by berth build")
+    sources, origin_key = _sources(builder, step, state, specs=specs)
+    if step.cmd == "ADD":
+        _archive(sources, step)
+    target = posixpath.join(state.config.workdir or "/", dest)
+    if dest.endswith("/") or dest in (".", ".."):
+        target = target.rstrip("/") + "/"
+    key = stepcache.key(state.key, [step.cmd, context.checksum(sources), target, mode,
+                                    origin_key])
+
+    def change(root):
+        context.copy(sources, root=root, dest=target, chmod=mode)
+
+    return builder.changed(stage, state, step=step, key=key, change=change)
+
+
+CONFIGURING = {"ENV": _env, "LABEL": _label, "ARG": _arg, "WORKDIR": _workdir, "USER": _user,
+               "SHELL": _shell, "CMD": _cmd, "ENTRYPOINT": _entrypoint, "EXPOSE": _expose,
+               "VOLUME": _volume, "STOPSIGNAL": _stopsignal}
+CHANGING = {"RUN": _run, "COPY": _copy, "ADD": _copy}
+
+
+def apply(builder, step, state, *, stage):
+    """The State after `step` of stage number `stage`."""
+    if step.cmd in CHANGING:
+        return CHANGING[step.cmd](builder, step, state, stage=stage)
+    new = CONFIGURING[step.cmd](builder, step, state, stage=stage)
+    builder.say(step.original)
+    return new._replace(key=stepcache.key(state.key, [step.cmd, list(new.config), new.args]))
+

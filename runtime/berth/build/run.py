@@ -1,0 +1,78 @@
+"""RUN: a command in the stage's root, in Berth's own container: the one
+uid mapped to root (as --container-remap-root), the fake-chown filter of
+seccomp.py (so apt-get and dpkg can chown), the host's network with its
+/etc/resolv.conf and /etc/hosts, a private /tmp, and no hooks (a build is
+no job: no GPUs, home or Slurm). Its output goes to stderr; with quiet,
+to a file that is shown only when the command fails."""
+
+import os
+import signal
+import sys
+import tempfile
+
+from berth import safedir
+from berth.container import launch, mounts
+from berth.errors import BerthError
+
+_HOST_FILES = ("/etc/resolv.conf", "/etc/hosts")
+
+
+def _mounts():
+    found = [mounts.Mount(source="tmpfs", target="/tmp", fstype="tmpfs",
+                          options=("nosuid", "nodev", "mode=1777", "x-create=dir"),
+                          origin="berth build")]
+    for path in _HOST_FILES:
+        if os.path.isfile(path):
+            found.append(mounts.Mount(source=path, target=path, fstype="none",
+                                      options=("bind", "ro", "x-create=file"),
+                                      origin="berth build"))
+    return found
+
+
+def _plan(cfg, root, *, command, env):
+    base = safedir.ensure(cfg["ENROOT_RUNTIME_PATH"], "ENROOT_RUNTIME_PATH")
+    runtime = tempfile.mkdtemp(prefix="berth-build.", dir=base)
+    return launch.Plan(
+        cfg=cfg, runtime=runtime, image=None, rootfs=root, scratch=None, writable=True,
+        ids=(0, 0), unshare=0, pid_namespace=False, restrict_dev=False, mounts=_mounts(),
+        env_files=[], env=env, hooks=[], rc=None, login=False, command=list(command),
+        detach=False, porcelain=False, entrypoint=False, entrypoint_timeout=60)
+
+
+def run(cfg, *, root, command, env, quiet):
+    """Run `command` (argv) in `root` with `env`: its exit status. Its
+    output goes to stderr, or with `quiet` to a file shown if it fails."""
+    log = tempfile.TemporaryFile() if quiet else None
+    saved = os.dup(1)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGQUIT)}
+    sys.stdout.flush()
+    try:
+        os.dup2(log.fileno() if log else 2, 1)
+        if log:
+            saved_err = os.dup(2)
+            os.dup2(log.fileno(), 2)
+        try:
+            status = launch.start(_plan(cfg, root, command=command, env=env))
+        finally:
+            if log:
+                os.dup2(saved_err, 2)
+                os.close(saved_err)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        for sig, handler in handlers.items():  # (the start ignores them meanwhile)
+            signal.signal(sig, handler)
+    if status and log:
+        log.seek(0)
+        sys.stderr.buffer.write(log.read())
+        sys.stderr.flush()
+    if status in (128 + signal.SIGINT, -signal.SIGINT):
+        raise KeyboardInterrupt
+    return status
+
+
+def check_user(user, where):
+    """RUN runs as root: the one uid a user namespace of one uid maps."""
+    if user not in ("", "root", "0", "root:root", "0:0"):
+        raise BerthError(f"{where}: RUN after USER {user}: berth build runs commands as "
+                         "root only (one uid is mapped; put USER after the last RUN)")

@@ -1,0 +1,49 @@
+"""Where a build keeps each step's result: a squashfs of the stage's root
+after the step, in the image cache's images/ under the step's key
+(cachelayout.py), so `berth cache` counts them and `berth cache prune`
+removes the least recently used as it does imported images.
+
+A step's key is BuildKit's rule: the key of the step before it, the
+instruction as it reads once its variables are expanded, the build
+arguments and environment it sees, and for COPY and ADD the checksum of
+what it copies (context.checksum: contents and modes, never times).
+"""
+
+import hashlib
+import json
+import os
+
+from berth import safedir
+from berth.image.cachelayout import CacheLayout
+
+_PREFIX = "berth build step v1"  # (a key of an import never starts so)
+
+
+def key(parent, what):
+    """The key of the step `what` (JSON-able) after the step `parent` (a key)."""
+    text = json.dumps([_PREFIX, parent, what], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode(errors="surrogateescape")).hexdigest()
+
+
+def file_key(path):
+    """The key of a local image file: its content's sha256."""
+    with open(path, "rb") as f:
+        return key(None, ["image file", hashlib.file_digest(f, "sha256").hexdigest()])
+
+
+def path(cfg, step_key):
+    """The squashfs of `step_key`'s result, under the image cache."""
+    safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
+    layout = CacheLayout(cfg["ENROOT_CACHE_PATH"])
+    os.makedirs(layout.dir("images"), mode=0o700, exist_ok=True)
+    return layout.image(step_key)
+
+
+def found(cfg, step_key):
+    """The squashfs of `step_key`, marked used now; None when the cache has none."""
+    where = path(cfg, step_key)
+    try:
+        os.utime(where)
+    except FileNotFoundError:
+        return None
+    return where

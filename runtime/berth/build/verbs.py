@@ -1,0 +1,111 @@
+"""`berth build [-f FILE] [--build-arg K=V]... [--target STAGE] [--no-cache]
+[-o OUT.sqsh] CONTEXT`: parse, plan, run the stages' steps, write the
+image. Everything a build unpacks lives in one directory of
+ENROOT_TEMP_PATH, removed however the build ends (an error, SIGINT); the
+output appears whole or not at all."""
+
+import os
+import sys
+import tempfile
+import time
+import typing
+
+from berth.build import base, config as imagecfg, instructions, parse, plan, stepcache, tree
+from berth.build.steps import Builder, write_record
+from berth.errors import BerthError
+from berth.image import squash
+
+
+class BuildRequest(typing.NamedTuple):
+    context: str
+    file: str = None
+    build_arg: tuple = ()
+    target: str = None
+    no_cache: bool = False
+    output: str = None
+    quiet: bool = False
+
+
+class Options(typing.NamedTuple):
+    """The request, checked: what the Builder reads."""
+
+    context: str
+    file: str
+    build_args: dict
+    target: str
+    no_cache: bool
+    output: str
+    quiet: bool
+
+
+def _options(request):
+    context = os.path.abspath(request.context)
+    if not os.path.isdir(context):
+        raise BerthError(f"{request.context}: the build context is not a directory")
+    if os.path.lexists(os.path.join(context, ".dockerignore")):
+        raise BerthError(f"{request.context}/.dockerignore: berth build does not read "
+                         "one yet; remove it or build from a directory without it")
+    file = request.file or next((os.path.join(context, name) for name in
+                                 ("Containerfile", "Dockerfile")
+                                 if os.path.lexists(os.path.join(context, name))), None)
+    if file is None:
+        raise BerthError(f"{request.context}: no Containerfile or Dockerfile (give -f FILE)")
+    build_args = {}
+    for spec in request.build_arg:
+        name, equals, value = spec.partition("=")
+        if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise BerthError(f"--build-arg {spec!r}: expected NAME=VALUE")
+        if "\n" in value or "\0" in value:
+            raise BerthError(f"--build-arg {name}: the value holds a newline or NUL")
+        build_args[name] = value if equals else os.environ.get(name, "")
+    output = os.path.abspath(request.output or "image.sqsh")
+    return Options(context=context, file=file, build_args=build_args, target=request.target,
+                   no_cache=request.no_cache, output=output, quiet=request.quiet)
+
+
+def _stages(builder, build_plan):
+    for stage in build_plan.stages:
+        state = base.begin(builder, stage)
+        builder.say(f"FROM {stage.base}" + (f" AS {stage.name}" if stage.name else ""))
+        for step in stage.steps:
+            state = instructions.apply(builder, step, state, stage=stage.index)
+        builder.ends[stage.index] = state
+    return build_plan.stages[-1].index
+
+
+def _write(builder, stage, options):
+    """The image: the last state's root with its record, from the cache or packed."""
+    state = builder.ends[stage]
+    source = f"berth build {options.file}"
+    record = imagecfg.record(state.config, source)
+    key = stepcache.key(state.key, ["image", record])
+    found = None if options.no_cache else stepcache.found(builder.cfg, key)
+    if not found:
+        root = builder.tree_at(stage, state)
+        if state.config.workdir:
+            os.makedirs(tree.path_in(root, state.config.workdir), mode=0o755, exist_ok=True)
+        write_record(root, state, source)
+        builder.trees[stage] = (root, None)  # (no longer the step's)
+        found = stepcache.path(builder.cfg, key)
+        tree.pack(root, found, builder.cfg)
+    squash.copy_image(found, options.output, True)
+
+
+def cmd_build(request, cfg):
+    began = time.monotonic()
+    options = _options(request)
+    build_plan = plan.make(parse.read(options.file), build_args=options.build_args,
+                           target=options.target)
+    try:  # (a private directory of its own, whoever else uses ENROOT_TEMP_PATH)
+        work = tempfile.mkdtemp(prefix="berth-build.", dir=cfg["ENROOT_TEMP_PATH"])
+    except OSError as e:
+        raise BerthError(f"ENROOT_TEMP_PATH {cfg['ENROOT_TEMP_PATH']}: {e.strerror}") from None
+    try:
+        builder = Builder(cfg, options=options, plan=build_plan, work=work)
+        _write(builder, _stages(builder, build_plan), options)
+    finally:
+        tree.remove(work)
+    if not options.quiet:
+        print(f"berth build: {options.output}: {builder.total} steps, {builder.ran} run, "
+              f"{builder.cached} cached ({time.monotonic() - began:.1f} s)", file=sys.stderr)
+    return 0

@@ -1,0 +1,225 @@
+"""`berth build` end to end as an unprivileged user: real namespaces, RUN in
+Berth's own container (remapped root), real squashfs images, the step
+cache in the user's image cache. The base image is test_container's busybox
+image (its image.json sets FOO, PATH and /work), taken as FROM ./base.sqsh.
+Hostile build contexts are played by the tests: every refusal is one line
+naming the file and line, and leaves no image, tree, mount or process."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from test_container import berth, images, library, usable_fuse, user  # noqa: F401 (fixtures)
+
+MULTI_STAGE = """\
+# syntax=docker/dockerfile:1
+ARG GREETING=hello
+FROM ./base.sqsh AS first
+ARG GREETING
+RUN echo "$GREETING from first" > /greeting && mkdir -p /out && echo skipped > /out/x
+FROM ./base.sqsh AS unused
+RUN exit 7
+FROM first AS final
+ENV A="two words" B=${FOO}-and-more
+WORKDIR app
+COPY --from=first /greeting ./
+COPY --chmod=750 tool.sh /usr/local/bin/
+COPY tree/ /data/
+RUN <<EOF
+echo "$A" > /work/app/heredoc
+id -u >> /work/app/heredoc
+pwd >> /work/app/heredoc
+EOF
+SHELL ["/bin/sh", "-ec"]
+RUN echo "$B" > shell-form
+LABEL org.example.name="the app" version=1
+EXPOSE 8080 53/udp
+VOLUME /data
+STOPSIGNAL SIGTERM
+USER nobody
+ENTRYPOINT ["/usr/local/bin/tool.sh"]
+CMD ["one", "two"]
+"""
+
+
+@pytest.fixture
+def build(berth, images, library):
+    """A context with base.sqsh, and berth build's environment: the image
+    cache and ENROOT_TEMP_PATH in the test's directory, the parser beside
+    the package (what a node's venv holds with berth[build])."""
+    import dockerfile
+    if not (library / os.path.basename(dockerfile.__file__)).exists():
+        shutil.copy(dockerfile.__file__, library)
+        os.chmod(library / os.path.basename(dockerfile.__file__), 0o755)
+    context = berth.base / "ctx"
+    (context / "tree/sub").mkdir(parents=True)
+    shutil.copy(images / "app.sqsh", context / "base.sqsh")
+    (context / "tool.sh").write_text('#!/bin/sh\necho "tool $*"\n')
+    (context / "tree/sub/file").write_text("deep\n")
+    (context / "temp").mkdir()
+    berth.env.update(ENROOT_CACHE_PATH=str(berth.base / "cache"), TMPDIR=str(context / "temp"))
+    berth.chown(berth.base)
+    return context
+
+
+def write(berth, context, text, name="Containerfile"):
+    (context / name).write_text(text)
+    berth.chown(context / name)
+
+
+def built(berth, *args):
+    """berth build's summary line: (steps run, steps cached)."""
+    result = berth("build", *args, timeout=120)
+    assert result.returncode == 0, result.stderr
+    summary = result.stderr.strip().splitlines()[-1]
+    assert summary.startswith("berth build: "), result.stderr
+    ran = int(summary.split(" run,")[0].rsplit(" ", 1)[1])
+    cached = int(summary.split(" cached")[0].rsplit(" ", 1)[1])
+    return ran, cached, result.stderr
+
+
+def left_in(context):
+    return sorted(os.listdir(context / "temp"))
+
+
+def test_a_multi_stage_build_runs_as_its_instructions_say(berth, build):
+    write(berth, build, MULTI_STAGE)
+    ran, cached, said = built(berth, "-o", "out.sqsh", build)
+    assert (ran, cached) == (6, 0)
+    assert "exit 7" not in said  # the unused stage is not built
+    assert "[1/" in said and "] RUN <<EOF" in said
+    out = berth.base / "out.sqsh"
+    record = json.loads(subprocess.run(["unsquashfs", "-cat", out, "etc/berth/image.json"],
+                                       capture_output=True, check=True).stdout)
+    assert record["env"] == ["FOO=image", "BAR=image", "PATH=/usr/local/bin:/bin",
+                             "A=two words", "B=image-and-more"]
+    assert record["workdir"] == "/work/app" and record["user"] == "nobody"
+    assert record["entrypoint"] == ["/usr/local/bin/tool.sh"]
+    assert record["cmd"] == ["one", "two"]
+    assert record["labels"] == {"org.example.name": "the app", "version": "1"}
+    assert record["expose"] == ["8080/tcp", "53/udp"] and record["volumes"] == ["/data"]
+    assert record["stopsignal"] == "SIGTERM"
+    # berth start runs it as an imported image: its workdir, its /etc/rc
+    assert berth.ok("start", out, "cat", "greeting", "heredoc", "shell-form",
+                    "/data/sub/file") == ("hello from first\ntwo words\n0\n/work/app\n"
+                                          "image-and-more\ndeep\n")
+    assert berth.ok("start", "--entrypoint", out) == "tool one two\n"
+    assert berth.ok("start", out, "stat", "-c", "%a", "/usr/local/bin/tool.sh") == "750\n"
+    listing = subprocess.run(["unsquashfs", "-lln", out, "usr/local/bin/tool.sh"],
+                             capture_output=True, text=True, check=True).stdout
+    assert " 0/0 " in listing  # every file root's, as in an imported image
+    assert left_in(build) == []
+
+
+def test_target_builds_that_stage_and_a_build_arg_reaches_it(berth, build):
+    write(berth, build, MULTI_STAGE)
+    built(berth, "--target", "first", "--build-arg", "GREETING=hi", "-o", "first.sqsh", build)
+    assert berth.ok("start", berth.base / "first.sqsh", "cat", "/greeting") == "hi from first\n"
+    assert berth.ok("start", berth.base / "first.sqsh", "ls", "/work") == ""  # no app
+
+
+def test_a_rebuild_runs_no_step_and_a_change_reruns_from_its_line(berth, build):
+    write(berth, build, MULTI_STAGE)
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (6, 0)
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 6)
+    # a new mtime is no change: the cache reads contents
+    os.utime(build / "tool.sh", (1, 1))
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 6)
+    # a changed file: its COPY and every step after it run again
+    (build / "tree/sub/file").write_text("changed\n")
+    ran, cached, said = built(berth, "-o", "out.sqsh", build)
+    assert (ran, cached) == (3, 3), said
+    assert "COPY tree/ /data/ (cached)" not in said and "COPY --chmod=750" in said
+    # a changed line: the same, from that line
+    write(berth, build, MULTI_STAGE.replace('echo "$B"', 'echo "$B" "$A"'))
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (1, 5)
+    assert berth.ok("start", berth.base / "out.sqsh", "cat", "shell-form", "/data/sub/file") \
+        == "image-and-more two words\nchanged\n"
+    assert built(berth, "--no-cache", "-o", "out.sqsh", build)[:2] == (6, 0)
+    listed = berth.ok("cache", "list")
+    assert "images" in listed
+
+
+def _refused(berth, build, text, needle, *args):
+    write(berth, build, text)
+    # (-q: the progress lines of the steps before a refused COPY go)
+    line = berth.fails("build", "-q", *args, "-o", "out.sqsh", build, needle=needle)
+    assert not (berth.base / "out.sqsh").exists()
+    assert left_in(build) == []
+    return line
+
+
+@pytest.mark.parametrize("source, why", [
+    ("../outside", "'..' leaves the build context"),
+    ("/etc/passwd", "an absolute path"),
+    ("link-out", "link-out is a symbolic link"),
+    ("dir-link/file", "dir-link is a symbolic link"),
+    ("fifo", "fifo is a FIFO"),
+    ("tree-with-fifo", "pipe is a FIFO"),
+    ("missing", "not found in the build context"),
+    ("nothing*", "matches no file"),
+])
+def test_a_hostile_context_is_refused_naming_file_and_line(berth, build, source, why):
+    (build / "link-out").symlink_to("/etc/passwd")
+    (build / "dir-link").symlink_to("/etc")
+    os.mkfifo(build / "fifo")
+    (build / "tree-with-fifo").mkdir()
+    os.mkfifo(build / "tree-with-fifo/pipe")
+    (berth.base / "outside").write_text("secret\n")
+    berth.chown(berth.base)
+    line = _refused(berth, build, f"FROM ./base.sqsh\nRUN true\nCOPY {source} /x\n", why)
+    assert f"{build}/Containerfile:3: COPY source '{source}'" in line
+
+
+@pytest.mark.parametrize("text, needle, args", [
+    ("FROM ./base.sqsh\nFROB x\n", "Containerfile:2: unknown instruction 'FROB'", ()),
+    ("FROM ./base.sqsh\nRUN --mount=type=cache,target=/x true\n",
+     "Containerfile:2: RUN --mount: not supported", ()),
+    ("FROM ./base.sqsh\nHEALTHCHECK CMD true\n", "Containerfile:2: HEALTHCHECK", ()),
+    ("FROM ./base.sqsh\nCOPY --chown=1000 tool.sh /\n", "Containerfile:2: COPY --chown=1000", ()),
+    ("FROM ./base.sqsh\nUSER nobody\nRUN true\n", "Containerfile:3: RUN after USER nobody", ()),
+    ("FROM ./base.sqsh\nRUN <<EOF\ntrue\n", "unterminated heredoc", ()),
+    ("# syntax=example.com/evil:1\nFROM ./base.sqsh\n", "Containerfile:1: syntax directive", ()),
+    ("FROM ./base.sqsh\n", "--build-arg A: the value holds a newline", ("--build-arg", "A=x\ny")),
+    ("FROM ./base.sqsh\n", "--target nope: no stage", ("--target", "nope")),
+    ("FROM ./missing.sqsh\n", "Containerfile:1: FROM ./missing.sqsh", ()),
+])
+def test_what_berth_build_does_not_do_is_refused_in_one_line(berth, build, text, needle, args):
+    _refused(berth, build, text, needle, *args)
+
+
+def test_a_failing_run_shows_its_output_and_status(berth, build):
+    write(berth, build, "FROM ./base.sqsh\nRUN echo before-failing; exit 3\n")
+    result = berth("build", "-q", "-o", "out.sqsh", build)
+    assert result.returncode == 1
+    assert "before-failing" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"berth: error: {build}/Containerfile:2: RUN echo before-failing; exit 3 exited "
+        "with status 3")
+    assert not (berth.base / "out.sqsh").exists() and left_in(build) == []
+
+
+def test_sigint_mid_build_leaves_no_image_tree_mount_or_process(berth, build):
+    write(berth, build, "FROM ./base.sqsh\nRUN echo started && sleep 60\n")
+    process = subprocess.Popen(berth.command("build", "-o", "out.sqsh", build), env=berth.env,
+                               cwd=berth.base, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    seen = ""
+    while "started" not in seen:
+        seen += process.stderr.readline()
+        assert process.poll() is None, seen
+    os.killpg(process.pid, signal.SIGINT)  # as a terminal's ^C reaches the whole group
+    assert process.wait(timeout=30) == 130, process.stderr.read()
+    assert not (berth.base / "out.sqsh").exists() and left_in(build) == []
+    time.sleep(0.2)
+    sleepers = subprocess.run(["pgrep", "-u", berth.user.pw_name, "-f", "sleep 60"],
+                              capture_output=True, text=True, check=False).stdout
+    assert sleepers == ""
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        assert str(build) not in f.read()
+    assert berth.leftovers() == []
