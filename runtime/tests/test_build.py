@@ -15,6 +15,7 @@ import time
 import pytest
 
 from test_container import berth, images, library, usable_fuse, user  # noqa: F401 (fixtures)
+from test_userns import DEBIAN_IMAGE, probe_deb  # noqa: F401 (a fixture)
 
 MULTI_STAGE = """\
 # syntax=docker/dockerfile:1
@@ -223,3 +224,25 @@ def test_sigint_mid_build_leaves_no_image_tree_mount_or_process(berth, build):
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         assert str(build) not in f.read()
     assert berth.leftovers() == []
+
+
+@pytest.mark.skipif(not DEBIAN_IMAGE.exists(), reason="needs scripts/test-image.sh's image")
+def test_dpkg_and_apt_run_as_the_remapped_root(berth, build, probe_deb):
+    """dpkg's chowns go through the fake-chown filter, and apt is told to
+    stay root (it cannot switch to _apt where one uid is mapped), in the
+    RUN's private /tmp, not in the image."""
+    shutil.copy(DEBIAN_IMAGE, build / "debian.sqsh")
+    shutil.copy(probe_deb, build / "probe.deb")
+    berth.chown(build)
+    write(berth, build, "FROM ./debian.sqsh\nCOPY probe.deb /root/\n"
+                        "RUN dpkg -i /root/probe.deb && rm /root/probe.deb\n"
+                        "RUN apt-config dump | grep Sandbox::User > /sandbox\n"
+                        "RUN chown nobody /sandbox\n")
+    built(berth, "-o", "deb.sqsh", build)
+    out = berth.base / "deb.sqsh"
+    assert berth.ok("start", out, "sh", "-c", "dpkg -s bctr-probe | grep ^Status; "
+                    "/usr/share/bctr-probe/tool; cat /sandbox") == (
+        'Status: install ok installed\nprobe\nAPT::Sandbox::User "root";\n')
+    listing = subprocess.run(["unsquashfs", "-lln", out, "tmp"], capture_output=True,
+                             text=True, check=True).stdout
+    assert ".berth-apt.conf" not in listing

@@ -17,6 +17,27 @@ from berth.errors import BerthError
 _HOST_FILES = ("/etc/resolv.conf", "/etc/hosts")
 
 
+# apt cannot switch to its sandbox user `_apt` where one uid is mapped: as
+# the apt hook (hooks/10-aptfix.sh) does for a start, a Debian or Ubuntu
+# root's RUN gets APT_CONFIG naming a file, in the private /tmp (so not in
+# the image), that tells apt to stay root.
+_APT_CONF = "/tmp/.berth-apt.conf"
+
+
+def _apt_fix(root, runtime):
+    """The mount and variable of the apt fix, for a root that has apt."""
+    apt = os.path.join(root, "etc/apt/apt.conf.d")
+    if not os.path.isdir(apt) or os.path.islink(os.path.join(root, "etc")) \
+            or os.path.islink(os.path.join(root, "etc/apt")):
+        return [], {}
+    conf = os.path.join(runtime, "apt.conf")
+    with open(conf, "w", encoding="utf-8") as f:
+        f.write('APT::Sandbox::User "root";\n')
+    return [mounts.Mount(source=conf, target=_APT_CONF, fstype="none",
+                         options=("bind", "ro", "x-create=file"), origin="berth build")], \
+        {"APT_CONFIG": _APT_CONF}
+
+
 def _mounts():
     found = [mounts.Mount(source="tmpfs", target="/tmp", fstype="tmpfs",
                           options=("nosuid", "nodev", "mode=1777", "x-create=dir"),
@@ -32,11 +53,13 @@ def _mounts():
 def _plan(cfg, root, *, command, env):
     base = safedir.ensure(cfg["ENROOT_RUNTIME_PATH"], "ENROOT_RUNTIME_PATH")
     runtime = tempfile.mkdtemp(prefix="berth-build.", dir=base)
+    apt_mounts, apt_env = _apt_fix(root, runtime)
     return launch.Plan(
         cfg=cfg, runtime=runtime, image=None, rootfs=root, scratch=None, writable=True,
-        ids=(0, 0), unshare=0, pid_namespace=False, restrict_dev=False, mounts=_mounts(),
-        env_files=[], env=env, hooks=[], rc=None, login=False, command=list(command),
-        detach=False, porcelain=False, entrypoint=False, entrypoint_timeout=60)
+        ids=(0, 0), unshare=0, pid_namespace=False, restrict_dev=False,
+        mounts=_mounts() + apt_mounts, env_files=[], env={**env, **apt_env}, hooks=[],
+        rc=None, login=False, command=list(command), detach=False, porcelain=False,
+        entrypoint=False, entrypoint_timeout=60)
 
 
 def run(cfg, *, root, command, env, quiet):
