@@ -246,3 +246,26 @@ def test_dpkg_and_apt_run_as_the_remapped_root(berth, build, probe_deb):
     listing = subprocess.run(["unsquashfs", "-lln", out, "tmp"], capture_output=True,
                              text=True, check=True).stdout
     assert ".berth-apt.conf" not in listing
+
+
+def test_an_edfs_containerfile_is_built_at_first_use_then_reused(berth, build):
+    """CSCS's `containerfile` key: relative to the EDF's directory; the EDF's
+    `image` takes the place of the file's first FROM."""
+    write(berth, build, "FROM ./not-this.sqsh\nRUN echo from-edf > /made\n",
+          name="Containerfile.devtools")
+    edf = berth.write("ctx/devtools.toml", 'image = "./base.sqsh"\n'
+                      'containerfile = "./Containerfile.devtools"\nworkdir = "/work"\n')
+    assert berth.ok("edf", "check", edf) == ""
+    shown = json.loads(berth.ok("edf", "show", "--json", edf, timeout=120))
+    assert shown["containerfile"] == str(build / "Containerfile.devtools")
+    assert shown["sources"]["image"] == shown["containerfile"]
+    image = shown["image"]
+    assert image.startswith(str(berth.base / "cache/images/"))
+    assert berth.ok("start", image, "cat", "/made") == "from-edf\n"
+    cached = sorted(os.listdir(berth.base / "cache/images"))
+    again = json.loads(berth.ok("edf", "show", "--json", edf))
+    assert again["image"] == image and sorted(os.listdir(berth.base / "cache/images")) == cached
+    spank = berth.ok("edf", "show", "--spank", edf)
+    assert f"image={image}\n" in spank and "containerfile" not in spank
+    write(berth, build, "FROM ./base.sqsh\nFROB\n", name="Containerfile.devtools")
+    berth.fails("edf", "check", edf, needle="Containerfile.devtools:2: unknown instruction")

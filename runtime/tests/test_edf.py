@@ -255,10 +255,12 @@ def test_bad_hook_annotations(site, annotations, expected):
 
 @pytest.mark.parametrize("text, expected", [
     ('image = "x"\nbogus = 1\n', "2: unknown key 'bogus' (known: annotations, base_environment, "
-     "devices, entrypoint, env, image, mounts, workdir, writable)"),
+     "containerfile, devices, entrypoint, env, image, mounts, workdir, writable)"),
     ('devices = "vendor.example/nic=0"\n', "1: 'devices' must be an array of CDI device names"),
     ('devices = ["nic0"]\n', "1: device 'nic0' is not a CDI device name (VENDOR/CLASS=DEVICE, "
      "as nvidia.com/gpu=0)"),
+    ('containerfile = 3\n', "1: 'containerfile' must be a string, not an integer"),
+    ('containerfile = ""\n', "1: 'containerfile' is empty"),
     ('entrypoint = "no"\n', "1: 'entrypoint' must be a boolean, not a string"),
     ('\nwritable = 1\n', "2: 'writable' must be a boolean, not an integer"),
     ('image = 3\n', "1: 'image' must be a string, not an integer"),
@@ -396,8 +398,10 @@ def test_show_json_is_the_plugin_interface(site, run):
     status, out, _ = run("edf", "show", "--json", "pytorch")
     data = json.loads(out)
     assert status == 0
-    assert list(data) == ["image", "workdir", "entrypoint", "writable", "mounts", "env",
-                          "annotations", "devices", "sources", "hook_env", "warnings"]
+    assert list(data) == ["image", "workdir", "entrypoint", "writable", "containerfile",
+                          "mounts", "env", "annotations", "devices", "sources", "hook_env",
+                          "warnings"]
+    assert data["containerfile"] is None
     assert data["devices"] == ["vendor.example/nic=nic0"]
     assert data["sources"]["devices.vendor.example/nic=nic0"] == str(site / "edf" / "site.toml")
     assert data["mounts"] == ["/scratch/u:/scratch", "/home:/home:ro"]

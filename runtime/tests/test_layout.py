@@ -28,9 +28,9 @@ PARTS = {
     "image": (1, ("berth.image",)),
     "container": (2, ("berth.container",)),
     "store": (2, ("berth.store",)),
-    "site": (3, ("berth.site",)),
     "build": (3, ("berth.build",)),
-    "cli": (4, ("berth.cli",)),
+    "site": (4, ("berth.site",)),
+    "cli": (5, ("berth.cli",)),
 }
 
 

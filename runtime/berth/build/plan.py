@@ -94,9 +94,10 @@ def _global_args(instructions, build_args, escape):
     return args
 
 
-def make(containerfile, *, build_args, target):
+def make(containerfile, *, build_args, target, base=None):
     """The Plan of `containerfile` (parse.Containerfile) for `target` (a
-    stage name, or None: the last stage)."""
+    stage name, or None: the last stage); `base`, where given, is the first
+    FROM's image in place of the one the file names (an EDF's `image`)."""
     instructions, escape = containerfile.instructions, containerfile.escape
     first = next((i for i, ins in enumerate(instructions) if ins.cmd == "FROM"), None)
     if first is None:
@@ -114,6 +115,8 @@ def make(containerfile, *, build_args, target):
             continue
         _check(instruction)
         stages[-1].steps.append(instruction)
+    if base is not None:
+        stages[0] = stages[0]._replace(base=base)
     if target is not None and target.lower() not in named:
         raise BerthError(f"--target {target}: no stage of that name in {containerfile.path}")
     chosen = named[target.lower()] if target is not None else len(stages) - 1

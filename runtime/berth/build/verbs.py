@@ -24,6 +24,16 @@ class BuildRequest(typing.NamedTuple):
     no_cache: bool = False
     output: str = None
     quiet: bool = False
+    base: str = None  # the first FROM's image in place of the file's (an EDF's `image`)
+
+
+class Built(typing.NamedTuple):
+    """What a build gave: the image cache's squashfs and its steps' counts."""
+
+    path: str
+    steps: int
+    ran: int
+    cached: int
 
 
 class Options(typing.NamedTuple):
@@ -34,7 +44,6 @@ class Options(typing.NamedTuple):
     build_args: dict
     target: str
     no_cache: bool
-    output: str
     quiet: bool
 
 
@@ -58,9 +67,8 @@ def _options(request):
         if "\n" in value or "\0" in value:
             raise BerthError(f"--build-arg {name}: the value holds a newline or NUL")
         build_args[name] = value if equals else os.environ.get(name, "")
-    output = os.path.abspath(request.output or "image.sqsh")
     return Options(context=context, file=file, build_args=build_args, target=request.target,
-                   no_cache=request.no_cache, output=output, quiet=request.quiet)
+                   no_cache=request.no_cache, quiet=request.quiet)
 
 
 def _stages(builder, build_plan):
@@ -74,7 +82,8 @@ def _stages(builder, build_plan):
 
 
 def _write(builder, stage, options):
-    """The image: the last state's root with its record, from the cache or packed."""
+    """The image: the last state's root with its record, from the cache or
+    packed into it; its path there."""
     state = builder.ends[stage]
     source = f"berth build {options.file}"
     record = imagecfg.record(state.config, source)
@@ -88,24 +97,32 @@ def _write(builder, stage, options):
         builder.trees[stage] = (root, None)  # (no longer the step's)
         found = stepcache.path(builder.cfg, key)
         tree.pack(root, found, builder.cfg)
-    squash.copy_image(found, options.output, True)
+    return found
 
 
-def cmd_build(request, cfg):
-    began = time.monotonic()
+def build(cfg, request):
+    """Build what the BuildRequest `request` asks for into the image cache: a Built."""
     options = _options(request)
     build_plan = plan.make(parse.read(options.file), build_args=options.build_args,
-                           target=options.target)
+                           target=options.target, base=request.base)
     try:  # (a private directory of its own, whoever else uses ENROOT_TEMP_PATH)
         work = tempfile.mkdtemp(prefix="berth-build.", dir=cfg["ENROOT_TEMP_PATH"])
     except OSError as e:
         raise BerthError(f"ENROOT_TEMP_PATH {cfg['ENROOT_TEMP_PATH']}: {e.strerror}") from None
     try:
         builder = Builder(cfg, options=options, plan=build_plan, work=work)
-        _write(builder, _stages(builder, build_plan), options)
+        path = _write(builder, _stages(builder, build_plan), options)
     finally:
         tree.remove(work)
-    if not options.quiet:
-        print(f"berth build: {options.output}: {builder.total} steps, {builder.ran} run, "
-              f"{builder.cached} cached ({time.monotonic() - began:.1f} s)", file=sys.stderr)
+    return Built(path=path, steps=builder.total, ran=builder.ran, cached=builder.cached)
+
+
+def cmd_build(request, cfg):
+    began = time.monotonic()
+    output = os.path.abspath(request.output or "image.sqsh")
+    built = build(cfg, request)
+    squash.copy_image(built.path, output, True)
+    if not request.quiet:
+        print(f"berth build: {output}: {built.steps} steps, {built.ran} run, "
+              f"{built.cached} cached ({time.monotonic() - began:.1f} s)", file=sys.stderr)
     return 0

@@ -27,11 +27,18 @@ mounts and env values expands from the submitting environment when the
 file is read (an unset VAR is an error); `${VAR:-WORD}` gives WORD where
 VAR is unset or empty, and `$$` is a literal `$`.
 
+`containerfile` names a Containerfile, relative to the EDF's own directory,
+to build the image from rather than pull it (CSCS's key): `show` builds it
+at its first use (berth build, with the file's directory as the context)
+and takes it from the step cache after that, giving the image cache's
+squashfs as `image`; `check` only parses and plans it. An `image` beside
+it is the base: it takes the place of the file's first FROM.
+
 The JSON form is for tools; its keys are fixed:
-image, workdir, entrypoint, writable (null when no file sets them), mounts,
-env, annotations, devices, sources (value -> file; table entries as
-"env.KEY", "annotations.KEY", "mounts.DST", "devices.NAME"), hook_env and
-warnings (see hook_environment).
+image, workdir, entrypoint, writable, containerfile (null when no file sets
+them), mounts, env, annotations, devices, sources (value -> file; table
+entries as "env.KEY", "annotations.KEY", "mounts.DST", "devices.NAME"),
+hook_env and warnings (see hook_environment).
 The --spank form is what the SPANK plugin reads at submission (it has no JSON
 parser): one KEY=VALUE line per setting, see to_spank.
 """
@@ -51,7 +58,8 @@ from berth.site import annotations
 # base_environment nests at most this deep (the CSCS engine's limit)
 MAX_DEPTH = 10
 SCALARS = ("image", "workdir", "entrypoint", "writable")
-KEYS = ("base_environment", *SCALARS, "mounts", "env", "annotations", "devices")
+KEYS = ("base_environment", *SCALARS, "containerfile", "mounts", "env", "annotations",
+        "devices")
 # ${VAR}, ${VAR:-WORD} (WORD when VAR is unset or empty) and $$ (a literal $)
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOML_LINE = re.compile(r"at line (\d+)")
@@ -68,6 +76,8 @@ def cmd_edf(request, cfg):
     if not request.spank:  # the plugin prints them from the warning= lines
         for warning in resolved["warnings"]:
             print(f"berth: warning: {warning}", file=sys.stderr)
+    if resolved["containerfile"]:
+        resolved = _built(resolved, cfg, build=request.edf_verb == "show")
     if request.edf_verb == "show":
         out = to_json if request.json else to_spank if request.spank else to_toml
         print(out(resolved), end="")
@@ -252,6 +262,7 @@ def _read_layer(edf, environ):
         if key == "workdir" and not value.startswith("/"):
             edf.fail(f"'workdir' must be an absolute path, not '{value}'", key)
         layer.scalars[key] = (value, source)
+    _read_containerfile(edf, environ, layer)
     _read_mounts(edf, environ, layer)
     _read_devices(edf, layer)
     for key, value in _table(edf, "env").items():
@@ -266,6 +277,36 @@ def _read_layer(edf, environ):
             edf.fail(f"annotation '{key}' is given twice", key, "annotations")
         layer.annotations[key] = (value, source)
     return layer
+
+
+def _read_containerfile(edf, environ, layer):
+    """`containerfile`: a path, relative to the EDF's own directory."""
+    if "containerfile" not in edf.data:
+        return
+    value = edf.data["containerfile"]
+    if not isinstance(value, str):
+        edf.fail(f"'containerfile' must be a string, not {_type_name(value)}", "containerfile")
+    value = _expand(value, environ, edf, key="containerfile")
+    if not value:
+        edf.fail("'containerfile' is empty", "containerfile")
+    path = os.path.normpath(os.path.join(edf.path.parent.absolute(), value))
+    layer.scalars["containerfile"] = (path, str(edf.path))
+
+
+def _built(resolved, cfg, *, build):
+    """A `containerfile` EDF's image: the file built (at its first use, and
+    from the step cache after it) with its directory as the context and the
+    EDF's `image`, where given, as its first FROM's; or, without `build`,
+    only parsed and planned. The resolved environment with `image` set."""
+    from berth.build import parse, plan, verbs  # (only for an EDF with a containerfile)
+    path = resolved["containerfile"]
+    if not build:
+        plan.make(parse.read(path), build_args={}, target=None, base=resolved["image"])
+        return resolved
+    built = verbs.build(cfg, verbs.BuildRequest(context=os.path.dirname(path), file=path,
+                                                base=resolved["image"], quiet=True))
+    sources = {**resolved["sources"], "image": path}
+    return {**resolved, "image": built.path, "sources": sources}
 
 
 def _table(edf, key):
@@ -323,7 +364,7 @@ def resolve(ref, environ=None, hooks_dir=None):
     """
     environ = dict(os.environ if environ is None else environ)
     layer = _resolve(find(ref, environ), ref, environ, chain=[])
-    result = {key: layer.scalars.get(key, (None, None))[0] for key in SCALARS}
+    result = {key: layer.scalars.get(key, (None, None))[0] for key in (*SCALARS, "containerfile")}
     result["mounts"] = [m[0] for m in layer.mounts]
     result["env"] = {k: v for k, (v, _) in layer.env.items()}
     result["annotations"] = {k: v for k, (v, _) in layer.annotations.items()}
