@@ -1,0 +1,111 @@
+"""berth build's reading of a Containerfile, without running it: BuildKit's
+word rules (quotes, escapes, ${VAR} forms), the parser directives, and the
+plan's stages, ARG scoping and --target (unit tier: nothing is started)."""
+
+import pytest
+
+from berth.build import parse, plan, words
+from berth.errors import BerthError
+
+ENV = {"A": "x", "EMPTY": ""}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('a"b c"$A', ["ab cx"]),
+    ("${A}y ${UNSET:-def} ${EMPTY:-d2} ${EMPTY-d3} ${A:+alt} ${UNSET+alt}",
+     ["xy", "def", "d2", "", "alt", ""]),
+    ("'$A' \\$A \"\\$A\" \"a\\b\"", ["$A", "$A", "$A", "a\\b"]),
+    ("${UNSET:-${A}z}", ["xz"]),
+    ("  spaced   words ", ["spaced", "words"]),
+    ("$ alone", ["$", "alone"]),
+])
+def test_words_are_split_and_expanded_as_buildkit_does(text, expected):
+    assert words.split(text, env=ENV, where="F:1") == expected
+
+
+def test_one_word_keeps_its_blanks_and_the_escape_directive_counts():
+    assert words.one('"two  words" $A', env=ENV, where="F:1") == "two  words x"
+    assert words.one("c:\\dir `$A", env=ENV, where="F:1", escape="`") == "c:\\dir $A"
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('"open', "unterminated quote"),
+    ("${A", "unsupported substitution"),
+    ("${A:-x", "unterminated ${"),
+    ("${A#x}", "unsupported substitution"),
+    ("${}", "bad substitution"),
+])
+def test_bad_words_are_one_line_naming_the_place(text, needle):
+    with pytest.raises(BerthError, match="^F:3: ") as error:
+        words.split(text, env=ENV, where="F:3")
+    assert needle in str(error.value)
+
+
+def _file(tmp_path, text):
+    path = tmp_path / "Containerfile"
+    path.write_text(text)
+    return parse.read(str(path))
+
+
+def test_heredocs_escape_and_continuations_come_from_buildkits_parser(tmp_path):
+    parsed = _file(tmp_path, "# escape=`\nFROM base\nRUN echo a `\n  # inside\n  && echo b\n"
+                             "RUN <<EOF\necho one\necho two\nEOF\n")
+    assert parsed.escape == "`"
+    run, heredoc = parsed.instructions[1:]
+    assert run.value == ("echo a   && echo b",) and run.where.endswith("Containerfile:3")
+    assert heredoc.heredocs == (parse.Heredoc("EOF", "echo one\necho two\n"),)
+
+
+def test_a_foreign_frontend_is_refused(tmp_path):
+    with pytest.raises(BerthError, match="Containerfile:1: syntax directive"):
+        _file(tmp_path, "# syntax=example.com/frontend:1\nFROM base\n")
+    assert _file(tmp_path, "# syntax=docker/dockerfile:1.7\nFROM base\n").escape == "\\"
+
+
+STAGES = """\
+ARG BASE=debian
+ARG UNUSED
+FROM $BASE AS build
+RUN make
+FROM alpine AS other
+RUN exit 1
+FROM build AS test
+COPY --from=build /out /out
+FROM scratch
+COPY --from=test /out /
+"""
+
+
+def test_target_builds_only_the_stages_it_takes_from(tmp_path):
+    made = plan.make(_file(tmp_path, STAGES), build_args={}, target=None)
+    assert [(s.name, s.base, s.base_stage) for s in made.stages] == [
+        ("build", "debian", None), ("test", "build", 0), (None, "scratch", None)]
+    assert made.global_args == {"BASE": "debian"}
+    made = plan.make(_file(tmp_path, STAGES), build_args={"BASE": "ubuntu"}, target="BUILD")
+    assert [(s.name, s.base) for s in made.stages] == [("build", "ubuntu")]
+    made = plan.make(_file(tmp_path, STAGES), build_args={}, target="build", base="my.sqsh")
+    assert made.stages[0].base == "my.sqsh"
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("RUN x\nFROM a\n", ":1: only ARG may come before the first FROM"),
+    ("ARG A\n", "no FROM instruction"),
+    ("FROM a AS x\nFROM b AS x\n", ":2: FROM ... AS x: a stage name must be unique"),
+    ("FROM --platform=linux/arm64 a\n", ":1: FROM --platform: not supported"),
+    ("FROM a\nCOPY --from=nowhere /x /\n", ":2: COPY --from=nowhere: no earlier"),
+    ("FROM a AS one\nCOPY --from=two /x /\nFROM b AS two\nCOPY --from=one / /\n",
+     ":2: COPY --from=two: no earlier"),
+    ("FROM a\nCOPY --link x /\n", ":2: COPY --link: not supported"),
+    ("FROM a\nONBUILD RUN x\n", ":2: ONBUILD: not supported"),
+    ("FROM a\nENV\n", ":2: ENV needs arguments"),
+    ("FROM a\nSHELL sh -c\n", ":2: SHELL takes the JSON form only"),
+])
+def test_what_the_plan_refuses_names_file_and_line(tmp_path, text, needle):
+    with pytest.raises(BerthError, match="Containerfile") as error:
+        plan.make(_file(tmp_path, text), build_args={}, target=None)
+    assert needle in str(error.value)
+
+
+def test_an_unknown_target_is_named(tmp_path):
+    with pytest.raises(BerthError, match="--target nope: no stage"):
+        plan.make(_file(tmp_path, STAGES), build_args={}, target="nope")
