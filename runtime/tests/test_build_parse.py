@@ -2,6 +2,8 @@
 word rules (quotes, escapes, ${VAR} forms), the parser directives, and the
 plan's stages, ARG scoping and --target (unit tier: nothing is started)."""
 
+import os
+
 import pytest
 
 from berth.build import parse, plan, words
@@ -109,3 +111,20 @@ def test_what_the_plan_refuses_names_file_and_line(tmp_path, text, needle):
 def test_an_unknown_target_is_named(tmp_path):
     with pytest.raises(BerthError, match="--target nope: no stage"):
         plan.make(_file(tmp_path, STAGES), build_args={}, target="nope")
+
+
+def test_a_source_swapped_for_a_link_or_fifo_after_the_walk_is_not_read(tmp_path):
+    """The context's owner may change it while the build runs: what the
+    walk found as a file is opened without following a link or blocking."""
+    from berth.build import context
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx/file").write_text("mine\n")
+    sources = context.gather(["file"], context=str(tmp_path / "ctx"), where="F:2")
+    (tmp_path / "ctx/file").unlink()
+    (tmp_path / "ctx/file").symlink_to("/etc/passwd")
+    with pytest.raises(BerthError, match="changed during the build"):
+        context.checksum(sources)
+    (tmp_path / "ctx/file").unlink()
+    os.mkfifo(tmp_path / "ctx/file")
+    with pytest.raises(BerthError, match="no longer a regular file"):
+        context.checksum(sources)

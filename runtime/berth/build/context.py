@@ -111,6 +111,19 @@ def gather(specs, *, context, where, root=None):
     return sources
 
 
+def _open_file(entry):
+    """The file `entry` found, opened without following a link or blocking
+    on a FIFO: what was swapped in after the walk is refused, not read."""
+    try:
+        fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise BerthError(f"{entry.path}: {e.strerror} (changed during the build?)") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BerthError(f"{entry.path}: no longer a regular file (changed during the build?)")
+    return os.fdopen(fd, "rb")
+
+
 def checksum(sources):
     """The sha256 of what `sources` hold: names, kinds, modes, contents."""
     digest = hashlib.sha256()
@@ -120,7 +133,7 @@ def checksum(sources):
             digest.update(f"{entry.name}\0{entry.kind}\0{entry.mode:o}\0{entry.target}\0"
                           .encode(errors="surrogateescape"))
             if entry.kind == "file":
-                with open(entry.path, "rb") as f:
+                with _open_file(entry) as f:
                     digest.update(hashlib.file_digest(f, "sha256").digest())
     return digest.hexdigest()
 
@@ -140,7 +153,7 @@ def _place(root, dest, entry, *, chmod):
     if entry.kind == "link":
         os.symlink(entry.target, target)
         return
-    with open(entry.path, "rb") as src:
+    with _open_file(entry) as src:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as out:
             while chunk := src.read(1 << 20):
