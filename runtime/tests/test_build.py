@@ -15,6 +15,7 @@ import time
 import pytest
 
 from test_container import berth, images, library, usable_fuse, user  # noqa: F401 (fixtures)
+from test_start_uri import registry  # noqa: F401 (a fixture: test/busybox:v1 pushed)
 from test_userns import DEBIAN_IMAGE, probe_deb  # noqa: F401 (a fixture)
 
 MULTI_STAGE = """\
@@ -269,3 +270,20 @@ def test_an_edfs_containerfile_is_built_at_first_use_then_reused(berth, build):
     assert f"image={image}\n" in spank and "containerfile" not in spank
     write(berth, build, "FROM ./base.sqsh\nFROB\n", name="Containerfile.devtools")
     berth.fails("edf", "check", edf, needle="Containerfile.devtools:2: unknown instruction")
+
+
+def test_from_a_registry_image_goes_through_the_image_cache(berth, build, registry):
+    """FROM HOST:PORT/IMAGE:TAG (Docker's form) is pulled as berth import
+    pulls docker://HOST:PORT#IMAGE:TAG, into the image cache, once."""
+    berth.env.update(ENROOT_ALLOW_HTTP="yes")
+    write(berth, build, f"FROM {registry.host}/test/busybox:v1\n"
+                        'RUN echo "$FROM_IMAGE" > /from-image\n')
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (1, 0)
+    assert berth.ok("start", berth.base / "out.sqsh", "cat", "/from-image") == "yes\n"
+    pulled = json.loads(subprocess.run(
+        ["unsquashfs", "-cat", berth.base / "out.sqsh", "etc/berth/image.json"],
+        capture_output=True, check=True).stdout)
+    assert "FROM_IMAGE=yes" in pulled["env"]
+    images_before = sorted(os.listdir(berth.base / "cache/images"))
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 1)  # the tag asked again, as BuildKit
+    assert sorted(os.listdir(berth.base / "cache/images")) == images_before

@@ -128,3 +128,17 @@ def test_a_source_swapped_for_a_link_or_fifo_after_the_walk_is_not_read(tmp_path
     os.mkfifo(tmp_path / "ctx/file")
     with pytest.raises(BerthError, match="no longer a regular file"):
         context.checksum(sources)
+
+
+@pytest.mark.parametrize("image, uri", [
+    ("debian:12", "docker://debian:12"),
+    ("library/debian", "docker://library/debian"),
+    ("nvcr.io/nvidia/pytorch:24.01-py3", "docker://nvcr.io#nvidia/pytorch:24.01-py3"),
+    ("127.0.0.1:5000/test/busybox:v1", "docker://127.0.0.1:5000#test/busybox:v1"),
+    ("localhost/app", "docker://localhost#app"),
+    ("nvcr.io#nvidia/pytorch", "docker://nvcr.io#nvidia/pytorch"),
+    ("docker://quay.io#x/y", "docker://quay.io#x/y"),
+])
+def test_a_from_image_is_a_registry_uri_by_dockers_rule(image, uri):
+    from berth.build import base
+    assert base.registry_uri(image) == uri

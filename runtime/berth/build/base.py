@@ -12,10 +12,22 @@ from berth.errors import BerthError
 from berth.image import imagefile, reference
 
 
+def registry_uri(image):
+    """The docker:// URI of a FROM line's image: Docker's rule, a first
+    component with '.' or ':' or named localhost is the registry (written
+    with enroot's '#'); an enroot URI or an EDF's REGISTRY#IMAGE stays."""
+    if image.startswith(reference.SCHEMES):
+        return image
+    first, slash, rest = image.partition("/")
+    if "#" not in image and slash and ("." in first or ":" in first or first == "localhost"):
+        return f"{reference.SCHEME}{first}#{rest}"
+    return f"{reference.SCHEME}{image}"
+
+
 def _registry(cfg, image, *, quiet):
     from berth.image import importer
     from berth.image.request import ImportRequest
-    uri = image if image.startswith(reference.SCHEMES) else f"docker://{image}"
+    uri = registry_uri(image)
     pulled = importer.cached_squashfs(cfg, ImportRequest(uri, quiet=quiet, digest=True))
     return pulled.path, stepcache.key(None, ["image", uri, pulled.digest])
 
