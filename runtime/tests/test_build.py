@@ -195,6 +195,20 @@ def test_what_berth_build_does_not_do_is_refused_in_one_line(berth, build, text,
     _refused(berth, build, text, needle, *args)
 
 
+def test_what_a_run_locks_its_owner_out_of_is_packed_and_removed(berth, build):
+    """A directory made 0000 inside (the container's root is the caller)
+    is packed as the caller and removed at the end all the same."""
+    write(berth, build, "FROM ./base.sqsh\nRUN mkdir -p /locked/in && echo x > /locked/in/f "
+                        "&& chmod 000 /locked/in /locked\n")
+    built(berth, "-o", "out.sqsh", build)
+    listing = subprocess.run(["unsquashfs", "-lln", berth.base / "out.sqsh", "locked/in/f"],
+                             capture_output=True, text=True, check=True).stdout
+    assert "locked/in/f" in listing and left_in(build) == []
+    write(berth, build, "FROM ./base.sqsh\nRUN mkdir /gone && chmod 000 /gone && exit 4\n")
+    assert berth("build", "-q", "-o", "out2.sqsh", build).returncode == 1
+    assert left_in(build) == []
+
+
 def test_a_failing_run_shows_its_output_and_status(berth, build):
     write(berth, build, "FROM ./base.sqsh\nRUN echo before-failing; exit 3\n")
     result = berth("build", "-q", "-o", "out.sqsh", build)

@@ -79,7 +79,10 @@ class Builder:
         root = self.tree_at(stage, state)
         if state.config.workdir:  # (WORKDIR's directory is made here, as BuildKit does)
             os.makedirs(tree.path_in(root, state.config.workdir), mode=0o755, exist_ok=True)
-        change(root)
+        try:
+            change(root)
+        finally:  # (a failed or stopped RUN's tree is removed all the same)
+            tree.owner_writable(root)
         output = stepcache.path(self.cfg, key)
         tree.pack(root, output, self.cfg)
         self.trees[stage] = (root, key)

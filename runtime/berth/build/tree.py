@@ -27,7 +27,14 @@ def unpack(image, target):
         if result.returncode:
             detail = (result.stderr.strip().splitlines() or ["no message"])[-1]
             raise BerthError(f"{image}: unsquashfs failed: {detail}")
-    for top_dir, dirs, _ in os.walk(target):
+    owner_writable(target)
+
+
+def owner_writable(root):
+    """Give the owner rwx on every directory of `root`, each before the walk
+    enters it: COPY writes from the host, mksquashfs reads as the caller,
+    and what a RUN made 0500 or 0000 must be packed and removed too."""
+    for top_dir, dirs, _ in os.walk(root):
         for d in [top_dir, *(os.path.join(top_dir, d) for d in dirs)]:
             mode = os.lstat(d).st_mode
             if mode & 0o700 != 0o700 and not os.path.islink(d):

@@ -73,8 +73,8 @@ def _options(request):
 
 def _stages(builder, build_plan):
     for stage in build_plan.stages:
-        state = base.begin(builder, stage)
         builder.say(f"FROM {stage.base}" + (f" AS {stage.name}" if stage.name else ""))
+        state = base.begin(builder, stage)  # (a pull's progress after its line)
         for step in stage.steps:
             state = instructions.apply(builder, step, state, stage=stage.index)
         builder.ends[stage.index] = state
