@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-from test_container import berth, images, library, usable_fuse, user  # noqa: F401 (fixtures)
 from test_start_uri import registry  # noqa: F401 (a fixture: test/busybox:v1 pushed)
 from test_userns import DEBIAN_IMAGE, probe_deb  # noqa: F401 (a fixture)
 
