@@ -566,7 +566,8 @@ def talk_environ(site):
 def test_the_talks_devtools_edf_resolves_as_written(cluster):
     write(cluster / "edf", "devtools.toml", DEVTOOLS)
     got = resolve(cluster, "devtools", **talk_environ(cluster))
-    assert got["image"] == "nvcr.io/nvidia/nvhpc:23.11-devel-cuda_multi-ubuntu22.04"
+    # written for Docker, the registry named as enroot and pyxis name it
+    assert got["image"] == "nvcr.io#nvidia/nvhpc:23.11-devel-cuda_multi-ubuntu22.04"
     assert (got["workdir"], got["entrypoint"], got["writable"]) == ("/workdir", False, True)
     assert got["mounts"] == ["/store/group:/group:ro", "/capstor/scratch/cscs/u/tools:/tools",
                              "/capstor/scratch/cscs/u/data:/workdir/data",
@@ -607,7 +608,7 @@ def test_the_talks_site_base_and_use_case_resolve_as_written(cluster):
     write(cluster / "edf", "use-case.toml", USE_CASE)
     got = resolve(cluster, "use-case", **talk_environ(cluster))
     home = cluster / "home"
-    assert got["image"] == "nvcr.io/nvidia/pytorch:24.01-py3"
+    assert got["image"] == "nvcr.io#nvidia/pytorch:24.01-py3"
     assert got["mounts"] == [f"{home}/.bash_history:/.bash_history",
                              "/capstor/scratch/cscs/u:/capstor/scratch/cscs/u", "/tmp:/tmp"]
     assert got["env"] == {"HISTFILE": "/.bash_history"}

@@ -3,7 +3,7 @@
 import pytest
 
 from berth.errors import BerthError
-from berth.image.reference import default_output, parse
+from berth.image.reference import default_output, in_enroot_form, parse
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -59,3 +59,18 @@ def test_registry_without_hash_is_explained():
     assert "for registry nvcr.io write docker://nvcr.io#nvidia/cuda:12.9" in ref.registry_hint()
     assert parse("docker://nvidia/cuda").registry_hint() == ""
     assert parse("docker://nvcr.io#nvidia/cuda").registry_hint() == ""
+
+
+@pytest.mark.parametrize("image, enroot", [
+    ("nvcr.io/nvidia/pytorch:24.01-py3", "nvcr.io#nvidia/pytorch:24.01-py3"),
+    ("registry.local:5000/a/b", "registry.local:5000#a/b"),
+    ("localhost/app:1", "localhost#app:1"),
+    ("nvcr.io#nvidia/pytorch:24.01-py3", "nvcr.io#nvidia/pytorch:24.01-py3"),
+    ("nvidia/cuda:12.9", "nvidia/cuda:12.9"),       # Docker Hub, in both forms
+    ("ubuntu:24.04", "ubuntu:24.04"),
+    ("docker-archive:/srv/a.tar", "docker-archive:/srv/a.tar"),  # a scheme, no HOST:PORT
+    ("oci-archive:dir.x/a.tar", "oci-archive:dir.x/a.tar"),
+])
+def test_a_reference_written_for_docker_names_its_registry_as_enroot_does(image, enroot):
+    assert in_enroot_form(image) == enroot
+

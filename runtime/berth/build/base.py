@@ -18,10 +18,7 @@ def registry_uri(image):
     with enroot's '#'); an enroot URI or an EDF's REGISTRY#IMAGE stays."""
     if image.startswith(reference.SCHEMES):
         return image
-    first, slash, rest = image.partition("/")
-    if "#" not in image and slash and ("." in first or ":" in first or first == "localhost"):
-        return f"{reference.SCHEME}{first}#{rest}"
-    return f"{reference.SCHEME}{image}"
+    return f"{reference.SCHEME}{reference.in_enroot_form(image)}"
 
 
 def _registry(cfg, image, *, quiet):

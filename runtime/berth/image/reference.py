@@ -57,6 +57,21 @@ class Reference(collections.namedtuple(
         return ""
 
 
+def in_enroot_form(image):
+    """`image` with its registry written as enroot writes it: Docker's rule,
+    a first component with '.' or ':' or named localhost is the registry
+    (nvcr.io/nvidia/x becomes nvcr.io#nvidia/x), so that a reference written
+    for Docker (an EDF's, a Containerfile's FROM) does not name a Docker Hub
+    repository. Already in enroot's form, or none of the rule's: as given."""
+    first, slash, rest = image.partition("/")
+    host, colon, port = first.partition(":")
+    if colon and not port.isdigit():  # a scheme (docker-archive:PATH), no HOST:PORT
+        return image
+    if "#" not in image and slash and ("." in host or colon or host == "localhost"):
+        return f"{first}#{rest}"
+    return image
+
+
 def _bad(uri, why):
     return BerthError(f"invalid image reference '{uri}': {why}; expected {FORMAT}")
 

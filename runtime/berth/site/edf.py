@@ -53,6 +53,7 @@ from pathlib import Path
 from berth import tomlread, tomlwrite
 from berth.container import cdi, mounts as mounts_module
 from berth.errors import BerthError
+from berth.image import imagefile, reference
 from berth.site import annotations
 
 # base_environment nests at most this deep (the CSCS engine's limit)
@@ -355,6 +356,15 @@ def _read_mounts(edf, environ, layer):
 # ---------------------------------------------------------------- resolving
 
 
+def _image_reference(image):
+    """An image named as Docker names it (`nvcr.io/nvidia/x`, as the CSCS
+    talk's EDFs write it) in the enroot form the plugin passes on
+    (`nvcr.io#nvidia/x`); an image file's path, absolute or relative, as given."""
+    if image is None or image.startswith(("/", ".", "~")) or image.endswith(imagefile.SUFFIXES):
+        return image
+    return reference.in_enroot_form(image)
+
+
 def resolve(ref, environ=None, hooks_dir=None):
     """Resolve the EDF `ref` with all its parents into one environment dict.
 
@@ -365,6 +375,7 @@ def resolve(ref, environ=None, hooks_dir=None):
     environ = dict(os.environ if environ is None else environ)
     layer = _resolve(find(ref, environ), ref, environ, chain=[])
     result = {key: layer.scalars.get(key, (None, None))[0] for key in (*SCALARS, "containerfile")}
+    result["image"] = _image_reference(result["image"])
     result["mounts"] = [m[0] for m in layer.mounts]
     result["env"] = {k: v for k, (v, _) in layer.env.items()}
     result["annotations"] = {k: v for k, (v, _) in layer.annotations.items()}
