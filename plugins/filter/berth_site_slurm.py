@@ -1,0 +1,51 @@
+"""Filters for fitting Berth into a Slurm the site runs: what its
+`scontrol show config` says, whether its Prolog runs a path, and which
+plugstack lines load pyxis."""
+
+import fnmatch
+import re
+
+_CONFIG_LINE = re.compile(r"^(\w+)\s+=\s+(.*?)\s*$")
+_PYXIS = re.compile(r"^\s*(required|optional)\s+\S*spank_pyxis\.so(\s|$)")
+_INCLUDE = re.compile(r"^\s*include\s+(\S+)\s*$", re.IGNORECASE)
+
+
+def berth_scontrol_config(text):
+    """`scontrol show config`'s KEY = VALUE lines as a dict (the header and
+    the plugin sections' lines that are not of that form are left out)."""
+    found = {}
+    for line in text.splitlines():
+        pair = _CONFIG_LINE.match(line)
+        if pair and pair.group(1) not in found:
+            found[pair.group(1)] = pair.group(2)
+    return found
+
+
+def berth_runs_path(setting, path):
+    """Whether a Prolog or Epilog value runs `path`: it is the path, or a
+    glob(7) pattern that matches it. Slurm 22.05 expands the whole value with
+    glob(3) and runs every match; a comma is no separator there (measured: a
+    `Prolog=A,B` fails every job's prolog and drains the node), so a value
+    with one is taken as one pattern too. '(null)' is scontrol's word for unset."""
+    return setting not in ("", "(null)") and fnmatch.fnmatchcase(path, setting)
+
+
+def berth_pyxis_lines(text):
+    """The lines of a plugstack file that load pyxis, as they are written."""
+    return [line for line in text.splitlines() if _PYXIS.match(line)]
+
+
+def berth_plugstack_loads(text, path):
+    """Whether a plugstack.conf includes `path`, by name or by a glob."""
+    patterns = [m.group(1) for m in map(_INCLUDE.match, text.splitlines()) if m]
+    return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "berth_scontrol_config": berth_scontrol_config,
+            "berth_runs_path": berth_runs_path,
+            "berth_pyxis_lines": berth_pyxis_lines,
+            "berth_plugstack_loads": berth_plugstack_loads,
+        }

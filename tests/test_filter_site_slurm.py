@@ -1,0 +1,64 @@
+"""plugins/filter/berth_site_slurm.py: what the adopt role reads of a Slurm
+the site runs (scontrol show config, Prolog, plugstack.conf)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("berth_site_slurm", REPO / "plugins/filter/berth_site_slurm.py")
+site_slurm = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(site_slurm)
+
+SHOW_CONFIG = """Configuration data as of 2026-01-01T00:00:00
+Epilog                  = (null)
+PlugStackConfig         = /etc/slurm/plugstack.conf
+Prolog                  = /etc/slurm/prolog.d/*
+SLURM_VERSION           = 22.05.8
+
+Cgroup Support Configuration:
+AllowedRAMSpace         = 100.0%
+Prolog                  = not the main section's
+"""
+
+
+def test_scontrol_config_reads_the_main_section_first():
+    config = site_slurm.berth_scontrol_config(SHOW_CONFIG)
+    assert config["Prolog"] == "/etc/slurm/prolog.d/*"
+    assert config["Epilog"] == "(null)" and config["SLURM_VERSION"] == "22.05.8"
+    assert "Configuration" not in config
+
+
+@pytest.mark.parametrize("setting, runs", [
+    ("/etc/slurm/prolog.d/*", True),
+    ("/etc/slurm/prolog.d/50-berth-user-dirs.sh", True),
+    ("/etc/slurm/prolog.d/[0-9]*", True),
+    ("/etc/slurm/prolog.sh", False),
+    ("(null)", False),
+    ("", False),
+    # 22.05 globs the whole value: a comma list matches nothing and fails the prolog
+    ("/etc/slurm/prolog.sh,/etc/slurm/prolog.d/*", False),
+])
+def test_runs_path(setting, runs):
+    assert site_slurm.berth_runs_path(setting, "/etc/slurm/prolog.d/50-berth-user-dirs.sh") is runs
+
+
+def test_pyxis_lines_only_live_ones():
+    text = ("required /usr/local/lib/slurm/spank_pyxis.so runtime_path=/run/pyxis\n"
+            "# required /usr/lib/spank_pyxis.so\n"
+            "optional spank_pyxis.so\n"
+            "required /usr/lib/spank_berth.so\n")
+    assert site_slurm.berth_pyxis_lines(text) == [
+        "required /usr/local/lib/slurm/spank_pyxis.so runtime_path=/run/pyxis", "optional spank_pyxis.so"]
+
+
+@pytest.mark.parametrize("text, loads", [
+    ("include /etc/slurm/plugstack.conf.d/*.conf\n", True),
+    ("Include /etc/slurm/plugstack.conf.d/berth.conf\n", True),
+    ("include /etc/slurm/plugstack.conf.d/pyxis.conf\n", False),
+    ("# include /etc/slurm/plugstack.conf.d/*.conf\n", False),
+    ("", False),
+])
+def test_plugstack_loads(text, loads):
+    assert site_slurm.berth_plugstack_loads(text, "/etc/slurm/plugstack.conf.d/berth.conf") is loads
