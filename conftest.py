@@ -24,6 +24,7 @@ FIXTURE_NEEDS = {"registry": "registry", "proxy": "registry", "berth": "namespac
 
 # Modules whose every test needs something (paths relative to the repository)
 NEEDS = {
+    "tests/test_adopt_role.py": "playbook",
     "tests/test_cache_prune_script.py": "root",
     "tests/test_container_runtime_enroot_link.py": "playbook",
     "tests/test_container_runtime_store_local.py": "playbook",

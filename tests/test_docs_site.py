@@ -22,6 +22,8 @@ ADMIN_GUIDE = [
     ("admin/variables/", "Variables"),
     ("admin/vault/", "The vault file"),
     ("admin/deploy/", "Deploy"),
+    ("admin/existing-slurm/", "Onto an existing Slurm"),
+    ("admin/from-pyxis/", "Moving from pyxis and enroot"),
     ("admin/validate/", "Validate"),
     ("admin/accounting/", "Accounting"),
     ("admin/store/", "The shared image store"),
