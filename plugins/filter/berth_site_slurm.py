@@ -12,13 +12,16 @@ _INCLUDE = re.compile(r"^\s*include\s+(\S+)\s*$", re.IGNORECASE)
 
 def berth_scontrol_config(text):
     """`scontrol show config`'s KEY = VALUE lines as a dict (the header and
-    the plugin sections' lines that are not of that form are left out)."""
+    the plugin sections' lines that are not of that form are left out).
+    A key shown as '(null)', scontrol's word for unset, is left out too:
+    Slurm then uses its built-in default (for PlugStackConfig,
+    plugstack.conf beside slurm.conf, as 22.05 shows it when unset)."""
     found = {}
     for line in text.splitlines():
         pair = _CONFIG_LINE.match(line)
         if pair and pair.group(1) not in found:
             found[pair.group(1)] = pair.group(2)
-    return found
+    return {key: value for key, value in found.items() if value != "(null)"}
 
 
 def berth_runs_path(setting, path):
