@@ -98,6 +98,18 @@ def _value(value):
     return json.dumps(value)
 
 
+# a longer default (a list of a dozen paths) is counted, not spelled out:
+# the table stays a table, and the role's defaults/main.yml lists it
+LONGEST_DEFAULT = 120
+
+
+def _default_cell(value):
+    shown = _value(value)
+    if len(shown) > LONGEST_DEFAULT and isinstance(value, (list, dict)):
+        return f"{len(value)} entries (the role's `defaults/main.yml`)"
+    return code(shown)
+
+
 def _type(spec):
     kind = spec.get("type", "str")
     if "elements" in spec:
@@ -125,7 +137,7 @@ def _rows(options, defaults, prefix=""):
                                      f"defaults/main.yml's {defaults[name]!r}")
             default = code(_value(spec["default"]))
         elif not prefix and name in defaults and defaults[name] not in (None, ""):
-            default = code(_value(defaults[name]))
+            default = _default_cell(defaults[name])
         else:
             default = "—"
         rows.append([code(prefix + name), _type(spec), default, description])

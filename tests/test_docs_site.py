@@ -147,13 +147,20 @@ def test_a_table_cell_checker_sees_a_long_cell():
 _RELEASES = {"bookworm": "12", "trixie": "13", "jammy": "22.04", "noble": "24.04", "9": "9"}
 
 
+# Roles the cluster scenario does not run (it builds a cluster from nothing),
+# and where they are tested instead.
+TESTED_ELSEWHERE = {"adopt": "tests/test_adopt_role.py runs it in Debian 12 containers"}
+
+
 def _platform_line(meta):
     """The Requirements line a role's README states, from its meta/main.yml."""
     platforms = {p["name"]: [_RELEASES[str(v)] for v in p["versions"]]
                  for p in yaml.safe_load(meta.read_text())["galaxy_info"]["platforms"]}
     assert platforms.pop("Debian") == ["12", "13"], meta
     untested = [f"{name} {' and '.join(versions)}" for name, versions in platforms.items()]
-    return ("Platforms: Debian 12 and 13 (tested: the cluster scenario runs every role on both); "
+    tested = TESTED_ELSEWHERE.get(meta.parent.parent.name,
+                                  "the cluster scenario runs every role on both")
+    return (f"Platforms: Debian 12 and 13 (tested: {tested}); "
             f"{' and '.join(untested)} (package names only, untested).")
 
 
