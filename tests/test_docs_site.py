@@ -102,10 +102,8 @@ def test_the_readme_is_short_and_opens_with_the_two_commands():
 
 
 # A table row is read in one glance; a cell longer than this is text that
-# belongs below its table. compatibility.md's rows are being rewritten in
-# another change; it joins the rule once that lands.
+# belongs below its table.
 LONGEST_CELL = 320
-CELLS_NOT_YET_CHECKED = {"compatibility.md"}
 
 
 def _table_cells(text):
@@ -126,7 +124,7 @@ def _pages():
 
 def test_no_table_cell_is_a_paragraph():
     long_cells = [f"{page.relative_to(ROOT)}:{number}: {len(cell)} characters"
-                  for page in _pages() if page.name not in CELLS_NOT_YET_CHECKED
+                  for page in _pages()
                   for number, cell in _table_cells(page.read_text()) if len(cell) > LONGEST_CELL]
     assert long_cells == []
 
