@@ -31,16 +31,6 @@ if [ -L "${BASH_SOURCE[0]}" ]; then here=$(readlink -f "${BASH_SOURCE[0]}") here
 hook_begin mpi BERTH_HOOK_MPI_ENABLE
 
 lib_dir=/usr/local/berth/mpi/lib
-# the C library's own, which the image keeps
-glibc='^(libc|libm|libpthread|libdl|librt|libresolv|libutil|libanl|libnsl|libmvec|ld-linux[^.]*)\.so'
-
-# The image's ld.so cache as "SONAME PATH" lines of its 64-bit entries.
-image_libraries() {
-    local cache=$ENROOT_ROOTFS/etc/ld.so.cache
-    [ -f "$cache" ] && [ ! -L "$cache" ] || return 0
-    ldconfig -C "$cache" -p 2>/dev/null |
-        awk -F ' => ' 'NF == 2 && $1 ~ /64/ { split($1, name, " "); sub(/^[ \t]+/, "", name[1]); print name[1], $2 }' || true
-}
 
 main() {
     local node_c=${BERTH_MPI_LIBRARY:-} node_dir soname path kind theirs line

@@ -39,16 +39,6 @@ hook_begin cxi BERTH_HOOK_CXI_ENABLE
 
 dev=${BERTH_DEV_ROOT:-/dev}
 lib_dir=/usr/local/berth/cxi/lib
-# the C library's own, which the image keeps
-glibc='^(libc|libm|libpthread|libdl|librt|libresolv|libutil|libanl|libnsl|libmvec|ld-linux[^.]*)\.so'
-
-# The image's ld.so cache as "SONAME PATH" lines of its 64-bit entries.
-image_libraries() {
-    local cache=$ENROOT_ROOTFS/etc/ld.so.cache
-    [ -f "$cache" ] && [ ! -L "$cache" ] || return 0
-    ldconfig -C "$cache" -p 2>/dev/null |
-        awk -F ' => ' 'NF == 2 && $1 ~ /64/ { split($1, name, " "); sub(/^[ \t]+/, "", name[1]); print name[1], $2 }' || true
-}
 
 # version FILE_NAME: 1.22.0 of libfabric.so.1.22.0; nothing for a bare soname.
 version() {

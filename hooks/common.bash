@@ -198,3 +198,17 @@ library_path_line() {
         *) echo "LD_LIBRARY_PATH=$1${current:+:$current}" ;;
     esac
 }
+
+# The C library's own sonames, which an image keeps when a hook binds the
+# node's libraries over the image's (a regular expression).
+# shellcheck disable=SC2034  # (read by the hooks that source this file)
+glibc='^(libc|libm|libpthread|libdl|librt|libresolv|libutil|libanl|libnsl|libmvec|ld-linux[^.]*)\.so'
+
+# image_libraries: the image's ld.so cache as "SONAME PATH" lines of its
+# 64-bit entries (nothing where it has no cache, or a link in its place).
+image_libraries() {
+    local cache=$ENROOT_ROOTFS/etc/ld.so.cache
+    [ -f "$cache" ] && [ ! -L "$cache" ] || return 0
+    ldconfig -C "$cache" -p 2>/dev/null |
+        awk -F ' => ' 'NF == 2 && $1 ~ /64/ { split($1, name, " "); sub(/^[ \t]+/, "", name[1]); print name[1], $2 }' || true
+}
