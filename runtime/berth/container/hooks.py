@@ -50,16 +50,23 @@ def find(cfg):
     return hooks
 
 
+def _relayed(status, output):
+    """Copy a hook's `output` to stderr, less its last line where it failed
+    (`status`): that line is why, returned for the one error line."""
+    reason = b""
+    if status:
+        before, _, reason = output.rstrip().rpartition(b"\n")
+        output = before + b"\n" if before else b""
+    sys.stderr.flush()
+    with open(sys.stderr.fileno(), "wb", closefd=False) as stderr:
+        stderr.write(output)
+    return reason
+
+
 def run(hooks, env):
     for hook in hooks:
         status, output = _run_one(hook, env)
-        reason = b""
-        if status:  # its last line is why
-            before, _, reason = output.rstrip().rpartition(b"\n")
-            output = before + b"\n" if before else b""
-        sys.stderr.flush()
-        with open(sys.stderr.fileno(), "wb", closefd=False) as stderr:
-            stderr.write(output)
+        reason = _relayed(status, output)
         if reason:
             raise BerthError(f"hook {os.path.basename(hook)}: "
                              f"{reason.decode(errors='replace').strip()}")
@@ -75,13 +82,7 @@ def run_device_hooks(device_hooks, state):
     for hook in device_hooks:
         status, output = _run_one(hook.path, dict(e.partition("=")[::2] for e in hook.env),
                                   argv=list(hook.args), stdin=data)
-        reason = b""
-        if status:  # its last line is why
-            before, _, reason = output.rstrip().rpartition(b"\n")
-            output = before + b"\n" if before else b""
-        sys.stderr.flush()
-        with open(sys.stderr.fileno(), "wb", closefd=False) as stderr:
-            stderr.write(output)
+        reason = _relayed(status, output)
         if status:
             why = reason.decode(errors="replace").strip()
             raise BerthError(f"{hook.origin}: hook {hook.path} failed with exit status "
