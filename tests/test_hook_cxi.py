@@ -20,30 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from fake_libraries import MULTIARCH, image, shared_library
+
 REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "hooks" / "88-cxi.sh"
 ON = {"BERTH_HOOK_CXI_ENABLE": "yes"}
-MULTIARCH = "usr/lib/x86_64-linux-gnu"
 LIB_DIR = "/usr/local/berth/cxi/lib"
 NEED = "bind,ro,nosuid,nodev,x-create=file"
 DEVICE = "bind,nosuid,noexec,x-create=file"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of device nodes needs root")
-
-
-def shared_library(path, soname, needs=None):
-    """A shared library called `soname` at `path` (and a link named `soname`
-    beside it); `needs`: a library it links."""
-    source = path.parent / f"{path.name}.c"
-    source.write_text("int cxi_test_symbol(void) { return 1; }\n")
-    link = ["-Wl,--no-as-needed", f"-L{needs.parent}", f"-l:{needs.name}",
-            f"-Wl,-rpath,{needs.parent}"] if needs else []
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", path, f"-Wl,-soname,{soname}", source, *link],
-                   check=True)
-    source.unlink()
-    if path.name != soname:
-        (path.parent / soname).symlink_to(path.name)
-    return path.parent / soname
 
 
 @pytest.fixture(scope="module")
@@ -68,18 +54,6 @@ def node(tmp_path_factory):
     settings.write_text("# the site's cxi provider settings\nFI_CXI_RX_MATCH_MODE=hybrid\n"
                         "FI_MR_CACHE_MONITOR=userfaultfd\n")
     return {"lib": lib, "listing": listing, "dev": dev, "settings": settings}
-
-
-def image(tmp_path, *libraries):
-    """An image root whose ld.so cache lists `libraries` (file name, soname)."""
-    root = tmp_path / "root"
-    (root / MULTIARCH).mkdir(parents=True)
-    (root / "etc").mkdir()
-    for name, soname in libraries:
-        shared_library(root / MULTIARCH / name, soname)
-    (root / "etc/ld.so.conf").write_text(f"/{MULTIARCH}\n")
-    subprocess.run(["ldconfig", "-r", root], check=True)
-    return root
 
 
 def run_hook(root, node, env=None):

@@ -11,33 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from fake_libraries import MULTIARCH, image, shared_library
+
 REPO = Path(__file__).resolve().parent.parent
 HOOK = REPO / "hooks" / "86-mpi.sh"
 ON = {"BERTH_HOOK_MPI_ENABLE": "yes"}
-MULTIARCH = "usr/lib/x86_64-linux-gnu"
-
-
-def shared_library(path, soname, needs=None):
-    """A shared library called `soname` at `path`; `needs`: a library it links."""
-    source = path.parent / "x.c"
-    source.write_text("int mpi_test_symbol(void) { return 1; }\n")
-    link = ["-Wl,--no-as-needed", f"-L{needs.parent}", f"-l:{needs.name}",
-            f"-Wl,-rpath,{needs.parent}"] if needs else []
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", path, f"-Wl,-soname,{soname}", source, *link],
-                   check=True)
-    source.unlink()
-
-
-def image(tmp_path, *libraries):
-    """An image root whose ld.so cache lists `libraries` (file name, soname)."""
-    root = tmp_path / "root"
-    (root / MULTIARCH).mkdir(parents=True)
-    (root / "etc").mkdir()
-    for name, soname in libraries:
-        shared_library(root / MULTIARCH / name, soname)
-    (root / "etc/ld.so.conf").write_text(f"/{MULTIARCH}\n")
-    subprocess.run(["ldconfig", "-r", root], check=True)
-    return root
 
 
 @pytest.fixture
