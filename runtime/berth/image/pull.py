@@ -459,8 +459,10 @@ def _downloading(blobs, source, layers, *, cfg, request):
     a registry that stopped answering, and blobs.cancel() has removed its
     temporary file."""
     downloads = _Downloads(blobs, source, layers, request=request)
-    downloads.start(max(1, min(cfg.number("ENROOT_MAX_CONNECTIONS"), len(layers))))
     try:
+        # (started inside: a SIGTERM while the later threads start finds the
+        # first ones' temporary files, and removes them)
+        downloads.start(max(1, min(cfg.number("ENROOT_MAX_CONNECTIONS"), len(layers))))
         yield downloads.ready
         for digest, _ in layers:
             downloads.ready(digest)
