@@ -7,6 +7,7 @@ scenario runs the playbook itself (molecule/multinode/tests/test_day2.py)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -177,3 +178,15 @@ def test_restarts_and_names_come_from_the_roles_own_tasks_and_handlers():
     handlers = yaml.safe_load((REPO / "roles" / "slurm" / "handlers" / "main.yml").read_text())
     assert next(h for h in handlers if h["name"] == "Restart slurmctld")[
         "ansible.builtin.include_tasks"] == "restart_slurmctld.yml"
+
+
+def test_the_plugins_package_names_it_upgrades_are_in_every_platforms_vars():
+    """upgrade_packages.yml loads the spank_plugin role's platform files
+    alone (not its vars/main.yml): a name it uses from that role must be
+    in each of them, or every node's upgrade stops at an undefined name."""
+    text = (REPO / "playbooks" / "tasks" / "upgrade_packages.yml").read_text()
+    used = set(re.findall(r"\bspank_plugin_[a-z_]+\b", text))
+    assert used
+    for platform in (REPO / "roles" / "spank_plugin" / "vars").glob("*.yml"):
+        if platform.name != "main.yml":
+            assert used <= set(yaml.safe_load(platform.read_text())), platform
