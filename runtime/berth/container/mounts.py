@@ -391,8 +391,11 @@ def _exec_server(server, fuse, failed_w, middle, starter):
         sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != starter and not sc.pid_alive(starter):  # berth died before that
             os._exit(1)
-        null = os.open(os.devnull, os.O_RDONLY)
+        # stdout too: it may be a pipe a caller reads to its end (the SPANK
+        # plugin reads a keeper's), which a server outliving berth would hold open
+        null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
+        os.dup2(null, 1)
         os.close(null)
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
