@@ -3,6 +3,7 @@ libraries over an image's (the MPI and CXI hooks): small libraries built
 here with the sonames and file names of the real ones, and an image root
 whose ld.so cache `ldconfig -r` writes, as an image's build does."""
 
+import os
 import subprocess
 
 MULTIARCH = "usr/lib/x86_64-linux-gnu"
@@ -33,3 +34,18 @@ def image(tmp_path, *libraries):
     (root / "etc/ld.so.conf").write_text(f"/{MULTIARCH}\n")
     subprocess.run(["ldconfig", "-r", root], check=True)
     return root
+
+
+def run_hook(hook, root, env):
+    """Run `hook` on the image root `root` with its ENROOT_MOUNTS and
+    ENROOT_ENVIRON files beside it (the environment's first line the
+    image's own) and `env` added: (the process, the mount lines, the
+    environment lines the hook appended)."""
+    mounts, environ = root.parent / "mounts", root.parent / "environ"
+    mounts.write_text("")
+    environ.write_text("LD_LIBRARY_PATH=/opt/app/lib\n")
+    process = subprocess.run(
+        ["bash", hook], capture_output=True, text=True, check=False, timeout=30,
+        env={"PATH": os.environ["PATH"], "ENROOT_ROOTFS": str(root), "ENROOT_MOUNTS": str(mounts),
+             "ENROOT_ENVIRON": str(environ), **env})
+    return process, mounts.read_text().splitlines(), environ.read_text().splitlines()[1:]

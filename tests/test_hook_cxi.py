@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import fake_libraries
 from fake_libraries import MULTIARCH, image, shared_library
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,16 +58,9 @@ def node(tmp_path_factory):
 
 
 def run_hook(root, node, env=None):
-    mounts, environ = root.parent / "mounts", root.parent / "environ"
-    mounts.write_text("")
-    environ.write_text("LD_LIBRARY_PATH=/opt/app/lib\n")
-    process = subprocess.run(
-        ["bash", HOOK], capture_output=True, text=True, check=False, timeout=30,
-        env={"PATH": os.environ["PATH"], "ENROOT_ROOTFS": str(root), "ENROOT_MOUNTS": str(mounts),
-             "ENROOT_ENVIRON": str(environ), "BERTH_DEV_ROOT": str(node["dev"]),
-             "BERTH_LDCONFIG": f"cat {node['listing']}",
-             "BERTH_CXI_ENVIRONMENT": str(node["settings"]), **(env or {})})
-    return process, mounts.read_text().splitlines(), environ.read_text().splitlines()[1:]
+    return fake_libraries.run_hook(HOOK, root, {
+        "BERTH_DEV_ROOT": str(node["dev"]), "BERTH_LDCONFIG": f"cat {node['listing']}",
+        "BERTH_CXI_ENVIRONMENT": str(node["settings"]), **(env or {})})
 
 
 def node_libraries(node):

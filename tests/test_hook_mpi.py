@@ -5,12 +5,11 @@ wrote, as an image's build does. The tests read the lines the hook appends;
 the multinode scenario runs an MPI job with the node's library
 (molecule/multinode/tests/test_spank.py)."""
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+import fake_libraries
 from fake_libraries import MULTIARCH, image, shared_library
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,15 +29,8 @@ def node(tmp_path):
 
 
 def run_hook(root, node, env=None):
-    mounts, environ = root.parent / "mounts", root.parent / "environ"
-    mounts.write_text("")
-    environ.write_text("LD_LIBRARY_PATH=/opt/app/lib\n")
-    process = subprocess.run(
-        ["bash", HOOK], capture_output=True, text=True, check=False, timeout=30,
-        env={"PATH": os.environ["PATH"], "ENROOT_ROOTFS": str(root), "ENROOT_MOUNTS": str(mounts),
-             "ENROOT_ENVIRON": str(environ), "BERTH_MPI_LIBRARY": str(node / "libmpich.so.12"),
-             **(env or {})})
-    return process, mounts.read_text().splitlines(), environ.read_text().splitlines()[1:]
+    return fake_libraries.run_hook(HOOK, root, {
+        "BERTH_MPI_LIBRARY": str(node / "libmpich.so.12"), **(env or {})})
 
 
 def mpich_over_the_images(node):
