@@ -381,6 +381,19 @@ def enroot_conf_values():
     )
 
 
+def hook_variables_section(config):
+    prefixes = ", ".join(code(prefix + "*") for prefix in config.HOOK_VARIABLE_PREFIXES)
+    return (
+        "## Variables for the hooks\n\nA key named " + prefixes + " (say "
+        "`NVIDIA_DRIVER_CAPABILITIES` or `MELLANOX_VISIBLE_DEVICES`) is no setting but a "
+        "variable the hooks run with, as under enroot: the process environment wins over "
+        "the file, and the container's environment does not get it. enroot's own NVIDIA and "
+        "Mellanox hooks, where a site keeps them, prefer such a variable to the container's; "
+        "Berth's (`90-nvidia.sh`, `91-mellanox.sh`) read the container's alone (the image's, "
+        "`environ.d`'s, `-e`'s), so such a key does not change what they do."
+    )
+
+
 def enroot_conf_page():
     config = _runtime_module("config")
     missing = sorted(set(config.KEYS) - set(ENROOT_CONF))
@@ -403,6 +416,7 @@ def enroot_conf_page():
         "(see [Values](#values) below). Any other key is an error naming the file and line. "
         "The roles set them through `container_runtime_enroot_conf`.",
         table(["Key", "Value", "Default", "What it does"], rows),
+        hook_variables_section(config),
         enroot_conf_values(),
         "## Refused\n\nenroot's keys that Berth refuses in a file, naming the file and line, "
         "because a site that sets one expects an effect Berth cannot give:",

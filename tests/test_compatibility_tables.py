@@ -71,10 +71,15 @@ def test_the_tables_name_nothing_unknown(table):
     cli, config = _runtime()
     sub = next(a for a in cli.parser()._actions if a.dest == "verb")
     known = set(sub.choices) | {"load", "bundle"} if table == "enroot verb" else \
-        set(config.KEYS) | set(config.REFUSED)
+        set(config.KEYS) | set(config.REFUSED) | _hook_variables(config)
     assert _tables()[table] <= known
+
+
+def _hook_variables(config):
+    return {prefix + "*" for prefix in config.HOOK_VARIABLE_PREFIXES}
 
 
 def test_every_enroot_conf_key_is_in_the_table():
     _, config = _runtime()
-    assert set(config.KEYS) | set(config.REFUSED) == _tables()["`enroot.conf` key"]
+    assert set(config.KEYS) | set(config.REFUSED) | _hook_variables(config) == \
+        _tables()["`enroot.conf` key"]

@@ -146,8 +146,22 @@ def _which(program):
 NETWORK_ENVIRONMENT = ("http_proxy", "https_proxy", "all_proxy", "no_proxy",
                        "SSL_CERT_FILE", "SSL_CERT_DIR")
 
-#: Every key enroot.conf may set; anything else in a file is an error.
+#: Every key enroot.conf may set (but HOOK_VARIABLE_PREFIXES's); anything
+#: else in a file is an error.
 KEYS = frozenset(_defaults({"HOME": "/"})) | frozenset(NETWORK_ENVIRONMENT)
+
+#: The prefixes of enroot.conf keys that are variables for the hooks rather
+#: than settings (NVIDIA_VISIBLE_DEVICES, MELLANOX_VISIBLE_DEVICES, ...), as
+#: enroot takes them: the environment wins over the file, the hooks run with
+#: them set (enroot's NVIDIA and Mellanox hooks prefer such a variable to the
+#: container's), and the container's environment does not get them.
+HOOK_VARIABLE_PREFIXES = ("MELLANOX_", "NVIDIA_")
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def is_hook_variable(key):
+    """Whether the enroot.conf key `key` is a variable for the hooks."""
+    return key.startswith(HOOK_VARIABLE_PREFIXES)
 
 #: enroot's keys that Berth refuses in a file, each with why: a site that
 #: sets one expects an effect Berth cannot give.
@@ -187,8 +201,10 @@ def parse_file(path, scope):
         key, text = _LINE.fullmatch(line).groups()
         if key in REFUSED:
             raise BerthError(f"{path}:{lineno}: {key} is not supported: {REFUSED[key]}")
-        if key not in KEYS:
+        if key not in KEYS and not is_hook_variable(key):
             raise BerthError(f"{path}:{lineno}: unknown configuration key '{key}'")
+        if not _VARIABLE.fullmatch(key):  # (enroot's `export` fails on it)
+            raise BerthError(f"{path}:{lineno}: {key}: not a variable name")
         try:
             value = confvalue.read(text, scope)
         except confvalue.Refused as e:
@@ -294,7 +310,7 @@ def load(env=None):
         if os.path.isfile(path):
             for key, value in parse_file(path, scope):
                 values[key] = scope[key] = value
-    for key in KEYS:
+    for key in KEYS | {key for key in values if is_hook_variable(key)}:
         if env.get(key):
             values[key] = env[key]
     values["ENROOT_SYSCONF_PATH"] = sysconf

@@ -81,6 +81,27 @@ def test_enroot_4s_keys_load_from_an_enroot_conf(tmp_path):
                                          "no_proxy": ".example", "SSL_CERT_DIR": "/etc/ssl/certs"}
 
 
+def test_nvidia_and_mellanox_keys_are_the_hooks_variables(tmp_path):
+    """enroot exports an enroot.conf's NVIDIA_* and MELLANOX_* keys for its
+    hooks (a site's GPU and HCA defaults); a variable already set in the
+    environment wins, as enroot's export keeps it."""
+    write(tmp_path / "enroot.conf", "NVIDIA_DRIVER_CAPABILITIES compute,utility\n"
+                                    "MELLANOX_VISIBLE_DEVICES=all\nNVIDIA_VISIBLE_DEVICES 0\n")
+    cfg = config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path),
+                       "NVIDIA_VISIBLE_DEVICES": "1,2"})
+    assert {key: value for key, value in cfg.items() if config.is_hook_variable(key)} == {
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility", "MELLANOX_VISIBLE_DEVICES": "all",
+        "NVIDIA_VISIBLE_DEVICES": "1,2"}
+
+
+def test_a_hook_variable_that_is_no_variable_name_is_refused(tmp_path):
+    write(tmp_path / "enroot.conf", "ENROOT_DATA_PATH /d\nNVIDIA_VISIBLE.DEVICES all\n")
+    with pytest.raises(BerthError) as refused:
+        config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path)})
+    assert str(refused.value) == (f"{tmp_path}/enroot.conf:2: NVIDIA_VISIBLE.DEVICES: "
+                                  "not a variable name")
+
+
 @pytest.mark.parametrize("value", ["maybe", "2"])
 def test_bad_boolean_names_the_key(tmp_path, value):
     cfg = config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path),

@@ -633,6 +633,25 @@ echo "hook chatter"
     assert result.stderr == "hook chatter\n"  # never on stdout
 
 
+def test_enroot_conf_hook_variables_reach_the_hooks_not_the_container(berth, app):
+    """enroot exports an enroot.conf's NVIDIA_* and MELLANOX_* keys into the
+    environment its hooks run in (its NVIDIA and Mellanox hooks prefer them
+    to the container's), never into the container's environment; the
+    caller's environment wins over the file."""
+    berth.write("sys/enroot.conf", "NVIDIA_DRIVER_CAPABILITIES compute,utility\n"
+                                   "MELLANOX_VISIBLE_DEVICES all\n")
+    berth.write("sys/hooks.d/20-site.sh", '#!/bin/sh\n'
+                'echo "hook: $NVIDIA_DRIVER_CAPABILITIES $MELLANOX_VISIBLE_DEVICES" >&2\n',
+                mode=0o755)
+    shown = 'echo "${NVIDIA_DRIVER_CAPABILITIES-unset} ${MELLANOX_VISIBLE_DEVICES-unset}"'
+    result = berth("start", "app", "sh", "-c", shown)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        0, "unset unset\n", "hook: compute,utility all\n")
+    result = berth("start", "app", "sh", "-c", shown, env={"NVIDIA_DRIVER_CAPABILITIES": "video"})
+    assert (result.returncode, result.stdout, result.stderr) == (
+        0, "unset unset\n", "hook: video all\n")
+
+
 def test_failing_hook_aborts_and_is_named(berth, app):
     hook = berth.write("cfg/hooks.d/30-broken.sh", "#!/bin/sh\nexit 3\n", mode=0o755)
     berth.fails("start", "app", "true", needle=f"hook {hook} failed with exit status 3")
