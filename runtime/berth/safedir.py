@@ -44,9 +44,23 @@ class Unreachable(BerthError):
         self.path, self.error, self.link = path, error, link
 
 
+#: Why a directory of these keys is the caller's alone, where a site may
+#: mean to share it (pyxis's setup guide's `group-$(id -g)` cache): what is
+#: cached is trusted once found (an image by a key any user can compute, a
+#: layer verified when written, not when read), so a member of the group
+#: could plant what the others then run.
+_NOT_SHARED = {
+    "ENROOT_CACHE_PATH": "; a cache shared with other users (a group's) is refused: any of "
+                         "them could plant an image or layer that the others would run "
+                         "(give each user one, with $(id -u), or share images through "
+                         "BERTH_IMAGE_STORE)",
+}
+
+
 def _refuse(path, what, why):
-    raise BerthError(f"{what} {path}: {why}; refusing to use it "
-                     "(it must be owned by you and writable by nobody else)")
+    rule = "(it must be owned by you and writable by nobody else)"
+    raise BerthError(f"{what} {path}: {why}; refusing to use it {rule}"
+                     + _NOT_SHARED.get(what, ""))
 
 
 def _others_may_write(st):

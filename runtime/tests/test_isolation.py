@@ -162,6 +162,34 @@ def test_a_cache_dir_writable_by_others_is_refused(berth, verb):
     assert berth("cache", env=env).returncode == 0
 
 
+@needs_root
+@pytest.mark.parametrize("owner", ["root", "member", "caller"])
+@pytest.mark.parametrize("verb", [["import", "--cache-only", "docker://127.0.0.1:9#x"],
+                                  ["start", "docker://127.0.0.1:9#x", "true"]])
+def test_a_groups_shared_cache_is_refused_naming_the_rule(berth, owner, verb):
+    """pyxis's setup guide's group-$(id -g) cache, made as carefully as a
+    site could (setgid, group-writable, not world-writable), by root, by a
+    member of the group or by the caller: a member (nobody here) has planted
+    an image where the caller's import would find it. Nothing cached is
+    verified when read, so the caller is refused in one line naming the
+    key, the directory and why, and nothing there changes."""
+    group = 100  # "users": the caller's and the planter's, no one's private group
+    shared = berth.base / f"group-{group}"
+    shared.mkdir()
+    os.chown(shared, {"root": 0, "member": NOBODY, "caller": berth.user.pw_uid}[owner], group)
+    shared.chmod(0o2770)
+    (shared / "images").mkdir()
+    (shared / "images/planted.sqsh").write_text("the planter's root\n")
+    for path in (shared / "images", shared / "images/planted.sqsh"):
+        os.chown(path, NOBODY, group)
+    before = sorted(str(p.relative_to(shared)) for p in shared.rglob("*"))
+    line = one_error_line(berth(*verb, env={"ENROOT_CACHE_PATH": str(shared)}),
+                          f"ENROOT_CACHE_PATH {shared}: ",
+                          "a cache shared with other users (a group's) is refused")
+    assert ("writable by others" if owner == "caller" else "not by you") in line
+    assert sorted(str(p.relative_to(shared)) for p in shared.rglob("*")) == before
+
+
 # 2. the image cannot reach the host side ----------------------------------------------
 
 PAYLOAD_KEYS = ("BASH_ENV", "ENV", "LD_PRELOAD", "LD_LIBRARY_PATH", "PATH", "IFS", "PYTHONPATH")
