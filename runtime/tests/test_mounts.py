@@ -97,6 +97,23 @@ def test_fstab_lines_may_leave_out_the_type(berth, app, host):
     berth.fails("start", "app", "true", needle="10-short.fstab:1: expected 'SRC DST TYPE")
 
 
+def test_remount_gives_new_flags_to_what_is_mounted(berth, app):
+    """enroot's fstab `none DST none rbind,remount,ro,...` (its 10-cgroups.sh
+    ends with one): the mount already at DST becomes read-only, SRC unused;
+    a missing DST with nofail is skipped. `-m` takes no remount."""
+    berth.write("cfg/mounts.d/10-tmp.fstab", "tmpfs /scratch tmpfs x-create=dir,size=1m\n"
+                "none /scratch none rbind,remount,nosuid,ro,rslave,silent\n"
+                "none /nowhere none rbind,remount,ro,nofail\n")
+    out = berth.ok("start", "app", "sh", "-c",
+                   "touch /scratch/f 2>/dev/null && echo wrote; cat /proc/self/mountinfo")
+    assert "wrote" not in out
+    last = {line.split()[4]: line for line in out.splitlines()}
+    assert last["/scratch"].split()[5].startswith("ro,nosuid"), out
+    assert "/nowhere" not in last
+    berth.fails("start", "-m", "/tmp:/b:remount", "app", "true",
+                needle="remount is for fstab lines")
+
+
 def test_x_move_moves_a_mount_in_the_container(berth, app):
     berth.write("cfg/mounts.d/10-move.fstab", "tmpfs /a tmpfs x-create=dir,size=1m\n"
                 "/a /b none x-move,x-create=dir\n")

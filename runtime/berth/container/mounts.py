@@ -28,7 +28,10 @@ rslave, shared, rshared, unbindable, runbindable), nofail (skip the mount
 when it fails), x-create=dir|file|auto (create a missing destination; auto
 follows the source's type), x-detach (unmount DST instead: the fstab form
 of umount:), x-move (move the mount at SRC, a path in the container, to
-DST) and sqsh.
+DST), remount (new flags for what is already mounted at DST, SRC unused:
+as enroot's 10-cgroups.sh makes /sys/fs/cgroup read-only; its per-mount
+flags only, a bind remount, whatever else the line says) and sqsh; the
+last three are for fstab lines only.
 
 A destination is resolved inside the root with symlinks read with the root
 as `/`; one that still climbs above it (a `..` past `/`) is refused when it
@@ -83,7 +86,7 @@ _PROPAGATION = {
     "unbindable": _MS_UNBINDABLE, "runbindable": _MS_UNBINDABLE | sc.MS_REC,
 }
 _CREATE = {"x-create=dir", "x-create=file", "x-create=auto"}
-_OURS = _CREATE | {"nofail", "x-detach", "x-move", "sqsh"}
+_OURS = _CREATE | {"nofail", "x-detach", "x-move", "remount", "sqsh"}
 FLAGS = frozenset(_FLAGS) | frozenset(_PROPAGATION) | _OURS
 # tmpfs's own options (mount data), as `tmpfs:DST:OPTS` accepts them
 _TMPFS_KEYS = {"size", "nr_blocks", "nr_inodes", "mode", "uid", "gid", "huge", "mpol",
@@ -116,6 +119,10 @@ class Mount(collections.namedtuple("Mount", "source target fstype options origin
     def is_squashfs(self):
         return "sqsh" in self.options
 
+    @property
+    def is_remount(self):
+        return "remount" in self.options
+
 
 def _check_flags(options, origin, allowed_data=()):
     for option in options:
@@ -144,7 +151,7 @@ def parse_fstab_line(line, origin, environ):
     source, target, fstype = fields[:3]
     options = tuple(o for o in fields[3].split(",") if o) if len(fields) > 3 else ()
     mount = Mount(source, target, fstype, options, origin)
-    if mount.is_bind or mount.is_squashfs or mount.is_move or mount.is_umount:
+    if mount.is_bind or mount.is_squashfs or mount.is_move or mount.is_umount or mount.is_remount:
         _check_flags(options, origin)
     return mount
 
@@ -186,7 +193,7 @@ def parse_spec(spec, cwd=None):
             raise BerthError(f"{origin}: umount:DST takes no flag but nofail, got '{extra[0]}'")
         return Mount("none", target, "none", ("x-detach", *flags), origin)
     _check_flags(flags, origin)
-    for flag in ("x-detach", "x-move"):
+    for flag in ("x-detach", "x-move", "remount"):
         if flag in flags:
             raise BerthError(f"{origin}: {flag} is for fstab lines (-m takes umount:DST)")
     source = os.path.abspath(os.path.join(cwd or os.getcwd(), source))
@@ -255,14 +262,16 @@ def _move(root, source, target_fd):
         os.close(fd)
 
 
-def apply(root, mount):
-    """Mount `mount` into the container root `root` (inside our mount
-    namespace); return the pid of the FUSE server it started (sqsh), or None."""
-    flags = 0
-    propagation = 0
-    data = []
-    create = None
-    for option in mount.options:
+class _Options(collections.namedtuple("_Options", "flags propagation data create")):
+    """A Mount's options as mount(2) takes them: the flags, the propagation
+    mode, the filesystem's data, and what x-create= asks (or None)."""
+
+    __slots__ = ()
+
+
+def _fold(options):
+    flags, propagation, data, create = 0, 0, [], None
+    for option in options:
         if option in _FLAGS:
             flags = (flags | _FLAGS[option][0]) & ~_FLAGS[option][1]
         elif option in _PROPAGATION:
@@ -271,8 +280,16 @@ def apply(root, mount):
             create = option.split("=", 1)[1]
         elif option not in _OURS:
             data.append(option)
+    return _Options(flags=flags, propagation=propagation, data=data, create=create)
+
+
+def apply(root, mount):
+    """Mount `mount` into the container root `root` (inside our mount
+    namespace); return the pid of the FUSE server it started (sqsh), or None."""
+    flags, propagation, data, create = _fold(mount.options)
     try:
-        if (mount.is_bind or mount.is_squashfs) and not os.path.exists(mount.source):
+        if (mount.is_bind or mount.is_squashfs) and not mount.is_remount \
+                and not os.path.exists(mount.source):
             # (pyxis's words, which scripts grep for, then the path)
             raise BerthError(f"mount source path does not exist: {mount.source}")
         if mount.is_squashfs:  # a squashfs, or a SIF file's partition
@@ -308,13 +325,15 @@ def apply(root, mount):
                 # libraries, from a root pivot_root would soon swap for the container's.
                 os.listdir(target)
                 return server
-            fstype = None if mount.is_bind else mount.fstype
-            first = flags & ~sc.MS_RDONLY if mount.is_bind else flags
-            sc.mount(mount.source, f"/proc/self/fd/{fd}", fstype, first, ",".join(data) or None)
+            if not mount.is_remount:  # (whose flags are the remount below)
+                fstype = None if mount.is_bind else mount.fstype
+                first = flags & ~sc.MS_RDONLY if mount.is_bind else flags
+                sc.mount(mount.source, f"/proc/self/fd/{fd}", fstype, first,
+                         ",".join(data) or None)
         finally:
             os.close(fd)
         per_mount = flags & ~(sc.MS_BIND | sc.MS_REC)
-        if mount.is_bind and per_mount:  # a bind takes its flags from a remount
+        if (mount.is_bind or mount.is_remount) and per_mount:  # a bind takes them from a remount
             sc.mount(None, target, None,
                      sc.MS_REMOUNT | sc.MS_BIND | per_mount | locked_flags(target))
         if propagation:
