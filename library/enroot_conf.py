@@ -24,6 +24,8 @@ options:
     description:
       - Mapping of C(ENROOT_*) keys to values. Flags take booleans or
         yes/no/true/false/1/0/y/n and are written as yes/no.
+      - C(NVIDIA_*) and C(MELLANOX_*) keys are variables the hooks run with
+        (C(NVIDIA_DRIVER_CAPABILITIES), ...), written as text.
     type: dict
     required: true
 extends_documentation_fragment:

@@ -31,6 +31,7 @@ def node_settings(conf):
             "ENROOT_ALLOW_HTTP": False,
             "ENROOT_MOUNT_HOME": "Y",
             "ENROOT_MAX_CONNECTIONS": "4",
+            "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
         },
     }
 
@@ -41,6 +42,7 @@ def test_keys_match_the_runtime():
     keys = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(keys)
     assert set(keys.KEYS) == set(config.KEYS)
+    assert keys.HOOK_VARIABLE_PREFIXES == config.HOOK_VARIABLE_PREFIXES
     assert keys.RANGES == config.RANGES
     assert set(keys.RANGES) == {key for key, kind in keys.KEYS.items() if kind == keys.COUNT}
 
@@ -59,6 +61,7 @@ def test_writes_a_file_the_runtime_reads_and_second_run_changes_nothing(tmp_path
     assert cfg["ENROOT_SQUASH_OPTIONS"] == "-comp zstd -Xcompression-level 3"
     assert cfg.flag("ENROOT_ALLOW_HTTP") is False
     assert cfg.number("ENROOT_MAX_CONNECTIONS") == 4
+    assert cfg["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"  # a hooks' variable
 
     second = ansible_module.run_module(tmp_path, "enroot_conf", node_settings(conf))
     assert second["changed"] is False
@@ -82,6 +85,8 @@ def test_check_mode_reports_the_diff_and_writes_nothing(tmp_path):
      "ENROOT_MAX_CONNECTIONS: expected a whole number from 1 to 256"),
     ("ENROOT_CONNECT_TIMEOUT", "10000000000", "ENROOT_CONNECT_TIMEOUT: expected a whole number from 0 to 86400"),
     ("ENROOT_DATA_PATH", "data/${UID}", "ENROOT_DATA_PATH: expected an absolute path"),
+    ("NVIDIA_VISIBLE-DEVICES", "all", "unknown enroot.conf key 'NVIDIA_VISIBLE-DEVICES'"),
+    ("NVIDIA_VISIBLE_DEVICES", "", "NVIDIA_VISIBLE_DEVICES: value must be one non-empty line"),
     ("ENROOT_SQUASH_OPTIONS", "-comp zstd # fast", "ENROOT_SQUASH_OPTIONS: value must be one non-empty line"),
 ])
 def test_bad_setting_fails_naming_the_key_and_keeps_the_file(tmp_path, key, value, message):

@@ -1,9 +1,9 @@
 """The enroot.conf keys Berth understands, with the kind of value each takes,
 and the range of each count.
 
-Kept equal to runtime/berth/config.py's KEYS and RANGES by a unit test, so
-the module that writes enroot.conf and the runtime that reads it cannot
-drift apart.
+Kept equal to runtime/berth/config.py's KEYS, HOOK_VARIABLE_PREFIXES and
+RANGES by a unit test, so the module that writes enroot.conf and the
+runtime that reads it cannot drift apart.
 """
 
 TRUE = ("1", "true", "yes", "y")
@@ -68,6 +68,10 @@ KEYS = {
     "SSL_CERT_DIR": PATH,
 }
 
+# the prefixes of keys that are the hooks' variables (NVIDIA_VISIBLE_DEVICES,
+# MELLANOX_VISIBLE_DEVICES, ...): any such key that is a variable name, text
+HOOK_VARIABLE_PREFIXES = ("MELLANOX_", "NVIDIA_")
+
 # (low, high) of each count, both inclusive
 RANGES = {
     "ENROOT_CONNECT_TIMEOUT": (0, 86400),
@@ -83,6 +87,9 @@ RANGES = {
 def conf_value(key, value):
     """Return `value` as enroot.conf text for `key`; ValueError names the key."""
     kind = KEYS.get(key)
+    if kind is None and key.startswith(HOOK_VARIABLE_PREFIXES) and key.isascii() \
+            and key.isidentifier():
+        kind = TEXT
     if kind is None:
         raise ValueError(f"unknown enroot.conf key '{key}'")
     if kind == FLAG:
