@@ -413,7 +413,9 @@ def enroot_conf_page():
         "`enroot.conf.d/*.conf` in name order, then the process environment, which wins "
         "(`runtime/berth/config.py`). A line is `KEY VALUE` or `KEY=VALUE`; a line that "
         "starts with `#` is a comment. A value is read as enroot reads it, through the shell "
-        "(see [Values](#values) below). Any other key is an error naming the file and line. "
+        "(see [Values](#values) below). Any other key is an error naming the file and line, "
+        "and so is a value its key does not take (a flag that is not yes or no, a number "
+        "outside its range), when the file is read. "
         "The roles set them through `container_runtime_enroot_conf`.",
         table(["Key", "Value", "Default", "What it does"], rows),
         hook_variables_section(config),

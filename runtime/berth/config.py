@@ -148,7 +148,11 @@ NETWORK_ENVIRONMENT = ("http_proxy", "https_proxy", "all_proxy", "no_proxy",
 
 #: Every key enroot.conf may set (but HOOK_VARIABLE_PREFIXES's); anything
 #: else in a file is an error.
-KEYS = frozenset(_defaults({"HOME": "/"})) | frozenset(NETWORK_ENVIRONMENT)
+_SOME_DEFAULTS = _defaults({"HOME": "/"})
+KEYS = frozenset(_SOME_DEFAULTS) | frozenset(NETWORK_ENVIRONMENT)
+
+#: The keys that are yes or no (their defaults say so).
+FLAGS = frozenset(key for key, value in _SOME_DEFAULTS.items() if value in ("yes", "no"))
 
 #: The prefixes of enroot.conf keys that are variables for the hooks rather
 #: than settings (NVIDIA_VISIBLE_DEVICES, MELLANOX_VISIBLE_DEVICES, ...), as
@@ -210,7 +214,19 @@ def parse_file(path, scope):
         except confvalue.Refused as e:
             raise BerthError(f"{path}:{lineno}: {key}: {e}") from None
         if value:
+            _check_value(f"{path}:{lineno}: {key}", key, value)
             yield key, value
+
+
+
+def _check_value(where, key, value):
+    """Refuse a file's value that the key's use would refuse, now, naming
+    `where` (the file, line and key): a site's mistake is found by every
+    command, not by the first that reads the key."""
+    if key in FLAGS and value.strip().lower() not in _TRUE | _FALSE:
+        raise BerthError(f"{where}: expected yes or no, got {_shown(value)}")
+    if key in RANGES:
+        number_in_range(where, value, *RANGES[key])
 
 
 class Config:

@@ -110,6 +110,24 @@ def test_bad_boolean_names_the_key(tmp_path, value):
         cfg.flag("ENROOT_REMAP_ROOT")
 
 
+@pytest.mark.parametrize("line, message", [
+    ("ENROOT_REMAP_ROOT maybe", "ENROOT_REMAP_ROOT: expected yes or no, got 'maybe'"),
+    ("BERTH_HOOK_SLURM_ENABLE often", "BERTH_HOOK_SLURM_ENABLE: expected yes or no, got 'often'"),
+    # enroot.conf's comment says 0 is no limit; enroot's own import fails on
+    # it (mksquashfs takes -processors 1 or more, its zstd -T divides by it)
+    ("ENROOT_MAX_PROCESSORS 0", "ENROOT_MAX_PROCESSORS: expected 1 or more, got '0'"),
+    ("ENROOT_MAX_CONNECTIONS 0", "ENROOT_MAX_CONNECTIONS: expected 1 or more, got '0'"),
+    ("ENROOT_TRANSFER_RETRIES ten", "ENROOT_TRANSFER_RETRIES: expected a number, got 'ten'"),
+])
+def test_a_files_bad_value_is_refused_naming_file_line_and_key(tmp_path, line, message):
+    """Found when the file is read, by every command, not only by the first
+    one that reads the key (and then without the file and line)."""
+    write(tmp_path / "enroot.conf", f"ENROOT_DATA_PATH /d\n{line}\n")
+    with pytest.raises(BerthError) as refused:
+        config.load({"HOME": "/h", "ENROOT_SYSCONF_PATH": str(tmp_path)})
+    assert str(refused.value) == f"{tmp_path}/enroot.conf:2: {message}"
+
+
 def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
     write(tmp_path / "enroot.conf", "ENROOT_DATA_PATH /d\n")
     (tmp_path / "enroot.conf.d").mkdir()
