@@ -27,6 +27,17 @@
 # com.hooks.nvidia.enable = false (BERTH_HOOK_NVIDIA_ENABLE=0); `no` or `false`
 # there does the same.
 #
+# NVIDIA's CDI spec: where the node has one (kind nvidia.com/gpu, as
+# `nvidia-ctk cdi generate` writes it to /etc/cdi or /var/run/cdi), the
+# runtime lists its device names in BERTH_NVIDIA_CDI_GPUS; the GPUs chosen
+# above are then asked for by their names there (the index, else GPU-<uuid>;
+# MIG-<uuid> for a MIG device) in $BERTH_CDI_DEVICES, and the runtime applies
+# the spec's edits (device nodes, libraries, its hooks) instead of this
+# hook's own binding; NVIDIA_DRIVER_CAPABILITIES and the backend are then not
+# used: the spec says what the driver is. A chosen GPU the spec lacks (a
+# spec older than the GPUs) is refused. BERTH_NVIDIA_CDI=no (enroot.conf)
+# leaves the list empty, and this hook finds the driver's files itself.
+#
 # Knobs, from the environment of berth start (the caller's; an image's or
 # environ.d's variables are the container's and do not reach them):
 #   BERTH_NVIDIA_BACKEND    ldcache (default: bind mounts from the ld.so cache)
@@ -369,6 +380,44 @@ renumber_cuda_devices() {
     environ+=("CUDA_VISIBLE_DEVICES=$list")
 }
 
+# cdi_name OUT NAME...: into OUT, the first NAME that is a device of the
+# node's CDI spec.
+# shellcheck disable=SC2034  # name_out is the caller's variable
+cdi_name() {
+    local -n name_out=$1
+    local candidate
+    shift
+    for candidate in "$@"; do
+        if [[ " $BERTH_NVIDIA_CDI_GPUS " == *" $candidate "* ]]; then
+            name_out=$candidate
+            return 0
+        fi
+    done
+    return 1
+}
+
+# The chosen GPUs (or MIG devices) as devices of the node's CDI spec, for
+# the runtime to apply; a MIG device's entry has its parent's nodes.
+request_cdi_devices() {
+    local index name mig
+    local -a names=()
+    for mig in "${selected_migs[@]}"; do
+        cdi_name name "$mig" ||
+            die "MIG device $mig is not a device of the node's CDI spec (nvidia.com/gpu:" \
+                "$BERTH_NVIDIA_CDI_GPUS): regenerate it (nvidia-ctk cdi generate) or set BERTH_NVIDIA_CDI=no"
+        names+=("nvidia.com/gpu=$name")
+    done
+    for ((index = 0; index < ${#gpu_minor[@]}; index++)); do
+        [ "${#selected_migs[@]}" -eq 0 ] || break
+        [ -n "${selected_gpus[$index]:-}" ] || continue
+        cdi_name name "$index" "GPU-${gpu_uuid[$index]#gpu-}" ||
+            die "GPU $index is not a device of the node's CDI spec (nvidia.com/gpu:" \
+                "$BERTH_NVIDIA_CDI_GPUS): regenerate it (nvidia-ctk cdi generate) or set BERTH_NVIDIA_CDI=no"
+        names+=("nvidia.com/gpu=$name")
+    done
+    printf '%s\n' "${names[@]}" >>"${BERTH_CDI_DEVICES:?}"
+}
+
 run_container_cli() {
     local capability list variable
     local -a args
@@ -424,7 +473,10 @@ main() {
     [ "${#selected_gpus[@]}" -gt 0 ] || exit 0
     [ -z "$binding" ] || renumber_cuda_devices
 
-    if [ "$backend" = nvidia-container-cli ]; then
+    if [ -n "${BERTH_NVIDIA_CDI_GPUS:-}" ]; then
+        check_requirements
+        request_cdi_devices
+    elif [ "$backend" = nvidia-container-cli ]; then
         run_container_cli
     else
         read_library_list

@@ -283,6 +283,9 @@ ENROOT_CONF = {
                              "environment, then an EDF annotation, override it.",
     "BERTH_CDI_SPEC_DIRS": "The directories, colon-separated, where `berth start --device` "
                            "finds CDI specs (root's files alone are read).",
+    "BERTH_NVIDIA_CDI": "Whether a job's GPUs come from NVIDIA's CDI spec (`nvidia.com/gpu`, "
+                        "as `nvidia-ctk cdi generate` writes it) where the node has one; `no`: "
+                        "the nvidia hook always finds the driver's files itself.",
     "BERTH_CXI_ENVIRONMENT": "A file of `FI_*` `KEY=VALUE` lines (the cxi provider's settings) "
                              "that the Slingshot hook sets after `FI_PROVIDER=cxi`; empty: none.",
     "http_proxy": "The registry client's proxy for HTTP (`[SCHEME://]HOST[:PORT]`); hooks see it.",
@@ -517,6 +520,10 @@ HOOK_VARIABLES = {
                            "container is ready",
     "BERTH_SERVICES": "a file the hook names a service in, for the runtime to start once the "
                       "container is ready",
+    "BERTH_NVIDIA_CDI_GPUS": "the names of the node's `nvidia.com/gpu` CDI devices (empty: no "
+                             "such spec, or `BERTH_NVIDIA_CDI=no`)",
+    "BERTH_CDI_DEVICES": "a file the hook names those of them the container gets in, for the "
+                         "runtime to apply",
     # knobs from berth start's environment, for tests and unusual nodes
     "BERTH_LDCONFIG": "the command printing the node's ld.so cache (default `ldconfig -p`)",
     "BERTH_ETC_ROOT": "where the node's `/etc` is (default `/etc`)",
@@ -541,7 +548,8 @@ HOOK_VARIABLES = {
 }
 
 _PROTOCOL = {"ENROOT_ROOTFS", "ENROOT_PID", "ENROOT_MOUNTS", "ENROOT_ENVIRON", "BERTH_UID",
-             "BERTH_GID", "BERTH_RUNTIME_DIR", "BERTH_READY_ENVIRON", "BERTH_SERVICES"}
+             "BERTH_GID", "BERTH_RUNTIME_DIR", "BERTH_READY_ENVIRON", "BERTH_SERVICES",
+             "BERTH_NVIDIA_CDI_GPUS", "BERTH_CDI_DEVICES"}
 
 
 def hook_name(path):

@@ -537,3 +537,29 @@ def test_nvidia_container_cli_backend_needs_the_cli(driver, tmp_path):
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "BERTH_NVIDIA_BACKEND": "nvidia-container-cli"}
     proc, mounts, environ = run_hook(driver, tmp_path, env)
     assert_refused(proc, mounts, environ, "nvidia-container-cli")
+
+
+def test_a_cdi_spec_on_the_node_is_asked_for_the_chosen_gpus_only(driver, tmp_path):
+    """With BERTH_NVIDIA_CDI_GPUS (the runtime's list of the node's
+    nvidia.com/gpu devices), the hook binds nothing itself: it names the
+    chosen GPUs, by index where the spec has it, else by UUID, in $BERTH_CDI_DEVICES."""
+    asked = tmp_path / "cdi-devices"
+    asked.write_text("")
+    env = {"SLURM_STEP_GPUS": "0,1", "BERTH_CDI_DEVICES": str(asked),
+           "BERTH_NVIDIA_CDI_GPUS": f"0 {UUID_GPU1_TWO_A100} all"}
+    proc, mounts, environ = run_hook(driver, tmp_path, env, tree="two-a100")
+    assert proc.returncode == 0, proc.stderr
+    assert mounts == []
+    assert environ == ["CUDA_VISIBLE_DEVICES=0,1"]
+    assert asked.read_text().splitlines() == ["nvidia.com/gpu=0",
+                                              f"nvidia.com/gpu={UUID_GPU1_TWO_A100}"]
+
+
+def test_a_mig_device_is_asked_for_by_its_uuid(driver, tmp_path):
+    asked = tmp_path / "cdi-devices"
+    asked.write_text("")
+    env = {"CUDA_VISIBLE_DEVICES": MIG_ON_GPU1, "BERTH_CDI_DEVICES": str(asked),
+           "BERTH_NVIDIA_CDI_GPUS": f"0 1 {MIG_ON_GPU1}"}
+    proc, mounts, _ = run_hook(driver, tmp_path, env, tree="two-a100")
+    assert (proc.returncode, mounts) == (0, [])
+    assert asked.read_text() == f"nvidia.com/gpu={MIG_ON_GPU1}\n"

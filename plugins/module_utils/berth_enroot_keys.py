@@ -59,6 +59,7 @@ KEYS = {
     "BERTH_CXI_ENVIRONMENT": PATH,
     # a colon-separated list of directories (runtime/berth/container/cdi.py)
     "BERTH_CDI_SPEC_DIRS": TEXT,
+    "BERTH_NVIDIA_CDI": FLAG,
     # the network tools' environment, as enroot.conf may set it
     "http_proxy": TEXT,
     "https_proxy": TEXT,

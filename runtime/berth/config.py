@@ -105,6 +105,9 @@ def _defaults(env):
         "BERTH_CXI_ENVIRONMENT": "",
         # where `berth start --device` finds CDI specs (container/cdi.py)
         "BERTH_CDI_SPEC_DIRS": "/etc/cdi:/var/run/cdi",
+        # whether the nvidia hook takes a job's GPUs from NVIDIA's CDI spec
+        # (nvidia.com/gpu) where the node has one (container/cdi.py)
+        "BERTH_NVIDIA_CDI": "yes",
     }
 
 

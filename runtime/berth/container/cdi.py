@@ -24,6 +24,15 @@ as /tmp passes). Another spec is skipped with a warning naming it, as is a
 malformed one: the others still count. A name no spec has (the line lists
 the kinds there are), one two specs claim, a device node, mount source or
 hook program missing on the node: one line, and nothing is started.
+
+NVIDIA's spec (`nvidia-ctk cdi generate`, kind nvidia.com/gpu, devices
+named by index, GPU-<uuid>, MIG-<uuid> and `all`) is also the GPU path of
+hooks/90-nvidia.sh: unless BERTH_NVIDIA_CDI=no, a start with hooks lists
+the names of that kind's devices to them (BERTH_NVIDIA_CDI_GPUS); the hook,
+which alone decides which GPUs a job gets, writes the chosen ones' names
+to BERTH_CDI_DEVICES, and the runtime applies their edits as it does
+--device's, after hooks.d's (container/launch.py). Where no such spec is,
+the hook finds the driver's files itself.
 """
 
 import json
@@ -40,6 +49,7 @@ _DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 # the OCI hook stages that come before the container's command
 _STAGES = ("createRuntime", "createContainer", "startContainer", "prestart")
 _SUFFIXES = (".json", ".yaml", ".yml")
+NVIDIA_GPU = "nvidia.com/gpu"  # the kind of NVIDIA's spec, which hooks/90-nvidia.sh asks for
 
 
 class Hook(typing.NamedTuple):
@@ -65,7 +75,17 @@ class _Device(typing.NamedTuple):
 def resolve(names, spec_dirs, warn):
     """The Devices of `names` (VENDOR/CLASS=DEVICE), from the specs in
     `spec_dirs` (a colon-separated list); `warn` takes each skipped spec's line."""
-    known = _load(spec_dirs, warn)
+    return resolve_known(names, load(spec_dirs, warn))
+
+
+def of_kind(known, kind):
+    """The part of `known` (load's) whose names are of `kind` (VENDOR/CLASS)."""
+    return {name: claims for name, claims in known.items()
+            if name.partition("=")[0] == kind}
+
+
+def resolve_known(names, known):
+    """The Devices of `names`, from specs already read (load's)."""
     env, found, hooks = {}, [], []
     applied = set()
     for name in names:
@@ -103,8 +123,9 @@ def _find(known, name):
 # ---------------------------------------------------------------- reading specs
 
 
-def _load(spec_dirs, warn):
-    """{device name: [_Device, ...]} of the trusted, well-formed specs."""
+def load(spec_dirs, warn):
+    """{device name: [_Device, ...]} of the trusted, well-formed specs in
+    `spec_dirs`; `warn` takes each skipped spec's line."""
     known = {}
     for directory in (d for d in spec_dirs.split(":") if d):
         try:
@@ -187,7 +208,8 @@ def _parse(path, text):
         if path.endswith(".json"):
             return json.loads(text)
         import yaml  # only for a YAML spec
-        return yaml.safe_load(text)
+        # (libyaml's loader where it is there: NVIDIA's spec has hundreds of mounts)
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except ValueError as e:  # json's errors, and UnicodeDecodeError
         raise BerthError(f"CDI spec {path}: not valid JSON: {e}") from None
     except Exception as e:  # yaml.YAMLError, and what its parser raises for odd input

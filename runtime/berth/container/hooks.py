@@ -22,6 +22,10 @@ ENROOT_* setting and:
                     lines to: programs started inside the container once
                     it is ready, which must listen on PORT (services.py)
   BERTH_RUNTIME_DIR a private scratch directory removed when the container ends
+  BERTH_NVIDIA_CDI_GPUS  the device names of the node's nvidia.com/gpu CDI
+                    spec, space-separated (empty: none, or BERTH_NVIDIA_CDI=no)
+  BERTH_CDI_DEVICES a file the hook may append `nvidia.com/gpu=NAME` lines to,
+                    of those: the runtime applies their edits (container/cdi.py)
   BERTH_UID, BERTH_GID  the ids the container's processes will have inside
 A hook that exits non-zero aborts the start, in one line: its last line of
 output is the reason (`hook NAME: LINE`); what it printed before goes to

@@ -50,6 +50,7 @@ the keeper itself.
 
 import contextlib
 import fcntl
+import json
 import os
 import select
 import signal
@@ -95,6 +96,8 @@ class Plan(typing.NamedTuple):
     entrypoint: bool         # run the image's entrypoint with the command as its arguments
     entrypoint_timeout: int  # seconds a --detach entrypoint has to exec its arguments
     device_hooks: tuple = ()  # the CDI devices' OCI hooks (cdi.Hook), after hooks.d's
+    nvidia_cdi: dict = {}    # the node's nvidia.com/gpu CDI devices, that hooks may ask
+                             # for (cdi.load's form; verbs._nvidia_cdi)
 
 
 def _send(fd, message):
@@ -209,17 +212,49 @@ def _build(plan, status):
         if server:
             _send(status, f"fuse {server} {mount.source} at {mount.target}")
     rootfs.make_dev_links(root, links)
-    wanted = _run_hooks(plan, root, env) if plan.hooks else []
-    if plan.device_hooks:
-        hooks.run_device_hooks(plan.device_hooks, {
-            "ociVersion": "1.0.2", "id": os.path.basename(plan.runtime), "status": "created",
-            "pid": int(os.readlink("/proc/self")), "bundle": root, "annotations": {}})
+    hooked = _run_hooks(plan, root, env) if plan.hooks else _Hooked([], ())
+    device_hooks = (*plan.device_hooks, *hooked.device_hooks)
+    if device_hooks:
+        hooks.run_device_hooks(device_hooks, _oci_state(plan, root))
     for mount in late:  # a -m umount: may remove what a hook mounted (/root), as under enroot
         mounts.apply(root, mount)
     env.update(plan.env)
     if not plan.writable:
         mounts.remount_readonly(root)
-    return root, image, env, wanted
+    return root, image, env, hooked.services
+
+
+def _oci_state(plan, root):
+    """The OCI state a CDI hook reads on its stdin. Its bundle is the
+    runtime directory, with a config.json naming the root there: NVIDIA's
+    hooks (nvidia-ctk hook ...) find the container's root that way."""
+    rootfs.write_file(f"{plan.runtime}/config.json",
+                      json.dumps({"ociVersion": "1.0.2", "root": {"path": root}}))
+    return {"ociVersion": "1.0.2", "id": os.path.basename(plan.runtime), "status": "created",
+            "pid": int(os.readlink("/proc/self")), "bundle": plan.runtime, "annotations": {}}
+
+
+class _Hooked(typing.NamedTuple):
+    """What hooks.d's hooks asked for beyond their mounts and variables."""
+
+    services: list      # services.read's
+    device_hooks: tuple  # the OCI hooks of the CDI devices they asked for (cdi.Hook)
+
+
+def _hooks_devices(plan, root, env, *, devices_file):
+    """Apply the CDI devices hooks named in `devices_file` (the nvidia hook's
+    GPUs, of plan.nvidia_cdi alone): their mounts and variables now, their
+    OCI hooks returned to run after."""
+    with open(devices_file, encoding="utf-8") as f:
+        names = [line.strip() for line in f if line.strip()]
+    if not names:
+        return ()
+    from berth.container import cdi
+    devices = cdi.resolve_known(names, plan.nvidia_cdi)
+    for mount in devices.mounts:
+        mounts.apply(root, mount)
+    env.update(devices.env)
+    return tuple(devices.hooks)
 
 
 def _run_hooks(plan, root, env):
@@ -229,12 +264,13 @@ def _run_hooks(plan, root, env):
     on (BASH_ENV, LD_PRELOAD, PATH...). What they append there joins the
     container's environment. Returns the services they asked for."""
     mounts_file, environ_file = f"{plan.runtime}/mounts", f"{plan.runtime}/environ"
-    services_file = f"{plan.runtime}/services"
+    services_file, devices_file = f"{plan.runtime}/services", f"{plan.runtime}/cdi-devices"
     rootfs.write_file(_ready_environ(plan), "")
     scratch = f"{plan.runtime}/hooks"
     os.mkdir(scratch)
     rootfs.write_file(mounts_file, "")
     rootfs.write_file(services_file, "")
+    rootfs.write_file(devices_file, "")
     view = environ.to_lines({**env, **plan.env})
     rootfs.write_file(environ_file, view)
     uid, gid = plan.ids or (0, 0)
@@ -242,6 +278,8 @@ def _run_hooks(plan, root, env):
                 "ENROOT_PID": os.readlink("/proc/self"), "ENROOT_ROOTFS": root,
                 "ENROOT_MOUNTS": mounts_file, "ENROOT_ENVIRON": environ_file,
                 "BERTH_SERVICES": services_file, "BERTH_READY_ENVIRON": _ready_environ(plan),
+                "BERTH_CDI_DEVICES": devices_file,
+                "BERTH_NVIDIA_CDI_GPUS": " ".join(n.partition("=")[2] for n in plan.nvidia_cdi),
                 "BERTH_RUNTIME_DIR": scratch,
                 "BERTH_UID": str(uid), "BERTH_GID": str(gid)}
     # They run as the container's uid: a uid other than 0 keeps this
@@ -259,8 +297,9 @@ def _run_hooks(plan, root, env):
     # environment (mounts.py), the protocol's variables over it.
     for mount in mounts.read_fstab(mounts_file, {**os.environ, **env, **protocol}):
         mounts.apply(root, mount)
+    device_hooks = _hooks_devices(plan, root, env, devices_file=devices_file)
     environ.read_file(environ_file, env, expand=False, skip=len(view.encode()))
-    return services.read(services_file)
+    return _Hooked(services.read(services_file), device_hooks)
 
 
 # The --detach keeper: a shell of the image (exec'd, so /proc/PID/environ is

@@ -275,7 +275,7 @@ def _plan(request, cfg, container, conf, uri=False):
         env_files=env_files, env=env, hooks=found_hooks, rc=rc, login=login,
         command=list(request.command), detach=request.detach, porcelain=request.porcelain,
         entrypoint=request.entrypoint, entrypoint_timeout=entrypoint_timeout,
-        device_hooks=tuple(devices.hooks),
+        device_hooks=tuple(devices.hooks), nvidia_cdi=_nvidia_cdi(cfg, found_hooks),
     )
 
 
@@ -287,15 +287,26 @@ class _NoDevices(typing.NamedTuple):
     hooks: tuple = ()
 
 
+def _warn(line):
+    print(f"berth: warning: {line}", file=sys.stderr)
+
+
 def _devices(request, cfg):
     """The CDI devices of --device, checked against the node (container/cdi.py)."""
     if not request.device:
         return _NoDevices()
     from berth.container import cdi  # only for a start that asks for a device
+    return cdi.resolve(request.device, cfg["BERTH_CDI_SPEC_DIRS"], _warn)
 
-    def warn(line):
-        print(f"berth: warning: {line}", file=sys.stderr)
-    return cdi.resolve(request.device, cfg["BERTH_CDI_SPEC_DIRS"], warn)
+
+def _nvidia_cdi(cfg, found_hooks):
+    """The node's trusted nvidia.com/gpu CDI devices (cdi.load's form), which
+    the nvidia hook asks for rather than finding the driver's files itself;
+    none with BERTH_NVIDIA_CDI=no, or without hooks to ask."""
+    if not found_hooks or not cfg.flag("BERTH_NVIDIA_CDI"):
+        return {}
+    from berth.container import cdi
+    return cdi.of_kind(cdi.load(cfg["BERTH_CDI_SPEC_DIRS"], _warn), cdi.NVIDIA_GPU)
 
 
 class _Source(typing.NamedTuple):
