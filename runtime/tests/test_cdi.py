@@ -12,6 +12,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,128 @@ def test_a_failing_hook_fails_the_start_in_its_words(berth, app, node):
     berth.fails("start", "--device", "vendor.example/gpu=g0", "app", "true",
                 needle=f"CDI device vendor.example/gpu=g0 ({node['specs'] / 'gpu.yaml'}): hook "
                        f"{hook} failed with exit status 3: no such GPU here")
+
+
+# ---------------------------------------------------------------- hook stages and timeouts
+
+STAGE_HOOK = """#!/usr/bin/python3
+import json, sys
+state = json.load(sys.stdin)
+name, log = sys.argv[1], sys.argv[2]
+line = name
+if name.startswith("poststart"):
+    with open(f"/proc/{state['pid']}/comm") as f:
+        line += f" {state['status']} {f.read().strip()}"
+with open(log, "a") as f:
+    f.write(line + "\\n")
+if name.endswith("-fails"):
+    sys.exit("poststart says no")
+"""
+
+
+@pytest.fixture
+def stages(berth, node):
+    """A spec, kind vendor.example/stages, whose device `s` has hooks that
+    log their stage; its `order` is the spec's: not the order they run in."""
+    hook = node["top"] / "stage-hook"
+    hook.write_text(STAGE_HOOK)
+    hook.chmod(0o755)
+    log = berth.base / "host" / "stages.log"
+    log.parent.mkdir(exist_ok=True)
+    berth.chown(log.parent)
+
+    def write(*entries, kind="stages"):
+        """Each entry (hookName, name[, timeout]); the hook is stage-hook
+        unless the name is a path (a program of the test's own)."""
+        hooks = []
+        for stage, name, *timeout in entries:
+            path, args = ((name, [name]) if name.startswith("/")
+                          else (str(hook), ["stage-hook", name, str(log)]))
+            hooks.append({"hookName": stage, "path": path, "args": args,
+                          **({"timeout": timeout[0]} if timeout else {})})
+        spec = {"cdiVersion": "0.6.0", "kind": f"vendor.example/{kind}",
+                "devices": [{"name": "s", "containerEdits": {"hooks": hooks}}]}
+        path = node["specs"] / f"{kind}.json"
+        path.write_text(json.dumps(spec))
+        return path
+    return {"write": write, "log": log, "top": node["top"]}
+
+
+def test_hooks_run_in_the_order_of_their_stages(berth, app, stages):
+    stages["write"](("startContainer", "start"), ("poststart", "poststart"),
+                    ("createContainer", "create"), ("prestart", "prestart"),
+                    ("createRuntime", "runtime"))
+    berth.ok("start", "--device", "vendor.example/stages=s", "app", "sleep", "1")
+    # poststart once the command runs: its process is the command, not berth's setup
+    assert stages["log"].read_text().splitlines() == [
+        "prestart", "runtime", "create", "start", "poststart running sleep"]
+    assert berth.leftovers() == []
+
+
+def test_a_failing_poststart_hook_is_a_warning(berth, app, stages):
+    spec = stages["write"](("poststart", "poststart-fails"), ("poststart", "poststart-after"))
+    result = berth("start", "--device", "vendor.example/stages=s", "app", "sh", "-c",
+                   "echo ran; sleep 1")
+    assert (result.returncode, result.stdout) == (0, "ran\n")
+    assert result.stderr == (f"berth: warning: CDI device vendor.example/stages=s ({spec}): hook "
+                             f"{stages['top'] / 'stage-hook'} failed with exit status 1: "
+                             f"poststart says no\n")
+    assert [line.split()[0] for line in stages["log"].read_text().splitlines()] == [
+        "poststart-fails", "poststart-after"]  # the rest still run
+
+
+def _sleeper(top, marker):
+    path = top / "sleeper"
+    path.write_text(f"#!/bin/sh\n/bin/sleep {marker} &\n/bin/sleep {marker}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def _running(marker):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def test_a_hook_past_its_timeout_fails_the_start_and_leaves_nothing(berth, app, stages):
+    marker = "29.25"  # the sleeps' own argument, to find them by
+    sleeper = _sleeper(stages["top"], marker)
+    spec = stages["write"](("createContainer", sleeper, 1))
+    started = time.monotonic()
+    berth.fails("start", "--device", "vendor.example/stages=s", "app", "true",
+                needle=f"CDI device vendor.example/stages=s ({spec}): createContainer hook "
+                       f"{sleeper} has not finished after 1 s (the spec's timeout): killed")
+    assert time.monotonic() - started < 15
+    assert _running(marker) == []  # nor what it started in the background
+
+
+def test_a_poststart_hook_past_its_timeout_is_a_warning(berth, app, stages):
+    sleeper = _sleeper(stages["top"], "29.5")
+    spec = stages["write"](("poststart", sleeper, 1))
+    result = berth("start", "--device", "vendor.example/stages=s", "app", "echo", "ran")
+    assert (result.returncode, result.stdout) == (0, "ran\n")
+    assert result.stderr == (f"berth: warning: CDI device vendor.example/stages=s ({spec}): "
+                             f"poststart hook {sleeper} has not finished after 1 s (the spec's "
+                             f"timeout): killed\n")
+    assert _running("29.5") == []
+
+
+@pytest.mark.parametrize("timeout", [0, -1, "5", 1.5])
+def test_a_timeout_that_is_not_whole_seconds_starts_nothing(berth, app, stages, timeout):
+    stages["write"](("createContainer", "create", timeout))
+    berth.fails("start", "--device", "vendor.example/stages=s", "app", "true",
+                needle=f"'timeout' must be a number of seconds above 0, not {timeout!r}")
+    assert not stages["log"].exists()
+
+
+def test_a_stage_berth_does_not_run_starts_nothing(berth, app, stages):
+    stages["write"](("poststop", "stop"))
+    berth.fails("start", "--device", "vendor.example/stages=s", "app", "true",
+                needle="stage 'poststop' is not one Berth runs (prestart, createRuntime, "
+                       "createContainer, startContainer, poststart)")

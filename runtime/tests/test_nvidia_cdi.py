@@ -31,6 +31,10 @@ LIBCUDA = "libcuda.so.550.54.15"
 NVIDIA_CTK = """#!/usr/bin/python3
 import json, os, sys
 state = json.load(sys.stdin)
+if sys.argv[1:3] == ["hook", "log-state"]:  # not NVIDIA's: the test's poststart hook
+    with open(sys.argv[3], "w") as f:
+        f.write(state["status"] + "\\n")
+    sys.exit(0)
 with open(os.path.join(state["bundle"], "config.json")) as f:
     root = json.load(f)["root"]["path"]
 args = sys.argv[1:]
@@ -132,6 +136,19 @@ def test_slurms_gpus_come_from_the_spec_and_no_others(berth, app, gpu_node):
     assert lines[0].split() == sorted([*minors(1, 2), "nvidia-uvm", "nvidiactl"])
     assert lines[1:] == ["void;0,1", "the driver's libcuda", LIBCUDA, LIBDIR]
     assert berth.leftovers() == []
+
+
+def test_the_specs_poststart_hook_runs_once_the_command_does(berth, app, gpu_node):
+    spec = nvidia_spec(gpu_node)
+    log = berth.base / "host" / "poststart"
+    log.parent.mkdir(exist_ok=True)
+    berth.chown(log.parent)
+    spec["containerEdits"]["hooks"].append({
+        "hookName": "poststart", "path": f"{gpu_node}/nvidia-ctk",
+        "args": ["nvidia-ctk", "hook", "log-state", str(log)]})
+    (gpu_node / "cdi" / "nvidia.yaml").write_text(yaml.safe_dump(spec))
+    assert berth.ok("start", "app", "sleep", "1", env={"SLURM_STEP_GPUS": "0"}) == ""
+    assert log.read_text() == "running\n"
 
 
 def test_a_spec_naming_gpus_by_uuid_is_asked_by_uuid(berth, app, gpu_node):

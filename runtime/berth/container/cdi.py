@@ -13,9 +13,18 @@ the container's user namespace:
                bound, never made
   mounts       `hostPath` bound at `containerPath` with the spec's
                `options` (the flags of berth start -m)
-  hooks        run after hooks.d's, each with the container's OCI state
-               (JSON) on its stdin; the stages before the command
-               (createRuntime, createContainer, startContainer, prestart)
+  hooks        each with the container's OCI state (JSON) on its stdin,
+               in the order of OCI's stages, a stage's in the spec's order:
+               prestart and createRuntime, then createContainer, then
+               startContainer, all after hooks.d's, in the container's
+               namespaces, before the root turns read-only and before the
+               command (Berth has no separate create and start); a failure
+               fails the start. poststart: on the host side once the
+               command (or --detach's keeper) runs, before --detach's pid
+               line; a failure is a warning, as OCI has it. A hook's
+               `timeout` (seconds) is enforced: one that has not finished
+               is killed with its process group, and fails the start (a
+               poststart one: a warning).
 
 Trust: a spec is read only where root alone could have written it: a
 regular file owned by root, not writable by group or others, in a
@@ -46,8 +55,10 @@ from berth.errors import BerthError
 
 _KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
-# the OCI hook stages that come before the container's command
-_STAGES = ("createRuntime", "createContainer", "startContainer", "prestart")
+# the OCI hook stages that come before the container's command, in the
+# order they run (prestart is createRuntime's old name), and the one after
+_STAGES = {"prestart": 0, "createRuntime": 0, "createContainer": 1, "startContainer": 2}
+POSTSTART = "poststart"
 _SUFFIXES = (".json", ".yaml", ".yml")
 NVIDIA_GPU = "nvidia.com/gpu"  # the kind of NVIDIA's spec, which hooks/90-nvidia.sh asks for
 
@@ -57,6 +68,8 @@ class Hook(typing.NamedTuple):
     args: tuple  # argv, its first the program's name (OCI's)
     env: tuple  # KEY=VALUE strings, the hook's whole environment
     origin: str  # what asked for it, for messages
+    stage: str  # its OCI hookName
+    timeout: int = None  # seconds it may take, or None
 
 
 class Devices(typing.NamedTuple):
@@ -64,7 +77,8 @@ class Devices(typing.NamedTuple):
 
     env: dict
     mounts: list  # mounts.Mount
-    hooks: list  # Hook
+    hooks: list  # Hook, those before the command, in the order they run
+    poststart: list  # Hook, those once the command runs
 
 
 class _Device(typing.NamedTuple):
@@ -96,7 +110,9 @@ def resolve_known(names, known):
             applied.add(device.spec)
             origin = f"CDI device {name} ({device.spec})"
             _add_edits(edits, origin, env=env, found=found, hooks=hooks)
-    return Devices(env=env, mounts=found, hooks=hooks)
+    before = sorted((h for h in hooks if h.stage != POSTSTART), key=lambda h: _STAGES[h.stage])
+    return Devices(env=env, mounts=found, hooks=before,
+                   poststart=[h for h in hooks if h.stage == POSTSTART])
 
 
 def is_name(name):
@@ -290,13 +306,18 @@ def _mount(mount, origin):
 def _hook(hook, origin):
     path = _absolute(hook, "path", origin)
     stage = hook.get("hookName")
-    if stage not in _STAGES:
+    if stage not in (*_STAGES, POSTSTART):
         raise BerthError(f"{origin}: hook {path}: stage {stage!r} is not one Berth runs "
-                         f"({', '.join(_STAGES)})")
+                         f"({', '.join((*_STAGES, POSTSTART))})")
+    timeout = hook.get("timeout")
+    if timeout is not None and (type(timeout) is not int or timeout <= 0):
+        raise BerthError(f"{origin}: hook {path}: 'timeout' must be a number of seconds "
+                         f"above 0, not {timeout!r}")
     args, env = hook.get("args", [path]), hook.get("env", [])
     for key, value in (("args", args), ("env", env)):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise BerthError(f"{origin}: hook {path}: '{key}' must be a list of strings")
     if not os.access(path, os.X_OK) or not os.path.isfile(path):
         raise BerthError(f"{origin}: hook program {path} is missing on this node")
-    return Hook(path, tuple(args or [path]), env=tuple(env), origin=origin)
+    return Hook(path, tuple(args or [path]), env=tuple(env), origin=origin, stage=stage,
+                timeout=timeout)

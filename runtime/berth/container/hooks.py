@@ -40,6 +40,7 @@ loader on the host side.
 
 import json
 import os
+import select
 import signal
 import sys
 
@@ -78,25 +79,54 @@ def run(hooks, env):
             raise BerthError(f"hook {hook} failed with exit status {status}")
 
 
-def run_device_hooks(device_hooks, state):
+def run_device_hooks(device_hooks, state, warn=None):
     """A CDI spec's OCI hooks (cdi.Hook), in order, each with the container's
-    OCI state (a dict) as JSON on its stdin; one that fails aborts the start
-    as a hooks.d hook does, its last line the reason."""
+    OCI state (a dict) as JSON on its stdin; one that fails, or has not
+    finished within its timeout (it is then killed with its process group),
+    aborts the start as a hooks.d hook does, its last line the reason. With
+    `warn` (poststart hooks), `warn` takes that line instead, and the rest run."""
     data = json.dumps(state).encode()
     for hook in device_hooks:
         status, output = _run_one(hook.path, dict(e.partition("=")[::2] for e in hook.env),
-                                  argv=list(hook.args), stdin=data)
-        reason = _relayed(status, output)
-        if status:
+                                  argv=list(hook.args), stdin=data, timeout=hook.timeout)
+        if status is None:
+            _relayed(0, output)
+            problem = (f"{hook.origin}: {hook.stage} hook {hook.path} has not finished after "
+                       f"{hook.timeout} s (the spec's timeout): killed")
+        else:
+            reason = _relayed(status, output)
+            if not status:
+                continue
             why = reason.decode(errors="replace").strip()
-            raise BerthError(f"{hook.origin}: hook {hook.path} failed with exit status "
-                             f"{status}" + (f": {why}" if why else ""))
+            problem = (f"{hook.origin}: hook {hook.path} failed with exit status {status}"
+                       + (f": {why}" if why else ""))
+        if warn is None:
+            raise BerthError(problem)
+        warn(problem)
 
 
-def _run_one(hook, env, argv=None, stdin=None):
+def _waited(pid, timeout):
+    """`pid`'s wait status; None where it has not ended within `timeout`
+    seconds (None: no limit), when it and its process group are killed."""
+    if timeout is not None:
+        fd = os.pidfd_open(pid)
+        try:
+            ended, _, _ = select.select([fd], [], [], timeout)
+        finally:
+            os.close(fd)
+        if not ended:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+    return os.waitpid(pid, 0)[1]
+
+
+def _run_one(hook, env, argv=None, stdin=None, timeout=None):
     """Run `hook` with its stdout and stderr in a file (not a pipe: what it
-    leaves running cannot hold the start): (its exit status, its output).
-    `stdin`: bytes for its standard input (else /dev/null)."""
+    leaves running cannot hold the start): (its exit status, its output);
+    the status None where it outlasted `timeout` seconds (it has a process
+    group of its own then, killed). `stdin`: bytes for its standard input
+    (else /dev/null)."""
     # posix_spawn rather than subprocess: every start runs every hook, and
     # subprocess costs an import of its own.
     output = os.memfd_create("hook-output")
@@ -110,10 +140,13 @@ def _run_one(hook, env, argv=None, stdin=None):
         try:
             pid = os.posix_spawn(hook, argv or [hook], env, file_actions=[
                 first, (os.POSIX_SPAWN_DUP2, output, 1), (os.POSIX_SPAWN_DUP2, output, 2)],
-                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+                **({} if timeout is None else {"setpgroup": 0}))
         except OSError as e:
             raise BerthError(f"hook {hook}: cannot run: {e.strerror}") from None
-        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        status = _waited(pid, timeout)
+        if status is not None:
+            status = os.waitstatus_to_exitcode(status)
         return status, os.pread(output, os.fstat(output).st_size, 0)
     finally:
         os.close(output)

@@ -21,8 +21,9 @@ Setup messages travel to berth over a close-on-exec pipe, one line each:
 `fuse PID WHAT` (a FUSE server to stop at the end, and what it serves,
 for the line that says it ended first), `service PID` (a hook's
 service, services.py, to kill at the end; in a pid namespace its end kills
-them), `error MESSAGE`, and for --detach `keeper PID`, then `ready` from
-the keeper itself.
+them), `poststart HOOK` (a CDI hook, as JSON, of a device a hook asked for,
+to run once the command runs), `error MESSAGE`, and for --detach
+`keeper PID`, then `ready` from the keeper itself.
 
 `berth start --detach` (the interface of the SPANK plugin):
   Does everything a start does, then runs a keeper inside the container's
@@ -96,6 +97,7 @@ class Plan(typing.NamedTuple):
     entrypoint: bool         # run the image's entrypoint with the command as its arguments
     entrypoint_timeout: int  # seconds a --detach entrypoint has to exec its arguments
     device_hooks: tuple = ()  # the CDI devices' OCI hooks (cdi.Hook), after hooks.d's
+    poststart_hooks: tuple = ()  # theirs to run once the command runs (cdi.Hook)
     nvidia_cdi: dict = {}    # the node's nvidia.com/gpu CDI devices, that hooks may ask
                              # for (cdi.load's form; verbs._nvidia_cdi)
 
@@ -212,7 +214,9 @@ def _build(plan, status):
         if server:
             _send(status, f"fuse {server} {mount.source} at {mount.target}")
     rootfs.make_dev_links(root, links)
-    hooked = _run_hooks(plan, root, env) if plan.hooks else _Hooked([], ())
+    hooked = _run_hooks(plan, root, env) if plan.hooks else _Hooked([], (), ())
+    for hook in hooked.poststart:
+        _send(status, f"poststart {json.dumps(hook._asdict())}")
     device_hooks = (*plan.device_hooks, *hooked.device_hooks)
     if device_hooks:
         hooks.run_device_hooks(device_hooks, _oci_state(plan, root))
@@ -239,22 +243,23 @@ class _Hooked(typing.NamedTuple):
 
     services: list      # services.read's
     device_hooks: tuple  # the OCI hooks of the CDI devices they asked for (cdi.Hook)
+    poststart: tuple    # those of them to run once the command runs
 
 
 def _hooks_devices(plan, root, env, *, devices_file):
     """Apply the CDI devices hooks named in `devices_file` (the nvidia hook's
-    GPUs, of plan.nvidia_cdi alone): their mounts and variables now, their
-    OCI hooks returned to run after."""
+    GPUs, of plan.nvidia_cdi alone): their mounts and variables now; their
+    OCI hooks, those before the command and the poststart ones, returned."""
     with open(devices_file, encoding="utf-8") as f:
         names = [line.strip() for line in f if line.strip()]
     if not names:
-        return ()
+        return (), ()
     from berth.container import cdi
     devices = cdi.resolve_known(names, plan.nvidia_cdi)
     for mount in devices.mounts:
         mounts.apply(root, mount)
     env.update(devices.env)
-    return tuple(devices.hooks)
+    return tuple(devices.hooks), tuple(devices.poststart)
 
 
 def _run_hooks(plan, root, env):
@@ -297,9 +302,9 @@ def _run_hooks(plan, root, env):
     # environment (mounts.py), the protocol's variables over it.
     for mount in mounts.read_fstab(mounts_file, {**os.environ, **env, **protocol}):
         mounts.apply(root, mount)
-    device_hooks = _hooks_devices(plan, root, env, devices_file=devices_file)
+    device_hooks, poststart = _hooks_devices(plan, root, env, devices_file=devices_file)
     environ.read_file(environ_file, env, expand=False, skip=len(view.encode()))
-    return _Hooked(services.read(services_file), device_hooks)
+    return _Hooked(services.read(services_file), device_hooks, poststart)
 
 
 # The --detach keeper: a shell of the image (exec'd, so /proc/PID/environ is
@@ -467,6 +472,8 @@ def start(plan):
         signal.alarm(0)
         if setup.keeper and not setup.ready:
             setup.error = setup.error or _keeper_failure(plan, setup.login)
+        if not setup.error:
+            _run_poststart((*plan.poststart_hooks, *setup.poststart), plan, child)
         ended = (_hold_detached(plan, child, keeper=setup.keeper, servers=setup.fuse) if setup.ready
                  else _server_ended(child, setup.fuse))
         if ended:
@@ -490,11 +497,12 @@ def start(plan):
 class _Setup:
     """What the child's setup messages (the module's docstring) have said."""
 
-    __slots__ = ("fuse", "services", "error", "keeper", "login", "ready")
+    __slots__ = ("fuse", "services", "poststart", "error", "keeper", "login", "ready")
 
     def __init__(self):
         self.fuse = {}        # FUSE servers' pids -> what each serves; stopped at the end
         self.services = []    # hooks' services' pids, killed at the end
+        self.poststart = []   # CDI poststart hooks of the devices hooks asked for (cdi.Hook)
         self.error = None     # the setup's error message
         self.keeper = None    # --detach's keeper pid
         self.login = False    # the keeper runs through a login shell
@@ -510,6 +518,9 @@ def _read_setup(messages, setup, plan):
             setup.fuse[int(pid)] = what
         elif kind == "service":
             setup.services.append(int(value))
+        elif kind == "poststart":
+            from berth.container import cdi
+            setup.poststart.append(cdi.Hook(**json.loads(value)))
         elif kind == "error":
             setup.error = value
         elif kind == "keeper":  # "ready" then comes from the keeper shell
@@ -520,6 +531,22 @@ def _read_setup(messages, setup, plan):
         elif kind == "ready":
             setup.ready = True
             return  # (what the entrypoint left running may hold the pipe)
+
+
+def _run_poststart(poststart, plan, child):
+    """The CDI poststart hooks, on the host side, once the command (or the
+    keeper) runs: a failure is a warning, as OCI has it."""
+    if not poststart:
+        return
+
+    def warn(line):
+        print(f"berth: warning: {line}", file=sys.stderr, flush=True)
+    # (the root as the host side sees it: the child's is in its mount namespace)
+    rootfs.write_file(f"{plan.runtime}/config.json",
+                      json.dumps({"ociVersion": "1.0.2", "root": {"path": f"/proc/{child}/root"}}))
+    hooks.run_device_hooks(poststart, {
+        "ociVersion": "1.0.2", "id": os.path.basename(plan.runtime), "status": "running",
+        "pid": child, "bundle": plan.runtime, "annotations": {}}, warn=warn)
 
 
 def _keeper_failure(plan, login):

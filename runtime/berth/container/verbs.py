@@ -275,7 +275,8 @@ def _plan(request, cfg, container, conf, uri=False):
         env_files=env_files, env=env, hooks=found_hooks, rc=rc, login=login,
         command=list(request.command), detach=request.detach, porcelain=request.porcelain,
         entrypoint=request.entrypoint, entrypoint_timeout=entrypoint_timeout,
-        device_hooks=tuple(devices.hooks), nvidia_cdi=_nvidia_cdi(cfg, found_hooks),
+        device_hooks=tuple(devices.hooks), poststart_hooks=tuple(devices.poststart),
+        nvidia_cdi=_nvidia_cdi(cfg, found_hooks),
     )
 
 
@@ -285,6 +286,7 @@ class _NoDevices(typing.NamedTuple):
     env: tuple = ()
     mounts: tuple = ()
     hooks: tuple = ()
+    poststart: tuple = ()
 
 
 def _warn(line):
