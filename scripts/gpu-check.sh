@@ -14,7 +14,9 @@
 #
 # Each check prints "ok" or "FAIL" and what it saw; the last line sums up and
 # the exit status is 1 when a check failed. GDRCopy is checked where the
-# machine has /dev/gdrdrv. Needs on the GPU machine: bash, python3 (3.10 or
+# machine has /dev/gdrdrv, NVIDIA's CDI spec where it has nvidia-ctk (the
+# spec is generated into the run's own directory; /etc/cdi is not touched);
+# each says so where it is skipped. Needs on the GPU machine: bash, python3 (3.10 or
 # newer, with requests and tqdm), the driver (nvidia-smi), useradd, runuser, tar.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -190,6 +192,12 @@ run_checks() {
     grep -q '^LD_LIBRARY_PATH=.*/.singularity.d/libs$' <<<"$out" || rc=1
     check "an Apptainer image ($sif_how): its env script's PATH and LD_LIBRARY_PATH, CUDA computes" "$rc" "$out"
 
+    if command -v nvidia-ctk >/dev/null; then
+        cdi_checks
+    else
+        echo "info  CDI not checked: no nvidia-ctk on PATH (NVIDIA's nvidia-container-toolkit-base)"
+    fi
+
     hook_alone=$(median_ms "${runner[@]}" env -i "PATH=/usr/bin:/bin" ENROOT_PID=1 \
         "ENROOT_ROOTFS=$work/none" "ENROOT_MOUNTS=$work/hook-mounts" "ENROOT_ENVIRON=$work/hook-environ" \
         ${ldconfig:+"BERTH_LDCONFIG=$ldconfig"} "$work/hooks/90-nvidia.sh")
@@ -197,6 +205,32 @@ run_checks() {
     plain_start=$(median_ms as_job -- start gpucheck true)
     gpu_start=$(median_ms as_job -- start -e "$all_gpus" gpucheck true)
     echo "info  berth start gpucheck true, median of 5: $plain_start ms without a GPU, $gpu_start ms with all GPUs"
+}
+
+# NVIDIA's CDI spec, generated into $work/cdi (root's, as the runtime
+# requires): the GPUs by name with --device, and a job's GPU taken from the
+# spec by the hook, instead of its own binding into /usr/local/nvidia.
+cdi_checks() {
+    local out rc specs=$work/cdi
+    local with_cuda=(-m "$work/bin/cuda-check:/usr/local/bin/cuda-check")
+    if [ ! -r "$specs/nvidia.yaml" ]; then
+        mkdir -p "$specs"
+        out=$(nvidia-ctk cdi generate --output="$specs/nvidia.yaml" 2>&1) && rc=0 || rc=$?
+        check "nvidia-ctk cdi generate writes a spec" "$rc" "$(tail -n 3 <<<"$out")"
+        [ "$rc" = 0 ] || return 0
+        chmod 644 "$specs/nvidia.yaml"
+    fi
+
+    out=$(as_job "BERTH_CDI_SPEC_DIRS=$specs" -- start --device nvidia.com/gpu=all "${with_cuda[@]}" \
+        gpucheck sh -c 'nvidia-smi -L && cuda-check' 2>&1) && rc=0 || rc=$?
+    [ "$rc" = 0 ] && [ "$(grep -c '^GPU ' <<<"$out")" = "$(nvidia-smi -L | grep -c '^GPU ')" ] || rc=1
+    check "--device nvidia.com/gpu=all: every GPU from the spec, CUDA computes" "$rc" "$out"
+
+    out=$(as_job "BERTH_CDI_SPEC_DIRS=$specs" SLURM_STEP_GPUS=0 -- start "${with_cuda[@]}" gpucheck \
+        sh -c 'nvidia-smi -L && cuda-check && ! grep -q " /usr/local/nvidia/" /proc/self/mountinfo' \
+        2>&1) && rc=0 || rc=$?
+    [ "$rc" = 0 ] && [ "$(grep -c '^GPU ' <<<"$out")" = 1 ] || rc=1
+    check "the spec on the node, SLURM_STEP_GPUS=0: one GPU from it, not the hook's binding" "$rc" "$out"
 }
 
 # unpack_roots DIR [RUNNER...]: the containers gpucheck and gpucheck-sif
