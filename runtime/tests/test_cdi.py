@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from container_fixture import start_detached
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root-owned specs and mknod")
 
 JSON_SPEC = {
@@ -321,3 +323,16 @@ def test_a_stage_berth_does_not_run_starts_nothing(berth, app, stages):
     berth.fails("start", "--device", "vendor.example/stages=s", "app", "true",
                 needle="stage 'poststop' is not one Berth runs (prestart, createRuntime, "
                        "createContainer, startContainer, poststart)")
+
+
+def test_poststart_hooks_have_run_when_detach_says_its_pid(berth, app, stages):
+    stages["write"](("poststart", "poststart"))
+    process, pid = start_detached(berth, "--device", "vendor.example/stages=s", "app")
+    try:
+        # the keeper, the container's process, is what the hook found running
+        assert stages["log"].read_text() == "poststart running sh\n"
+        assert os.path.exists(f"/proc/{pid}")
+    finally:
+        process.stdin.close()
+        assert process.wait(timeout=30) == 0
+    assert berth.leftovers() == []
