@@ -1,0 +1,79 @@
+"""Helpers for molecule/adopt's verify step: the nodes, jobs as the test user,
+the site's marks and file lists, and ansible-playbook runs against
+Molecule's inventory from the project root (so ansible.cfg applies)."""
+
+import functools
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import testinfra
+
+CONTROLLER = "berth-adopt-ctl"
+COMPUTE = ["berth-adopt-cn1", "berth-adopt-cn2"]
+NODES = [CONTROLLER, *COMPUTE]
+IMAGE = "/opt/berth-images/mpi-test.sqsh"
+OPENMPI = "/opt/mpi-test/allreduce-openmpi"
+PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).parents[3]))
+
+
+@functools.cache
+def node(name):
+    """A node by its container name, through docker exec."""
+    return testinfra.get_host(f"docker://{name}")
+
+
+def srun(args):
+    """srun on the login node (the controller) as the test user; the output
+    parsed is the job's, so chdir where alice may."""
+    return node(CONTROLLER).run(f"cd /tmp && runuser -u alice -- srun {args}")
+
+
+def job_id(job):
+    """The one job id a job's tasks printed (`printenv SLURM_JOB_ID`)."""
+    assert job.rc == 0, job.stdout + job.stderr
+    ids = set(job.stdout.split())
+    assert len(ids) == 1, job.stdout
+    return ids.pop()
+
+
+def marks(job_id, *, wait_s=30):
+    """The site's prolog and epilog marks of one job, {(script, node)}; the
+    epilog runs after srun returns, so wait for it a little."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = {
+            tuple(name.split(".")[::2])
+            for name in node(CONTROLLER).check_output("ls /shared/marks").split()
+            if name.split(".")[1] == job_id
+        }
+        if {script for script, _ in found} >= {"prolog", "epilog"} or time.monotonic() > deadline:
+            return found
+        time.sleep(1)
+
+
+def site_files(name):
+    """files/site-files.sh's list of the node now."""
+    return node(name).check_output("/opt/site-check/site-files.sh").splitlines()
+
+
+def site_files_before(name):
+    """The same list, as prepare.yml recorded it before the move."""
+    return node(CONTROLLER).file(f"/shared/before/{name}.txt").content_string.splitlines()
+
+
+def play(playbook):
+    """Run one playbook against Molecule's inventory; (exit code, output, {host: changed})."""
+    result = subprocess.run(
+        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], playbook],
+        cwd=PROJECT, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"},
+    )
+    output = result.stdout + result.stderr
+    recap = {
+        host: int(changed)
+        for host, changed in re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", output, re.M)
+    }
+    return result.returncode, output, recap

@@ -1,0 +1,59 @@
+"""After the move (site.yml with berth_slurm_managed: false, converged twice):
+the site's Slurm is as it was, Berth's plugin and runtime answer the same
+flags, and what a user made with pyxis is found again."""
+
+import re
+
+import pytest
+
+from conftest import (
+    COMPUTE,
+    IMAGE,
+    NODES,
+    OPENMPI,
+    job_id,
+    marks,
+    node,
+    site_files,
+    site_files_before,
+    srun,
+)
+
+
+def test_the_sites_slurm_files_are_untouched():
+    for name in NODES:
+        before = {line.split()[0]: line for line in site_files_before(name)}
+        now = {line.split()[0]: line for line in site_files(name)}
+        for path in ("/etc/slurm/slurm.conf", "/etc/slurm/prolog.d/10-site-mark.sh",
+                     "/etc/slurm/epilog.d/10-site-mark.sh"):
+            assert now[path] == before[path], name
+
+
+def test_pyxis_is_set_aside_and_berths_plugin_loaded():
+    for name in NODES:
+        host = node(name)
+        assert not host.file("/etc/slurm/plugstack.conf.d/pyxis.conf").exists
+        assert "berth" in host.file("/etc/slurm/plugstack.conf.d/berth.conf").content_string
+    for name in COMPUTE:
+        assert node(name).file("/usr/local/bin/enroot").linked_to == "/opt/berth/bin/berth"
+
+
+@pytest.mark.parametrize(("partition", "nodes"), [("batch", COMPUTE), ("debug", COMPUTE[:1])])
+def test_the_sites_partitions_run_its_prolog_and_epilog(partition, nodes):
+    job = srun(f"-p {partition} -N{len(nodes)} printenv SLURM_JOB_ID")
+    assert marks(job_id(job)) == {(script, name) for script in ("prolog", "epilog") for name in nodes}
+
+
+def test_berth_finds_the_named_container_pyxis_made():
+    job = srun(f"-w {COMPUTE[0]} --container-name=keep sh -c 'ls /kept && grep ^VARIANT_ID= /etc/os-release'")
+    assert job.rc == 0, job.stdout + job.stderr
+    assert job.stdout.split() == ["/kept", "VARIANT_ID=berth-mpi-test"]
+
+
+def test_a_container_image_mpi_job_on_two_nodes():
+    job = srun(f"-N2 -n2 --mpi=pmix --container-image={IMAGE} {OPENMPI}")
+    assert job.rc == 0, job.stdout + job.stderr
+    ranks = re.findall(r"^rank (\d+) of 2 on (\S+)$", job.stdout, re.M)
+    assert sorted(rank for rank, _ in ranks) == ["0", "1"], job.stdout
+    assert {host for _, host in ranks} == set(COMPUTE)
+    assert "allreduce sum 3" in job.stdout
