@@ -39,6 +39,11 @@ END
 
 DEPLOY = [{"hosts": "localhost", "gather_facts": False, "tasks": [
     {"name": "Set pyxis and enroot aside", "ansible.builtin.include_role": {"name": "adopt"}},
+    # container_runtime's install.yml builds the venv (too slow here); its
+    # last task, the link that puts berth on the PATH, as it writes it
+    {"name": "berth on the PATH", "ansible.builtin.file": {
+        "src": "{{ container_runtime_venv }}/bin/berth", "dest": "{{ adopt_berth_link }}",
+        "state": "link", "force": True}},
 ] + [{"name": f"container_runtime {part}",
       "ansible.builtin.include_role": {"name": "container_runtime", "tasks_from": part}}
      for part in ("hooks.yml", "enroot_conf.yml", "enroot_link.yml", "prolog.yml")] + [
@@ -100,6 +105,7 @@ def node_vars(root):
         "adopt_enroot_commands": [f"{root}/usr/bin/enroot", f"{root}/usr/local/bin/enroot",
                                   f"{root}/usr/local/bin/enroot-nsenter"],
         "adopt_enroot_link": f"{root}/usr/local/bin/enroot",
+        "adopt_berth_link": f"{root}/usr/local/bin/berth",
         "adopt_berth_command": f"{root}/opt/berth/bin/berth",
         "container_runtime_venv": f"{root}/opt/berth",
         "container_runtime_sysconf_dir": f"{root}/etc/enroot",
