@@ -39,9 +39,11 @@ def job_id(job):
     return ids.pop()
 
 
-def marks(job_id, *, wait_s=30):
-    """The site's prolog and epilog marks of one job, {(script, node)}; the
-    epilog runs after srun returns, so wait for it a little."""
+def marks(job_id, nodes, *, wait_s=30):
+    """The site's prolog and epilog marks of one job, {(script, node)}, once
+    both scripts marked every one of `nodes` (the epilogs run after srun
+    returns, each node's on its own time) or after `wait_s`."""
+    expected = {(script, name) for script in ("prolog", "epilog") for name in nodes}
     deadline = time.monotonic() + wait_s
     while True:
         found = {
@@ -49,7 +51,7 @@ def marks(job_id, *, wait_s=30):
             for name in node(CONTROLLER).check_output("ls /shared/marks").split()
             if name.split(".")[1] == job_id
         }
-        if {script for script, _ in found} >= {"prolog", "epilog"} or time.monotonic() > deadline:
+        if found >= expected or time.monotonic() > deadline:
             return found
         time.sleep(1)
 

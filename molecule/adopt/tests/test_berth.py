@@ -41,7 +41,7 @@ def test_pyxis_is_set_aside_and_berths_plugin_loaded():
 @pytest.mark.parametrize(("partition", "nodes"), [("batch", COMPUTE), ("debug", COMPUTE[:1])])
 def test_the_sites_partitions_run_its_prolog_and_epilog(partition, nodes):
     job = srun(f"-p {partition} -N{len(nodes)} printenv SLURM_JOB_ID")
-    assert marks(job_id(job)) == {(script, name) for script in ("prolog", "epilog") for name in nodes}
+    assert marks(job_id(job), nodes) == {(script, name) for script in ("prolog", "epilog") for name in nodes}
 
 
 def test_berth_finds_the_named_container_pyxis_made():
