@@ -30,6 +30,7 @@ STAGES=(
     "runtime-trixie|240|runtime suite on Debian 13 (Python 3.13), SPANK plugin against Slurm 24.11"
     "cluster-bookworm|1800|multi-node cluster on Debian 12, Slurm 22.05 (molecule test -s multinode)"
     "cluster-trixie|1900|multi-node cluster on Debian 13, Slurm 24.11 (the same scenario and tests, at the same time)"
+    "cluster-adopt|600|pyxis 0.24 + enroot 4.1.2 on Debian 12 moved to Berth and back (molecule test -s adopt)"
     "fast-cluster|1080|the running demo cluster: idempotence and verify (molecule)"
 )
 
@@ -247,6 +248,13 @@ cluster_beside() {
     BERTH_NODE_SUITE=trixie molecule test -s multinode
 }
 
+# The site's node image (pyxis and enroot from BERTH_UPSTREAM_DIR's release
+# tarballs), then the scenario that moves that cluster to Berth and back.
+adopt_cluster() {
+    bash scripts/site-image.sh
+    molecule test -s adopt
+}
+
 fast_cluster() {
     docker inspect berth-ctl >/dev/null 2>&1 \
         || { echo "test.sh --fast: no demo cluster runs (bash scripts/demo.sh)" >&2; return 1; }
@@ -272,10 +280,13 @@ else
     # have their own /dev, users, network, /shared and cgroup namespace; the
     # runtime suite runs in a container of its own).
     beside cluster-trixie cluster_beside
-    beside pytest unit_tests "then" runtime-trixie runtime_suite_trixie
+    # then the adopt scenario, in the same lane: pytest and the runtime
+    # suite end well before the clusters do
+    beside pytest unit_tests "then" runtime-trixie runtime_suite_trixie "then" cluster-adopt adopt_cluster
     stage cluster-bookworm env BERTH_NODE_SUITE=bookworm molecule test -s multinode
     collect pytest
     collect runtime-trixie
+    collect cluster-adopt
     collect cluster-trixie
 fi
 summary
