@@ -151,8 +151,23 @@ def test_two_specs_claiming_one_name_start_nothing(berth, app, node):
     again = node["specs"] / "again.json"
     shutil.copy(node["specs"] / "nic.json", again)
     berth.fails("start", "--device", "vendor.example/nic=nic0", "app", "true",
-                needle=f"--device vendor.example/nic=nic0: claimed by two CDI specs, "
-                       f"{again} and {node['specs'] / 'nic.json'}")
+                needle=f"--device vendor.example/nic=nic0: claimed by two CDI specs of one "
+                       f"directory, {again} and {node['specs'] / 'nic.json'}")
+
+
+def test_a_later_spec_directory_wins_a_name_both_have(berth, app, node):
+    """CDI's order, /etc/cdi then /var/run/cdi: the later directory's spec
+    of a name is the one applied (NVIDIA's refresh service writes
+    /var/run/cdi/nvidia.yaml where the bundle wrote /etc/cdi/nvidia.yaml)."""
+    later = node["top"] / "run-cdi"
+    later.mkdir()
+    spec = json.loads((node["specs"] / "nic.json").read_text())
+    spec["containerEdits"]["env"] = ["NIC_SPEC=later"]
+    (later / "nic.json").write_text(json.dumps(spec))
+    berth.env["BERTH_CDI_SPEC_DIRS"] = f"{node['specs']}:{later}"
+    out = berth.ok("start", "--device", "vendor.example/nic=nic0", "app", "sh", "-c",
+                   "echo $NIC_SPEC $NIC_VISIBLE")
+    assert out.splitlines() == ["later 0"]
 
 
 @pytest.mark.parametrize("device, needle", [

@@ -31,8 +31,11 @@ regular file owned by root, not writable by group or others, in a
 directory for which the same holds all the way up (a sticky directory such
 as /tmp passes). Another spec is skipped with a warning naming it, as is a
 malformed one: the others still count. A name no spec has (the line lists
-the kinds there are), one two specs claim, a device node, mount source or
-hook program missing on the node: one line, and nothing is started.
+the kinds there are), one two specs of one directory claim, a device
+node, mount source or hook program missing on the node: one line, and
+nothing is started. A name in specs of two directories is the later
+directory's, as CDI orders them (/var/run/cdi, where NVIDIA's refresh
+service writes its spec, over /etc/cdi).
 
 NVIDIA's spec (`nvidia-ctk cdi generate`, kind nvidia.com/gpu, devices
 named by index, GPU-<uuid>, MIG-<uuid> and `all`) is also the GPU path of
@@ -131,8 +134,8 @@ def _find(known, name):
         raise BerthError(f"--device {name}: no CDI spec on this node has it (kinds here: "
                          f"{', '.join(kinds)})")
     if len(claims) > 1:
-        raise BerthError(f"--device {name}: claimed by two CDI specs, {claims[0].spec} and "
-                         f"{claims[1].spec}")
+        raise BerthError(f"--device {name}: claimed by two CDI specs of one directory, "
+                         f"{claims[0].spec} and {claims[1].spec}")
     return claims[0]
 
 
@@ -144,26 +147,34 @@ def load(spec_dirs, warn):
     `spec_dirs`; `warn` takes each skipped spec's line."""
     known = {}
     for directory in (d for d in spec_dirs.split(":") if d):
-        try:
-            entries = sorted(os.listdir(directory))
-        except FileNotFoundError:
-            continue
-        except OSError as e:
-            warn(f"CDI spec directory {directory}: {e.strerror}: skipped")
-            continue
-        why = _untrusted_dir(directory)
-        if why:
-            warn(f"CDI spec directory {directory}: {why}: skipped")
-            continue
-        for entry in entries:
-            if entry.endswith(_SUFFIXES):
-                path = os.path.join(directory, entry)
-                try:
-                    for name, device in _read_spec(path):
-                        known.setdefault(name, []).append(device)
-                except BerthError as e:
-                    warn(f"{e}: skipped")
+        known.update(_load_directory(directory, warn))  # a later directory's names win
     return known
+
+
+def _load_directory(directory, warn):
+    """{device name: [_Device, ...]} of the trusted, well-formed specs in
+    `directory`: a name with two claims is a conflict within it."""
+    try:
+        entries = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        warn(f"CDI spec directory {directory}: {e.strerror}: skipped")
+        return {}
+    why = _untrusted_dir(directory)
+    if why:
+        warn(f"CDI spec directory {directory}: {why}: skipped")
+        return {}
+    here = {}
+    for entry in entries:
+        if entry.endswith(_SUFFIXES):
+            path = os.path.join(directory, entry)
+            try:
+                for name, device in _read_spec(path):
+                    here.setdefault(name, []).append(device)
+            except BerthError as e:
+                warn(f"{e}: skipped")
+    return here
 
 
 def _untrusted(st):
