@@ -248,6 +248,20 @@ def test_a_glob_over_berths_directory_passes(node):
     assert status == 0, out
 
 
+def test_a_groups_shared_cache_in_the_sites_enroot_conf_stops_before_any_change(node):
+    """pyxis's setup guide's per-group cache, kept as the site wrote it,
+    would be refused to every member but its owner at each start."""
+    conf = node / "etc/enroot/enroot.conf"
+    conf.write_text(SITE_ENROOT_CONF + "ENROOT_CACHE_PATH /raid/enroot-cache/group-$(id -g)\n")
+    before = tree(node)
+    status, _, out = play(node, DEPLOY)
+    assert status != 0
+    line = len(SITE_ENROOT_CONF.splitlines()) + 1
+    assert (f"{conf}:{line}: ENROOT_CACHE_PATH /raid/enroot-cache/group-$(id -g): a directory shared "
+            "between users") in out
+    assert tree(node) == before and not (node / "var").exists()
+
+
 CONTROLLER = [{"hosts": "localhost", "gather_facts": False, "tasks": [
     {"name": "Set pyxis aside", "ansible.builtin.include_role": {"name": "adopt"}},
     {"name": "berth.conf", "ansible.builtin.include_role": {"name": "spank_plugin", "tasks_from": "config.yml"}},

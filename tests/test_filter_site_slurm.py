@@ -62,3 +62,27 @@ def test_pyxis_lines_only_live_ones():
 ])
 def test_plugstack_loads(text, loads):
     assert site_slurm.berth_plugstack_loads(text, "/etc/slurm/plugstack.conf.d/berth.conf") is loads
+
+
+ENROOT_CONF = """# the site's
+ENROOT_RUNTIME_PATH /run/enroot/user-$(id -u)
+ENROOT_CACHE_PATH /raid/enroot-cache/group-$(id -g)   # pyxis's setup guide
+#ENROOT_DATA_PATH /raid/enroot-data
+ENROOT_DATA_PATH /raid/enroot-data
+ENROOT_CONFIG_PATH ${HOME}/.config/enroot
+ENROOT_SQUASH_OPTIONS -noI -noD
+ENROOT_TEMP_PATH /tmp
+"""
+
+
+def test_enroot_paths_users_would_share_are_named_by_line():
+    assert site_slurm.berth_shared_enroot_paths(ENROOT_CONF) == [
+        "3: ENROOT_CACHE_PATH /raid/enroot-cache/group-$(id -g)",
+        "5: ENROOT_DATA_PATH /raid/enroot-data",
+    ]
+
+
+@pytest.mark.parametrize("value", ["/run/user/$(id -u)/enroot", "~/.cache/enroot", "${XDG_CACHE_HOME}/enroot",
+                                   "/raid/$USER", "/raid/$(whoami)", "/raid/u-${UID}", "/raid/$(id -un)"])
+def test_a_path_of_each_users_own_passes(value):
+    assert site_slurm.berth_shared_enroot_paths(f"ENROOT_CACHE_PATH {value}\n") == []

@@ -1,6 +1,6 @@
 """Filters for fitting Berth into a Slurm the site runs: what its
-`scontrol show config` says, whether its Prolog runs a path, and which
-plugstack lines load pyxis."""
+`scontrol show config` says, whether its Prolog runs a path, which
+plugstack lines load pyxis, and which enroot.conf paths its users share."""
 
 import fnmatch
 import re
@@ -8,6 +8,15 @@ import re
 _CONFIG_LINE = re.compile(r"^(\w+)\s+=\s+(.*?)\s*$")
 _PYXIS = re.compile(r"^\s*(required|optional)\s+\S*spank_pyxis\.so(\s|$)")
 _INCLUDE = re.compile(r"^\s*include\s+(\S+)\s*$", re.IGNORECASE)
+# The enroot.conf keys whose directory Berth uses only when it is the
+# caller's own, and what makes a value differ from user to user as enroot
+# expands it (`$(id -g)` does not: a group's members share that directory).
+_OWN_PATHS = ("ENROOT_RUNTIME_PATH", "ENROOT_CACHE_PATH", "ENROOT_DATA_PATH", "ENROOT_CONFIG_PATH")
+_SETTING = re.compile(r"^\s*([A-Z_]+)\s+(\S.*?)\s*$")
+# (per user: $(id -u), $(id -un), $(whoami), $UID, ${HOME}, ${XDG_CACHE_HOME}, ~)
+_PER_USER = re.compile(r"\$\(\s*(id\s+-un?|whoami)\s*\)"
+                       r"|\$\{?(UID|USER|HOME|XDG_[A-Z_]+)\b"
+                       r"|(^|[\s:=])~")
 
 
 def berth_scontrol_config(text):
@@ -44,6 +53,19 @@ def berth_plugstack_loads(text, path):
     return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
 
 
+def berth_shared_enroot_paths(text):
+    """The settings of an enroot.conf (`LINE: KEY VALUE`) that give several
+    users one directory where Berth takes only the caller's own: a value
+    with no part that enroot expands per user (a path of its own, or a
+    group's `$(id -g)`)."""
+    shared = []
+    for number, line in enumerate(text.splitlines(), 1):
+        setting = _SETTING.match(line.partition("#")[0])
+        if setting and setting.group(1) in _OWN_PATHS and not _PER_USER.search(setting.group(2)):
+            shared.append(f"{number}: {setting.group(1)} {setting.group(2)}")
+    return shared
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -51,4 +73,5 @@ class FilterModule:
             "berth_runs_path": berth_runs_path,
             "berth_pyxis_lines": berth_pyxis_lines,
             "berth_plugstack_loads": berth_plugstack_loads,
+            "berth_shared_enroot_paths": berth_shared_enroot_paths,
         }
