@@ -14,6 +14,7 @@ import json
 import os
 
 from berth import safedir
+from berth.build import layers
 from berth.image.cachelayout import CacheLayout
 
 _PREFIX = "berth build step v1"  # (a key of an import never starts so)
@@ -47,3 +48,9 @@ def found(cfg, step_key):
     except FileNotFoundError:
         return None
     return where
+
+
+def found_step(cfg, step_key):
+    """found()'s squashfs of a changing step, when the layer of its change is kept too."""
+    where = found(cfg, step_key)
+    return where if where and layers.kept(cfg, where) else None

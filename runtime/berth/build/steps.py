@@ -8,7 +8,7 @@ import os
 import sys
 import typing
 
-from berth.build import config as imagecfg, stepcache, tree, words
+from berth.build import config as imagecfg, layers, stepcache, tree, words
 from berth.image import imageconfig
 
 # BuildKit's predefined proxy arguments: passed to RUN, kept out of the key
@@ -71,12 +71,13 @@ class Builder:
     def changed(self, stage, state, *, step, key, change):
         """The State after `step`, which changes the root: from the cache,
         or `change(root)` run in the stage's tree, packed into the cache."""
-        found = None if self.no_cache else stepcache.found(self.cfg, key)
+        found = None if self.no_cache else stepcache.found_step(self.cfg, key)
         self.say(step.original, cached=bool(found))
         if found:
             self.cached += 1
             return state._replace(key=key, image=found, image_key=key)
         root = self.tree_at(stage, state)
+        before = layers.snapshot(root)
         if state.config.workdir:  # (WORKDIR's directory is made here, as BuildKit does)
             os.makedirs(tree.path_in(root, state.config.workdir), mode=0o755, exist_ok=True)
         try:
@@ -84,7 +85,9 @@ class Builder:
         finally:  # (a failed or stopped RUN's tree is removed all the same)
             tree.owner_writable(root)
         output = stepcache.path(self.cfg, key)
+        layer = layers.write(self.cfg, root, layers.changes(before, layers.snapshot(root)))
         tree.pack(root, output, self.cfg)
+        layers.keep(output, layer)
         self.trees[stage] = (root, key)
         self.ran += 1
         return state._replace(key=key, image=output, image_key=key)

@@ -1,0 +1,193 @@
+"""Each changing step's change as an OCI layer (image-layer spec): a gzip
+tar of what the step made or changed, a `.wh.NAME` for what it removed, a
+`.wh..wh..opq` in a directory it replaced. It is written when the step
+runs, from the stage's tree itself: before the step, every entry's inode
+and ctime (a Snapshot, a walk of stat calls); after it, what differs. A
+change moves the ctime, which no one can set back, so the diff is exact
+while the bytes read are those of the change only.
+
+The tar is deterministic: entries sorted (each directory's whiteouts before
+its other entries), every entry root's (0:0, no names, as the squashfs
+has it), each mtime the file's own (as BuildKit keeps them), no gzip name
+or time. The blob goes to the image cache's blobs/sha256 under its digest,
+and a record of it (Layer, JSON) beside the step's squashfs."""
+
+import gzip
+import hashlib
+import json
+import os
+import stat
+import tarfile
+import typing
+
+from berth.errors import BerthError
+from berth.image.cachelayout import CacheLayout
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+_RECORD = ".layer.json"  # (beside images/<key>.sqsh; not a name the cache scanner reads)
+_LEVEL = 6  # (gzip: the default level of Go's compress/gzip, which BuildKit writes with)
+
+
+class Layer(typing.NamedTuple):
+    digest: str    # sha256:... of the gzip blob
+    diff_id: str   # sha256:... of the tar
+    size: int      # the blob's bytes
+
+
+class Snapshot(typing.NamedTuple):
+    """A tree's entries: relative path -> (inode, ctime ns, is a directory)."""
+
+    entries: dict
+
+
+def snapshot(root):
+    entries = {}
+    pending = [""]
+    while pending:
+        top = pending.pop()
+        with os.scandir(os.path.join(root, top)) as found:
+            for entry in found:
+                info = entry.stat(follow_symlinks=False)
+                path = os.path.join(top, entry.name)
+                is_dir = stat.S_ISDIR(info.st_mode)
+                entries[path] = (info.st_ino, info.st_ctime_ns, is_dir)
+                if is_dir:
+                    pending.append(path)
+    return Snapshot(entries)
+
+
+def _order(path):
+    """Parents first; in a directory, its whiteouts before its entries."""
+    parent, name = os.path.split(path)
+    return (tuple(parent.split("/")) if parent else (), not name.startswith(WHITEOUT), name)
+
+
+def changes(before, after):
+    """The entries of the layer that makes `after` of `before` (Snapshots):
+    sorted paths, whiteouts and opaque markers among them."""
+    replaced = {path for path, (ino, _, is_dir) in after.entries.items()
+                if is_dir and before.entries.get(path, (None, None, False))[2]
+                and before.entries[path][0] != ino}
+    paths = [path for path, now in after.entries.items() if before.entries.get(path) != now]
+    paths += [os.path.join(path, OPAQUE) for path in replaced]
+    for path in before.entries:
+        parent, name = os.path.split(path)
+        if path not in after.entries and parent not in replaced \
+                and (not parent or after.entries.get(parent, (0, 0, False))[2]):
+            paths.append(os.path.join(parent, WHITEOUT + name))
+    return sorted(paths, key=_order)
+
+
+class _Hashing:
+    """A file object that hashes what it writes through."""
+
+    __slots__ = ("file", "sha", "size")
+
+    def __init__(self, file):
+        self.file, self.sha, self.size = file, hashlib.sha256(), 0
+
+    def write(self, data):
+        self.sha.update(data)
+        self.size += len(data)
+        return self.file.write(data)
+
+    def flush(self):
+        self.file.flush()
+
+
+def _info(root, path, links):
+    """The TarInfo of `path` in `root` (a whiteout: an empty file)."""
+    info = tarfile.TarInfo(path)
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    name = os.path.basename(path)
+    if name.startswith(WHITEOUT):
+        info.mode = 0o644
+        return info
+    st = os.lstat(os.path.join(root, path))
+    info.mode, info.mtime = stat.S_IMODE(st.st_mode), int(st.st_mtime)
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and st.st_ino in links:
+        info.type, info.linkname = tarfile.LNKTYPE, links[st.st_ino]
+    elif stat.S_ISREG(st.st_mode):
+        links[st.st_ino] = path
+        info.size = st.st_size
+    elif stat.S_ISDIR(st.st_mode):
+        info.type = tarfile.DIRTYPE
+    elif stat.S_ISLNK(st.st_mode):
+        info.type, info.linkname = tarfile.SYMTYPE, os.readlink(os.path.join(root, path))
+    elif stat.S_ISFIFO(st.st_mode):
+        info.type = tarfile.FIFOTYPE
+    else:
+        info.type = tarfile.CHRTYPE if stat.S_ISCHR(st.st_mode) else tarfile.BLKTYPE
+        info.devmajor, info.devminor = os.major(st.st_rdev), os.minor(st.st_rdev)
+    return info
+
+
+def _write_tar(blob, root, paths):
+    """The layer tar of `paths` in `root`, gzipped into the file `blob`:
+    the tar's sha256 and the blob's (hashing objects)."""
+    links = {}
+    packed = _Hashing(blob)
+    with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0,
+                       compresslevel=_LEVEL) as zipped:
+        plain = _Hashing(zipped)
+        with tarfile.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            for path in paths:
+                info = _info(root, path, links)
+                if info.isreg() and info.size:
+                    with open(os.path.join(root, path), "rb") as f:
+                        tar.addfile(info, f)
+                else:
+                    tar.addfile(info)
+    return plain.sha, packed
+
+
+def write(cfg, root, paths):
+    """The layer of `paths` (changes()'s) in `root`, into the image cache's
+    blobs: its Layer."""
+    blobs = CacheLayout(cfg["ENROOT_CACHE_PATH"]).dir("layers")
+    os.makedirs(blobs, mode=0o700, exist_ok=True)
+    partial = os.path.join(blobs, f"build-layer.tmp-{os.getpid()}")
+    try:
+        with open(partial, "wb") as blob:
+            plain, packed = _write_tar(blob, root, paths)
+        os.rename(partial, os.path.join(blobs, packed.sha.hexdigest()))
+    except OSError as e:
+        raise BerthError(f"{e.filename or blobs}: the step's layer: {e.strerror}") from None
+    finally:
+        if os.path.lexists(partial):
+            os.unlink(partial)
+    return Layer(digest=f"sha256:{packed.sha.hexdigest()}",
+                 diff_id=f"sha256:{plain.hexdigest()}", size=packed.size)
+
+
+def record_path(image):
+    """Where the Layer record of the step cache's squashfs `image` lives."""
+    return image.removesuffix(".sqsh") + _RECORD
+
+
+def keep(image, layer):
+    """Record `layer` as the change that made the step cache's `image`."""
+    partial = f"{record_path(image)}.tmp-{os.getpid()}"
+    with open(partial, "w", encoding="utf-8") as f:
+        json.dump(layer._asdict(), f, sort_keys=True)
+    os.rename(partial, record_path(image))
+
+
+def kept(cfg, image):
+    """The Layer that made `image`, or None when its record or blob is gone
+    (a step run before layers were kept, a pruned blob)."""
+    try:
+        with open(record_path(image), encoding="utf-8") as f:
+            layer = Layer(**json.load(f))
+    except (OSError, ValueError, TypeError):
+        return None
+    blob = os.path.join(CacheLayout(cfg["ENROOT_CACHE_PATH"]).dir("layers"),
+                        layer.digest.removeprefix("sha256:"))
+    return layer if os.path.isfile(blob) else None
+
+
+def blob_path(cfg, layer):
+    return os.path.join(CacheLayout(cfg["ENROOT_CACHE_PATH"]).dir("layers"),
+                        layer.digest.removeprefix("sha256:"))
