@@ -238,8 +238,9 @@ def _add_build(sub):
     p.add_argument("--target", metavar="STAGE", help="build this stage (default: the last)")
     p.add_argument("--no-cache", action="store_true",
                    help="run every step, taking none from the cache")
-    p.add_argument("-o", "--output", metavar="OUT.sqsh",
-                   help="the image to write (default: image.sqsh)")
+    p.add_argument("-o", "--output", metavar="OUT",
+                   help="the image to write: OUT.sqsh (default: image.sqsh), oci:DIR (an OCI "
+                        "image layout) or oci-archive:FILE (that layout as a tar)")
     # (SUPPRESS: `berth --quiet build` says the same)
     p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                    help="no progress lines, nor RUN's output unless it fails")

@@ -1,5 +1,5 @@
 """`berth build [-f FILE] [--build-arg K=V]... [--target STAGE] [--no-cache]
-[-o OUT.sqsh] CONTEXT`: parse, plan, run the stages' steps, write the
+[-o OUT.sqsh|oci:DIR|oci-archive:FILE] CONTEXT`: parse, plan, run the stages' steps, write the
 image. Everything a build unpacks lives in one directory of
 ENROOT_TEMP_PATH, removed however the build ends (an error, SIGINT); the
 output appears whole or not at all."""
@@ -10,10 +10,19 @@ import tempfile
 import time
 import typing
 
-from berth.build import base, config as imagecfg, instructions, parse, plan, stepcache, tree
+from berth.build import (
+    base,
+    config as imagecfg,
+    instructions,
+    oci,
+    outputs,
+    parse,
+    plan,
+    stepcache,
+    tree,
+)
 from berth.build.steps import Builder, write_record
 from berth.errors import BerthError
-from berth.image import squash
 
 
 class BuildRequest(typing.NamedTuple):
@@ -28,12 +37,15 @@ class BuildRequest(typing.NamedTuple):
 
 
 class Built(typing.NamedTuple):
-    """What a build gave: the image cache's squashfs and its steps' counts."""
+    """What a build gave: the image cache's squashfs, its steps' counts, and
+    for an OCI image, its history (oci.Entry) and configuration."""
 
     path: str
     steps: int
     ran: int
     cached: int
+    history: list = []
+    config: imagecfg.ImageConfig = None
 
 
 class Options(typing.NamedTuple):
@@ -72,13 +84,17 @@ def _options(request):
 
 
 def _stages(builder, build_plan):
+    """The last stage's index, and each stage's history (oci.Entry lists)."""
+    histories = {}
     for stage in build_plan.stages:
         builder.say(f"FROM {stage.base}" + (f" AS {stage.name}" if stage.name else ""))
         state = base.begin(builder, stage)  # (a pull's progress after its line)
+        history = oci.begun(stage, state, histories)
         for step in stage.steps:
-            state = instructions.apply(builder, step, state, stage=stage.index)
-        builder.ends[stage.index] = state
-    return build_plan.stages[-1].index
+            before, state = state, instructions.apply(builder, step, state, stage=stage.index)
+            history.append(oci.after(step, before, state))
+        builder.ends[stage.index], histories[stage.index] = state, history
+    return build_plan.stages[-1].index, histories
 
 
 def _write(builder, stage, options):
@@ -111,18 +127,23 @@ def build(cfg, request):
         raise BerthError(f"ENROOT_TEMP_PATH {cfg['ENROOT_TEMP_PATH']}: {e.strerror}") from None
     try:
         builder = Builder(cfg, options=options, plan=build_plan, work=work)
-        path = _write(builder, _stages(builder, build_plan), options)
+        last, histories = _stages(builder, build_plan)
+        path = _write(builder, last, options)
     finally:
         tree.remove(work)
-    return Built(path=path, steps=builder.total, ran=builder.ran, cached=builder.cached)
+    return Built(path=path, steps=builder.total, ran=builder.ran, cached=builder.cached,
+                 history=histories[last], config=builder.ends[last].config)
 
 
 def cmd_build(request, cfg):
     began = time.monotonic()
-    output = os.path.abspath(request.output or "image.sqsh")
+    target = outputs.target(request.output)  # (checked before any step runs)
     built = build(cfg, request)
-    squash.copy_image(built.path, output, True)
+    if target.kind == "squashfs":
+        outputs.write_squashfs(target, built.path)
+    else:
+        outputs.write_oci(target, oci.image(cfg, history=built.history, config=built.config))
     if not request.quiet:
-        print(f"berth build: {output}: {built.steps} steps, {built.ran} run, "
+        print(f"berth build: {target.path}: {built.steps} steps, {built.ran} run, "
               f"{built.cached} cached ({time.monotonic() - began:.1f} s)", file=sys.stderr)
     return 0

@@ -1,0 +1,119 @@
+"""`berth build -o oci:DIR` and `-o oci-archive:FILE`, end to end as an
+unprivileged user: the layout is read by a second tool (skopeo, which
+checks every blob's digest as it copies), pushed by it to the real
+registry of registry_fixture.py, and pulled back by `berth import`, which
+applies the layers' whiteouts and opaque directories; what starts holds
+the files `-o OUT.sqsh` holds. Refused outputs are one line and leave
+nothing behind."""
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+
+from test_build import build, built, write  # noqa: F401 (build: a fixture)
+from test_start_uri import registry  # noqa: F401 (a fixture: test/busybox:v1 pushed)
+
+# Each kind of change a layer carries: new files, an edit, a removal from
+# the base, a directory replaced (an opaque one), a hard link, a symlink.
+CHANGES = """\
+FROM ./base.sqsh AS first
+RUN mkdir -p /out && echo made > /out/made
+FROM ./base.sqsh
+RUN mkdir -p /swap/old && echo x > /swap/old/f && echo gone > /gone && echo one > /edited
+RUN mkdir /new && echo fresh > /new/fresh && rm -rf /swap /gone && mv /new /swap \\
+ && echo two > /edited && ln /edited /hard && ln -s edited /soft
+COPY --from=first /out/made /copied
+ENV GREETING=hello
+WORKDIR /swap
+CMD ["cat", "fresh"]
+"""
+
+
+def _tree(image, target):
+    """`image` (a squashfs) unpacked: each path's type, mode, link and bytes."""
+    subprocess.run(["unsquashfs", "-no-progress", "-d", target, image], check=True,
+                   capture_output=True)
+    found = {}
+    for top, dirs, files in os.walk(target):
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            info = os.lstat(path)
+            what = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode))
+            if stat.S_ISLNK(info.st_mode):
+                what += (os.readlink(path),)
+            elif stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as f:
+                    what += (hashlib.sha256(f.read()).hexdigest(),)
+            found[os.path.relpath(path, target)] = what
+    # (each image's own: the record names its source, so its rc's comment does)
+    record = json.loads((target / "etc/berth/image.json").read_text())
+    rc = (target / "etc/rc").read_text().splitlines()
+    found["etc/berth/image.json"] = {key: record[key] for key in
+                                     ("env", "entrypoint", "cmd", "workdir", "user")}
+    found["etc/rc"] = [line for line in rc if not line.startswith("# Written by")]
+    return found
+
+
+def _skopeo(*args):
+    result = subprocess.run(["skopeo", *args], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_an_oci_layout_is_pushed_by_skopeo_and_imports_as_the_squashfs(berth, build, registry,
+                                                                        tmp_path):
+    write(berth, build, CHANGES)
+    built(berth, "-o", "out.sqsh", build)
+    assert built(berth, "-o", "oci:layout", build)[:2] == (0, 4)  # every step from the cache
+    layout = berth.base / "layout"
+    assert json.loads((layout / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
+    config = json.loads(_skopeo("inspect", "--config", f"oci:{layout}"))
+    assert config["os"] == "linux" and len(config["rootfs"]["diff_ids"]) == 4
+    assert [h.get("empty_layer", False) for h in config["history"]] == [
+        False, False, False, False, True, True, True]
+    assert config["history"][1]["created_by"].startswith("RUN mkdir -p /swap/old")
+    assert config["config"]["Cmd"] == ["cat", "fresh"]
+    assert config["config"]["WorkingDir"] == "/swap"
+    assert "GREETING=hello" in config["config"]["Env"]
+    _skopeo("copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}",
+            f"docker://{registry.host}/test/built:v1")
+    berth.env.update(ENROOT_ALLOW_HTTP="yes")
+    berth.ok("import", "-o", "pulled.sqsh", f"docker://{registry.host}#test/built:v1")
+    pulled = berth.base / "pulled.sqsh"
+    assert _tree(pulled, tmp_path / "pulled") == _tree(berth.base / "out.sqsh", tmp_path / "out")
+    assert berth.ok("start", pulled) == "fresh\n"
+    assert berth.ok("start", pulled, "sh", "-c", "ls / ; cat /edited /hard /soft /copied") \
+        .count("gone") == 0
+
+
+def test_an_oci_archive_holds_the_same_image_as_the_layout(berth, build):
+    """The same build to both outputs: the same manifest, so the same
+    digests (the tar and its gzip are deterministic)."""
+    write(berth, build, CHANGES)
+    built(berth, "-o", "oci:layout", build)
+    built(berth, "-o", "oci-archive:image.tar", build)
+    index = json.loads((berth.base / "layout/index.json").read_text())
+    manifest = _skopeo("inspect", "--raw", f"oci-archive:{berth.base / 'image.tar'}")
+    assert "sha256:" + hashlib.sha256(manifest.encode()).hexdigest() == \
+        index["manifests"][0]["digest"]
+
+
+def test_a_refused_output_is_one_line_and_runs_no_step(berth, build):
+    write(berth, build, CHANGES)
+    (berth.base / "full").mkdir()
+    (berth.base / "full/kept").write_text("mine\n")
+    locked = berth.base / "locked"
+    locked.mkdir(mode=0o555)
+    berth.chown(berth.base / "full", locked)
+    for spec, said in [("oci:full", "oci:full: exists and is not an empty directory"),
+                       (f"oci:{locked}/x", f"oci:{locked}/x: {locked} is not writable"),
+                       (f"oci-archive:{locked}/x.tar",
+                        f"oci-archive:{locked}/x.tar: {locked} is not writable"),
+                       (f"{locked}/x.sqsh", f"{locked}/x.sqsh: {locked} is not writable")]:
+        result = berth("build", "-o", spec, build)
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines() == [f"berth: error: {said}"]
+    assert os.listdir(berth.base / "full") == ["kept"] and os.listdir(locked) == []
+    assert not (berth.base / "cache/images").exists()  # no step ran
