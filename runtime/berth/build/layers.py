@@ -10,7 +10,7 @@ The tar is deterministic: entries sorted (each directory's whiteouts before
 its other entries), every entry root's (0:0, no names, as the squashfs
 has it), each mtime the file's own (as BuildKit keeps them), no gzip name
 or time. The blob goes to the image cache's blobs/sha256 under its digest,
-and a record of it (Layer, JSON) beside the step's squashfs."""
+and a record of it (Layer, JSON) under the step's key."""
 
 import gzip
 import hashlib
@@ -25,7 +25,6 @@ from berth.image.cachelayout import CacheLayout
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
-_RECORD = ".layer.json"  # (beside images/<key>.sqsh; not a name the cache scanner reads)
 _LEVEL = 6  # (gzip: the default level of Go's compress/gzip, which BuildKit writes with)
 
 
@@ -162,30 +161,25 @@ def write(cfg, root, paths):
                  diff_id=f"sha256:{plain.hexdigest()}", size=packed.size)
 
 
-def record_path(image):
-    """Where the Layer record of the step cache's squashfs `image` lives."""
-    return image.removesuffix(".sqsh") + _RECORD
-
-
-def keep(image, layer):
-    """Record `layer` as the change that made the step cache's `image`."""
-    partial = f"{record_path(image)}.tmp-{os.getpid()}"
+def keep(cfg, key, layer):
+    """Record `layer` as the change of the step `key` (a step cache key)."""
+    where = CacheLayout(cfg["ENROOT_CACHE_PATH"]).build_layer(key)
+    os.makedirs(os.path.dirname(where), mode=0o700, exist_ok=True)
+    partial = f"{where}.tmp-{os.getpid()}"
     with open(partial, "w", encoding="utf-8") as f:
         json.dump(layer._asdict(), f, sort_keys=True)
-    os.rename(partial, record_path(image))
+    os.rename(partial, where)
 
 
-def kept(cfg, image):
-    """The Layer that made `image`, or None when its record or blob is gone
+def kept(cfg, key):
+    """The Layer of the step `key`, or None when its record or blob is gone
     (a step run before layers were kept, a pruned blob)."""
     try:
-        with open(record_path(image), encoding="utf-8") as f:
+        with open(CacheLayout(cfg["ENROOT_CACHE_PATH"]).build_layer(key), encoding="utf-8") as f:
             layer = Layer(**json.load(f))
     except (OSError, ValueError, TypeError):
         return None
-    blob = os.path.join(CacheLayout(cfg["ENROOT_CACHE_PATH"]).dir("layers"),
-                        layer.digest.removeprefix("sha256:"))
-    return layer if os.path.isfile(blob) else None
+    return layer if os.path.isfile(blob_path(cfg, layer)) else None
 
 
 def blob_path(cfg, layer):

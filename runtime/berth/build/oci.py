@@ -11,7 +11,7 @@ import os
 import tempfile
 import typing
 
-from berth.build import layers, stepcache, tree
+from berth.build import layers, tree
 from berth.errors import BerthError
 from berth.image import imageconfig
 
@@ -71,11 +71,10 @@ def _whole_layer(cfg, image):
 
 
 def _layer(cfg, entry):
-    record = stepcache.path(cfg, entry.key)
-    found = layers.kept(cfg, record)
+    found = layers.kept(cfg, entry.key)
     if found is None and entry.whole:
         found = _whole_layer(cfg, entry.image)
-        layers.keep(record, found)
+        layers.keep(cfg, entry.key, found)
     if found is None:
         raise BerthError(f"{entry.created_by}: the step's layer is gone from the image cache; "
                          "build again with --no-cache")

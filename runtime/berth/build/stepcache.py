@@ -53,4 +53,4 @@ def found(cfg, step_key):
 def found_step(cfg, step_key):
     """found()'s squashfs of a changing step, when the layer of its change is kept too."""
     where = found(cfg, step_key)
-    return where if where and layers.kept(cfg, where) else None
+    return where if where and layers.kept(cfg, step_key) else None

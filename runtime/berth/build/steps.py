@@ -87,7 +87,7 @@ class Builder:
         output = stepcache.path(self.cfg, key)
         layer = layers.write(self.cfg, root, layers.changes(before, layers.snapshot(root)))
         tree.pack(root, output, self.cfg)
-        layers.keep(output, layer)
+        layers.keep(self.cfg, key, layer)
         self.trees[stage] = (root, key)
         self.ran += 1
         return state._replace(key=key, image=output, image_key=key)

@@ -8,6 +8,7 @@ and names, for the cache (cache.py, blobs.py), its scanner (cachescan.py),
     locks/sha256-<hex>        the lock of a layer's download
     uris/<hash>               -> ../images/<key>.sqsh, the latest of a URI
     uris/layers-<hash>        -> ../images/<key>.sqsh, the latest of a run of layers
+    build-layers/<key>.json   the layer a build step's change made (its blob in blobs/)
 
 A named tuple, frozen as reference.py's are (no dataclasses: their import
 costs each `berth import` about 7 ms).
@@ -37,6 +38,11 @@ class CacheLayout(collections.namedtuple("CacheLayout", "root")):
 
     def image(self, key):
         return os.path.join(self.dir("images"), self.image_name(key))
+
+    def build_layer(self, key):
+        """The record of the layer of build step `key`: not a place the
+        scanner counts (a few bytes; its blob is pruned as a layer)."""
+        return os.path.join(self.root, "build-layers", f"{key}.json")
 
     def image_lock(self, key):
         return os.path.join(self.dir("locks"), self.image_lock_name(key))
