@@ -16,7 +16,8 @@ from test_build import build, built, write  # noqa: F401 (build: a fixture)
 from test_start_uri import registry  # noqa: F401 (a fixture: test/busybox:v1 pushed)
 
 # Each kind of change a layer carries: new files, an edit, a removal from
-# the base, a directory replaced (an opaque one), a hard link, a symlink.
+# the base, a directory replaced (an opaque one), a hard link, a symlink,
+# names a tar header cannot hold (a newline, not UTF-8, 150 bytes).
 CHANGES = """\
 FROM ./base.sqsh AS first
 RUN mkdir -p /out && echo made > /out/made
@@ -25,6 +26,8 @@ RUN mkdir -p /swap/old && echo x > /swap/old/f && echo gone > /gone && echo one 
 RUN mkdir /new && echo fresh > /new/fresh && rm -rf /swap /gone && mv /new /swap \\
  && echo two > /edited && ln /edited /hard && ln -s edited /soft
 COPY --from=first /out/made /copied
+RUN mkdir /names && cd /names && touch "$(printf 'new\\nline')" "$(printf 'not\\377utf8')" \\
+ "$(printf '%0150d' 0)" && ln -s "/$(printf '%0200d' 1)" long-link
 ENV GREETING=hello
 WORKDIR /swap
 CMD ["cat", "fresh"]
@@ -66,13 +69,13 @@ def test_an_oci_layout_is_pushed_by_skopeo_and_imports_as_the_squashfs(berth, bu
                                                                         tmp_path):
     write(berth, build, CHANGES)
     built(berth, "-o", "out.sqsh", build)
-    assert built(berth, "-o", "oci:layout", build)[:2] == (0, 4)  # every step from the cache
+    assert built(berth, "-o", "oci:layout", build)[:2] == (0, 5)  # every step from the cache
     layout = berth.base / "layout"
     assert json.loads((layout / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
     config = json.loads(_skopeo("inspect", "--config", f"oci:{layout}"))
-    assert config["os"] == "linux" and len(config["rootfs"]["diff_ids"]) == 4
+    assert config["os"] == "linux" and len(config["rootfs"]["diff_ids"]) == 5
     assert [h.get("empty_layer", False) for h in config["history"]] == [
-        False, False, False, False, True, True, True]
+        False, False, False, False, False, True, True, True]
     assert config["history"][1]["created_by"].startswith("RUN mkdir -p /swap/old")
     assert config["config"]["Cmd"] == ["cat", "fresh"]
     assert config["config"]["WorkingDir"] == "/swap"
@@ -83,6 +86,8 @@ def test_an_oci_layout_is_pushed_by_skopeo_and_imports_as_the_squashfs(berth, bu
     berth.ok("import", "-o", "pulled.sqsh", f"docker://{registry.host}#test/built:v1")
     pulled = berth.base / "pulled.sqsh"
     assert _tree(pulled, tmp_path / "pulled") == _tree(berth.base / "out.sqsh", tmp_path / "out")
+    assert sorted(os.listdir(os.fsencode(tmp_path / "pulled/names"))) == [
+        b"0" * 150, b"long-link", b"new\nline", b"not\377utf8"]
     assert berth.ok("start", pulled) == "fresh\n"
     assert berth.ok("start", pulled, "sh", "-c", "ls / ; cat /edited /hard /soft /copied") \
         .count("gone") == 0
@@ -98,6 +103,15 @@ def test_an_oci_archive_holds_the_same_image_as_the_layout(berth, build):
     manifest = _skopeo("inspect", "--raw", f"oci-archive:{berth.base / 'image.tar'}")
     assert "sha256:" + hashlib.sha256(manifest.encode()).hexdigest() == \
         index["manifests"][0]["digest"]
+    # the layers are the cache's (the first stage's too), and nothing the
+    # cache would count as partial
+    cache = berth.base / "cache"
+    assert all(name.endswith(".sqsh") for name in os.listdir(cache / "images"))
+    blobs = set(os.listdir(cache / "blobs/sha256"))
+    assert len(blobs) == 6 and all(len(name) == 64 for name in blobs)
+    assert blobs > set(os.listdir(berth.base / "layout/blobs/sha256")) - {
+        index["manifests"][0]["digest"].split(":")[1],
+        json.loads(manifest)["config"]["digest"].split(":")[1]}
 
 
 def test_a_refused_output_is_one_line_and_runs_no_step(berth, build):
