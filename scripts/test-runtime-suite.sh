@@ -42,7 +42,7 @@ NAME=berth-$SUITE-runtime-suite
 PACKAGES=(
     python3-pytest python3-pytest-xdist python3-hypothesis python3-requests python3-tqdm python3-yaml
     squashfs-tools squashfuse fuse-overlayfs uidmap zstd pigz busybox-static siftool
-    docker-registry openssl tzdata
+    docker-registry skopeo openssl tzdata
     gcc make libc6-dev libslurm-dev
 )
 

@@ -131,3 +131,24 @@ def test_a_refused_output_is_one_line_and_runs_no_step(berth, build):
         assert result.stderr.strip().splitlines() == [f"berth: error: {said}"]
     assert os.listdir(berth.base / "full") == ["kept"] and os.listdir(locked) == []
     assert not (berth.base / "cache/images").exists()  # no step ran
+
+
+def test_a_layout_that_does_not_fit_leaves_nothing(berth, build):
+    """A real full filesystem (a 64 KiB tmpfs) under the output: the write
+    fails in one line naming the output, and no partial layout or archive
+    stays; the steps stay cached."""
+    write(berth, build, CHANGES)
+    small = berth.base / "small"
+    small.mkdir()
+    user = berth.user
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=64k,uid={user.pw_uid},"
+                    f"gid={user.pw_gid},mode=0755", "hoci-small", small], check=True)
+    try:
+        for spec in (f"oci:{small}/layout", f"oci-archive:{small}/image.tar"):
+            result = berth("build", "-q", "-o", spec, build)
+            assert result.returncode == 1
+            assert result.stderr.strip().splitlines() == [
+                f"berth: error: {spec}: No space left on device"]
+            assert os.listdir(small) == []
+    finally:
+        subprocess.run(["umount", small], check=True)
