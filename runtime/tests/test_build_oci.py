@@ -29,8 +29,8 @@ COPY --from=first /out/made /copied
 RUN mkdir /names && cd /names && touch "$(printf 'new\\nline')" "$(printf 'not\\377utf8')" \\
  "$(printf '%0150d' 0)" && ln -s "/$(printf '%0200d' 1)" long-link
 ENV GREETING=hello
-WORKDIR /swap
-CMD ["cat", "fresh"]
+WORKDIR /made/late
+CMD ["cat", "/swap/fresh"]
 """
 
 
@@ -73,12 +73,12 @@ def test_an_oci_layout_is_pushed_by_skopeo_and_imports_as_the_squashfs(berth, bu
     layout = berth.base / "layout"
     assert json.loads((layout / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
     config = json.loads(_skopeo("inspect", "--config", f"oci:{layout}"))
-    assert config["os"] == "linux" and len(config["rootfs"]["diff_ids"]) == 5
+    assert config["os"] == "linux" and len(config["rootfs"]["diff_ids"]) == 6
     assert [h.get("empty_layer", False) for h in config["history"]] == [
-        False, False, False, False, False, True, True, True]
+        False, False, False, False, False, True, True, True, False]
     assert config["history"][1]["created_by"].startswith("RUN mkdir -p /swap/old")
-    assert config["config"]["Cmd"] == ["cat", "fresh"]
-    assert config["config"]["WorkingDir"] == "/swap"
+    assert config["config"]["Cmd"] == ["cat", "/swap/fresh"]
+    assert config["config"]["WorkingDir"] == "/made/late"
     assert "GREETING=hello" in config["config"]["Env"]
     _skopeo("copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}",
             f"docker://{registry.host}/test/built:v1")
@@ -89,6 +89,7 @@ def test_an_oci_layout_is_pushed_by_skopeo_and_imports_as_the_squashfs(berth, bu
     assert sorted(os.listdir(os.fsencode(tmp_path / "pulled/names"))) == [
         b"0" * 150, b"long-link", b"new\nline", b"not\377utf8"]
     assert berth.ok("start", pulled) == "fresh\n"
+    assert berth.ok("start", pulled, "pwd") == "/made/late\n"  # (made by no step)
     assert berth.ok("start", pulled, "sh", "-c", "ls / ; cat /edited /hard /soft /copied") \
         .count("gone") == 0
 
@@ -108,7 +109,7 @@ def test_an_oci_archive_holds_the_same_image_as_the_layout(berth, build):
     cache = berth.base / "cache"
     assert all(name.endswith(".sqsh") for name in os.listdir(cache / "images"))
     blobs = set(os.listdir(cache / "blobs/sha256"))
-    assert len(blobs) == 6 and all(len(name) == 64 for name in blobs)
+    assert len(blobs) == 7 and all(len(name) == 64 for name in blobs)
     assert blobs > set(os.listdir(berth.base / "layout/blobs/sha256")) - {
         index["manifests"][0]["digest"].split(":")[1],
         json.loads(manifest)["config"]["digest"].split(":")[1]}

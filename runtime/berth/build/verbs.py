@@ -14,6 +14,7 @@ from berth.build import (
     base,
     config as imagecfg,
     instructions,
+    layers,
     oci,
     outputs,
     parse,
@@ -23,6 +24,7 @@ from berth.build import (
 )
 from berth.build.steps import Builder, write_record
 from berth.errors import BerthError
+from berth.image import imageconfig
 
 
 class BuildRequest(typing.NamedTuple):
@@ -98,22 +100,26 @@ def _stages(builder, build_plan):
 
 
 def _write(builder, stage, options):
-    """The image: the last state's root with its record, from the cache or
-    packed into it; its path there."""
+    """The image: the last state's root with its record and WORKDIR's
+    directory, from the cache or packed into it (that change kept as a
+    layer too, as a step's is); its oci.Entry."""
     state = builder.ends[stage]
     source = f"berth build {options.file}"
     record = imagecfg.record(state.config, source)
     key = stepcache.key(state.key, ["image", record])
-    found = None if options.no_cache else stepcache.found(builder.cfg, key)
+    found = None if options.no_cache else stepcache.found_step(builder.cfg, key)
     if not found:
         root = builder.tree_at(stage, state)
+        before = layers.snapshot(root)
         if state.config.workdir:
             os.makedirs(tree.path_in(root, state.config.workdir), mode=0o755, exist_ok=True)
         write_record(root, state, source)
         builder.trees[stage] = (root, None)  # (no longer the step's)
         found = stepcache.path(builder.cfg, key)
+        layer = layers.write(builder.cfg, root, layers.changes(before, layers.snapshot(root)))
         tree.pack(root, found, builder.cfg)
-    return found
+        layers.keep(builder.cfg, key, layer)
+    return oci.Entry(f"berth build: WORKDIR and {imageconfig.IMAGE_JSON}", key=key, image=found)
 
 
 def build(cfg, request):
@@ -128,11 +134,11 @@ def build(cfg, request):
     try:
         builder = Builder(cfg, options=options, plan=build_plan, work=work)
         last, histories = _stages(builder, build_plan)
-        path = _write(builder, last, options)
+        image = _write(builder, last, options)
     finally:
         tree.remove(work)
-    return Built(path=path, steps=builder.total, ran=builder.ran, cached=builder.cached,
-                 history=histories[last], config=builder.ends[last].config)
+    return Built(path=image.image, steps=builder.total, ran=builder.ran, cached=builder.cached,
+                 history=[*histories[last], image], config=builder.ends[last].config)
 
 
 def cmd_build(request, cfg):
