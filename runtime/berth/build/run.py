@@ -5,12 +5,15 @@ seccomp.py (so apt-get and dpkg can chown), the host's network with its
 no job: no GPUs, home or Slurm). Its output goes to stderr; with quiet,
 to a file that is shown only when the command fails."""
 
+import contextlib
 import os
 import signal
+import stat
 import sys
 import tempfile
 
 from berth import safedir
+from berth.build import tree
 from berth.container import launch, mounts
 from berth.errors import BerthError
 
@@ -50,6 +53,22 @@ def _mounts():
     return found
 
 
+def _missing_mount_points(root):
+    """The host files' mount points `root` lacks: a RUN makes them empty."""
+    return [path for path in _HOST_FILES if not os.path.lexists(tree.path_in(root, path))]
+
+
+def _remove_stubs(root, stubs):
+    """The empty files a RUN's mounts left where the image had none, gone:
+    BuildKit's image keeps no trace of them either."""
+    for path in stubs:
+        found = tree.path_in(root, path)
+        with contextlib.suppress(OSError):
+            info = os.lstat(found)
+            if stat.S_ISREG(info.st_mode) and info.st_size == 0:
+                os.unlink(found)
+
+
 def _plan(cfg, root, *, command, env):
     base = safedir.ensure(cfg["ENROOT_RUNTIME_PATH"], "ENROOT_RUNTIME_PATH")
     runtime = tempfile.mkdtemp(prefix="berth-build.", dir=base)
@@ -74,9 +93,11 @@ def run(cfg, *, root, command, env, quiet):
         if log:
             saved_err = os.dup(2)
             os.dup2(log.fileno(), 2)
+        stubs = _missing_mount_points(root)
         try:
             status = launch.start(_plan(cfg, root, command=command, env=env))
         finally:
+            _remove_stubs(root, stubs)
             if log:
                 os.dup2(saved_err, 2)
                 os.close(saved_err)
