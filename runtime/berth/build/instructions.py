@@ -190,7 +190,10 @@ def _archive(sources, step):
 def _copy(builder, step, state, *, stage):
     _owner(step)
     mode = _chmod(step)
-    args = builder.split(" ".join(step.value), state, step.where)
+    if step.json:  # (its strings may hold spaces; each is expanded as it is)
+        args = [builder.expand(value, state, step.where) for value in step.value]
+    else:
+        args = builder.split(" ".join(step.value), state, step.where)
     specs, dest = args[:-1], args[-1]
     if step.cmd == "ADD" and any("://" in spec for spec in specs):
         raise BerthError(f"{step.where}: ADD of a URL: not supported by berth build")
