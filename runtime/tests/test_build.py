@@ -146,6 +146,20 @@ def test_a_rebuild_runs_no_step_and_a_change_reruns_from_its_line(berth, build):
     assert "images" in listed
 
 
+def test_a_shell_the_base_image_set_is_the_shell_of_a_build_from_it(berth, build):
+    """SHELL is kept in the image (BuildKit's Config.Shell): a build FROM
+    that image runs its shell forms with it (busybox's sh says $0 "sh")."""
+    write(berth, build, 'FROM ./base.sqsh\nSHELL ["/bin/busybox", "sh", "-c"]\n')
+    built(berth, "-o", "ctx/shelled.sqsh", build)
+    record = json.loads(subprocess.run(["unsquashfs", "-cat", build / "shelled.sqsh",
+                                        "etc/berth/image.json"], capture_output=True,
+                                       check=True).stdout)
+    assert record["shell"] == ["/bin/busybox", "sh", "-c"]
+    write(berth, build, 'FROM ./shelled.sqsh\nRUN echo "$0" > /zero\n')
+    built(berth, "-o", "out.sqsh", build)
+    assert berth.ok("start", berth.base / "out.sqsh", "cat", "/zero") == "sh\n"
+
+
 def _refused(berth, build, text, needle, *args):
     write(berth, build, text)
     # (-q: the progress lines of the steps before a refused COPY go)

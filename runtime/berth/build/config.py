@@ -1,7 +1,8 @@
 """The image configuration a build carries from step to step, and the
 record (imageconfig.py's etc/berth/image.json) it becomes: the contract's
 keys, and what berth start does not act on but a build records as BuildKit
-does: labels, exposed ports, volumes, the stop signal."""
+does: labels, exposed ports, volumes, the stop signal, and a SHELL (which
+a build FROM the image then runs its shell forms with)."""
 
 import json
 import typing
@@ -37,7 +38,8 @@ def from_record(text, where):
                            labels=dict(record.get("labels") or {}),
                            expose=tuple(record.get("expose") or ()),
                            volumes=tuple(record.get("volumes") or ()),
-                           stopsignal=record.get("stopsignal") or "")
+                           stopsignal=record.get("stopsignal") or "",
+                           shell=tuple(record.get("shell") or DEFAULT_SHELL))
     except (ValueError, KeyError, TypeError, AttributeError):
         raise BerthError(f"{where}: the base image's {imageconfig.IMAGE_JSON} is not "
                          "Berth's image record") from None
@@ -48,4 +50,5 @@ def record(config, source):
     return {"env": [f"{k}={v}" for k, v in config.env.items()], "entrypoint": config.entrypoint,
             "cmd": config.cmd, "workdir": config.workdir, "user": config.user, "source": source,
             "digest": "", "labels": config.labels, "expose": list(config.expose),
-            "volumes": list(config.volumes), "stopsignal": config.stopsignal}
+            "volumes": list(config.volumes), "stopsignal": config.stopsignal,
+            "shell": list(config.shell) if config.shell != DEFAULT_SHELL else None}
