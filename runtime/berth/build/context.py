@@ -30,6 +30,7 @@ class Source(typing.NamedTuple):
     spec: str       # as the instruction names it
     is_dir: bool
     entries: list   # Entry values, the source's own first
+    name: str = ""  # what a copy into a directory is named ("": its path's name)
 
 
 def _refuse(where, spec, why):
@@ -107,7 +108,10 @@ def gather(specs, *, context, where, root=None):
             if not os.path.lexists(path):
                 _refuse(where, spec, "not found" + (" in the stage" if root else ""))
             entries = _walk(path, where, spec)
-            sources.append(Source(spec, entries[0].kind == "dir", entries))
+            # (a stage's link is followed, and the copy named as the source names it)
+            name = os.path.basename(spec.rstrip("/")) if root is not None else ""
+            sources.append(Source(spec=spec, is_dir=entries[0].kind == "dir", entries=entries,
+                                  name=name))
     return sources
 
 
@@ -177,7 +181,7 @@ def copy(sources, *, root, dest, chmod=None):
         rootpath.resolve(root, dest, follow_last=True))
     for source in sources:
         base = dest if source.is_dir or not into else \
-            f"{dest.rstrip('/')}/{os.path.basename(source.entries[0].path)}"
+            f"{dest.rstrip('/')}/{source.name or os.path.basename(source.entries[0].path)}"
         for entry in source.entries:
             _place(root, f"{base.rstrip('/')}/{entry.name}" if entry.name else base or "/",
                    entry, chmod=chmod)
