@@ -26,6 +26,7 @@ FIXTURE_NEEDS = {"registry": "registry", "proxy": "registry", "berth": "namespac
 NEEDS = {
     "tests/test_adopt_role.py": "playbook",
     "tests/test_cache_prune_script.py": "root",
+    "tests/test_build_buildkit.py": "root",  # the Docker daemon's BuildKit, berth as root
     "tests/test_container_runtime_enroot_link.py": "playbook",
     "tests/test_container_runtime_store_local.py": "playbook",
     "tests/test_hook_cxi.py": "root",  # device nodes
