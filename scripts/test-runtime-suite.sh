@@ -19,7 +19,9 @@
 # is bound read-only when present: the dpkg test starts it. One module comes
 # from the host's venv: berth build's parser (the build extra of
 # runtime/pyproject.toml, in no Debian suite), one abi3 file for every
-# Python 3, copied in as /src/pylib/dockerfile.abi3.so.
+# Python 3, copied in as /src/pylib/dockerfile.abi3.so, and its ignore
+# files' matcher, a pure-Python package copied in as
+# /src/pylib/e2b_dockerfile_utils.
 # The container runs the tests as root, as close to the host as they expect,
 # without --privileged (it fails on the development machines; set
 # BERTH_PRIVILEGED=true where it works): every capability but SYS_RESOURCE,
@@ -77,10 +79,13 @@ trap 'docker rm -f "$NAME" >/dev/null 2>&1 || true' EXIT
 # container's own overlay root.
 parser=$("${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin/python3" -c \
          'import dockerfile; print(dockerfile.__file__)')
+matcher=$("${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin/python3" -c \
+          'import os, e2b_dockerfile_utils as m; print(os.path.dirname(m.__file__))')
 tar -c --exclude=__pycache__ --exclude='*.egg-info' --exclude=.pytest_cache \
         --exclude=.hypothesis runtime hooks spank bench \
         -C "$(dirname "$parser")" --transform 's,^dockerfile,pylib/dockerfile,' \
-        "$(basename "$parser")" \
+        --transform 's,^e2b_dockerfile_utils,pylib/e2b_dockerfile_utils,' \
+        "$(basename "$parser")" "$(basename "$matcher")" \
     | docker run -i --rm --init --name "$NAME" "${access[@]}" \
         --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
         --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:ro \

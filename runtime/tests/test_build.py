@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from container_fixture import make_readable
 from test_start_uri import registry  # noqa: F401 (a fixture: test/busybox:v1 pushed)
 from test_userns import DEBIAN_IMAGE, probe_deb  # noqa: F401 (a fixture)
 
@@ -51,12 +52,19 @@ CMD ["one", "two"]
 @pytest.fixture
 def build(berth, images, library):
     """A context with base.sqsh, and berth build's environment: the image
-    cache and ENROOT_TEMP_PATH in the test's directory, the parser beside
-    the package (what a node's venv holds with berth[build])."""
+    cache and ENROOT_TEMP_PATH in the test's directory, the parser and the
+    ignore files' matcher beside the package (what a node's venv holds with
+    berth[build])."""
     import dockerfile
+    import e2b_dockerfile_utils
     if not (library / os.path.basename(dockerfile.__file__)).exists():
         shutil.copy(dockerfile.__file__, library)
         os.chmod(library / os.path.basename(dockerfile.__file__), 0o755)
+    matcher = os.path.dirname(e2b_dockerfile_utils.__file__)
+    if not (library / os.path.basename(matcher)).exists():
+        shutil.copytree(matcher, library / os.path.basename(matcher),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        make_readable(library)
     context = berth.base / "ctx"
     (context / "tree/sub").mkdir(parents=True)
     shutil.copy(images / "app.sqsh", context / "base.sqsh")
@@ -193,7 +201,7 @@ def test_a_hostile_context_is_refused_naming_file_and_line(berth, build, source,
 
 @pytest.mark.parametrize("text, needle, args", [
     ("FROM ./base.sqsh\nFROB x\n", "Containerfile:2: unknown instruction 'FROB'", ()),
-    ("FROM ./base.sqsh\nRUN --mount=type=cache,target=/x true\n",
+    ("FROM ./base.sqsh\nRUN --mount=type=secret,id=x true\n",
      "Containerfile:2: RUN --mount: not supported", ()),
     ("FROM ./base.sqsh\nHEALTHCHECK CMD true\n", "Containerfile:2: HEALTHCHECK", ()),
     ("FROM ./base.sqsh\nCOPY --chown=1000 tool.sh /\n", "Containerfile:2: COPY --chown=1000", ()),
@@ -314,3 +322,53 @@ def test_from_a_registry_image_goes_through_the_image_cache(berth, build, regist
     images_before = sorted(os.listdir(berth.base / "cache/images"))
     assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 1)  # the tag asked again, as BuildKit
     assert sorted(os.listdir(berth.base / "cache/images")) == images_before
+
+
+IGNORED = """\
+FROM ./base.sqsh
+COPY . /ctx/
+RUN ls -a /ctx /ctx/tree > /listing
+"""
+
+
+def test_an_ignore_file_leaves_files_out_of_copy_and_of_the_key(berth, build):
+    (build / ".dockerignore").write_text(
+        "# what the build does not see\ntemp\n/base.sqsh\ntree/*.log\n!tree/keep.log\n"
+        "*.md\n!README*.md\nsecret.txt\n**/cache\n")
+    for name in ("tree/skip.log", "tree/keep.log", "notes.md", "README.md", "secret.txt",
+                 "tree/sub/cache/blob"):
+        (build / name).parent.mkdir(parents=True, exist_ok=True)
+        (build / name).write_text("v1\n")
+    write(berth, build, IGNORED)
+    berth.chown(build)
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (2, 0)
+    out = berth.base / "out.sqsh"
+    assert berth.ok("start", out, "cat", "/listing").split() == [
+        "/ctx:", ".", "..", ".dockerignore", "Containerfile", "README.md", "tool.sh", "tree",
+        "/ctx/tree:", ".", "..", "keep.log", "sub"]
+    assert berth.ok("start", out, "ls", "/ctx/tree/sub") == "file\n"  # no cache/
+    # an ignored file changed: no step runs; a kept one: the COPY runs again
+    for name in ("tree/skip.log", "secret.txt", "tree/sub/cache/blob", "notes.md"):
+        (build / name).write_text("v2\n")
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 2)
+    (build / "tree/keep.log").write_text("v2\n")
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (2, 0)
+    # a source the file leaves out is refused as Docker does: not in the context
+    os.unlink(out)
+    line = _refused(berth, build, "FROM ./base.sqsh\nCOPY secret.txt /\n", "secret.txt")
+    assert f"Containerfile:2: COPY source 'secret.txt': left out of the build context by " \
+           f"{build}/.dockerignore" in line
+    _refused(berth, build, "FROM ./base.sqsh\nCOPY *.txt /\n", "matches no file")
+
+
+def test_the_containerfiles_own_ignore_file_wins(berth, build):
+    (build / ".dockerignore").write_text("temp\nbase.sqsh\ntool.sh\n")
+    (build / "app.file.dockerignore").write_text("temp\nbase.sqsh\ntree\n")
+    write(berth, build, "FROM ./base.sqsh\nCOPY . /ctx/\n", name="app.file")
+    built(berth, "-f", build / "app.file", "-o", "out.sqsh", build)
+    assert berth.ok("start", berth.base / "out.sqsh", "ls", "/ctx").split() == [
+        "app.file", "app.file.dockerignore", "tool.sh"]
+    (build / "app.file.dockerignore").write_text("[bad\n")
+    berth.fails("build", "-f", build / "app.file", "-o", "bad.sqsh", build,
+                needle=f"{build}/app.file.dockerignore:1: Invalid ignore pattern '[bad'")
+    assert not (berth.base / "bad.sqsh").exists() and left_in(build) == []

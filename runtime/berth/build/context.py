@@ -58,7 +58,7 @@ def _in_context(context, spec, where):
     return path
 
 
-def _expand(context, spec, where, *, root):
+def _expand(context, spec, where, *, root, seen):
     """The paths a source names: its glob matched in the last component."""
     if root is not None:
         return [rootpath.resolve(root, spec, follow_last=True)]
@@ -66,7 +66,8 @@ def _expand(context, spec, where, *, root):
     if not any(c in tail for c in _GLOB):
         return [_in_context(context, spec, where)]
     parent = _in_context(context, head, where) if head else context
-    found = sorted(os.path.join(parent, n) for n in os.listdir(parent) if fnmatch.fnmatch(n, tail))
+    found = sorted(os.path.join(parent, n) for n in os.listdir(parent)
+                   if fnmatch.fnmatch(n, tail) and seen(os.path.join(parent, n)) != "out")
     if not found:
         _refuse(where, spec, "matches no file in the build context")
     return [_in_context(context, os.path.relpath(p, context), where) for p in found]
@@ -85,29 +86,55 @@ def _entry(path, name, *, where, spec):
                                 "device: only files, directories and links are copied")
 
 
-def _walk(path, where, spec):
-    top = _entry(path, "", where=where, spec=spec)
-    entries, pending = [top], [top] if top.kind == "dir" else []
-    while pending:
-        current = pending.pop()
-        for child in sorted(os.listdir(current.path)):
-            found = _entry(os.path.join(current.path, child),
-                           f"{current.name}/{child}".lstrip("/"), where=where, spec=spec)
-            entries.append(found)
-            if found.kind == "dir":
-                pending.append(found)
+def _kept(ignore, context, path):
+    """What the ignore file does to `path`: "kept", "out", or "walk" (left
+    out, but an exception may keep something below it)."""
+    if ignore is None or context is None:
+        return "kept"
+    name = os.path.relpath(path, context)
+    if not ignore.excludes(name):
+        return "kept"
+    return "walk" if os.path.isdir(path) and not os.path.islink(path) \
+        and ignore.may_keep_under(name) else "out"
+
+
+def _below(directory, *, where, spec, seen):
+    """The entries below the Entry `directory`, each directory before what it
+    holds; one the ignore file leaves out is not there, nor is a directory it
+    leaves out that keeps nothing."""
+    entries = []
+    for child in sorted(os.listdir(directory.path)):
+        path = os.path.join(directory.path, child)
+        kept = seen(path)
+        if kept == "out":
+            continue
+        found = _entry(path, f"{directory.name}/{child}".lstrip("/"), where=where, spec=spec)
+        inside = _below(found, where=where, spec=spec, seen=seen) if found.kind == "dir" else []
+        if kept == "kept" or inside:
+            entries += [found, *inside]
     return entries
 
 
-def gather(specs, *, context, where, root=None):
-    """The Source of each of `specs`, from `context` or (COPY --from) the
-    stage root `root`; a missing or refused one in one line."""
+def _walk(path, where, spec, *, seen):
+    top = _entry(path, "", where=where, spec=spec)
+    return [top, *(_below(top, where=where, spec=spec, seen=seen) if top.kind == "dir" else [])]
+
+
+def gather(specs, *, context, where, root=None, ignore=None):
+    """The Source of each of `specs`, from `context` (less what the Ignore
+    `ignore` leaves out) or (COPY --from) the stage root `root`; a missing or
+    refused one in one line."""
+    def seen(path):
+        return _kept(ignore, None if root else context, path)
+
     sources = []
     for spec in specs:
-        for path in _expand(context, spec, where, root=root):
+        for path in _expand(context, spec, where, root=root, seen=seen):
             if not os.path.lexists(path):
                 _refuse(where, spec, "not found" + (" in the stage" if root else ""))
-            entries = _walk(path, where, spec)
+            if seen(path) == "out":
+                _refuse(where, spec, f"left out of the build context by {ignore.file}")
+            entries = _walk(path, where, spec, seen=seen)
             # (a stage's link is followed, and the copy named as the source names it)
             name = os.path.basename(spec.rstrip("/")) if root is not None else ""
             sources.append(Source(spec=spec, is_dir=entries[0].kind == "dir", entries=entries,

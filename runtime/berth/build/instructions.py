@@ -170,7 +170,8 @@ def _sources(builder, step, state, *, specs):
             entry = context.Entry(path=path, name="", kind="file", mode=0o644, target="")
             found.append(context.Source(spec, False, [entry]))
         else:
-            found += context.gather([spec], context=builder.context, where=step.where)
+            found += context.gather([spec], context=builder.context, where=step.where,
+                                    ignore=builder.ignore)
     return found, None
 
 

@@ -29,12 +29,13 @@ class Builder:
     """One build's steps: the trees it unpacked, the stages' ends, counts."""
 
     __slots__ = ("cfg", "context", "escape", "build_args", "global_args", "no_cache",
-                 "quiet", "work", "trees", "ends", "ran", "cached", "number", "total", "named")
+                 "quiet", "ignore", "work", "trees", "ends", "ran", "cached", "number", "total",
+                 "named")
 
     def __init__(self, cfg, *, options, plan, work):
         self.cfg, self.work = cfg, work
         self.context, self.no_cache, self.quiet = options.context, options.no_cache, options.quiet
-        self.build_args = options.build_args
+        self.build_args, self.ignore = options.build_args, options.ignore
         self.escape, self.global_args = plan.escape, plan.global_args
         self.trees, self.ends = {}, {}
         self.ran = self.cached = self.number = 0

@@ -13,6 +13,7 @@ import typing
 from berth.build import (
     base,
     config as imagecfg,
+    ignore,
     instructions,
     layers,
     oci,
@@ -59,15 +60,13 @@ class Options(typing.NamedTuple):
     target: str
     no_cache: bool
     quiet: bool
+    ignore: ignore.Ignore  # or None: every file of the context is seen
 
 
 def _options(request):
     context = os.path.abspath(request.context)
     if not os.path.isdir(context):
         raise BerthError(f"{request.context}: the build context is not a directory")
-    if os.path.lexists(os.path.join(context, ".dockerignore")):
-        raise BerthError(f"{request.context}/.dockerignore: berth build does not read "
-                         "one yet; remove it or build from a directory without it")
     file = request.file or next((os.path.join(context, name) for name in
                                  ("Containerfile", "Dockerfile")
                                  if os.path.lexists(os.path.join(context, name))), None)
@@ -82,7 +81,8 @@ def _options(request):
             raise BerthError(f"--build-arg {name}: the value holds a newline or NUL")
         build_args[name] = value if equals else os.environ.get(name, "")
     return Options(context=context, file=file, build_args=build_args, target=request.target,
-                   no_cache=request.no_cache, quiet=request.quiet)
+                   no_cache=request.no_cache, quiet=request.quiet,
+                   ignore=ignore.find(context, file))
 
 
 def _stages(builder, build_plan):
