@@ -266,6 +266,9 @@ ENROOT_CONF = {
                                "steps mount the store's.",
     "BERTH_IMAGE_STORE_LOCAL_MAX_SIZE": "The most those copies hold together (a size: `500G`); "
                                         "empty: no cap but the free-space floor.",
+    "BERTH_BUILD_CACHE_MAX_SIZE": "The most `berth build`'s `RUN --mount=type=cache` "
+                                  "directories hold together (a size: `10G`); past it the "
+                                  "least recently used are removed.",
     "BERTH_HOOK_SLURM_ENABLE": "The site's default for the Slurm hook (`80-slurm.sh`); a job's "
                                "environment, then an EDF annotation, override it.",
     "BERTH_HOOK_AWS_OFI_NCCL_ENABLE": "The site's default for the NCCL network plugin hook "

@@ -57,6 +57,8 @@ KEYS = {
     "BERTH_HOOK_SSH_PORT": COUNT,
     "BERTH_HOOK_CXI_ENABLE": FLAG,
     "BERTH_CXI_ENVIRONMENT": PATH,
+    # a size such as 10G (runtime/berth/build/runmounts.py)
+    "BERTH_BUILD_CACHE_MAX_SIZE": TEXT,
     # a colon-separated list of directories (runtime/berth/container/cdi.py)
     "BERTH_CDI_SPEC_DIRS": TEXT,
     "BERTH_NVIDIA_CDI": FLAG,

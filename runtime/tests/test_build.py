@@ -202,7 +202,22 @@ def test_a_hostile_context_is_refused_naming_file_and_line(berth, build, source,
 @pytest.mark.parametrize("text, needle, args", [
     ("FROM ./base.sqsh\nFROB x\n", "Containerfile:2: unknown instruction 'FROB'", ()),
     ("FROM ./base.sqsh\nRUN --mount=type=secret,id=x true\n",
-     "Containerfile:2: RUN --mount: not supported", ()),
+     "Containerfile:2: RUN --mount=type=secret: not supported", ()),
+    ("FROM ./base.sqsh\nRUN --mount=type=ssh true\n",
+     "Containerfile:2: RUN --mount=type=ssh: not supported", ()),
+    ("FROM ./base.sqsh\nRUN true\nRUN --network=bridge true\n",
+     "Containerfile:3: RUN --network=bridge: expected default, host or none", ()),
+    ("FROM ./base.sqsh\nRUN --mount=type=cache,target=/c,uid=1000 true\n",
+     "Containerfile:2: RUN --mount=type=cache,target=/c,uid=1000: uid=1000", ()),
+    ("FROM ./base.sqsh\nRUN --mount=type=tmpfs,target=/t,from=x true\n",
+     "from: not a field of a tmpfs mount", ()),
+    ("FROM ./base.sqsh AS one\nRUN --mount=type=bind,from=later,target=/t true\n"
+     "FROM ./base.sqsh AS later\n", "Containerfile:2: RUN --mount from=later: no earlier stage",
+     ("--target", "one")),
+    ("FROM ./base.sqsh\nARG T=/c\nRUN true\nRUN --mount=type=cache,target=$T,sharing=$T true\n",
+     "Containerfile:4: RUN --mount=type=cache,target=/c,sharing=/c: sharing=/c", ()),
+    ("FROM ./base.sqsh\nRUN true\nRUN --mount=type=bind,source=../x,target=/t true\n",
+     "Containerfile:3: COPY source '../x': '..' leaves the build context", ()),
     ("FROM ./base.sqsh\nHEALTHCHECK CMD true\n", "Containerfile:2: HEALTHCHECK", ()),
     ("FROM ./base.sqsh\nCOPY --chown=1000 tool.sh /\n", "Containerfile:2: COPY --chown=1000", ()),
     ("FROM ./base.sqsh\nUSER nobody\nRUN true\n", "Containerfile:3: RUN after USER nobody", ()),
@@ -372,3 +387,57 @@ def test_the_containerfiles_own_ignore_file_wins(berth, build):
     berth.fails("build", "-f", build / "app.file", "-o", "bad.sqsh", build,
                 needle=f"{build}/app.file.dockerignore:1: Invalid ignore pattern '[bad'")
     assert not (berth.base / "bad.sqsh").exists() and left_in(build) == []
+
+
+MOUNTS = """\
+FROM ./base.sqsh AS tools
+RUN mkdir -p /opt && echo from-stage > /opt/tool
+FROM ./base.sqsh
+RUN --mount=type=cache,target=/var/cache/app,id=app \\
+    echo run >> /var/cache/app/log && wc -l < /var/cache/app/log > /cache-count
+RUN --mount=type=bind,source=tree,target=/src cat /src/sub/file > /from-context && \\
+    ! touch /src/new 2>/dev/null
+RUN --mount=type=bind,source=tree,target=/src,rw touch /src/new && echo rw > /rw-ok
+RUN --mount=type=bind,from=tools,source=/opt,target=/tools cat /tools/tool > /from-stage
+RUN --mount=type=tmpfs,target=/scratch,size=1M \\
+    awk '$2 == "/scratch" { print $3 }' /proc/mounts > /tmpfs-type
+RUN --network=none awk -F: 'NR > 2 { print $1 }' /proc/net/dev | tr -d ' ' > /nets
+"""
+
+
+def test_run_mounts_and_network_are_the_steps_alone(berth, build):
+    """Each mount is there for its RUN only: none is in the image, nor the
+    mount points made for them; a cache's contents outlive the build."""
+    write(berth, build, MOUNTS)
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (7, 0)
+    out = berth.base / "out.sqsh"
+    assert berth.ok("start", out, "cat", "/cache-count", "/from-context", "/rw-ok",
+                    "/from-stage", "/tmpfs-type", "/nets") == \
+        "1\ndeep\nrw\nfrom-stage\ntmpfs\nlo\n"
+    assert berth.ok("start", out, "sh", "-c", "for p in /var /src /tools /scratch; do "
+                    "test -e $p && echo $p; done; echo end") == "end\n"
+    assert not (build / "tree/new").exists()  # rw: the changes are discarded
+    assert len(os.listdir(berth.base / "cache/build-cache")) == 1
+    # a cache's contents are no part of the key; they survive a rebuild
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 7)
+    assert built(berth, "--no-cache", "-o", "out.sqsh", build)[:2] == (7, 0)
+    assert berth.ok("start", out, "cat", "/cache-count") == "2\n"
+    # a bind of the context is: a changed file runs its steps again
+    (build / "tree/sub/file").write_text("changed\n")
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (5, 2)
+    assert berth.ok("start", out, "cat", "/from-context") == "changed\n"
+
+
+def test_cache_mounts_stay_under_their_bound(berth, build):
+    write(berth, build, "FROM ./base.sqsh\nRUN --mount=type=cache,target=/c,id=big \\\n"
+          "    ls /c | wc -l > /count && dd if=/dev/zero of=/c/blob bs=1k count=200\n")
+    berth.env.update(BERTH_BUILD_CACHE_MAX_SIZE="64K")
+    said = built(berth, "-o", "out.sqsh", build)[2]
+    assert "removed the cache mount 'big' (the least recently used)" in said
+    assert os.listdir(berth.base / "cache/build-cache") == []
+    built(berth, "--no-cache", "-o", "out.sqsh", build)
+    assert berth.ok("start", berth.base / "out.sqsh", "cat", "/count") == "0\n"
+    berth.env.update(BERTH_BUILD_CACHE_MAX_SIZE="lots")
+    os.unlink(berth.base / "out.sqsh")
+    _refused(berth, build, "FROM ./base.sqsh\nRUN --mount=type=cache,target=/c true\n",
+             "BERTH_BUILD_CACHE_MAX_SIZE=lots: expected a size")

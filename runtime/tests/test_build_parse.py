@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from berth.build import parse, plan, words
+from berth.build import parse, plan, runflags, words
 from berth.errors import BerthError
 
 ENV = {"A": "x", "EMPTY": ""}
@@ -142,3 +142,43 @@ def test_a_source_swapped_for_a_link_or_fifo_after_the_walk_is_not_read(tmp_path
 def test_a_from_image_is_a_registry_uri_by_dockers_rule(image, uri):
     from berth.build import base
     assert base.registry_uri(image) == uri
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ("--mount=type=cache,target=/root/.cache", runflags.RunMount(
+        kind="cache", target="/root/.cache", cache_id="/root/.cache", writable=True)),
+    ("--mount=type=cache,dst=var/cache/,id=apt,sharing=locked,mode=0700,uid=0,ro",
+     runflags.RunMount(kind="cache", target="/var/cache", cache_id="apt", sharing="locked",
+                       mode=0o700, writable=False)),
+    ("--mount=target=/src", runflags.RunMount(kind="bind", target="/src")),  # bind by default
+    ('--mount=type=bind,"src=a,b",from=build,destination=/s,rw=true', runflags.RunMount(
+        kind="bind", target="/s", source="a,b", origin="build", writable=True)),
+    ("--mount=type=tmpfs,target=/t,size=1M", runflags.RunMount(kind="tmpfs", target="/t",
+                                                              size=1 << 20)),
+])
+def test_run_mounts_read_buildkits_fields(flag, expected):
+    assert runflags.read([flag, "--network=none"], "F:1") == runflags.RunFlags(
+        network="none", mounts=(expected,))
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--mount=type=secret,id=token"], "F:1: RUN --mount=type=secret: not supported"),
+    (["--mount=type=volume,target=/v"], "type=volume: expected bind, cache or tmpfs"),
+    (["--mount=type=cache"], "needs a target"),
+    (["--mount=type=bind,target=/"], "a mount over / is not allowed"),
+    (["--mount=type=cache,target=/c,mode=9"], "mode=9: expected an octal mode"),
+    (["--mount=type=cache,target=/c,gid=5"], "gid=5: berth build maps one uid"),
+    (["--mount=type=bind,target=/c,ro=maybe"], "ro=maybe: expected true or false"),
+    (["--mount=type=tmpfs,target=/c,size=big"], "size=big: expected a size"),
+    (["--mount=target=/a", "--mount=type=tmpfs,target=/a/"], "two mounts at one target"),
+    (["--network=bridge"], "RUN --network=bridge: expected default, host or none"),
+])
+def test_bad_run_flags_are_refused_naming_the_line(flags, needle):
+    with pytest.raises(BerthError, match="^F:1: ") as raised:
+        runflags.read(flags, "F:1")
+    assert needle in str(raised.value)
+
+
+def test_the_stages_a_run_mounts_are_needed_by_its_stage():
+    assert runflags.stages_named(["--mount=type=bind,from=tools,target=/t",
+                                  "--mount=type=cache,target=/c", "--network=none"]) == ["tools"]

@@ -6,7 +6,7 @@ change the root, through Builder.changed and its cache."""
 import os
 import posixpath
 
-from berth.build import context, run, stepcache
+from berth.build import context, run, runflags, runmounts, stepcache
 from berth.build.steps import PROXIES, variables, write_record
 from berth.errors import BerthError
 
@@ -119,13 +119,21 @@ def _run(builder, step, state, *, stage):
     run.check_user(state.config.user, step.where)
     command = list(step.value) if step.json else [*state.config.shell, _script(step)]
     env = {"HOME": "/root", **variables(state)}
-    key = stepcache.key(state.key, ["RUN", command, env, state.config.workdir])
+    flags = runflags.read(step.flags, step.where,
+                          expand=lambda text: builder.expand(text, state, step.where))
+    bounds = runmounts.gather(builder, flags, where=step.where)
+    what = ["RUN", command, env, state.config.workdir]
+    if flags != runflags.RunFlags():  # (a RUN without flags keeps the key it had)
+        what += [flags.network, [bound.key for bound in bounds]]
+    key = stepcache.key(state.key, what)
     proxies = {name: builder.build_args.get(name, os.environ.get(name)) for name in PROXIES}
 
     def change(root):
         write_record(root, state, "berth build")
-        status = run.run(builder.cfg, root=root, command=command, quiet=builder.quiet,
-                         env={**env, **{k: v for k, v in proxies.items() if v is not None}})
+        with runmounts.mounted(builder, bounds, root=root) as found:
+            status = run.run(builder.cfg, root=root, command=command, quiet=builder.quiet,
+                             env={**env, **{k: v for k, v in proxies.items() if v is not None}},
+                             extra=run.Extra(network=flags.network, mounts=tuple(found)))
         if status:
             shown = " ".join(step.value).splitlines()[0]
             raise BerthError(f"{step.where}: RUN {shown} exited with status {status}")

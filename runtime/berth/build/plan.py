@@ -7,13 +7,14 @@ before anything runs."""
 
 import typing
 
-from berth.build import words
+from berth.build import runflags, words
 from berth.errors import BerthError
 
 # instruction -> the flags it takes here
-_FLAGS = {"RUN": (), "COPY": ("from", "chown", "chmod"), "ADD": ("chown", "chmod"),
-          "ENV": (), "ARG": (), "WORKDIR": (), "USER": (), "SHELL": (), "LABEL": (),
-          "CMD": (), "ENTRYPOINT": (), "EXPOSE": (), "VOLUME": (), "STOPSIGNAL": ()}
+_FLAGS = {"RUN": ("mount", "network"), "COPY": ("from", "chown", "chmod"),
+          "ADD": ("chown", "chmod"), "ENV": (), "ARG": (), "WORKDIR": (), "USER": (),
+          "SHELL": (), "LABEL": (), "CMD": (), "ENTRYPOINT": (), "EXPOSE": (), "VOLUME": (),
+          "STOPSIGNAL": ()}
 _LATER = ("ONBUILD", "HEALTHCHECK", "MAINTAINER")  # known to BuildKit, not done by berth build yet
 _JSON_FORMS = ("RUN", "CMD", "ENTRYPOINT", "SHELL", "COPY", "ADD", "VOLUME")
 
@@ -60,6 +61,8 @@ def _check(instruction):
         raise BerthError(f"{where}: {cmd} needs a source and a destination")
     if cmd == "SHELL" and not instruction.json:
         raise BerthError(f"{where}: SHELL takes the JSON form only")
+    if cmd == "RUN":  # (a value with a variable is read when the step runs)
+        runflags.read([f for f in instruction.flags if "$" not in f], where)
 
 
 def _from(instruction, global_args, *, escape, named):
@@ -135,11 +138,17 @@ def _needed(stages, chosen, named):
         if stage.base_stage is not None:
             pending.append(stage.base_stage)
         for step in stage.steps:
-            source = next((f[7:] for f in step.flags if f.startswith("--from=")), None)
-            if source is None:
-                continue
-            if source.lower() not in named or named[source.lower()] >= index:
-                raise BerthError(f"{step.where}: COPY --from={source}: no earlier stage of "
-                                 "that name (berth build copies from stages only)")
-            pending.append(named[source.lower()])
+            for shown, source in _taken_from(step):
+                if source.lower() not in named or named[source.lower()] >= index:
+                    raise BerthError(f"{step.where}: {step.cmd} {shown}: no earlier stage of "
+                                     "that name (berth build takes from stages only)")
+                pending.append(named[source.lower()])
     return [stage for stage in stages if stage.index in wanted]
+
+
+def _taken_from(step):
+    """(as shown, name) of each stage a step takes files from: COPY --from,
+    RUN --mount from=."""
+    if step.cmd == "RUN":
+        return [(f"--mount from={name}", name) for name in runflags.stages_named(step.flags)]
+    return [(f, f[7:]) for f in step.flags if f.startswith("--from=")]

@@ -2,8 +2,10 @@
 uid mapped to root (as --container-remap-root), the fake-chown filter of
 seccomp.py (so apt-get and dpkg can chown), the host's network with its
 /etc/resolv.conf and /etc/hosts, a private /tmp, and no hooks (a build is
-no job: no GPUs, home or Slurm). Its output goes to stderr; with quiet,
-to a file that is shown only when the command fails."""
+no job: no GPUs, home or Slurm); RUN --network=none gives it a network
+namespace of its own with only lo, and RUN --mount its mounts
+(runmounts.py). Its output goes to stderr; with quiet, to a file that is
+shown only when the command fails."""
 
 import contextlib
 import os
@@ -11,8 +13,9 @@ import signal
 import stat
 import sys
 import tempfile
+import typing
 
-from berth import safedir
+from berth import safedir, syscalls as sc
 from berth.build import tree
 from berth.container import launch, mounts
 from berth.errors import BerthError
@@ -69,19 +72,31 @@ def _remove_stubs(root, stubs):
                 os.unlink(found)
 
 
-def _plan(cfg, root, *, command, env):
+def _plan(cfg, root, *, command, env, extra):
     base = safedir.ensure(cfg["ENROOT_RUNTIME_PATH"], "ENROOT_RUNTIME_PATH")
     runtime = tempfile.mkdtemp(prefix="berth-build.", dir=base)
     apt_mounts, apt_env = _apt_fix(root, runtime)
     return launch.Plan(
         cfg=cfg, runtime=runtime, image=None, rootfs=root, scratch=None, writable=True,
-        ids=(0, 0), unshare=0, pid_namespace=False, restrict_dev=False,
-        mounts=_mounts() + apt_mounts, env_files=[], env={**env, **apt_env}, hooks=[],
+        ids=(0, 0), unshare=sc.CLONE_NEWNET if extra.network == "none" else 0,
+        pid_namespace=False, restrict_dev=False,
+        mounts=_mounts() + apt_mounts + list(extra.mounts), env_files=[],
+        env={**env, **apt_env}, hooks=[],
         rc=None, login=False, command=list(command), detach=False, porcelain=False,
         entrypoint=False, entrypoint_timeout=60)
 
 
-def run(cfg, *, root, command, env, quiet):
+class Extra(typing.NamedTuple):
+    """What RUN's flags add to its container."""
+
+    network: str = "default"  # "none": a network namespace of its own, only lo
+    mounts: tuple = ()        # container.mounts.Mount values (runmounts.py)
+
+
+NO_EXTRA = Extra()
+
+
+def run(cfg, *, root, command, env, quiet, extra=NO_EXTRA):
     """Run `command` (argv) in `root` with `env`: its exit status. Its
     output goes to stderr, or with `quiet` to a file shown if it fails."""
     log = tempfile.TemporaryFile() if quiet else None
@@ -95,7 +110,7 @@ def run(cfg, *, root, command, env, quiet):
             os.dup2(log.fileno(), 2)
         stubs = _missing_mount_points(root)
         try:
-            status = launch.start(_plan(cfg, root, command=command, env=env))
+            status = launch.start(_plan(cfg, root, command=command, env=env, extra=extra))
         finally:
             _remove_stubs(root, stubs)
             if log:
