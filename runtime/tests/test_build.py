@@ -218,7 +218,20 @@ def test_a_hostile_context_is_refused_naming_file_and_line(berth, build, source,
      "Containerfile:4: RUN --mount=type=cache,target=/c,sharing=/c: sharing=/c", ()),
     ("FROM ./base.sqsh\nRUN true\nRUN --mount=type=bind,source=../x,target=/t true\n",
      "Containerfile:3: COPY source '../x': '..' leaves the build context", ()),
-    ("FROM ./base.sqsh\nHEALTHCHECK CMD true\n", "Containerfile:2: HEALTHCHECK", ()),
+    ("FROM ./base.sqsh\nHEALTHCHECK --interval=5 CMD true\n",
+     "Containerfile:2: HEALTHCHECK --interval=5: expected a duration", ()),
+    ("FROM ./base.sqsh\nHEALTHCHECK --retries=-1 CMD true\n",
+     "Containerfile:2: HEALTHCHECK --retries=-1: expected a whole number", ()),
+    ("FROM ./base.sqsh\nHEALTHCHECK --timeout=10us CMD true\n", "less than 1ms", ()),
+    ("FROM ./base.sqsh\nHEALTHCHECK --user=x CMD true\n",
+     "Containerfile:2: HEALTHCHECK --user: not supported", ()),
+    ("FROM ./base.sqsh\nHEALTHCHECK --interval=1s NONE\n", "HEALTHCHECK NONE takes no", ()),
+    ("FROM ./base.sqsh\nHEALTHCHECK true\n", "expected HEALTHCHECK [FLAGS] CMD", ()),
+    ("FROM ./base.sqsh\nONBUILD ONBUILD RUN true\n", "Containerfile:2: ONBUILD ONBUILD: not", ()),
+    ("FROM ./base.sqsh\nONBUILD FROM x\n", "Containerfile:2: ONBUILD FROM: not a trigger", ()),
+    ("FROM ./base.sqsh\nONBUILD FROB x\n", "Containerfile:2: unknown instruction 'FROB'", ()),
+    ("FROM ./base.sqsh\nONBUILD RUN --mount=type=ssh true\n",
+     "Containerfile:2: RUN --mount=type=ssh: not supported", ()),
     ("FROM ./base.sqsh\nCOPY --chown=1000 tool.sh /\n", "Containerfile:2: COPY --chown=1000", ()),
     ("FROM ./base.sqsh\nUSER nobody\nRUN true\n", "Containerfile:3: RUN after USER nobody", ()),
     ("FROM ./base.sqsh\nRUN <<EOF\ntrue\n", "unterminated heredoc", ()),
@@ -441,3 +454,57 @@ def test_cache_mounts_stay_under_their_bound(berth, build):
     os.unlink(berth.base / "out.sqsh")
     _refused(berth, build, "FROM ./base.sqsh\nRUN --mount=type=cache,target=/c true\n",
              "BERTH_BUILD_CACHE_MAX_SIZE=lots: expected a size")
+
+
+PARENT = """\
+FROM ./base.sqsh
+HEALTHCHECK --interval=1m30s --timeout=5s --start-period=1.5s --start-interval=500ms \\
+    --retries=4 CMD test -e /ready || exit 1
+ONBUILD ENV FROM_TRIGGER=yes
+ONBUILD COPY --chmod=600 tool.sh /from-trigger
+ONBUILD RUN echo "ran as $FROM_TRIGGER" > /trigger-ran
+"""
+
+
+def _record(path):
+    return json.loads(subprocess.run(["unsquashfs", "-cat", path, "etc/berth/image.json"],
+                                     capture_output=True, check=True).stdout)
+
+
+def test_healthcheck_and_onbuild_are_recorded_and_triggers_run_in_a_child(berth, build):
+    write(berth, build, PARENT)
+    assert built(berth, "-o", "parent.sqsh", build)[:2] == (0, 0)  # (no step changes the root)
+    parent = _record(berth.base / "parent.sqsh")
+    assert parent["healthcheck"] == {
+        "Test": ["CMD-SHELL", "test -e /ready || exit 1"], "Interval": 90_000_000_000,
+        "Timeout": 5_000_000_000, "StartPeriod": 1_500_000_000, "StartInterval": 500_000_000,
+        "Retries": 4}
+    assert parent["onbuild"] == ["ENV FROM_TRIGGER=yes", "COPY --chmod=600 tool.sh /from-trigger",
+                                 'RUN echo "ran as $FROM_TRIGGER" > /trigger-ran']
+    assert berth.ok("start", berth.base / "parent.sqsh", "sh", "-c",
+                    "test -e /trigger-ran || echo none") == "none\n"
+    shutil.copy(berth.base / "parent.sqsh", build / "parent.sqsh")
+    write(berth, build, 'FROM ./parent.sqsh\nHEALTHCHECK CMD ["/bin/true", "x"]\n')
+    berth.chown(build)
+    ran, _, said = built(berth, "-o", "child.sqsh", build)
+    assert ran == 2 and "] COPY --chmod=600 tool.sh /from-trigger" in said
+    child = berth.base / "child.sqsh"
+    assert berth.ok("start", child, "sh", "-c", "cat /trigger-ran; stat -c %a /from-trigger; "
+                    "echo $FROM_TRIGGER") == "ran as yes\n600\nyes\n"
+    record = _record(child)
+    assert record["onbuild"] == []  # a trigger runs once: the child keeps none
+    assert record["healthcheck"]["Test"] == ["CMD", "/bin/true", "x"]
+    write(berth, build, "FROM ./parent.sqsh\nHEALTHCHECK NONE\n")
+    built(berth, "-o", "none.sqsh", build)
+    assert _record(berth.base / "none.sqsh")["healthcheck"] == {"Test": ["NONE"]}
+    # a trigger that fails names the FROM line that ran it
+    (build / "tool.sh").unlink()
+    line = _refused(berth, build, "FROM ./base.sqsh\nRUN true\nFROM ./parent.sqsh\n",
+                    "COPY source 'tool.sh': not found")
+    assert f"{build}/Containerfile:3: " in line
+    write(berth, build, "FROM ./base.sqsh\nONBUILD COPY --from=tools /opt /opt\n")
+    built(berth, "-o", "from-stage.sqsh", build)
+    shutil.copy(berth.base / "from-stage.sqsh", build / "parent.sqsh")
+    line = _refused(berth, build, "FROM ./base.sqsh AS tools\nFROM ./parent.sqsh\n",
+                    "berth build runs no trigger that takes from a stage")
+    assert f"{build}/Containerfile:2: the base image's trigger ONBUILD COPY --from" in line

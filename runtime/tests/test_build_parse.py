@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from berth.build import parse, plan, runflags, words
+from berth.build import parse, plan, recorded, runflags, words
 from berth.errors import BerthError
 
 ENV = {"A": "x", "EMPTY": ""}
@@ -98,7 +98,8 @@ def test_target_builds_only_the_stages_it_takes_from(tmp_path):
     ("FROM a AS one\nCOPY --from=two /x /\nFROM b AS two\nCOPY --from=one / /\n",
      ":2: COPY --from=two: no earlier"),
     ("FROM a\nCOPY --link x /\n", ":2: COPY --link: not supported"),
-    ("FROM a\nONBUILD RUN x\n", ":2: ONBUILD: not supported"),
+    ("FROM a\nMAINTAINER me\n", ":2: MAINTAINER: not supported"),
+    ("FROM a\nONBUILD MAINTAINER me\n", ":2: ONBUILD MAINTAINER: not a trigger"),
     ("FROM a\nENV\n", ":2: ENV needs arguments"),
     ("FROM a\nSHELL sh -c\n", ":2: SHELL takes the JSON form only"),
 ])
@@ -182,3 +183,12 @@ def test_bad_run_flags_are_refused_naming_the_line(flags, needle):
 def test_the_stages_a_run_mounts_are_needed_by_its_stage():
     assert runflags.stages_named(["--mount=type=bind,from=tools,target=/t",
                                   "--mount=type=cache,target=/c", "--network=none"]) == ["tools"]
+
+
+@pytest.mark.parametrize("text, nanoseconds", [
+    ("0", 0), ("30s", 30_000_000_000), ("1m30s", 90_000_000_000), ("1.5h", 5_400_000_000_000),
+    ("500ms", 500_000_000), ("10us", 10_000), ("2h45m", 9_900_000_000_000), ("+5s", 5 * 10**9),
+    ("5", None), ("-5s", None), ("s", None), ("1d", None), ("", None), ("1s2", None),
+])
+def test_healthcheck_durations_are_gos(text, nanoseconds):
+    assert recorded.go_duration(text) == nanoseconds

@@ -1,8 +1,11 @@
 """The image configuration a build carries from step to step, and the
 record (imageconfig.py's etc/berth/image.json) it becomes: the contract's
 keys, and what berth start does not act on but a build records as BuildKit
-does: labels, exposed ports, volumes, the stop signal, and a SHELL (which
-a build FROM the image then runs its shell forms with)."""
+does: labels, exposed ports, volumes, the stop signal, a SHELL (which a
+build FROM the image then runs its shell forms with), the health check (as
+Docker's image config has it: Test, Interval, Timeout, StartPeriod,
+StartInterval in nanoseconds, Retries) and the ONBUILD triggers (each the
+text after ONBUILD, run when a build names the image in a FROM)."""
 
 import json
 import typing
@@ -24,6 +27,8 @@ class ImageConfig(typing.NamedTuple):
     expose: tuple = ()
     volumes: tuple = ()
     stopsignal: str = ""
+    healthcheck: dict = None
+    onbuild: tuple = ()
 
 
 def from_record(text, where):
@@ -39,10 +44,20 @@ def from_record(text, where):
                            expose=tuple(record.get("expose") or ()),
                            volumes=tuple(record.get("volumes") or ()),
                            stopsignal=record.get("stopsignal") or "",
-                           shell=tuple(record.get("shell") or DEFAULT_SHELL))
+                           shell=tuple(record.get("shell") or DEFAULT_SHELL),
+                           healthcheck=_healthcheck(record.get("healthcheck")),
+                           onbuild=tuple(str(t) for t in record.get("onbuild") or ()))
     except (ValueError, KeyError, TypeError, AttributeError):
         raise BerthError(f"{where}: the base image's {imageconfig.IMAGE_JSON} is not "
                          "Berth's image record") from None
+
+
+def _healthcheck(found):
+    if found is None:
+        return None
+    if not isinstance(found, dict) or not isinstance(found.get("Test"), list):
+        raise TypeError("healthcheck")
+    return dict(found)
 
 
 def record(config, source):
@@ -51,4 +66,5 @@ def record(config, source):
             "cmd": config.cmd, "workdir": config.workdir, "user": config.user, "source": source,
             "digest": "", "labels": config.labels, "expose": list(config.expose),
             "volumes": list(config.volumes), "stopsignal": config.stopsignal,
-            "shell": list(config.shell) if config.shell != DEFAULT_SHELL else None}
+            "shell": list(config.shell) if config.shell != DEFAULT_SHELL else None,
+            "healthcheck": config.healthcheck, "onbuild": list(config.onbuild)}

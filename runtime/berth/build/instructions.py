@@ -6,7 +6,7 @@ change the root, through Builder.changed and its cache."""
 import os
 import posixpath
 
-from berth.build import context, run, runflags, runmounts, stepcache
+from berth.build import context, parse, plan, recorded, run, runflags, runmounts, stepcache
 from berth.build.steps import PROXIES, variables, write_record
 from berth.errors import BerthError
 
@@ -223,7 +223,8 @@ def _copy(builder, step, state, *, stage):
 
 CONFIGURING = {"ENV": _env, "LABEL": _label, "ARG": _arg, "WORKDIR": _workdir, "USER": _user,
                "SHELL": _shell, "CMD": _cmd, "ENTRYPOINT": _entrypoint, "EXPOSE": _expose,
-               "VOLUME": _volume, "STOPSIGNAL": _stopsignal}
+               "VOLUME": _volume, "STOPSIGNAL": _stopsignal,
+               "HEALTHCHECK": recorded.healthcheck, "ONBUILD": recorded.onbuild}
 CHANGING = {"RUN": _run, "COPY": _copy, "ADD": _copy}
 
 
@@ -235,3 +236,19 @@ def apply(builder, step, state, *, stage):
     builder.say(step.original)
     return new._replace(key=stepcache.key(state.key, [step.cmd, list(new.config), new.args]))
 
+
+
+def triggers(builder, stage, state):
+    """The ONBUILD triggers of the image `stage` (plan.Stage) begins from,
+    each a step of its own at the FROM line, and `state` without them: the
+    image built keeps none (BuildKit's rule)."""
+    steps = []
+    for text in state.config.onbuild:
+        step = parse.trigger(text, stage.where)
+        plan.check(step)
+        if step.cmd == "ONBUILD" or plan.taken_from(step):
+            raise BerthError(f"{stage.where}: the base image's trigger ONBUILD {text}: "
+                             "berth build runs no trigger that takes from a stage")
+        steps.append(step)
+    builder.total += len(steps)
+    return steps, state._replace(config=state.config._replace(onbuild=()))

@@ -72,6 +72,11 @@ def read(path):
     except UnicodeDecodeError:
         raise BerthError(f"{path}: not UTF-8 text") from None
     escape = _directives(path, text)
+    return Containerfile(path=path, escape=escape, instructions=_parsed(text, path=path))
+
+
+def _parsed(text, *, path, where=None):
+    """The Instructions of `text`, each at `where`, else at its line of `path`."""
     try:
         import dockerfile
     except ImportError:
@@ -80,10 +85,19 @@ def read(path):
     try:
         commands = dockerfile.parse_string(text)
     except dockerfile.GoParseError as e:
-        raise BerthError(f"{path}: {e}") from None
-    return Containerfile(path=path, escape=escape, instructions=[
-        Instruction(cmd=c.cmd.upper(), flags=tuple(c.flags), value=tuple(c.value),
-                    json=c.json, original=c.original, where=f"{path}:{c.start_line}",
-                    heredocs=tuple(Heredoc(h.name, h.content) for h in c.heredocs),
-                    sub_cmd=c.sub_cmd)
-        for c in commands])
+        raise BerthError(f"{where or path}: {e}") from None
+    return [Instruction(cmd=c.cmd.upper(), flags=tuple(c.flags), value=tuple(c.value),
+                        json=c.json, original=c.original, where=where or f"{path}:{c.start_line}",
+                        heredocs=tuple(Heredoc(h.name, h.content) for h in c.heredocs),
+                        sub_cmd=c.sub_cmd)
+            for c in commands]
+
+
+def trigger(text, where):
+    """The Instruction of an ONBUILD trigger's `text`, at `where` (the FROM
+    line whose image recorded it)."""
+    found = _parsed(text, path=None, where=where)
+    if len(found) != 1:
+        raise BerthError(f"{where}: the base image's ONBUILD trigger {text!r} is not one "
+                         "instruction")
+    return found[0]

@@ -7,16 +7,16 @@ before anything runs."""
 
 import typing
 
-from berth.build import runflags, words
+from berth.build import parse, recorded, runflags, words
 from berth.errors import BerthError
 
 # instruction -> the flags it takes here
 _FLAGS = {"RUN": ("mount", "network"), "COPY": ("from", "chown", "chmod"),
           "ADD": ("chown", "chmod"), "ENV": (), "ARG": (), "WORKDIR": (), "USER": (),
           "SHELL": (), "LABEL": (), "CMD": (), "ENTRYPOINT": (), "EXPOSE": (), "VOLUME": (),
-          "STOPSIGNAL": ()}
-_LATER = ("ONBUILD", "HEALTHCHECK", "MAINTAINER")  # known to BuildKit, not done by berth build yet
-_JSON_FORMS = ("RUN", "CMD", "ENTRYPOINT", "SHELL", "COPY", "ADD", "VOLUME")
+          "STOPSIGNAL": (), "HEALTHCHECK": (*recorded.DURATIONS, "retries"), "ONBUILD": ()}
+_LATER = ("MAINTAINER",)  # known to BuildKit, not done by berth build yet
+_JSON_FORMS = ("RUN", "CMD", "ENTRYPOINT", "SHELL", "COPY", "ADD", "VOLUME", "HEALTHCHECK")
 
 
 class Stage(typing.NamedTuple):
@@ -45,9 +45,13 @@ def _flag_names(instruction):
     return names
 
 
-def _check(instruction):
+def check(instruction):
     """Refuse what berth build does not do, and what BuildKit refuses too."""
     cmd, where = instruction.cmd, instruction.where
+    if cmd == "ONBUILD":
+        recorded.check_trigger(instruction)
+        check(parse.trigger(recorded.trigger_text(instruction), where))
+        return
     if cmd in _LATER:
         raise BerthError(f"{where}: {cmd}: not supported by berth build")
     if cmd not in _FLAGS:
@@ -116,7 +120,7 @@ def make(containerfile, *, build_args, target, base=None):
             if name:
                 named[name] = len(stages) - 1
             continue
-        _check(instruction)
+        check(instruction)
         stages[-1].steps.append(instruction)
     if base is not None:
         stages[0] = stages[0]._replace(base=base)
@@ -138,7 +142,7 @@ def _needed(stages, chosen, named):
         if stage.base_stage is not None:
             pending.append(stage.base_stage)
         for step in stage.steps:
-            for shown, source in _taken_from(step):
+            for shown, source in taken_from(step):
                 if source.lower() not in named or named[source.lower()] >= index:
                     raise BerthError(f"{step.where}: {step.cmd} {shown}: no earlier stage of "
                                      "that name (berth build takes from stages only)")
@@ -146,7 +150,7 @@ def _needed(stages, chosen, named):
     return [stage for stage in stages if stage.index in wanted]
 
 
-def _taken_from(step):
+def taken_from(step):
     """(as shown, name) of each stage a step takes files from: COPY --from,
     RUN --mount from=."""
     if step.cmd == "RUN":

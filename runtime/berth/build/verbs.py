@@ -92,7 +92,8 @@ def _stages(builder, build_plan):
         builder.say(f"FROM {stage.base}" + (f" AS {stage.name}" if stage.name else ""))
         state = base.begin(builder, stage)  # (a pull's progress after its line)
         history = oci.begun(stage, state, histories)
-        for step in stage.steps:
+        triggers, state = instructions.triggers(builder, stage, state)
+        for step in [*triggers, *stage.steps]:
             before, state = state, instructions.apply(builder, step, state, stage=stage.index)
             history.append(oci.after(step, before, state))
         builder.ends[stage.index], histories[stage.index] = state, history
