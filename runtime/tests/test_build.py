@@ -508,3 +508,62 @@ def test_healthcheck_and_onbuild_are_recorded_and_triggers_run_in_a_child(berth,
     line = _refused(berth, build, "FROM ./base.sqsh AS tools\nFROM ./parent.sqsh\n",
                     "berth build runs no trigger that takes from a stage")
     assert f"{build}/Containerfile:2: the base image's trigger ONBUILD COPY --from" in line
+
+
+def _tar(path, members, mode="w"):
+    """A tar archive at `path` of (TarInfo fields, data) pairs."""
+    import io
+    import tarfile
+    with tarfile.open(path, mode) as tar:
+        for fields, data in members:
+            info = tarfile.TarInfo(fields.pop("name"))
+            for key, value in fields.items():
+                setattr(info, key, value)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data else None)
+
+
+def test_add_unpacks_a_local_archive_and_keeps_a_hostile_one_under_its_destination(
+        berth, build):
+    import tarfile
+    _tar(build / "hostile.tar.gz", [
+        ({"name": "dir", "type": tarfile.DIRTYPE, "mode": 0o755}, b""),
+        ({"name": "dir/file", "mode": 0o640}, b"inside\n"),
+        ({"name": "../../escape", "mode": 0o644}, b"clamped\n"),
+        ({"name": "/absolute", "mode": 0o644}, b"relative now\n"),
+        ({"name": "up", "type": tarfile.SYMTYPE, "linkname": "/"}, b""),
+        ({"name": "up/etc/through-link", "mode": 0o644}, b"under dest\n"),
+        ({"name": "hard", "type": tarfile.LNKTYPE, "linkname": "dir/file"}, b""),
+    ], mode="w:gz")
+    for suffix, mode in (("tar", "w"), ("tar.bz2", "w:bz2"), ("tar.xz", "w:xz")):
+        _tar(build / f"plain.{suffix}", [({"name": f"from-{suffix}", "mode": 0o644}, b"x\n")],
+             mode=mode)
+    import gzip
+    (build / "notes.txt.gz").write_bytes(gzip.compress(b"not a tar\n"))
+    write(berth, build, "FROM ./base.sqsh\nADD hostile.tar.gz /dest\n"
+          "ADD plain.tar plain.tar.bz2 plain.tar.xz notes.txt.gz /many/\n")
+    berth.chown(build)
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (2, 0)
+    out = berth.base / "out.sqsh"
+    assert berth.ok("start", out, "sh", "-c",
+                    "cd /dest && cat dir/file escape absolute etc/through-link hard && "
+                    "stat -c %a dir/file && readlink up && ls /many && "
+                    "ls /escape /absolute /etc/through-link 2>&1 | wc -l") == (
+        "inside\nclamped\nrelative now\nunder dest\ninside\n640\n/\n"
+        "from-tar\nfrom-tar.bz2\nfrom-tar.xz\nnotes.txt.gz\n3\n")
+    # hostile members the build cannot make, or a hard link out: one line each
+    os.unlink(out)
+    _tar(build / "device.tar", [({"name": "null", "type": tarfile.CHRTYPE}, b"")])
+    _tar(build / "hard-out.tar", [({"name": "h", "type": tarfile.LNKTYPE,
+                                    "linkname": "../etc/passwd"}, b"")])
+    for name, why in (("device.tar", "member 'null': a device or FIFO"),
+                      ("hard-out.tar", "member 'h': a hard link to ../etc/passwd")):
+        berth.chown(build)
+        line = _refused(berth, build, f"FROM ./base.sqsh\nRUN true\nADD {name} /x/\n", why)
+        assert f"{build}/Containerfile:3: ADD {name}: " in line
+    _tar(build / "broken.tar", [({"name": "big", "mode": 0o644}, b"x" * 4096)])
+    with open(build / "broken.tar", "r+b") as f:
+        f.truncate(512 + 1000)  # (its header whole, its data cut short)
+    berth.chown(build)
+    _refused(berth, build, "FROM ./base.sqsh\nADD broken.tar /x/\n",
+             "Containerfile:2: ADD broken.tar: a broken archive")

@@ -142,7 +142,7 @@ def gather(specs, *, context, where, root=None, ignore=None):
     return sources
 
 
-def _open_file(entry):
+def open_file(entry):
     """The file `entry` found, opened without following a link or blocking
     on a FIFO: what was swapped in after the walk is refused, not read."""
     try:
@@ -164,7 +164,7 @@ def checksum(sources):
             digest.update(f"{entry.name}\0{entry.kind}\0{entry.mode:o}\0{entry.target}\0"
                           .encode(errors="surrogateescape"))
             if entry.kind == "file":
-                with _open_file(entry) as f:
+                with open_file(entry) as f:
                     digest.update(hashlib.file_digest(f, "sha256").digest())
     return digest.hexdigest()
 
@@ -184,7 +184,7 @@ def _place(root, dest, entry, *, chmod):
     if entry.kind == "link":
         os.symlink(entry.target, target)
         return
-    with _open_file(entry) as src:
+    with open_file(entry) as src:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as out:
             while chunk := src.read(1 << 20):

@@ -6,7 +6,7 @@ change the root, through Builder.changed and its cache."""
 import os
 import posixpath
 
-from berth.build import context, parse, plan, recorded, run, runflags, runmounts, stepcache
+from berth.build import archive, context, parse, plan, recorded, run, runflags, runmounts, stepcache
 from berth.build.steps import PROXIES, variables, write_record
 from berth.errors import BerthError
 
@@ -183,17 +183,16 @@ def _sources(builder, step, state, *, specs):
     return found, None
 
 
-def _archive(sources, step):
-    """ADD unpacks a local archive: not done here (COPY and RUN tar do)."""
-    for source in sources:
+def _archives(sources, step):
+    """ADD's sources that are local tar archives (unpacked, not copied)."""
+    found = []
+    for source in sources if step.cmd == "ADD" else ():
         entry = source.entries[0]
-        if entry.kind == "file":
-            with open(entry.path, "rb") as f:
-                head = f.read(262)
-            if head[:2] in (b"\x1f\x8b", b"BZ") or head[:6] == b"\xfd7zXZ\x00" \
-                    or head[257:262] == b"ustar":
-                raise BerthError(f"{step.where}: ADD {source.spec}: an archive; berth build "
-                                 "does not unpack one yet (COPY it and RUN tar)")
+        if entry.kind == "file" and not source.spec.startswith("<<"):
+            with context.open_file(entry) as opened:
+                if archive.is_archive(opened):
+                    found.append(source)
+    return found
 
 
 def _copy(builder, step, state, *, stage):
@@ -207,8 +206,7 @@ def _copy(builder, step, state, *, stage):
     if step.cmd == "ADD" and any("://" in spec for spec in specs):
         raise BerthError(f"{step.where}: ADD of a URL: not supported by berth build")
     sources, origin_key = _sources(builder, step, state, specs=specs)
-    if step.cmd == "ADD":
-        _archive(sources, step)
+    archives = _archives(sources, step)
     target = posixpath.join(state.config.workdir or "/", dest)
     if dest.endswith("/") or dest in (".", ".."):
         target = target.rstrip("/") + "/"
@@ -216,7 +214,14 @@ def _copy(builder, step, state, *, stage):
                                     origin_key])
 
     def change(root):
-        context.copy(sources, root=root, dest=target, chmod=mode)
+        for source in archives:
+            with context.open_file(source.entries[0]) as opened:
+                archive.unpack(opened, root=root, dest=target, where=step.where,
+                               spec=source.spec)
+        plain = [source for source in sources if source not in archives]
+        if plain:
+            into = target if len(sources) == 1 or target.endswith("/") else target + "/"
+            context.copy(plain, root=root, dest=into, chmod=mode)
 
     return builder.changed(stage, state, step=step, key=key, change=change)
 
