@@ -47,6 +47,8 @@ import threading
 import time
 from pathlib import Path
 
+import processes
+
 PROJECT = Path(__file__).resolve().parents[1]
 NODE = "berth/node:bookworm"
 DOCKER = "/usr/bin/docker"  # (Debian's client: the daemon's own BuildKit)
@@ -168,35 +170,11 @@ def pids_named(name):
     return found
 
 
-def tree_rss(roots):
-    """The resident bytes now of `roots` and all their descendants."""
-    parents = {}
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    family, grown = set(roots), True
-    while grown:
-        more = {pid for pid, parent in parents.items() if parent in family} - family
-        family |= more
-        grown = bool(more)
-    total = 0
-    for pid in family:
-        try:
-            with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
-
 def measured(command, *, env=None, daemon=False):
     """Run `command`: (its seconds, the peak resident bytes of the builder:
     its own tree, or with `daemon` Docker's daemons' trees over their idle)."""
     daemons = pids_named("dockerd") + pids_named("containerd") if daemon else []
-    idle = tree_rss(daemons) if daemon else 0
+    idle = processes.tree_rss(daemons) if daemon else 0
     peak = 0
     started = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -206,7 +184,7 @@ def measured(command, *, env=None, daemon=False):
     def sample():
         nonlocal peak
         while not finished.wait(SAMPLE_SECONDS):
-            peak = max(peak, tree_rss(daemons or [process.pid]) - idle)
+            peak = max(peak, processes.tree_rss(daemons or [process.pid]) - idle)
 
     sampler = threading.Thread(target=sample)
     sampler.start()

@@ -57,6 +57,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import processes
 import realistic_image
 
 REPO = Path(__file__).resolve().parents[1]
@@ -317,7 +318,7 @@ def measured(command, env, work, stdin=None):
     def sample():
         nonlocal peak, high
         while not finished.wait(SAMPLE_SECONDS):
-            peak = max(peak, tree_rss(process.pid))
+            peak = max(peak, processes.tree_rss([process.pid]))
             high = max(high, used(work) - baseline)
 
     sampler = threading.Thread(target=sample)
@@ -335,31 +336,6 @@ def measured(command, env, work, stdin=None):
     if process.returncode != 0:
         raise SystemExit(f"{' '.join(command)}: exit {process.returncode}\n{err}")
     return seconds, peak, high, out
-
-
-def tree_rss(root):
-    """The resident bytes of `root` and its descendants now."""
-    parents = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    family, grown = {root}, True
-    while grown:
-        more = {pid for pid, parent in parents.items() if parent in family} - family
-        family |= more
-        grown = bool(more)
-    total = 0
-    for pid in family:
-        try:
-            with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
 
 
 def report(args, samples, usage, compressed):
