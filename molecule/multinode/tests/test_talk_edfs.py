@@ -1,0 +1,107 @@
+"""The CSCS talk's EDFs ("Containers-First User Environments on HPE Cray
+EX") through `srun --environment` on the deployed cluster, as written there
+but for their images' paths: FourCastNet's (an image file and five mounts
+under ${SCRATCH}, one source holding a space) and the use case built on the
+site's `cscs-mlp` base. Both ask for the CXI and NCCL-plugin hooks in the
+talk's spelling; these nodes have neither Slingshot nor InfiniBand, so the
+hooks step aside and the jobs run. (The talk's first EDF builds its image
+from a Containerfile, which does not yet reach the compute nodes.)
+
+${SCRATCH} is a directory of each node's own, with that node's name in its
+files, so each task's lines say whose mounts it got."""
+
+import shlex
+
+import pytest
+
+from conftest import COMPUTE, CONTROLLER, NODES, node
+
+SCRATCH = "/var/tmp/talk-scratch"
+FCN = f"{SCRATCH}/fcn-collaboration"
+FOURCASTNET = """\
+image = "${SCRATCH}/fcn-collaboration/ml+fourcastnet+22.12.sqsh"
+mounts = [
+    "${SCRATCH}/fcn-collaboration/FourCastNet:/workspace/FourCastNet",
+    "${SCRATCH}/fcn-collaboration/era5:/data/era5",
+    "${SCRATCH}/fcn-collaboration/stats:/data/stats",
+    "${SCRATCH}/fcn-collaboration/model weights:/data/weights",
+    "${SCRATCH}/fcn-collaboration/out:/workspace/out",
+]
+
+[annotations]
+com.hooks.cxi.enable = true
+com.hooks.ofi_nccl.version = "cuda11"
+"""
+CSCS_MLP = """\
+mounts = ["${HOME}/.bash_history:/.bash_history", "${SCRATCH}:${SCRATCH}", "/tmp:/tmp"]
+
+[env]
+HISTFILE = "/.bash_history"
+
+[annotations]
+com.hooks.cxi.enable = true
+com.hooks.ofi_nccl.version = "cuda12"
+"""
+USE_CASE = """\
+base_environment = "cscs-mlp"
+image = "/opt/berth-images/mpi-test.sqsh"
+"""
+EDFS = {"fourcastnet": FOURCASTNET, "cscs-mlp": CSCS_MLP, "talk-use-case": USE_CASE}
+
+
+def _scratch(name):
+    """Node `name`'s ${SCRATCH}: the FourCastNet image and its five mount sources."""
+    sources = " ".join(shlex.quote(f"{FCN}/{d}") for d in
+                       ("FourCastNet", "era5", "stats", "model weights", "out"))
+    node(name).run(
+        f"install -d -o alice {SCRATCH} {FCN} {sources} && "
+        f"cp /opt/berth-images/mpi-test.sqsh '{FCN}/ml+fourcastnet+22.12.sqsh' && "
+        f"echo weights-of-{name} > '{FCN}/model weights/w.txt' && "
+        f"echo scratch-of-{name} > {SCRATCH}/here && "
+        f"install -o alice -m 0600 /dev/null /home/alice/.bash_history")
+
+
+@pytest.fixture(scope="module")
+def talk():
+    for name in NODES:
+        _scratch(name)
+    for edf, text in EDFS.items():
+        node(CONTROLLER).run(
+            f"install -d -o alice /home/alice/.edf && printf '%s' {shlex.quote(text)} "
+            f"> /home/alice/.edf/{edf}.toml && chown alice /home/alice/.edf/{edf}.toml")
+    yield
+    node(CONTROLLER).run("rm -f " + " ".join(f"/home/alice/.edf/{edf}.toml" for edf in EDFS))
+    for name in NODES:
+        node(name).run(f"rm -rf {SCRATCH}")
+
+
+def srun(args):
+    return node(CONTROLLER).run(
+        f"cd /home/alice && runuser -u alice -- env SCRATCH={SCRATCH} srun {args}")
+
+
+def per_rank(job):
+    assert job.rc == 0, job.stdout + job.stderr
+    lines = {}
+    for line in job.stdout.splitlines():
+        rank, _, text = line.partition(": ")
+        lines.setdefault(int(rank), []).append(text)
+    return lines
+
+
+def test_the_fourcastnet_edf_runs_on_both_nodes_as_written(talk):
+    job = srun("-N2 --ntasks-per-node=1 -l --environment=fourcastnet sh -c "
+               "'cat /data/weights/w.txt; ls -d /workspace/FourCastNet /data/era5 /data/stats "
+               "/workspace/out; grep ^VARIANT_ID= /etc/os-release'")
+    assert per_rank(job) == {
+        rank: [f"weights-of-{name}", "/data/era5", "/data/stats", "/workspace/FourCastNet",
+               "/workspace/out", "VARIANT_ID=berth-mpi-test"]
+        for rank, name in enumerate(COMPUTE)}, job.stdout
+
+
+def test_the_use_case_on_the_sites_base_runs_on_both_nodes(talk):
+    job = srun("-N2 --ntasks-per-node=1 -l --environment=talk-use-case sh -c "
+               f"'echo $HISTFILE; test -f /.bash_history && echo history; cat {SCRATCH}/here'")
+    assert per_rank(job) == {
+        rank: ["/.bash_history", "history", f"scratch-of-{name}"]
+        for rank, name in enumerate(COMPUTE)}, job.stdout
