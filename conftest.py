@@ -28,7 +28,9 @@ NEEDS = {
     "tests/test_cache_prune_script.py": "root",
     "tests/test_build_buildkit.py": "root",  # the Docker daemon's BuildKit, berth as root
     "tests/test_container_runtime_enroot_link.py": "playbook",
+    "tests/test_container_runtime_nvidia_cdi.py": "playbook",  # root: a root-owned spec
     "tests/test_container_runtime_store_local.py": "playbook",
+    "tests/test_enroot_hooks.py": "root",  # a cgroup of its own, berth as root
     "tests/test_hook_cxi.py": "root",  # device nodes
     "tests/test_hook_mellanox.py": "root",  # device nodes
     "tests/test_hook_nvidia.py": "root",  # device nodes
