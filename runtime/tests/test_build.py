@@ -278,8 +278,19 @@ def test_sigint_mid_build_leaves_no_image_tree_mount_or_process(berth, build):
     while "started" not in seen:
         seen += process.stderr.readline()
         assert process.poll() is None, seen
+    # (the ^C lands once the step's sleep runs, as a user's in a long step does;
+    # CI once saw the build still running 30 s after one sent just after echo)
+    deadline = time.monotonic() + 30
+    while subprocess.run(["pgrep", "-s", str(process.pid), "-x", "sleep"],
+                         capture_output=True, check=False).returncode != 0:
+        assert time.monotonic() < deadline and process.poll() is None, "no sleep started"
+        time.sleep(0.05)
     os.killpg(process.pid, signal.SIGINT)  # as a terminal's ^C reaches the whole group
-    assert process.wait(timeout=30) == 130, process.stderr.read()
+    try:
+        assert process.wait(timeout=30) == 130, process.stderr.read()
+    finally:  # (a build that outlived the ^C takes no sleeper into the next test)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
     assert not (berth.base / "out.sqsh").exists() and left_in(build) == []
     time.sleep(0.2)
     sleepers = subprocess.run(["pgrep", "-u", berth.user.pw_name, "-f", "sleep 60"],
