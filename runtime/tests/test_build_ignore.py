@@ -3,6 +3,7 @@ documentation gives for .dockerignore patterns, which file of several is
 read, and a bad file refused in one line naming its line (unit tier)."""
 
 import os
+import sys
 
 import pytest
 
@@ -70,3 +71,14 @@ def test_a_bad_ignore_file_is_refused_naming_it(tmp_path, make, needle):
     with pytest.raises(BerthError, match="^" + str(tmp_path)) as raised:
         ignore.find(str(tmp_path), str(tmp_path / "Containerfile"))
     assert needle in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_without_its_matcher_package_an_ignore_file_fails_in_one_line_naming_it(tmp_path,
+                                                                                 monkeypatch):
+    monkeypatch.setitem(sys.modules, "e2b_dockerfile_utils", None)  # a venv without it
+    (tmp_path / ".dockerignore").write_text("*.log\n")
+    with pytest.raises(BerthError) as e:
+        ignore.load(str(tmp_path / ".dockerignore"))
+    assert str(e.value).startswith(f"{tmp_path}/.dockerignore: reading it needs the Python "
+                                   "package 'e2b-dockerfile-utils'")
+    assert "\n" not in str(e.value) and "container_runtime_build: true" in str(e.value)

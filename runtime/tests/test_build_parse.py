@@ -3,6 +3,7 @@ word rules (quotes, escapes, ${VAR} forms), the parser directives, and the
 plan's stages, ARG scoping and --target (unit tier: nothing is started)."""
 
 import os
+import sys
 
 import pytest
 
@@ -192,3 +193,14 @@ def test_the_stages_a_run_mounts_are_needed_by_its_stage():
 ])
 def test_healthcheck_durations_are_gos(text, nanoseconds):
     assert recorded.go_duration(text) == nanoseconds
+
+
+def test_without_the_dockerfile_package_a_build_fails_in_one_line_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "dockerfile", None)  # what a venv without it imports
+    path = tmp_path / "Containerfile"
+    path.write_text("FROM scratch\n")
+    with pytest.raises(BerthError) as e:
+        parse.read(str(path))
+    assert "\n" not in str(e.value)
+    assert "needs the Python package 'dockerfile'" in str(e.value)
+    assert "container_runtime_build: true" in str(e.value)

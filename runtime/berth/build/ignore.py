@@ -57,7 +57,8 @@ def load(path):
         from e2b_dockerfile_utils import PatternMatcher
     except ImportError:
         raise BerthError(f"{path}: reading it needs the Python package 'e2b-dockerfile-utils'"
-                         ": install berth[build] (Python 3.11 or later)") from None
+                         ": install berth[build] (Python 3.11 or later; the container_runtime "
+                         "role does, with container_runtime_build: true)") from None
     lines = _read(path).splitlines()
     for number, line in enumerate(lines, 1):
         try:

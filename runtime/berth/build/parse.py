@@ -81,7 +81,8 @@ def _parsed(text, *, path, where=None):
         import dockerfile
     except ImportError:
         raise BerthError("berth build needs the Python package 'dockerfile' (BuildKit's "
-                         "parser): install berth[build]") from None
+                         "parser): install berth[build] (the container_runtime role does, "
+                         "with container_runtime_build: true)") from None
     try:
         commands = dockerfile.parse_string(text)
     except dockerfile.GoParseError as e:
