@@ -284,7 +284,6 @@ POSITIONAL_CALLS = {
     "berth.image.sif:Image": 1,
     "berth.image.stream:read_layer": 2,
     "berth.image.transport:_DirectResponse": 1,
-    "berth.image.transport:self._ask": 2,
     "berth.safedir:_make": 1,
     "berth.site.edf:_expand": 3,
     "berth.site.edf:_resolve": 1,

@@ -1,4 +1,5 @@
-"""A client for the registry HTTP API v2: manifests and blobs, pull only.
+"""A client for the registry HTTP API v2: manifests and blobs; pulls, and
+the requests of a push (push.py) through ask() and check().
 
 Authentication follows the registry's WWW-Authenticate challenge: a Bearer
 token from the realm it names (anonymous, or with the user's credentials) or
@@ -108,8 +109,9 @@ class Registry:
     direct=True: over http.client (transport.Direct), for a resolve's few requests."""
 
     def __init__(self, ref, cfg, credentials=None, credentials_path="", insecure=False,
-                 direct=False, quiet=False, fails_over=False):
+                 direct=False, quiet=False, fails_over=False, actions="pull"):
         self.ref = ref
+        self.actions = actions  # what a token is asked for: "pull", or "pull,push"
         self.credentials = credentials
         self.credentials_path = credentials_path
         # registries.conf's `insecure = true` for this endpoint: plain HTTP
@@ -138,7 +140,7 @@ class Registry:
 
     # -- connection and authentication ------------------------------------
 
-    def _first_get(self, path, headers, method="GET", what=None):
+    def _first_get(self, path, headers, method="GET", what=None, body=None):
         """GET `path` as the first request to the registry: it finds the
         scheme the registry speaks (HTTPS, else plain HTTP where allowed) and,
         on a 401, authenticates as its challenge says and asks again. The
@@ -147,7 +149,7 @@ class Registry:
         certificate is refused has TLS: never asked over plain HTTP then."""
         host = self.ref.registry
         try:
-            response = self._get(f"https://{host}{path}", headers, method, what)
+            response = self._get(f"https://{host}{path}", headers, method, what, body=body)
             self.base = f"https://{host}"
         except UntrustedCertificate as e:
             raise BerthError(
@@ -159,12 +161,12 @@ class Registry:
                 raise BerthError(
                     f"registry {host} does not speak HTTPS ({e}); if it is a plain "
                     "HTTP registry, set ENROOT_ALLOW_HTTP=yes in enroot.conf") from None
-            response = self._get(f"http://{host}{path}", headers, method, what)
+            response = self._get(f"http://{host}{path}", headers, method, what, body=body)
             self.base = f"http://{host}"
         if response.status_code == 401 and not self.authenticated:
             response.close()  # only its challenge counts: its body is never read
             self._authenticate(response.headers.get("WWW-Authenticate", ""))
-            response = self._get(f"{self.base}{path}", headers, method, what)
+            response = self._get(f"{self.base}{path}", headers, method, what, body=body)
         return response
 
     def _login(self, *hosts):
@@ -203,7 +205,7 @@ class Registry:
         if realm.startswith("http://") and not self.allow_http:
             raise BerthError(f"registry {host}: token service {realm} is plain HTTP; "
                              "set ENROOT_ALLOW_HTTP=yes to allow it")
-        query = {"scope": f"repository:{self.ref.repository}:pull"}
+        query = {"scope": f"repository:{self.ref.repository}:{self.actions}"}
         if "service" in params:
             query["service"] = params["service"]
         url = f"{realm}{'&' if urlsplit(realm).query else '?'}{urlencode(query)}"
@@ -240,16 +242,16 @@ class Registry:
                             f"{self.ref.repository} ({status}) with {source}"
                             f"{self.ref.registry_hint()}")
 
-    def _get(self, url, headers=None, method="GET", what=None, patience=None):
+    def _get(self, url, headers=None, method="GET", what=None, patience=None, body=None):
         """GET (or HEAD) from the registry; a 401 once authenticated means our
         token expired (long pulls outlive them): get a fresh one and ask again.
         `what` names the document in the lines about retries."""
-        response = self._get_with_retries(url, headers, method, what, patience)
+        response = self._get_with_retries(url, headers, method, what, patience, body=body)
         if response.status_code == 401 and self.authenticated:
             challenge = response.headers.get("WWW-Authenticate", "")
             response.close()
             self._authenticate(challenge)
-            response = self._get_with_retries(url, headers, method, what, patience)
+            response = self._get_with_retries(url, headers, method, what, patience, body=body)
         return response
 
     def _patience(self, who, what):
@@ -259,7 +261,7 @@ class Registry:
         return _Patience(who, what, count, self.transfer_timeout, self.quiet)
 
     def _get_with_retries(self, url, headers, method, what, patience=None, authorization=None,
-                          who=None):
+                          who=None, body=None):
         """GET, asking again while the registry is busy or the connection
         breaks, as `patience` allows (by default, the registry's own for one
         request); past that, one line naming the server, the last answer or
@@ -274,7 +276,7 @@ class Registry:
         while True:
             try:
                 # Streamed always: no body is read whole before its size is checked.
-                response = self._follow(url, headers, authorization, who, method)
+                response = self._follow(url, headers, authorization, who, method, body=body)
             except TLSError as e:
                 if not self.base:
                     raise  # _first_get is finding out whether the registry speaks TLS
@@ -294,15 +296,18 @@ class Registry:
             if not patience.wait(answered, asked):
                 raise BerthError(f"{who}: {what} {answered}{patience.gave_up()}")
 
-    def _follow(self, url, headers, authorization, who, method="GET"):
+    def _follow(self, url, headers, authorization, who, method="GET", body=None):
         """GET `url`, following redirects; `authorization` goes to url's own
-        origin alone. `who` names the server in errors."""
+        origin alone. `who` names the server in errors. A `body` file is
+        sent from its start each time (a retry, a redirect)."""
         own, first = origin(url), url
         for _ in range(MAX_REDIRECTS + 1):
             sent = {"User-Agent": "berth", **(headers or {})}
             if authorization and origin(url) == own:
                 sent["Authorization"] = authorization
-            response = self.transport.get(url, sent, method)
+            if hasattr(body, "seek"):
+                body.seek(0)
+            response = self.transport.get(url, sent, method, body=body)
             location = response.headers.get("Location")
             if response.status_code not in _REDIRECTS or not location:
                 return response
@@ -325,6 +330,34 @@ class Registry:
             raise BerthError(f"{who}: redirect from {url} to plain HTTP {target}; "
                              "set ENROOT_ALLOW_HTTP=yes to allow it")
         return target
+
+    # -- a push's requests ----------------------------------------------------
+
+    def ask(self, where, *, method, what, headers=None, body=None):
+        """The answer to a request for `where`, a path of the registry or a
+        URL it gave (an upload's Location, followed as a redirect is); the
+        first request connects (see _first_get)."""
+        if not self.base:
+            return self._first_get(where, headers or {}, method, what=what, body=body)
+        who = f"registry {self.ref.registry}"
+        url = self._redirect(who, self.base + "/v2/", where) \
+            if not where.startswith("/") else self.base + where
+        if origin(url) != origin(self.base):  # (the credentials are the registry's alone)
+            return self._get_with_retries(url, headers, method, what=what, who=who, body=body)
+        return self._get(url, headers, method, what=what, body=body)
+
+    def check(self, response, *, what, expected):
+        """`response` (closed), if its status is `expected`; else one line
+        naming the registry and `what` was refused or answered."""
+        response.close()
+        if response.status_code == expected:
+            return response
+        if response.status_code == 401:
+            raise self._denied()
+        if response.status_code == 403:
+            raise self._denied("403 Forbidden")
+        raise BerthError(f"registry {self.ref.registry}: {what} answered "
+                         f"{_status(response.status_code)}")
 
     # -- manifests and blobs ------------------------------------------------
 

@@ -215,10 +215,13 @@ class _HeadTimer:
     """Shuts the socket `sock()` gives down unless the answer's head came
     whole within twice the stall timeout `stall` (None: no limit), so that
     a server that sends nothing at all is a stall, said as such; `late()`
-    is the error then."""
+    is the error then. armed=False: it counts from arm() on, not from the
+    start: a request's body (a push's layer) takes as long as its size
+    does to send, each write bounded by the stall timeout alone."""
 
-    def __init__(self, stall, sock):
+    def __init__(self, stall, sock, armed=True):
         self.seconds, self.fired, self._timer = stall and 2 * stall, False, None
+        self.armed = armed
         if stall:
             import threading
             self._timer = threading.Timer(self.seconds, self._fire, (sock,))
@@ -232,9 +235,13 @@ class _HeadTimer:
         return TransferError(f"the answer's headers not whole within {self.seconds:g} s "
                              "(twice ENROOT_TRANSFER_TIMEOUT)")
 
-    def __enter__(self):
-        if self._timer is not None:
+    def arm(self):
+        if self._timer is not None and not self._timer.is_alive():
             self._timer.start()
+
+    def __enter__(self):
+        if self.armed:
+            self.arm()
         return self
 
     def __exit__(self, *exc):
@@ -289,11 +296,12 @@ def origin(url):
 # -- http.client -------------------------------------------------------------------
 
 class Direct:
-    """GETs (and HEADs) over http.client, one connection per origin, kept for the next
-    request once an answer was read whole. Not requests: importing it and
-    urllib3 costs a resolve more than its requests do. urllib3 reads its
-    answers with http.client too, so every registry answer, a resolve's or
-    a pull's, goes through the standard library's one parser."""
+    """GETs (and HEADs, and a push's requests) over http.client, one
+    connection per origin, kept for the next request once an answer was
+    read whole. Not requests: importing it and urllib3 costs a resolve
+    more than its requests do. urllib3 reads its answers with http.client
+    too, so every registry answer, a resolve's or a pull's, goes through
+    the standard library's one parser."""
 
     def __init__(self, timeout, insecure):
         self.connect_timeout, self.stall_timeout = timeout
@@ -301,7 +309,9 @@ class Direct:
         self.context = None  # the TLS context, made at the first HTTPS request
         self.idle = {}  # origin -> a connection whose last answer was read whole
 
-    def get(self, url, headers, method="GET"):
+    def get(self, url, headers, method="GET", body=None):
+        """`body`: bytes, or a file read from where it is, sent as it is
+        (its Content-Length among `headers`); None: none."""
         parts = urlsplit(url)
         try:
             where = origin(url)
@@ -315,10 +325,12 @@ class Direct:
         kept = self.idle.pop(where, None)
         if kept is not None:
             try:
-                return self._ask(kept, where, target, headers, method, kept=True)
+                return self._ask(kept, where, (target, headers, method, body), kept=True)
             except _Closed:
-                pass  # the server closed the kept connection meanwhile: a new one
-        return self._ask(self._connect(where), where, target, headers, method)
+                # the server closed the kept connection meanwhile: a new one
+                if hasattr(body, "seek"):
+                    body.seek(0)
+        return self._ask(self._connect(where), where, (target, headers, method, body))
 
     def _connect(self, where):
         import http.client
@@ -359,11 +371,14 @@ class Direct:
             self.context = context
         return self.context
 
-    def _ask(self, connection, where, target, headers, method, kept=False):
+    def _ask(self, connection, where, request, kept=False):
         import http.client
-        with _HeadTimer(self.stall_timeout, lambda: connection.sock) as head:
+        target, headers, method, body = request
+        with _HeadTimer(self.stall_timeout, lambda: connection.sock,
+                        armed=body is None) as head:
             try:
-                connection.request(method, target, headers=headers)
+                connection.request(method, target, body=body, headers=headers)
+                head.arm()
                 response = connection.getresponse()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
                 connection.close()
@@ -594,13 +609,17 @@ class Pooled:
         if insecure:
             urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
 
-    def get(self, url, headers, method="GET"):
+    def get(self, url, headers, method="GET", body=None):
+        """`body`: as Direct's; the head's timer is off for a request
+        with one (requests sends it and reads the answer in one call),
+        its socket's stall timeout still on."""
         import threading
         requests = self._requests
         thread = threading.get_ident()
-        with _HeadTimer(self.timeout[1], lambda: _taken_socket(thread)) as head:
+        with _HeadTimer(self.timeout[1] if body is None else None,
+                        lambda: _taken_socket(thread)) as head:
             try:
-                response = self.session.request(method, url, headers=headers,
+                response = self.session.request(method, url, headers=headers, data=body,
                                                 timeout=self.timeout, stream=True,
                                                 verify=self.verify, auth=_no_netrc)
             except requests.exceptions.SSLError as e:
