@@ -241,6 +241,10 @@ def _add_build(sub):
     p.add_argument("-o", "--output", metavar="OUT",
                    help="the image to write: OUT.sqsh (default: image.sqsh), oci:DIR (an OCI "
                         "image layout) or oci-archive:FILE (that layout as a tar)")
+    p.add_argument("--push", metavar="docker://[USER@]REGISTRY#REPO[:TAG]",
+                   help="upload the image (as oci:DIR would hold it) to a registry under "
+                        "that tag; with -o, the image is written there too, else nothing "
+                        "is written locally")
     # (SUPPRESS: `berth --quiet build` says the same)
     p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                    help="no progress lines, nor RUN's output unless it fails")

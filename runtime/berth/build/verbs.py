@@ -1,8 +1,9 @@
 """`berth build [-f FILE] [--build-arg K=V]... [--target STAGE] [--no-cache]
-[-o OUT.sqsh|oci:DIR|oci-archive:FILE] CONTEXT`: parse, plan, run the stages' steps, write the
-image. Everything a build unpacks lives in one directory of
-ENROOT_TEMP_PATH, removed however the build ends (an error, SIGINT); the
-output appears whole or not at all."""
+[-o OUT.sqsh|oci:DIR|oci-archive:FILE] [--push docker://REGISTRY#REPO[:TAG]]
+CONTEXT`: parse, plan, run the stages' steps, write the image, push it.
+Everything a build unpacks lives in one directory of ENROOT_TEMP_PATH,
+removed however the build ends (an error, SIGINT); the output appears
+whole or not at all, and a push's tag changes last."""
 
 import os
 import sys
@@ -25,7 +26,7 @@ from berth.build import (
 )
 from berth.build.steps import Builder, write_record
 from berth.errors import BerthError
-from berth.image import imageconfig
+from berth.image import imageconfig, push
 
 
 class BuildRequest(typing.NamedTuple):
@@ -37,6 +38,7 @@ class BuildRequest(typing.NamedTuple):
     output: str = None
     quiet: bool = False
     base: str = None  # the first FROM's image in place of the file's (an EDF's `image`)
+    push: str = None  # docker://[USER@]REGISTRY#REPO[:TAG] to upload the image to
 
 
 class Built(typing.NamedTuple):
@@ -142,15 +144,32 @@ def build(cfg, request):
                  history=[*histories[last], image], config=builder.ends[last].config)
 
 
+def _pushed(cfg, request, *, built, ref):
+    """The built image uploaded to `ref` (push.target's): where, for the summary."""
+    image = oci.image(cfg, history=built.history, config=built.config)
+    pushed = push.push(cfg, ref, image, quiet=request.quiet)
+    return (f"{ref} ({pushed.uploaded} blobs uploaded, {pushed.present} there already, "
+            f"manifest {image.manifest.digest})")
+
+
 def cmd_build(request, cfg):
+    """Build, then write -o's output (image.sqsh without -o or --push), then
+    push: both where both are asked for."""
     began = time.monotonic()
-    target = outputs.target(request.output)  # (checked before any step runs)
+    # (both checked before any step runs)
+    ref = push.target(request.push) if request.push else None
+    target = outputs.target(request.output) if request.output or not ref else None
     built = build(cfg, request)
-    if target.kind == "squashfs":
+    shown = []
+    if target is not None and target.kind == "squashfs":
         outputs.write_squashfs(target, built.path)
-    else:
+    elif target is not None:
         outputs.write_oci(target, oci.image(cfg, history=built.history, config=built.config))
+    if target is not None:
+        shown.append(target.path)
+    if ref is not None:
+        shown.append(_pushed(cfg, request, built=built, ref=ref))
     if not request.quiet:
-        print(f"berth build: {target.path}: {built.steps} steps, {built.ran} run, "
+        print(f"berth build: {', '.join(shown)}: {built.steps} steps, {built.ran} run, "
               f"{built.cached} cached ({time.monotonic() - began:.1f} s)", file=sys.stderr)
     return 0
