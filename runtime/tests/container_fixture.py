@@ -6,6 +6,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -153,6 +154,17 @@ class Berth:
     def command(self, *args):
         prefix = ["runuser", "-u", self.user.pw_name, "--"] if AS_ROOT else []
         return [*prefix, "/usr/bin/python3", "-m", "berth.cli", *map(str, args)]
+
+    def interruptible(self, *args):
+        """`berth ARGS` started as a terminal's foreground job starts it, in a
+        session of its own (os.killpg(pid, SIGINT) is its ^C), with SIGINT's
+        default action whatever this suite inherited: a shell's background job
+        (`.ci/run &`) ignores SIGINT, and so would every berth it starts."""
+        def sigint_as_at_a_terminal():
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        return subprocess.Popen(self.command(*args), env=self.env, cwd=self.base,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                preexec_fn=sigint_as_at_a_terminal)
 
     def __call__(self, *args, env=None, **kwargs):
         kwargs.setdefault("timeout", 60)

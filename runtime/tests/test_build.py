@@ -271,15 +271,12 @@ def test_a_failing_run_shows_its_output_and_status(berth, build):
 
 def test_sigint_mid_build_leaves_no_image_tree_mount_or_process(berth, build):
     write(berth, build, "FROM ./base.sqsh\nRUN echo started && sleep 60\n")
-    process = subprocess.Popen(berth.command("build", "-o", "out.sqsh", build), env=berth.env,
-                               cwd=berth.base, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = berth.interruptible("build", "-o", "out.sqsh", build)
     seen = ""
     while "started" not in seen:
         seen += process.stderr.readline()
         assert process.poll() is None, seen
-    # (the ^C lands once the step's sleep runs, as a user's in a long step does;
-    # CI once saw the build still running 30 s after one sent just after echo)
+    # (the ^C lands once the step's sleep runs, as a user's in a long step does)
     deadline = time.monotonic() + 30
     while subprocess.run(["pgrep", "-s", str(process.pid), "-x", "sleep"],
                          capture_output=True, check=False).returncode != 0:

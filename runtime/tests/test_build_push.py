@@ -12,7 +12,6 @@ import http.server
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 
@@ -215,10 +214,8 @@ def test_sigint_mid_upload_leaves_nothing_local_and_the_tag(
     kept = registry.push_image("test/kept", "v2", [layer_tar(("file", "kept", b"old\n"))])
     at = front(hold=True)
     write(berth, build, CONTAINERFILE)
-    process = subprocess.Popen(
-        berth.command("build", "-q", "--push", f"docker://{at.host}#test/kept:v2", build),
-        env=berth.env, cwd=berth.base, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+    process = berth.interruptible("build", "-q", "--push", f"docker://{at.host}#test/kept:v2",
+                                  build)
     assert at.held.wait(120), process.stderr.read() if process.poll() is not None else ""
     os.killpg(process.pid, signal.SIGINT)
     assert process.wait(timeout=30) == 130, process.stderr.read()
