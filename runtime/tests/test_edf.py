@@ -493,6 +493,8 @@ def test_base_environment_nests_at_most_ten_levels(site):
 # against a hooks.d holding the hooks Berth ships.
 
 SHIPPED = sorted(Path(__file__).resolve().parents[2].joinpath("hooks").glob("*.sh"))
+# (as files: the clusters' verify runs two of them through srun too)
+TALK_EDFS = Path(__file__).resolve().parent / "talk_edfs"
 
 DEVTOOLS = """
 base_environment = ["parent_env0", "research_group_env"]
@@ -514,30 +516,8 @@ UNSET_BEFORE_RUNNING = ""
 com.hooks.cxi.enable = true
 com.hooks.ofi_nccl.version = "cuda12"
 """
-FOURCASTNET = """
-image = "${SCRATCH}/fcn-collaboration/ml+fourcastnet+22.12.sqsh"
-mounts = [
-    "${SCRATCH}/fcn-collaboration/FourCastNet:/workspace/FourCastNet",
-    "${SCRATCH}/fcn-collaboration/era5:/data/era5",
-    "${SCRATCH}/fcn-collaboration/stats:/data/stats",
-    "${SCRATCH}/fcn-collaboration/model weights:/data/weights",
-    "${SCRATCH}/fcn-collaboration/out:/workspace/out",
-]
-
-[annotations]
-com.hooks.cxi.enable = true
-com.hooks.ofi_nccl.version = "cuda11"
-"""
-CSCS_MLP = """
-mounts = ["${HOME}/.bash_history:/.bash_history", "${SCRATCH}:${SCRATCH}", "/tmp:/tmp"]
-
-[env]
-HISTFILE = "/.bash_history"
-
-[annotations]
-com.hooks.cxi.enable = true
-com.hooks.ofi_nccl.version = "cuda12"
-"""
+FOURCASTNET = (TALK_EDFS / "fourcastnet.toml").read_text()
+CSCS_MLP = (TALK_EDFS / "cscs-mlp.toml").read_text()
 USE_CASE = """
 base_environment = "cscs-mlp"
 image = "nvcr.io/nvidia/pytorch:24.01-py3"

@@ -14,34 +14,14 @@ import shlex
 
 import pytest
 
-from conftest import COMPUTE, CONTROLLER, NODES, node
+from conftest import COMPUTE, CONTROLLER, NODES, PROJECT, node
 
 SCRATCH = "/var/tmp/talk-scratch"
 FCN = f"{SCRATCH}/fcn-collaboration"
-FOURCASTNET = """\
-image = "${SCRATCH}/fcn-collaboration/ml+fourcastnet+22.12.sqsh"
-mounts = [
-    "${SCRATCH}/fcn-collaboration/FourCastNet:/workspace/FourCastNet",
-    "${SCRATCH}/fcn-collaboration/era5:/data/era5",
-    "${SCRATCH}/fcn-collaboration/stats:/data/stats",
-    "${SCRATCH}/fcn-collaboration/model weights:/data/weights",
-    "${SCRATCH}/fcn-collaboration/out:/workspace/out",
-]
-
-[annotations]
-com.hooks.cxi.enable = true
-com.hooks.ofi_nccl.version = "cuda11"
-"""
-CSCS_MLP = """\
-mounts = ["${HOME}/.bash_history:/.bash_history", "${SCRATCH}:${SCRATCH}", "/tmp:/tmp"]
-
-[env]
-HISTFILE = "/.bash_history"
-
-[annotations]
-com.hooks.cxi.enable = true
-com.hooks.ofi_nccl.version = "cuda12"
-"""
+# the talk's, as the runtime's EDF tests read them
+TALK_EDFS = PROJECT / "runtime/tests/talk_edfs"
+FOURCASTNET = (TALK_EDFS / "fourcastnet.toml").read_text()
+CSCS_MLP = (TALK_EDFS / "cscs-mlp.toml").read_text()
 USE_CASE = """\
 base_environment = "cscs-mlp"
 image = "/opt/berth-images/mpi-test.sqsh"
