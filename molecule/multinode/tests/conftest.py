@@ -28,6 +28,15 @@ def node(name):
     return testinfra.get_host(f"docker://{name}")
 
 
+def per_rank(job):
+    """{rank: its lines} of an `srun -l` job's output."""
+    lines = {}
+    for line in job.stdout.splitlines():
+        rank, _, text = line.partition(": ")
+        lines.setdefault(int(rank), []).append(text)
+    return lines
+
+
 def job_ids():
     """The ids of the jobs slurmctld knows now. A refused submission adds none;
     finished jobs may drop out meanwhile (MinJobAge), so compare sets, not counts."""

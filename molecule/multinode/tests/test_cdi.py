@@ -15,7 +15,7 @@ import shlex
 
 import pytest
 
-from conftest import COMPUTE, CONTROLLER, node
+from conftest import COMPUTE, CONTROLLER, node, per_rank
 
 IMAGE = "/opt/berth-images/mpi-test.sqsh"
 KIND = "example.com/dev"
@@ -59,15 +59,6 @@ def device():
 
 def srun(args):
     return node(CONTROLLER).run(f"cd /home/alice && runuser -u alice -- srun {args}")
-
-
-def per_rank(job):
-    """{rank: its lines} of an `srun -l` job's output."""
-    lines = {}
-    for line in job.stdout.splitlines():
-        rank, _, text = line.partition(": ")
-        lines.setdefault(int(rank), []).append(text)
-    return lines
 
 
 def assert_both_nodes_see_it(job):

@@ -14,7 +14,7 @@ import shlex
 
 import pytest
 
-from conftest import COMPUTE, CONTROLLER, NODES, PROJECT, node
+from conftest import COMPUTE, CONTROLLER, NODES, PROJECT, node, per_rank
 
 SCRATCH = "/var/tmp/talk-scratch"
 FCN = f"{SCRATCH}/fcn-collaboration"
@@ -60,19 +60,11 @@ def srun(args):
         f"cd /home/alice && runuser -u alice -- env SCRATCH={SCRATCH} srun {args}")
 
 
-def per_rank(job):
-    assert job.rc == 0, job.stdout + job.stderr
-    lines = {}
-    for line in job.stdout.splitlines():
-        rank, _, text = line.partition(": ")
-        lines.setdefault(int(rank), []).append(text)
-    return lines
-
-
 def test_the_fourcastnet_edf_runs_on_both_nodes_as_written(talk):
     job = srun("-N2 --ntasks-per-node=1 -l --environment=fourcastnet sh -c "
                "'cat /data/weights/w.txt; ls -d /workspace/FourCastNet /data/era5 /data/stats "
                "/workspace/out; grep ^VARIANT_ID= /etc/os-release'")
+    assert job.rc == 0, job.stdout + job.stderr
     assert per_rank(job) == {
         rank: [f"weights-of-{name}", "/data/era5", "/data/stats", "/workspace/FourCastNet",
                "/workspace/out", "VARIANT_ID=berth-mpi-test"]
@@ -82,6 +74,7 @@ def test_the_fourcastnet_edf_runs_on_both_nodes_as_written(talk):
 def test_the_use_case_on_the_sites_base_runs_on_both_nodes(talk):
     job = srun("-N2 --ntasks-per-node=1 -l --environment=talk-use-case sh -c "
                f"'echo $HISTFILE; test -f /.bash_history && echo history; cat {SCRATCH}/here'")
+    assert job.rc == 0, job.stdout + job.stderr
     assert per_rank(job) == {
         rank: ["/.bash_history", "history", f"scratch-of-{name}"]
         for rank, name in enumerate(COMPUTE)}, job.stdout
