@@ -13,10 +13,11 @@
 # the tests call and the plugin's compiler and headers are the suite's own
 # Debian packages, installed once into berth/node:SUITE-tests (rebuilt when
 # the list below or the node image changes; the node image comes from
-# scripts/base-image.sh when missing). The checkout's runtime/, hooks/ and
-# spank/ are copied in, so nothing is written into the checkout; the MPI
-# test image (.cache/images/bookworm/mpi-test.sqsh, from scripts/test-image.sh)
-# is bound read-only when present: the dpkg test starts it. One module comes
+# scripts/base-image.sh when missing). The checkout's runtime/, hooks/,
+# spank/, bench/ and the GPU fixtures (tests/fixtures/gpu) are copied in, so
+# nothing is written into the checkout; the MPI test image
+# (.cache/images/bookworm/mpi-test.sqsh, from scripts/test-image.sh) is bound
+# read-only when present: the dpkg test starts it. One module comes
 # from the host's venv: berth build's parser (the build extra of
 # runtime/pyproject.toml, in no Debian suite), one abi3 file for every
 # Python 3, copied in as /src/pylib/dockerfile.abi3.so, and its ignore
@@ -82,7 +83,7 @@ parser=$("${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin/python3" -c \
 matcher=$("${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin/python3" -c \
           'import os, e2b_dockerfile_utils as m; print(os.path.dirname(m.__file__))')
 tar -c --exclude=__pycache__ --exclude='*.egg-info' --exclude=.pytest_cache \
-        --exclude=.hypothesis runtime hooks spank bench \
+        --exclude=.hypothesis runtime hooks spank bench tests/fixtures/gpu \
         -C "$(dirname "$parser")" --transform 's,^dockerfile,pylib/dockerfile,' \
         --transform 's,^e2b_dockerfile_utils,pylib/e2b_dockerfile_utils,' \
         "$(basename "$parser")" "$(basename "$matcher")" \
