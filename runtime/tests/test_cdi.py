@@ -225,10 +225,12 @@ line = name
 if name.startswith("poststart"):
     with open(f"/proc/{state['pid']}/comm") as f:
         line += f" {state['status']} {f.read().strip()}"
+if name.startswith("poststop"):
+    line += f" {state['status']} {'pid' in state}"
 with open(log, "a") as f:
     f.write(line + "\\n")
 if name.endswith("-fails"):
-    sys.exit("poststart says no")
+    sys.exit(f"{name.partition('-')[0]} says no")
 """
 
 
@@ -261,26 +263,30 @@ def stages(berth, node):
 
 
 def test_hooks_run_in_the_order_of_their_stages(berth, app, stages):
-    stages["write"](("startContainer", "start"), ("poststart", "poststart"),
-                    ("createContainer", "create"), ("prestart", "prestart"),
-                    ("createRuntime", "runtime"))
+    stages["write"](("poststop", "poststop"), ("startContainer", "start"),
+                    ("poststart", "poststart"), ("createContainer", "create"),
+                    ("prestart", "prestart"), ("createRuntime", "runtime"))
     berth.ok("start", "--device", "vendor.example/stages=s", "app", "sleep", "1")
-    # poststart once the command runs: its process is the command, not berth's setup
+    # poststart once the command runs: its process is the command, not berth's
+    # setup; poststop once it has ended, when the container has no process
     assert stages["log"].read_text().splitlines() == [
-        "prestart", "runtime", "create", "start", "poststart running sleep"]
+        "prestart", "runtime", "create", "start", "poststart running sleep",
+        "poststop stopped False"]
     assert berth.leftovers() == []
 
 
-def test_a_failing_poststart_hook_is_a_warning(berth, app, stages):
-    spec = stages["write"](("poststart", "poststart-fails"), ("poststart", "poststart-after"))
+@pytest.mark.parametrize("stage", ["poststart", "poststop"])
+def test_a_failing_late_hook_is_a_warning_and_keeps_the_exit_status(berth, app, stages, stage):
+    spec = stages["write"]((stage, f"{stage}-fails"), (stage, f"{stage}-after"))
     result = berth("start", "--device", "vendor.example/stages=s", "app", "sh", "-c",
-                   "echo ran; sleep 1")
-    assert (result.returncode, result.stdout) == (0, "ran\n")
+                   "echo ran; sleep 1; exit 3")
+    assert (result.returncode, result.stdout) == (3, "ran\n")
     assert result.stderr == (f"berth: warning: CDI device vendor.example/stages=s ({spec}): hook "
                              f"{stages['top'] / 'stage-hook'} failed with exit status 1: "
-                             f"poststart says no\n")
+                             f"{stage} says no\n")
     assert [line.split()[0] for line in stages["log"].read_text().splitlines()] == [
-        "poststart-fails", "poststart-after"]  # the rest still run
+        f"{stage}-fails", f"{stage}-after"]  # the rest still run
+    assert berth.leftovers() == []
 
 
 def _sleeper(top, marker):
@@ -333,15 +339,29 @@ def test_a_timeout_that_is_not_whole_seconds_starts_nothing(berth, app, stages, 
     assert not stages["log"].exists()
 
 
-def test_a_stage_berth_does_not_run_starts_nothing(berth, app, stages):
-    stages["write"](("poststop", "stop"))
+def test_poststop_hooks_run_after_a_start_that_failed_in_its_hooks(berth, app, stages):
+    # OCI: a failed create still goes on to delete, whose poststop hooks
+    # undo what the earlier hooks did
+    spec = stages["write"](("createContainer", "create"), ("startContainer", "start-fails"),
+                           ("poststop", "poststop"))
     berth.fails("start", "--device", "vendor.example/stages=s", "app", "true",
-                needle="stage 'poststop' is not one Berth runs (prestart, createRuntime, "
-                       "createContainer, startContainer, poststart)")
+                needle=f"CDI device vendor.example/stages=s ({spec}): hook "
+                       f"{stages['top'] / 'stage-hook'} failed with exit status 1: start says no")
+    assert stages["log"].read_text().splitlines() == [
+        "create", "start-fails", "poststop stopped False"]
+    assert berth.leftovers() == []
+
+
+def test_a_stage_oci_does_not_have_starts_nothing(berth, app, stages):
+    stages["write"](("postStop", "stop"))
+    berth.fails("start", "--device", "vendor.example/stages=s", "app", "true",
+                needle="stage 'postStop' is not one of OCI's (prestart, createRuntime, "
+                       "createContainer, startContainer, poststart, poststop)")
+    assert not stages["log"].exists()
 
 
 def test_poststart_hooks_have_run_when_detach_says_its_pid(berth, app, stages):
-    stages["write"](("poststart", "poststart"))
+    stages["write"](("poststart", "poststart"), ("poststop", "poststop"))
     process, pid = start_detached(berth, "--device", "vendor.example/stages=s", "app")
     try:
         # the keeper, the container's process, is what the hook found running
@@ -350,4 +370,6 @@ def test_poststart_hooks_have_run_when_detach_says_its_pid(berth, app, stages):
     finally:
         process.stdin.close()
         assert process.wait(timeout=30) == 0
+    # poststop once the keeper is stopped, before berth has exited
+    assert stages["log"].read_text() == "poststart running sh\npoststop stopped False\n"
     assert berth.leftovers() == []

@@ -24,7 +24,10 @@ the container's user namespace:
                line; a failure is a warning, as OCI has it. A hook's
                `timeout` (seconds) is enforced: one that has not finished
                is killed with its process group, and fails the start (a
-               poststart one: a warning).
+               poststart one: a warning). poststop: on the host side once
+               the container has ended (its command, or --detach's keeper
+               stopped, or a start that failed after its hooks began),
+               before berth exits; a failure is a warning.
 
 Trust: a spec is read only where root alone could have written it: a
 regular file owned by root, not writable by group or others, in a
@@ -59,9 +62,10 @@ from berth.errors import BerthError
 _KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 # the OCI hook stages that come before the container's command, in the
-# order they run (prestart is createRuntime's old name), and the one after
+# order they run (prestart is createRuntime's old name), and the two after
 _STAGES = {"prestart": 0, "createRuntime": 0, "createContainer": 1, "startContainer": 2}
 POSTSTART = "poststart"
+POSTSTOP = "poststop"
 _SUFFIXES = (".json", ".yaml", ".yml")
 NVIDIA_GPU = "nvidia.com/gpu"  # the kind of NVIDIA's spec, which hooks/90-nvidia.sh asks for
 
@@ -82,6 +86,7 @@ class Devices(typing.NamedTuple):
     mounts: list  # mounts.Mount
     hooks: list  # Hook, those before the command, in the order they run
     poststart: list  # Hook, those once the command runs
+    poststop: list  # Hook, those once the container has ended
 
 
 class _Device(typing.NamedTuple):
@@ -113,9 +118,10 @@ def resolve_known(names, known):
             applied.add(device.spec)
             origin = f"CDI device {name} ({device.spec})"
             _add_edits(edits, origin, env=env, found=found, hooks=hooks)
-    before = sorted((h for h in hooks if h.stage != POSTSTART), key=lambda h: _STAGES[h.stage])
+    before = sorted((h for h in hooks if h.stage in _STAGES), key=lambda h: _STAGES[h.stage])
     return Devices(env=env, mounts=found, hooks=before,
-                   poststart=[h for h in hooks if h.stage == POSTSTART])
+                   poststart=[h for h in hooks if h.stage == POSTSTART],
+                   poststop=[h for h in hooks if h.stage == POSTSTOP])
 
 
 def is_name(name):
@@ -317,9 +323,9 @@ def _mount(mount, origin):
 def _hook(hook, origin):
     path = _absolute(hook, "path", origin)
     stage = hook.get("hookName")
-    if stage not in (*_STAGES, POSTSTART):
-        raise BerthError(f"{origin}: hook {path}: stage {stage!r} is not one Berth runs "
-                         f"({', '.join((*_STAGES, POSTSTART))})")
+    if stage not in (*_STAGES, POSTSTART, POSTSTOP):
+        raise BerthError(f"{origin}: hook {path}: stage {stage!r} is not one of OCI's "
+                         f"({', '.join((*_STAGES, POSTSTART, POSTSTOP))})")
     timeout = hook.get("timeout")
     if timeout is not None and (type(timeout) is not int or timeout <= 0):
         raise BerthError(f"{origin}: hook {path}: 'timeout' must be a number of seconds "

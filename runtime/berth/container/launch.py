@@ -21,8 +21,9 @@ Setup messages travel to berth over a close-on-exec pipe, one line each:
 `fuse PID WHAT` (a FUSE server to stop at the end, and what it serves,
 for the line that says it ended first), `service PID` (a hook's
 service, services.py, to kill at the end; in a pid namespace its end kills
-them), `poststart HOOK` (a CDI hook, as JSON, of a device a hook asked for,
-to run once the command runs), `error MESSAGE`, and for --detach
+them), `poststart HOOK` and `poststop HOOK` (a CDI hook, as JSON, of a
+device a hook asked for, to run once the command runs, and once the
+container has ended), `error MESSAGE`, and for --detach
 `keeper PID`, then `ready` from the keeper itself.
 
 `berth start --detach` (the interface of the SPANK plugin):
@@ -98,6 +99,7 @@ class Plan(typing.NamedTuple):
     entrypoint_timeout: int  # seconds a --detach entrypoint has to exec its arguments
     device_hooks: tuple = ()  # the CDI devices' OCI hooks (cdi.Hook), after hooks.d's
     poststart_hooks: tuple = ()  # theirs to run once the command runs (cdi.Hook)
+    poststop_hooks: tuple = ()  # theirs to run once the container has ended (cdi.Hook)
     nvidia_cdi: dict = {}    # the node's nvidia.com/gpu CDI devices, that hooks may ask
                              # for (cdi.load's form; verbs._nvidia_cdi)
 
@@ -214,9 +216,10 @@ def _build(plan, status):
         if server:
             _send(status, f"fuse {server} {mount.source} at {mount.target}")
     rootfs.make_dev_links(root, links)
-    hooked = _run_hooks(plan, root, env) if plan.hooks else _Hooked([], (), ())
-    for hook in hooked.poststart:
-        _send(status, f"poststart {json.dumps(hook._asdict())}")
+    hooked = _run_hooks(plan, root, env) if plan.hooks else _Hooked([], (), (), ())
+    for kind, later in (("poststart", hooked.poststart), ("poststop", hooked.poststop)):
+        for hook in later:
+            _send(status, f"{kind} {json.dumps(hook._asdict())}")
     device_hooks = (*plan.device_hooks, *hooked.device_hooks)
     if device_hooks:
         hooks.run_device_hooks(device_hooks, _oci_state(plan, root))
@@ -244,22 +247,24 @@ class _Hooked(typing.NamedTuple):
     services: list      # services.read's
     device_hooks: tuple  # the OCI hooks of the CDI devices they asked for (cdi.Hook)
     poststart: tuple    # those of them to run once the command runs
+    poststop: tuple     # those of them to run once the container has ended
 
 
 def _hooks_devices(plan, root, env, *, devices_file):
     """Apply the CDI devices hooks named in `devices_file` (the nvidia hook's
     GPUs, of plan.nvidia_cdi alone): their mounts and variables now; their
-    OCI hooks, those before the command and the poststart ones, returned."""
+    OCI hooks, those before the command, the poststart and the poststop
+    ones, returned."""
     with open(devices_file, encoding="utf-8") as f:
         names = [line.strip() for line in f if line.strip()]
     if not names:
-        return (), ()
+        return (), (), ()
     from berth.container import cdi
     devices = cdi.resolve_known(names, plan.nvidia_cdi)
     for mount in devices.mounts:
         mounts.apply(root, mount)
     env.update(devices.env)
-    return tuple(devices.hooks), tuple(devices.poststart)
+    return tuple(devices.hooks), tuple(devices.poststart), tuple(devices.poststop)
 
 
 def _run_hooks(plan, root, env):
@@ -302,9 +307,10 @@ def _run_hooks(plan, root, env):
     # environment (mounts.py), the protocol's variables over it.
     for mount in mounts.read_fstab(mounts_file, {**os.environ, **env, **protocol}):
         mounts.apply(root, mount)
-    device_hooks, poststart = _hooks_devices(plan, root, env, devices_file=devices_file)
+    device_hooks, poststart, poststop = _hooks_devices(plan, root, env,
+                                                       devices_file=devices_file)
     environ.read_file(environ_file, env, expand=False, skip=len(view.encode()))
-    return _Hooked(services.read(services_file), device_hooks, poststart)
+    return _Hooked(services.read(services_file), device_hooks, poststart, poststop)
 
 
 # The --detach keeper: a shell of the image (exec'd, so /proc/PID/environ is
@@ -482,6 +488,7 @@ def start(plan):
     finally:
         os.close(hold_w)
         _stop_helpers(setup)
+        _run_poststop((*plan.poststop_hooks, *setup.poststop), plan)
         rootfs.remove_tree(plan.runtime)
         if plan.scratch:
             rootfs.remove_tree(plan.scratch)
@@ -497,12 +504,14 @@ def start(plan):
 class _Setup:
     """What the child's setup messages (the module's docstring) have said."""
 
-    __slots__ = ("fuse", "services", "poststart", "error", "keeper", "login", "ready")
+    __slots__ = ("fuse", "services", "poststart", "poststop", "error", "keeper", "login",
+                 "ready")
 
     def __init__(self):
         self.fuse = {}        # FUSE servers' pids -> what each serves; stopped at the end
         self.services = []    # hooks' services' pids, killed at the end
         self.poststart = []   # CDI poststart hooks of the devices hooks asked for (cdi.Hook)
+        self.poststop = []    # and their poststop hooks
         self.error = None     # the setup's error message
         self.keeper = None    # --detach's keeper pid
         self.login = False    # the keeper runs through a login shell
@@ -518,9 +527,9 @@ def _read_setup(messages, setup, plan):
             setup.fuse[int(pid)] = what
         elif kind == "service":
             setup.services.append(int(value))
-        elif kind == "poststart":
+        elif kind in ("poststart", "poststop"):
             from berth.container import cdi
-            setup.poststart.append(cdi.Hook(**json.loads(value)))
+            getattr(setup, kind).append(cdi.Hook(**json.loads(value)))
         elif kind == "error":
             setup.error = value
         elif kind == "keeper":  # "ready" then comes from the keeper shell
@@ -533,20 +542,35 @@ def _read_setup(messages, setup, plan):
             return  # (what the entrypoint left running may hold the pipe)
 
 
+def _warn(line):
+    print(f"berth: warning: {line}", file=sys.stderr, flush=True)
+
+
 def _run_poststart(poststart, plan, child):
     """The CDI poststart hooks, on the host side, once the command (or the
     keeper) runs: a failure is a warning, as OCI has it."""
     if not poststart:
         return
-
-    def warn(line):
-        print(f"berth: warning: {line}", file=sys.stderr, flush=True)
     # (the root as the host side sees it: the child's is in its mount namespace)
     rootfs.write_file(f"{plan.runtime}/config.json",
                       json.dumps({"ociVersion": "1.0.2", "root": {"path": f"/proc/{child}/root"}}))
     hooks.run_device_hooks(poststart, {
         "ociVersion": "1.0.2", "id": os.path.basename(plan.runtime), "status": "running",
-        "pid": child, "bundle": plan.runtime, "annotations": {}}, warn=warn)
+        "pid": child, "bundle": plan.runtime, "annotations": {}}, warn=_warn)
+
+
+def _run_poststop(poststop, plan):
+    """The CDI poststop hooks, on the host side, once the container has
+    ended (its root gone with its mount namespace): a failure is a
+    warning, as OCI has it."""
+    if not poststop:
+        return
+    root = f"{plan.runtime}/root" if plan.image else plan.rootfs
+    rootfs.write_file(f"{plan.runtime}/config.json",
+                      json.dumps({"ociVersion": "1.0.2", "root": {"path": root}}))
+    hooks.run_device_hooks(poststop, {
+        "ociVersion": "1.0.2", "id": os.path.basename(plan.runtime), "status": "stopped",
+        "bundle": plan.runtime, "annotations": {}}, warn=_warn)
 
 
 def _keeper_failure(plan, login):

@@ -276,6 +276,7 @@ def _plan(request, cfg, container, conf, uri=False):
         command=list(request.command), detach=request.detach, porcelain=request.porcelain,
         entrypoint=request.entrypoint, entrypoint_timeout=entrypoint_timeout,
         device_hooks=tuple(devices.hooks), poststart_hooks=tuple(devices.poststart),
+        poststop_hooks=tuple(devices.poststop),
         nvidia_cdi=_nvidia_cdi(cfg, found_hooks),
     )
 
@@ -287,6 +288,7 @@ class _NoDevices(typing.NamedTuple):
     mounts: tuple = ()
     hooks: tuple = ()
     poststart: tuple = ()
+    poststop: tuple = ()
 
 
 def _warn(line):
