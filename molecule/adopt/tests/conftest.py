@@ -66,10 +66,12 @@ def site_files_before(name):
     return node(CONTROLLER).file(f"/shared/before/{name}.txt").content_string.splitlines()
 
 
-def play(playbook):
-    """Run one playbook against Molecule's inventory; (exit code, output, {host: changed})."""
+def play(playbook, *, limit=None):
+    """Run one playbook against Molecule's inventory, on the `limit` hosts
+    only if given; (exit code, output, {host: changed})."""
     result = subprocess.run(
-        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], playbook],
+        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], playbook,
+         *(["--limit", limit] if limit else [])],
         cwd=PROJECT, capture_output=True, text=True, timeout=900,
         env={**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"},
     )
@@ -79,3 +81,4 @@ def play(playbook):
         for host, changed in re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", output, re.M)
     }
     return result.returncode, output, recap
+
