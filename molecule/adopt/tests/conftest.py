@@ -82,3 +82,17 @@ def play(playbook, *, limit=None):
     }
     return result.returncode, output, recap
 
+
+def site_tag_job(tag):
+    """A --container-image step on both compute nodes with the site's own
+    SPANK plugin's --site-tag (files/site_tag.c); each task's lines, sorted."""
+    job = srun(f"-N2 --site-tag={tag} --container-image={IMAGE} "
+               "sh -c 'echo \"SITE_TAG=$SITE_TAG\"; grep ^VARIANT_ID= /etc/os-release'")
+    assert job.rc == 0, job.stdout + job.stderr
+    return sorted(job.stdout.splitlines())
+
+
+def site_tag_lines(tag):
+    """What site_tag_job prints when the tag reaches the containerized tasks."""
+    return sorted([f"SITE_TAG={tag}", "VARIANT_ID=berth-mpi-test"] * 2)
+

@@ -16,6 +16,8 @@ from conftest import (
     node,
     site_files,
     site_files_before,
+    site_tag_job,
+    site_tag_lines,
     srun,
 )
 
@@ -57,3 +59,10 @@ def test_a_container_image_mpi_job_on_two_nodes():
     assert sorted(rank for rank, _ in ranks) == ["0", "1"], job.stdout
     assert {host for _, host in ranks} == set(COMPUTE)
     assert "allreduce sum 3" in job.stdout
+
+
+def test_the_sites_own_plugin_acts_with_pyxis_before_and_berth_now():
+    before = node(COMPUTE[0]).file("/shared/site-tag-under-pyxis.txt").content_string
+    assert sorted(before.splitlines()) == site_tag_lines("under-pyxis")
+    assert site_tag_job("under-berth") == site_tag_lines("under-berth")
+

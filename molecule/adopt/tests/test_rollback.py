@@ -4,7 +4,18 @@ real pyxis and enroot run the site's jobs again."""
 
 import pytest
 
-from conftest import COMPUTE, IMAGE, NODES, node, play, site_files, site_files_before, srun
+from conftest import (
+    COMPUTE,
+    IMAGE,
+    NODES,
+    node,
+    play,
+    site_files,
+    site_files_before,
+    site_tag_job,
+    site_tag_lines,
+    srun,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -32,6 +43,10 @@ def test_pyxis_finds_its_named_container_again():
     job = srun(f"-w {COMPUTE[0]} --container-name=keep ls /kept")
     assert job.rc == 0, job.stdout + job.stderr
     assert job.stdout.split() == ["/kept"]
+
+
+def test_the_sites_own_plugin_acts_with_pyxis_again():
+    assert site_tag_job("under-pyxis-again") == site_tag_lines("under-pyxis-again")
 
 
 def test_a_second_rollback_changes_nothing():
