@@ -66,3 +66,9 @@ def test_the_sites_own_plugin_acts_with_pyxis_before_and_berth_now():
     assert sorted(before.splitlines()) == site_tag_lines("under-pyxis")
     assert site_tag_job("under-berth") == site_tag_lines("under-berth")
 
+
+def test_a_squashfs_pyxis_saved_is_the_users_first_berth_image():
+    job = srun(f"-w {COMPUTE[0]} --container-image=/shared/alice/saved.sqsh "
+               "sh -c 'cat /made-here && grep ^VARIANT_ID= /etc/os-release'")
+    assert job.rc == 0, job.stdout + job.stderr
+    assert job.stdout.split() == ["made-under-pyxis", "VARIANT_ID=berth-mpi-test"]
