@@ -15,6 +15,8 @@ CONTROLLER = "berth-adopt-ctl"
 COMPUTE = ["berth-adopt-cn1", "berth-adopt-cn2"]
 NODES = [CONTROLLER, *COMPUTE]
 IMAGE = "/opt/berth-images/mpi-test.sqsh"
+# the same image in the site's registry on the controller (prepare.yml)
+REGISTRY_IMAGE = "berth-adopt-ctl:5000#berth/mpi-test:1"
 OPENMPI = "/opt/mpi-test/allreduce-openmpi"
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).parents[3]))
 

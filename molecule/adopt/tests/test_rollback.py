@@ -8,6 +8,7 @@ from conftest import (
     COMPUTE,
     IMAGE,
     NODES,
+    REGISTRY_IMAGE,
     node,
     play,
     site_files,
@@ -37,6 +38,12 @@ def test_pyxis_and_enroot_run_a_container_image_again():
     assert job.stdout.split() == ["VARIANT_ID=berth-mpi-test"] * 2
     for name in COMPUTE:
         assert node(name).check_output("enroot version") == "4.1.2"
+
+
+def test_pyxis_runs_the_registry_image_from_the_cache_both_filled():
+    job = srun(f"-w {COMPUTE[0]} --container-image={REGISTRY_IMAGE} grep ^VARIANT_ID= /etc/os-release")
+    assert job.rc == 0, job.stdout + job.stderr
+    assert job.stdout.split() == ["VARIANT_ID=berth-mpi-test"]
 
 
 def test_pyxis_finds_its_named_container_again():
