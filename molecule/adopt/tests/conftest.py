@@ -15,6 +15,8 @@ CONTROLLER = "berth-adopt-ctl"
 COMPUTE = ["berth-adopt-cn1", "berth-adopt-cn2"]
 NODES = [CONTROLLER, *COMPUTE]
 IMAGE = "/opt/berth-images/mpi-test.sqsh"
+# the same image in the site's registry on the controller (prepare.yml)
+REGISTRY_IMAGE = "berth-adopt-ctl:5000#berth/mpi-test:1"
 OPENMPI = "/opt/mpi-test/allreduce-openmpi"
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).parents[3]))
 
@@ -66,10 +68,12 @@ def site_files_before(name):
     return node(CONTROLLER).file(f"/shared/before/{name}.txt").content_string.splitlines()
 
 
-def play(playbook):
-    """Run one playbook against Molecule's inventory; (exit code, output, {host: changed})."""
+def play(playbook, *, limit=None):
+    """Run one playbook against Molecule's inventory, on the `limit` hosts
+    only if given; (exit code, output, {host: changed})."""
     result = subprocess.run(
-        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], playbook],
+        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], playbook,
+         *(["--limit", limit] if limit else [])],
         cwd=PROJECT, capture_output=True, text=True, timeout=900,
         env={**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"},
     )
@@ -79,3 +83,18 @@ def play(playbook):
         for host, changed in re.findall(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)", output, re.M)
     }
     return result.returncode, output, recap
+
+
+def site_tag_job(tag):
+    """A --container-image step on both compute nodes with the site's own
+    SPANK plugin's --site-tag (files/site_tag.c); each task's lines, sorted."""
+    job = srun(f"-N2 --site-tag={tag} --container-image={IMAGE} "
+               "sh -c 'echo \"SITE_TAG=$SITE_TAG\"; grep ^VARIANT_ID= /etc/os-release'")
+    assert job.rc == 0, job.stdout + job.stderr
+    return sorted(job.stdout.splitlines())
+
+
+def site_tag_lines(tag):
+    """What site_tag_job prints when the tag reaches the containerized tasks."""
+    return sorted([f"SITE_TAG={tag}", "VARIANT_ID=berth-mpi-test"] * 2)
+

@@ -8,14 +8,18 @@ import pytest
 
 from conftest import (
     COMPUTE,
+    CONTROLLER,
     IMAGE,
     NODES,
     OPENMPI,
+    REGISTRY_IMAGE,
     job_id,
     marks,
     node,
     site_files,
     site_files_before,
+    site_tag_job,
+    site_tag_lines,
     srun,
 )
 
@@ -57,3 +61,34 @@ def test_a_container_image_mpi_job_on_two_nodes():
     assert sorted(rank for rank, _ in ranks) == ["0", "1"], job.stdout
     assert {host for _, host in ranks} == set(COMPUTE)
     assert "allreduce sum 3" in job.stdout
+
+
+def test_the_sites_own_plugin_acts_with_pyxis_before_and_berth_now():
+    before = node(COMPUTE[0]).file("/shared/site-tag-under-pyxis.txt").content_string
+    assert sorted(before.splitlines()) == site_tag_lines("under-pyxis")
+    assert site_tag_job("under-berth") == site_tag_lines("under-berth")
+
+
+def test_a_squashfs_pyxis_saved_is_the_users_first_berth_image():
+    job = srun(f"-w {COMPUTE[0]} --container-image=/shared/alice/saved.sqsh "
+               "sh -c 'cat /made-here && grep ^VARIANT_ID= /etc/os-release'")
+    assert job.rc == 0, job.stdout + job.stderr
+    assert job.stdout.split() == ["made-under-pyxis", "VARIANT_ID=berth-mpi-test"]
+
+
+def test_enroots_layer_cache_is_left_as_it_is_and_the_registry_image_runs():
+    """pyxis's import on berth-adopt-cn1 left enroot's cache there
+    (prepare.yml); Berth cannot take its layers and pulls the image again."""
+    cache = "/var/lib/enroot/cache/user-2001"
+    recorded = node(CONTROLLER).file("/shared/enroot-cache-before.txt").content_string.split()
+    enroots = dict(zip(recorded[1::2], recorded[::2], strict=True))  # name: SHA-256 of its bytes
+    job = srun(f"-w {COMPUTE[0]} --container-image={REGISTRY_IMAGE} grep ^VARIANT_ID= /etc/os-release")
+    assert job.rc == 0, job.stdout + job.stderr
+    assert job.stdout.split() == ["VARIANT_ID=berth-mpi-test"]
+    cn1 = node(COMPUTE[0])
+    assert {name: cn1.file(f"{cache}/{name}").sha256sum for name in enroots} == enroots
+    # enroot names each blob by its registry digest, its bytes recompressed
+    assert enroots and all(name != digest for name, digest in enroots.items())
+    blobs = cn1.check_output(f"ls {cache}/blobs/sha256").split()
+    assert blobs and set(blobs) <= set(enroots), blobs
+    assert all(cn1.file(f"{cache}/blobs/sha256/{blob}").sha256sum == blob for blob in blobs)

@@ -4,7 +4,19 @@ real pyxis and enroot run the site's jobs again."""
 
 import pytest
 
-from conftest import COMPUTE, IMAGE, NODES, node, play, site_files, site_files_before, srun
+from conftest import (
+    COMPUTE,
+    IMAGE,
+    NODES,
+    REGISTRY_IMAGE,
+    node,
+    play,
+    site_files,
+    site_files_before,
+    site_tag_job,
+    site_tag_lines,
+    srun,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -28,10 +40,20 @@ def test_pyxis_and_enroot_run_a_container_image_again():
         assert node(name).check_output("enroot version") == "4.1.2"
 
 
+def test_pyxis_runs_the_registry_image_from_the_cache_both_filled():
+    job = srun(f"-w {COMPUTE[0]} --container-image={REGISTRY_IMAGE} grep ^VARIANT_ID= /etc/os-release")
+    assert job.rc == 0, job.stdout + job.stderr
+    assert job.stdout.split() == ["VARIANT_ID=berth-mpi-test"]
+
+
 def test_pyxis_finds_its_named_container_again():
     job = srun(f"-w {COMPUTE[0]} --container-name=keep ls /kept")
     assert job.rc == 0, job.stdout + job.stderr
     assert job.stdout.split() == ["/kept"]
+
+
+def test_the_sites_own_plugin_acts_with_pyxis_again():
+    assert site_tag_job("under-pyxis-again") == site_tag_lines("under-pyxis-again")
 
 
 def test_a_second_rollback_changes_nothing():
