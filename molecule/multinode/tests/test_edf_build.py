@@ -56,19 +56,19 @@ def builds(tmp_path_factory):
     for user in UIDS:  # what the login node's PAM hook does at an interactive login
         node(CONTROLLER).check_output(f"berth setup-user {user}")
         for name in [CONTROLLER, *COMPUTE]:
-            node(name).check_output(f"runuser -u {user} -- install -d -m 0700 {_tmp(user)}")
+            node(name).check_output(f"runuser -u {user} -- install -d -m 0700 {user_tmp(user)}")
     yield {user: _context(user) for user in UIDS}
     rc, output, _ = play(inventory, playbook=RUNTIME_PLAY)
     assert rc == 0, output[-3000:]
     node(CONTROLLER).run(f"rm -rf {BUILDS} " + " ".join(
         f"/home/{user}/.edf/devtools" for user in UIDS))
     for name in [CONTROLLER, *COMPUTE]:
-        node(name).run("rm -rf " + " ".join(_tmp(user) for user in UIDS))
+        node(name).run("rm -rf " + " ".join(user_tmp(user) for user in UIDS))
     for name in [CONTROLLER, *COMPUTE]:
         assert "BERTH_EDF_BUILD_PATH" not in node(name).file("/etc/enroot/enroot.conf").content_string
 
 
-def _tmp(user):
+def user_tmp(user):
     """`user`'s TMPDIR: the nodes' /tmp is noexec, where a build's RUN step
     cannot run the image's programs (a build works in ENROOT_TEMP_PATH)."""
     return f"/home/{user}/.cache/tmp"
@@ -76,7 +76,7 @@ def _tmp(user):
 
 def srun(user, edf):
     return node(CONTROLLER).run(
-        f"cd /tmp && runuser -u {user} -- env TMPDIR={_tmp(user)} "
+        f"cd /tmp && runuser -u {user} -- env TMPDIR={user_tmp(user)} "
         f"srun -N2 --ntasks-per-node=1 -l --environment={edf} {SHOW}")
 
 
