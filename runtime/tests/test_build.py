@@ -368,6 +368,10 @@ def test_an_edfs_built_image_is_put_in_the_edf_build_path_once(berth, build):
     berth.env.update(BERTH_EDF_BUILD_PATH="shared/builds")
     berth.fails("edf", "show", edf,
                 needle="BERTH_EDF_BUILD_PATH=shared/builds: not an absolute path")
+    # a directory someone else could write: another user could plant a build
+    os.chmod(shared, 0o777)
+    berth.env.update(BERTH_EDF_BUILD_PATH=str(shared))
+    berth.fails("edf", "show", edf, needle=f"BERTH_EDF_BUILD_PATH {shared}: is writable by others")
 
 
 def test_from_a_registry_image_goes_through_the_image_cache(berth, build, registry):
