@@ -269,6 +269,11 @@ ENROOT_CONF = {
     "BERTH_BUILD_CACHE_MAX_SIZE": "The most `berth build`'s `RUN --mount=type=cache` "
                                   "directories hold together (a size: `10G`); past it the "
                                   "least recently used are removed.",
+    "BERTH_EDF_BUILD_PATH": "Where an EDF's `containerfile` image, built at submission, is "
+                            "put for every node of the job: a directory of each user's own "
+                            "on a filesystem the nodes share (`/shared/builds/$(id -u)`, "
+                            "`${SCRATCH}/.edf-builds`); empty: it stays in the user's image "
+                            "cache.",
     "BERTH_HOOK_SLURM_ENABLE": "The site's default for the Slurm hook (`80-slurm.sh`); a job's "
                                "environment, then an EDF annotation, override it.",
     "BERTH_HOOK_AWS_OFI_NCCL_ENABLE": "The site's default for the NCCL network plugin hook "

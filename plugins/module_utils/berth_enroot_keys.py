@@ -59,6 +59,8 @@ KEYS = {
     "BERTH_CXI_ENVIRONMENT": PATH,
     # a size such as 10G (runtime/berth/build/runmounts.py)
     "BERTH_BUILD_CACHE_MAX_SIZE": TEXT,
+    # a directory, usually with $(id -u) or ${SCRATCH} in it (runtime/berth/site/edfbuild.py)
+    "BERTH_EDF_BUILD_PATH": TEXT,
     # a colon-separated list of directories (runtime/berth/container/cdi.py)
     "BERTH_CDI_SPEC_DIRS": TEXT,
     "BERTH_NVIDIA_CDI": FLAG,

@@ -106,6 +106,11 @@ def _defaults(env):
         # the most berth build's RUN --mount=type=cache directories hold
         # together (build/runmounts.py): the least recently used go past it
         "BERTH_BUILD_CACHE_MAX_SIZE": "10G",
+        # where `berth edf show` puts an EDF's built image (its
+        # `containerfile`) for every node of a job to read: a directory of
+        # the user's own on a filesystem the nodes share; empty: the image
+        # stays in the user's ENROOT_CACHE_PATH (site/edfbuild.py)
+        "BERTH_EDF_BUILD_PATH": "",
         # where `berth start --device` finds CDI specs (container/cdi.py)
         "BERTH_CDI_SPEC_DIRS": "/etc/cdi:/var/run/cdi",
         # whether the nvidia hook takes a job's GPUs from NVIDIA's CDI spec

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 
@@ -341,6 +342,36 @@ def test_an_edfs_containerfile_is_built_at_first_use_then_reused(berth, build):
     assert f"image={image}\n" in spank and "containerfile" not in spank
     write(berth, build, "FROM ./base.sqsh\nFROB\n", name="Containerfile.devtools")
     berth.fails("edf", "check", edf, needle="Containerfile.devtools:2: unknown instruction")
+
+
+def test_an_edfs_built_image_is_put_in_the_edf_build_path_once(berth, build):
+    """BERTH_EDF_BUILD_PATH (a shared filesystem's directory, for the job's
+    nodes): the built image is copied there under its build's key, in a
+    directory made the user's alone, and not copied again for the same
+    build; a changed build is another file."""
+    write(berth, build, "FROM ./base.sqsh\nRUN echo one > /made\n")
+    edf = berth.write("ctx/e.toml", 'containerfile = "./Containerfile"\n')
+    shared = berth.base / "shared/builds"
+    berth.env.update(BERTH_EDF_BUILD_PATH=str(shared))
+    image = json.loads(berth.ok("edf", "show", "--json", edf, timeout=120))["image"]
+    assert os.path.dirname(image) == str(shared)
+    assert os.path.basename(image) in os.listdir(berth.base / "cache/images")
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o700
+    assert berth.ok("start", image, "cat", "/made") == "one\n"
+    first = os.stat(image)
+    assert json.loads(berth.ok("edf", "show", "--json", edf))["image"] == image
+    assert os.stat(image).st_ino == first.st_ino  # not copied again
+    write(berth, build, "FROM ./base.sqsh\nRUN echo two > /made\n")
+    changed = json.loads(berth.ok("edf", "show", "--json", edf, timeout=120))["image"]
+    assert changed != image and os.path.dirname(changed) == str(shared)
+    assert berth.ok("start", changed, "cat", "/made") == "two\n"
+    berth.env.update(BERTH_EDF_BUILD_PATH="shared/builds")
+    berth.fails("edf", "show", edf,
+                needle="BERTH_EDF_BUILD_PATH=shared/builds: not an absolute path")
+    # a directory someone else could write: another user could plant a build
+    os.chmod(shared, 0o777)
+    berth.env.update(BERTH_EDF_BUILD_PATH=str(shared))
+    berth.fails("edf", "show", edf, needle=f"BERTH_EDF_BUILD_PATH {shared}: is writable by others")
 
 
 def test_from_a_registry_image_goes_through_the_image_cache(berth, build, registry):

@@ -1,11 +1,14 @@
 """The CSCS talk's EDFs ("Containers-First User Environments on HPE Cray
 EX") through `srun --environment` on the deployed cluster, as written there
-but for their images' paths: FourCastNet's (an image file and five mounts
+but for their images' and mounts' paths: the first one (devtools: two
+parents, an image built from a Containerfile on top of `image`, three
+mounts, a writable root), FourCastNet's (an image file and five mounts
 under ${SCRATCH}, one source holding a space) and the use case built on the
-site's `cscs-mlp` base. Both ask for the CXI and NCCL-plugin hooks in the
+site's `cscs-mlp` base. All ask for the CXI and NCCL-plugin hooks in the
 talk's spelling; these nodes have neither Slingshot nor InfiniBand, so the
-hooks step aside and the jobs run. (The talk's first EDF builds its image
-from a Containerfile, which does not yet reach the compute nodes.)
+hooks step aside and the jobs run. The devtools EDF's image is built at
+submission and reaches the nodes through BERTH_EDF_BUILD_PATH, which
+test_edf_build's fixture sets for this module too.
 
 ${SCRATCH} is a directory of each node's own, with that node's name in its
 files, so each task's lines say whose mounts it got."""
@@ -15,6 +18,7 @@ import shlex
 import pytest
 
 from conftest import COMPUTE, CONTROLLER, NODES, PROJECT, node, per_rank
+from test_edf_build import builds, user_tmp  # noqa: F401 (a fixture: BERTH_EDF_BUILD_PATH set)
 
 SCRATCH = "/var/tmp/talk-scratch"
 FCN = f"{SCRATCH}/fcn-collaboration"
@@ -26,7 +30,34 @@ USE_CASE = """\
 base_environment = "cscs-mlp"
 image = "/opt/berth-images/mpi-test.sqsh"
 """
-EDFS = {"fourcastnet": FOURCASTNET, "cscs-mlp": CSCS_MLP, "talk-use-case": USE_CASE}
+# the talk's first listing; its mounts' sources are ${SCRATCH}'s
+DEVTOOLS = """\
+base_environment = ["parent_env0", "research_group_env"]
+image = "/opt/berth-images/mpi-test.sqsh"
+containerfile = "./Containerfile.devtools"
+workdir = "/workdir"
+entrypoint = false
+writable = true
+mounts = ["${SCRATCH}/experiment:/workdir", "${SCRATCH}/configs:/workdir/configs", "${SCRATCH}/data:/workdir/data"]
+
+[env]
+MELLANOX_VISIBLE_DEVICES = "none"
+CONFDIR = "/workdir/configs"
+UNSET_BEFORE_RUNNING = ""
+
+[annotations]
+com.hooks.cxi.enable = true
+com.hooks.ofi_nccl.version = "cuda12"
+"""
+# its parents, which the talk does not show
+PARENTS = {"parent_env0": '[env]\nPARENT = "0"\n',
+           "research_group_env": '[env]\nGROUP = "research"\n'}
+CONTAINERFILE = """\
+FROM the-edfs-image
+RUN mkdir /opt/devtools && cat /proc/sys/kernel/random/uuid > /opt/devtools/token
+"""
+EDFS = {"fourcastnet": FOURCASTNET, "cscs-mlp": CSCS_MLP, "talk-use-case": USE_CASE,
+        "talk-devtools": DEVTOOLS, **PARENTS}
 
 
 def _scratch(name):
@@ -38,6 +69,10 @@ def _scratch(name):
         f"cp /opt/berth-images/mpi-test.sqsh '{FCN}/ml+fourcastnet+22.12.sqsh' && "
         f"echo weights-of-{name} > '{FCN}/model weights/w.txt' && "
         f"echo scratch-of-{name} > {SCRATCH}/here && "
+        f"install -d -o alice {SCRATCH}/experiment/configs {SCRATCH}/experiment/data "
+        f"{SCRATCH}/configs {SCRATCH}/data && "
+        f"echo config-of-{name} > {SCRATCH}/configs/c.txt && "
+        f"echo data-of-{name} > {SCRATCH}/data/d.txt && "
         f"install -o alice -m 0600 /dev/null /home/alice/.bash_history")
 
 
@@ -49,15 +84,36 @@ def talk():
         node(CONTROLLER).run(
             f"install -d -o alice /home/alice/.edf && printf '%s' {shlex.quote(text)} "
             f"> /home/alice/.edf/{edf}.toml && chown alice /home/alice/.edf/{edf}.toml")
+    node(CONTROLLER).run(
+        f"printf '%s' {shlex.quote(CONTAINERFILE)} > /home/alice/.edf/Containerfile.devtools && "
+        "chown alice /home/alice/.edf/Containerfile.devtools")
     yield
-    node(CONTROLLER).run("rm -f " + " ".join(f"/home/alice/.edf/{edf}.toml" for edf in EDFS))
+    node(CONTROLLER).run("rm -f /home/alice/.edf/Containerfile.devtools " + " ".join(
+        f"/home/alice/.edf/{edf}.toml" for edf in EDFS))
     for name in NODES:
         node(name).run(f"rm -rf {SCRATCH}")
 
 
-def srun(args):
+def srun(args, *environ):
     return node(CONTROLLER).run(
-        f"cd /home/alice && runuser -u alice -- env SCRATCH={SCRATCH} srun {args}")
+        f"cd /home/alice && runuser -u alice -- env SCRATCH={SCRATCH} {' '.join(environ)} "
+        f"srun {args}")
+
+
+@pytest.mark.usefixtures("builds")
+def test_the_devtools_edf_is_built_once_and_runs_on_both_nodes_as_written(talk):
+    job = srun("-N2 --ntasks-per-node=1 -l --environment=talk-devtools sh -c "
+               "'pwd; cat /opt/devtools/token configs/c.txt data/d.txt; "
+               "echo $CONFDIR $PARENT $GROUP $MELLANOX_VISIBLE_DEVICES; "
+               "touch /written && echo writable; grep ^VARIANT_ID= /etc/os-release'",
+               f"TMPDIR={user_tmp('alice')}")
+    assert job.rc == 0, job.stdout + job.stderr
+    lines = per_rank(job)
+    token = lines[0][1]
+    assert lines == {
+        rank: ["/workdir", token, f"config-of-{name}", f"data-of-{name}",
+               "/workdir/configs 0 research none", "writable", "VARIANT_ID=berth-mpi-test"]
+        for rank, name in enumerate(COMPUTE)}, job.stdout  # one build: one token
 
 
 def test_the_fourcastnet_edf_runs_on_both_nodes_as_written(talk):

@@ -297,9 +297,11 @@ def _read_containerfile(edf, environ, layer):
 def _built(resolved, cfg, *, build):
     """A `containerfile` EDF's image: the file built (at its first use, and
     from the step cache after it) with its directory as the context and the
-    EDF's `image`, where given, as its first FROM's; or, without `build`,
-    only parsed and planned. The resolved environment with `image` set."""
+    EDF's `image`, where given, as its first FROM's, and put where the
+    job's nodes read it (edfbuild); or, without `build`, only parsed and
+    planned. The resolved environment with `image` set."""
     from berth.build import parse, plan, verbs  # (only for an EDF with a containerfile)
+    from berth.site import edfbuild
     path = resolved["containerfile"]
     if not build:
         plan.make(parse.read(path), build_args={}, target=None, base=resolved["image"])
@@ -307,7 +309,7 @@ def _built(resolved, cfg, *, build):
     built = verbs.build(cfg, verbs.BuildRequest(context=os.path.dirname(path), file=path,
                                                 base=resolved["image"], quiet=True))
     sources = {**resolved["sources"], "image": path}
-    return {**resolved, "image": built.path, "sources": sources}
+    return {**resolved, "image": edfbuild.placed(cfg, built.path), "sources": sources}
 
 
 def _table(edf, key):
