@@ -1,7 +1,9 @@
-"""Where a build keeps each step's result: a squashfs of the stage's root
-after the step, in the image cache's images/ under the step's key
-(cachelayout.py), so `berth cache` counts them and `berth cache prune`
-removes the least recently used as it does imported images.
+"""Where a build keeps each step's result: the layer of its change
+(layers.py), its blob in the image cache's blobs/sha256 and its record
+under the step's key, and for the image a build ends with, a squashfs in
+images/ under its key (cachelayout.py), so `berth cache` counts them and
+`berth cache prune` removes the least recently used as it does imported
+images' (a use touches the blob or the squashfs).
 
 A step's key is BuildKit's rule: the key of the step before it, the
 instruction as it reads once its variables are expanded, the build
@@ -54,3 +56,15 @@ def found_step(cfg, step_key):
     """found()'s squashfs of a changing step, when the layer of its change is kept too."""
     where = found(cfg, step_key)
     return where if where and layers.kept(cfg, step_key) else None
+
+
+def found_layer(cfg, step_key):
+    """Whether the layer of the changing step `step_key` is kept; its blob marked used now."""
+    layer = layers.kept(cfg, step_key)
+    if layer is None:
+        return False
+    try:
+        os.utime(layers.blob_path(cfg, layer))
+    except FileNotFoundError:
+        return False
+    return True
