@@ -17,6 +17,7 @@ import os
 
 from berth import safedir
 from berth.build import layers
+from berth.errors import BerthError
 from berth.image.cachelayout import CacheLayout
 
 _PREFIX = "berth build step v1"  # (a key of an import never starts so)
@@ -68,3 +69,47 @@ def found_layer(cfg, step_key):
     except FileNotFoundError:
         return False
     return True
+
+
+def _sums(cfg):
+    return os.path.join(CacheLayout(cfg["ENROOT_CACHE_PATH"]).root, "build-sums")
+
+
+def sums_key(cfg, *, root_at, specs):
+    """The key of the checksum of `specs` in the root that `root_at` (a
+    State's: its base's key, its steps' keys) makes: by the digests of the
+    layers, so a step run again that made other bytes is another root.
+    None when a layer is gone."""
+    base_key, keys = root_at
+    digests = []
+    for step_key in keys:
+        layer = layers.kept(cfg, step_key)
+        if layer is None:
+            return None
+        digests.append(layer.digest)
+    return key(None, ["sources", base_key, digests, list(specs)])
+
+
+def found_sum(cfg, sum_key):
+    """The checksum kept under `sum_key`, or None."""
+    try:
+        with open(os.path.join(_sums(cfg), sum_key), encoding="ascii") as f:
+            text = f.read()
+    except (OSError, ValueError):
+        return None
+    return text if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else None
+
+
+def keep_sum(cfg, sum_key, checksum):
+    where = _sums(cfg)
+    os.makedirs(where, mode=0o700, exist_ok=True)
+    partial = os.path.join(where, f"{sum_key}.tmp-{os.getpid()}")
+    try:
+        with open(partial, "w", encoding="ascii") as f:
+            f.write(checksum)
+        os.rename(partial, os.path.join(where, sum_key))
+    except OSError as e:
+        raise BerthError(f"{e.filename or where}: COPY --from's checksum: {e.strerror}") from None
+    finally:  # (stopped meanwhile: no partial file left)
+        if os.path.lexists(partial):
+            os.unlink(partial)

@@ -11,7 +11,7 @@ import os
 import sys
 import typing
 
-from berth.build import config as imagecfg, layers, restore, stepcache, tree, words
+from berth.build import config as imagecfg, context, layers, restore, stepcache, tree, words
 from berth.image import imageconfig
 
 # BuildKit's predefined proxy arguments: passed to RUN, kept out of the key
@@ -32,6 +32,13 @@ class State(typing.NamedTuple):
     def root_at(self):
         """What the root is made of: the base's key and the steps' over it."""
         return (self.image_key, self.layers)
+
+
+class StageFiles(typing.NamedTuple):
+    """What COPY --from copies of an earlier stage."""
+
+    checksum: str                # context.checksum of the sources
+    sources: typing.Callable     # () -> the context.Source list, from the stage's tree
 
 
 class Builder:
@@ -84,6 +91,24 @@ class Builder:
         restore.apply_steps(self.cfg, path, keys)
         self.trees[stage] = (path, state.root_at)
         return path
+
+    def stage_files(self, stage, specs, *, where):
+        """The StageFiles of `specs` in the stage `stage` as it ended: the
+        checksum remembered for that root where it was taken before, so a
+        cached COPY --from unpacks nothing."""
+        state = self.ends[stage]
+
+        def sources():
+            return context.gather(specs, context=None, where=where,
+                                  root=self.tree_at(stage, state))
+
+        memo = stepcache.sums_key(self.cfg, root_at=state.root_at, specs=specs)
+        found = stepcache.found_sum(self.cfg, memo) if memo else None
+        if found is None:
+            found = context.checksum(sources())
+            if memo:
+                stepcache.keep_sum(self.cfg, memo, found)
+        return StageFiles(checksum=found, sources=sources)
 
     def changed(self, stage, state, *, step, key, change):
         """The State after `step`, which changes the root: from the cache,
