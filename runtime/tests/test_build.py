@@ -155,6 +155,44 @@ def test_a_rebuild_runs_no_step_and_a_change_reruns_from_its_line(berth, build):
     assert "images" in listed
 
 
+REMOVING = """\
+FROM ./base.sqsh
+RUN mkdir -p /made/deep /gone/deep && echo a > /made/kept && echo b > /made/removed \\
+ && echo f > /gone/deep/f && ln /made/kept /made/kept-too && chmod 4755 /made/kept
+RUN rm /made/removed && rm -r /gone && mkdir /gone && echo new > /gone/only
+RUN echo {} > /last
+"""
+
+
+def _listing(out):
+    """The image's entries, modes and link counts, but /last and the record."""
+    found = subprocess.run(
+        ["unsquashfs", "-lln", out], capture_output=True, text=True, check=True).stdout
+    return sorted(" ".join(line.split()[:3] + line.split()[5:]) for line in found.splitlines()
+                  if line.startswith(("-", "d", "l")) and "/last" not in line
+                  and "/etc/" not in line)
+
+
+def test_a_change_at_the_end_runs_that_step_on_the_steps_layers(berth, build):
+    """The tree a rerun step runs in is the base with the cached steps'
+    layers over it: what they removed stays removed, a directory they
+    replaced holds only its new entries, a hard link stays one."""
+    write(berth, build, REMOVING.format("one"))
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (3, 0)
+    cold = _listing(berth.base / "out.sqsh")
+    write(berth, build, REMOVING.format("two"))
+    ran, cached, said = built(berth, "-o", "out.sqsh", build)
+    assert (ran, cached) == (1, 2), said
+    out = berth.base / "out.sqsh"
+    assert _listing(out) == cold
+    assert berth.ok("start", out, "cat", "/last", "/gone/only", "/made/kept-too") == \
+        "two\nnew\na\n"
+    assert berth.ok("start", out, "ls", "/gone", "/made") == \
+        "/gone:\nonly\n\n/made:\ndeep\nkept\nkept-too\n"
+    assert berth.ok("start", out, "stat", "-c", "%h %a", "/made/kept") == "2 4755\n"
+    assert left_in(build) == []
+
+
 def test_a_shell_the_base_image_set_is_the_shell_of_a_build_from_it(berth, build):
     """SHELL is kept in the image (BuildKit's Config.Shell): a build FROM
     that image runs its shell forms with it (busybox's sh says $0 "sh")."""

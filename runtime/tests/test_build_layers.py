@@ -1,7 +1,8 @@
 """A build step's change as an OCI layer (berth/build/layers.py), on real
 trees: what the diff of two snapshots names (whiteouts, opaque markers,
 parents before children) and the tar it writes (root's, sorted, the same
-bytes for the same tree)."""
+bytes for the same tree), and such a layer applied to a tree
+(berth/build/restore.py)."""
 
 import gzip
 import hashlib
@@ -10,7 +11,10 @@ import os
 import shutil
 import tarfile
 
-from berth.build import layers
+import pytest
+
+from berth.build import layers, restore
+from berth.errors import BerthError
 
 
 def _tree(root):
@@ -98,3 +102,70 @@ def test_the_same_tree_gives_the_same_digest(tmp_path):
                                  everything).digest)
     assert len(digests) == 1
     assert os.listdir(tmp_path / "cache/blobs/sha256") == [digests.pop().split(":")[1]]
+
+
+def _entries(root):
+    """Each entry of `root`: type, mode, content or link target, and which
+    names share its inode (hard links)."""
+    found, inodes = {}, {}
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            st = os.lstat(path)
+            relative = os.path.relpath(path, root)
+            inodes.setdefault(st.st_ino, []).append(relative)
+            body = os.readlink(path) if os.path.islink(path) else \
+                open(path, "rb").read() if os.path.isfile(path) else None
+            found[relative] = (st.st_mode, body, st.st_ino)
+    return {path: (mode, body, sorted(inodes[ino])) for path, (mode, body, ino) in found.items()}
+
+
+def test_a_layer_applied_to_the_tree_before_makes_the_tree_after(tmp_path):
+    """restore.apply, as a rebuild puts a cached step back: its whiteouts
+    remove, its opaque directory replaces, a hard link stays one."""
+    cfg = {"ENROOT_CACHE_PATH": str(tmp_path / "cache")}
+    after, before_copy = tmp_path / "after", tmp_path / "before"
+    after.mkdir()
+    _tree(after)
+    (after / "keep/linked").write_text("two names\n")
+    os.link(after / "keep/linked", after / "keep/linked-too")
+    shutil.copytree(after, before_copy, symlinks=True)
+    (before_copy / "keep/linked-too").unlink()  # (copytree copies a hard link twice)
+    os.link(before_copy / "keep/linked", before_copy / "keep/linked-too")
+    before = layers.snapshot(after)
+    _step(after)
+    os.chmod(after / "keep/new", 0o4755)
+    (after / "keep/linked").unlink()
+    (after / "keep/linked").write_text("replaced, its other name kept\n")
+    layer = layers.write(cfg, after, layers.changes(before, layers.snapshot(after)))
+    restore.apply(before_copy, layers.blob_path(cfg, layer))
+    assert _entries(before_copy) == _entries(after)
+    assert (before_copy / "keep/linked-too").read_text() == "two names\n"
+
+
+def _hostile(path, *members):
+    with tarfile.open(path, "w:gz") as tar:
+        for name, kind, link in members:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, link
+            data = b"x" if kind == tarfile.REGTYPE else b""
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.parametrize("members", [
+    [("../out", tarfile.REGTYPE, "")],
+    [("/abs", tarfile.REGTYPE, "")],
+    [("up", tarfile.SYMTYPE, ".."), ("up/out", tarfile.REGTYPE, "")],
+    [("up", tarfile.SYMTYPE, ".."), ("up/.wh.victim", tarfile.REGTYPE, "")],
+    [("hard", tarfile.LNKTYPE, "../victim")],
+], ids=["dotdot", "absolute", "through-a-symlink", "whiteout-through-a-symlink", "hard-link-out"])
+def test_a_layer_that_leaves_the_tree_is_refused(tmp_path, members):
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "victim").write_text("kept\n")
+    _hostile(tmp_path / "layer.tgz", *members)
+    with pytest.raises(BerthError, match="layer"):
+        restore.apply(root, str(tmp_path / "layer.tgz"))
+    assert sorted(os.listdir(tmp_path)) == ["layer.tgz", "root", "victim"]
+    assert (tmp_path / "victim").read_text() == "kept\n"

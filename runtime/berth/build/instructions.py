@@ -160,15 +160,15 @@ def _chmod(step):
 
 
 def _sources(builder, step, state, *, specs):
-    """The Sources of a COPY/ADD: a heredoc's text, an earlier stage's
-    files (--from) or the context's."""
+    """The checksum of a COPY/ADD's sources, a function giving them (a
+    heredoc's text, an earlier stage's files (--from) or the context's) and
+    the key of the stage they come from (None: the context)."""
     origin = next((f[7:] for f in step.flags if f.startswith("--from=")), None)
     heredocs = {f"<<{h.name}": h for h in step.heredocs}
     if origin is not None:
         stage = builder.stage_named(origin)
-        root = builder.tree_at(stage, builder.ends[stage])
-        return context.gather(specs, context=None, where=step.where, root=root), \
-            builder.ends[stage].key
+        found = builder.stage_files(stage, specs, where=step.where)
+        return found.checksum, found.sources, builder.ends[stage].key
     found = []
     for spec in specs:
         if spec in heredocs:
@@ -180,7 +180,7 @@ def _sources(builder, step, state, *, specs):
         else:
             found += context.gather([spec], context=builder.context, where=step.where,
                                     ignore=builder.ignore)
-    return found, None
+    return context.checksum(found), lambda: found, None
 
 
 def _archives(sources, step):
@@ -205,15 +205,15 @@ def _copy(builder, step, state, *, stage):
     specs, dest = args[:-1], args[-1]
     if step.cmd == "ADD" and any("://" in spec for spec in specs):
         raise BerthError(f"{step.where}: ADD of a URL: not supported by berth build")
-    sources, origin_key = _sources(builder, step, state, specs=specs)
-    archives = _archives(sources, step)
+    checksum, gathered, origin_key = _sources(builder, step, state, specs=specs)
     target = posixpath.join(state.config.workdir or "/", dest)
     if dest.endswith("/") or dest in (".", ".."):
         target = target.rstrip("/") + "/"
-    key = stepcache.key(state.key, [step.cmd, context.checksum(sources), target, mode,
-                                    origin_key])
+    key = stepcache.key(state.key, [step.cmd, checksum, target, mode, origin_key])
 
     def change(root):
+        sources = gathered()  # (COPY --from: only now is its stage's tree unpacked)
+        archives = _archives(sources, step)
         for source in archives:
             with context.open_file(source.entries[0]) as opened:
                 archive.unpack(opened, root=root, dest=target, where=step.where,

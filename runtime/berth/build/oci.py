@@ -23,8 +23,8 @@ INDEX = "application/vnd.oci.image.index.v1+json"
 
 class Entry(typing.NamedTuple):
     created_by: str
-    key: str = None      # the step key whose squashfs the layer makes (None: config only)
-    image: str = None    # that squashfs
+    key: str = None      # the step key whose change the layer is (None: config only)
+    image: str = None    # the squashfs of a whole layer's tree
     whole: bool = False  # the base image: its layer is its whole tree
 
 
@@ -51,9 +51,9 @@ def begun(stage, state, histories):
 
 def after(step, before, state):
     """The Entry of `step`, which took the State `before` to `state`."""
-    if state.image_key == before.image_key:
+    if state.layers == before.layers:
         return Entry(step.original)
-    return Entry(step.original, key=state.image_key, image=state.image)
+    return Entry(step.original, key=state.layers[-1])
 
 
 def _whole_layer(cfg, image):

@@ -1,7 +1,9 @@
-"""Where a build keeps each step's result: a squashfs of the stage's root
-after the step, in the image cache's images/ under the step's key
-(cachelayout.py), so `berth cache` counts them and `berth cache prune`
-removes the least recently used as it does imported images.
+"""Where a build keeps each step's result: the layer of its change
+(layers.py), its blob in the image cache's blobs/sha256 and its record
+under the step's key, and for the image a build ends with, a squashfs in
+images/ under its key (cachelayout.py), so `berth cache` counts them and
+`berth cache prune` removes the least recently used as it does imported
+images' (a use touches the blob or the squashfs).
 
 A step's key is BuildKit's rule: the key of the step before it, the
 instruction as it reads once its variables are expanded, the build
@@ -15,6 +17,7 @@ import os
 
 from berth import safedir
 from berth.build import layers
+from berth.errors import BerthError
 from berth.image.cachelayout import CacheLayout
 
 _PREFIX = "berth build step v1"  # (a key of an import never starts so)
@@ -54,3 +57,59 @@ def found_step(cfg, step_key):
     """found()'s squashfs of a changing step, when the layer of its change is kept too."""
     where = found(cfg, step_key)
     return where if where and layers.kept(cfg, step_key) else None
+
+
+def found_layer(cfg, step_key):
+    """Whether the layer of the changing step `step_key` is kept; its blob marked used now."""
+    layer = layers.kept(cfg, step_key)
+    if layer is None:
+        return False
+    try:
+        os.utime(layers.blob_path(cfg, layer))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _sums(cfg):
+    return os.path.join(CacheLayout(cfg["ENROOT_CACHE_PATH"]).root, "build-sums")
+
+
+def sums_key(cfg, *, root_at, specs):
+    """The key of the checksum of `specs` in the root that `root_at` (a
+    State's: its base's key, its steps' keys) makes: by the digests of the
+    layers, so a step run again that made other bytes is another root.
+    None when a layer is gone."""
+    base_key, keys = root_at
+    digests = []
+    for step_key in keys:
+        layer = layers.kept(cfg, step_key)
+        if layer is None:
+            return None
+        digests.append(layer.digest)
+    return key(None, ["sources", base_key, digests, list(specs)])
+
+
+def found_sum(cfg, sum_key):
+    """The checksum kept under `sum_key`, or None."""
+    try:
+        with open(os.path.join(_sums(cfg), sum_key), encoding="ascii") as f:
+            text = f.read()
+    except (OSError, ValueError):
+        return None
+    return text if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else None
+
+
+def keep_sum(cfg, sum_key, checksum):
+    where = _sums(cfg)
+    os.makedirs(where, mode=0o700, exist_ok=True)
+    partial = os.path.join(where, f"{sum_key}.tmp-{os.getpid()}")
+    try:
+        with open(partial, "w", encoding="ascii") as f:
+            f.write(checksum)
+        os.rename(partial, os.path.join(where, sum_key))
+    except OSError as e:
+        raise BerthError(f"{e.filename or where}: COPY --from's checksum: {e.strerror}") from None
+    finally:  # (stopped meanwhile: no partial file left)
+        if os.path.lexists(partial):
+            os.unlink(partial)

@@ -1,14 +1,17 @@
 """The steps of a build's stages, run in order: each takes the State the
 step before it left and gives the next. A step that changes the root
 (RUN, COPY, ADD) is looked up in the step cache by its key first
-(stepcache.py) and, when missing, run in the stage's tree, which is then
-packed into the cache; the others change the image configuration only."""
+(stepcache.py) and, when missing, run in the stage's tree, its change
+kept in the cache as a layer (layers.py); the others change the image
+configuration only. A stage's tree is unpacked when a step must run: its
+base, then the cached steps' layers above it (restore.py), and kept for
+the stage's next step."""
 
 import os
 import sys
 import typing
 
-from berth.build import config as imagecfg, layers, stepcache, tree, words
+from berth.build import config as imagecfg, context, layers, restore, stepcache, tree, words
 from berth.image import imageconfig
 
 # BuildKit's predefined proxy arguments: passed to RUN, kept out of the key
@@ -18,11 +21,24 @@ PROXIES = tuple(n for name in ("HTTP_PROXY", "HTTPS_PROXY", "FTP_PROXY", "NO_PRO
 
 class State(typing.NamedTuple):
     key: str          # the key of the last step
-    image: str        # the squashfs of the root as it now is (None: an empty root)
-    image_key: str    # the step key that squashfs is of
+    image: str        # the squashfs of the stage's base (None: an empty root)
+    image_key: str    # the key of that base
     config: imagecfg.ImageConfig
     args: dict = {}   # the stage's ARGs in scope: name -> value (None: declared, unset)
     cmd_here: bool = False  # CMD was set in this stage (ENTRYPOINT then keeps it)
+    layers: tuple = ()  # the keys of the changing steps over the base, in order
+
+    @property
+    def root_at(self):
+        """What the root is made of: the base's key and the steps' over it."""
+        return (self.image_key, self.layers)
+
+
+class StageFiles(typing.NamedTuple):
+    """What COPY --from copies of an earlier stage."""
+
+    checksum: str                # context.checksum of the sources
+    sources: typing.Callable     # () -> the context.Source list, from the stage's tree
 
 
 class Builder:
@@ -55,28 +71,53 @@ class Builder:
                   file=sys.stderr, flush=True)
 
     def tree_at(self, stage, state):
-        """The stage's tree as `state` has it, unpacked when it is not."""
+        """The stage's tree as `state` has it: the one it has, with the
+        layers of the steps cached since; else unpacked anew."""
         path, at = self.trees.get(stage, (None, None))
-        if path and at == state.image_key:
+        base_key, keys = state.root_at
+        if path and at and at[0] == base_key and keys[:len(at[1])] == at[1]:
+            self.trees[stage] = (path, None)  # (until it is whole)
+            restore.apply_steps(self.cfg, path, keys[len(at[1]):])
+            self.trees[stage] = (path, state.root_at)
             return path
         if path:
             tree.remove(path)
         path = f"{self.work}/stage-{stage}"
+        self.trees[stage] = (None, None)  # (until it is whole)
         if state.image:
             tree.unpack(state.image, path)
         else:
             os.mkdir(path, 0o700)
-        self.trees[stage] = (path, state.image_key)
+        restore.apply_steps(self.cfg, path, keys)
+        self.trees[stage] = (path, state.root_at)
         return path
+
+    def stage_files(self, stage, specs, *, where):
+        """The StageFiles of `specs` in the stage `stage` as it ended: the
+        checksum remembered for that root where it was taken before, so a
+        cached COPY --from unpacks nothing."""
+        state = self.ends[stage]
+
+        def sources():
+            return context.gather(specs, context=None, where=where,
+                                  root=self.tree_at(stage, state))
+
+        memo = stepcache.sums_key(self.cfg, root_at=state.root_at, specs=specs)
+        found = stepcache.found_sum(self.cfg, memo) if memo else None
+        if found is None:
+            found = context.checksum(sources())
+            if memo:
+                stepcache.keep_sum(self.cfg, memo, found)
+        return StageFiles(checksum=found, sources=sources)
 
     def changed(self, stage, state, *, step, key, change):
         """The State after `step`, which changes the root: from the cache,
-        or `change(root)` run in the stage's tree, packed into the cache."""
-        found = None if self.no_cache else stepcache.found_step(self.cfg, key)
-        self.say(step.original, cached=bool(found))
+        or `change(root)` run in the stage's tree, its layer kept in the cache."""
+        found = not self.no_cache and stepcache.found_layer(self.cfg, key)
+        self.say(step.original, cached=found)
         if found:
             self.cached += 1
-            return state._replace(key=key, image=found, image_key=key)
+            return state._replace(key=key, layers=(*state.layers, key))
         root = self.tree_at(stage, state)
         before = layers.snapshot(root)
         if state.config.workdir:  # (WORKDIR's directory is made here, as BuildKit does)
@@ -85,13 +126,12 @@ class Builder:
             change(root)
         finally:  # (a failed or stopped RUN's tree is removed all the same)
             tree.owner_writable(root)
-        output = stepcache.path(self.cfg, key)
         layer = layers.write(self.cfg, root, layers.changes(before, layers.snapshot(root)))
-        tree.pack(root, output, self.cfg)
         layers.keep(self.cfg, key, layer)
-        self.trees[stage] = (root, key)
+        new = state._replace(key=key, layers=(*state.layers, key))
+        self.trees[stage] = (root, new.root_at)
         self.ran += 1
-        return state._replace(key=key, image=output, image_key=key)
+        return new
 
     def expand(self, text, state, where):
         return words.one(text, env=variables(state), where=where, escape=self.escape)

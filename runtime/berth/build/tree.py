@@ -1,6 +1,6 @@
-"""The stage's root as a directory a step can change: unpacked from a
-squashfs (the base image or a cached step's) when a step must run, and
-packed into the step cache after it."""
+"""The stage's root as a directory a step can change: its base unpacked
+from a squashfs when a step must run (restore.py puts the cached steps'
+layers over it), and the image packed from it at the end."""
 
 import os
 import subprocess
