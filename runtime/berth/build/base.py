@@ -33,7 +33,8 @@ def begin(builder, stage):
     """The State of `stage` (plan.Stage) before its first step."""
     if stage.base_stage is not None:
         end = builder.ends[stage.base_stage]
-        return State(key=end.key, image=end.image, image_key=end.image_key, config=end.config)
+        return State(key=end.key, image=end.image, image_key=end.image_key, config=end.config,
+                     owners=end.owners)
     if stage.base == "scratch":
         return State(key=stepcache.key(None, ["scratch"]), image=None, image_key=None,
                      config=imagecfg.ImageConfig())

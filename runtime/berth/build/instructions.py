@@ -6,11 +6,20 @@ change the root, through Builder.changed and its cache."""
 import os
 import posixpath
 
-from berth.build import archive, context, parse, plan, recorded, run, runflags, runmounts, stepcache
+from berth.build import (
+    archive,
+    context,
+    owners,
+    parse,
+    plan,
+    recorded,
+    run,
+    runflags,
+    runmounts,
+    stepcache,
+)
 from berth.build.steps import PROXIES, variables, write_record
 from berth.errors import BerthError
-
-_ROOT_OWNERS = ("0", "root", "0:0", "root:root", "root:0", "0:root")
 
 
 def _pairs(builder, step, state):
@@ -141,14 +150,6 @@ def _run(builder, step, state, *, stage):
     return builder.changed(stage, state, step=step, key=key, change=change)
 
 
-def _owner(step):
-    """--chown, where it names root: an image a user builds is all root's."""
-    for flag in step.flags:
-        if flag.startswith("--chown=") and flag[8:] not in _ROOT_OWNERS:
-            raise BerthError(f"{step.where}: {step.cmd} {flag}: berth build stores every "
-                             "file as root's, so --chown may name root only")
-
-
 def _chmod(step):
     for flag in step.flags:
         if flag.startswith("--chmod="):
@@ -196,7 +197,7 @@ def _archives(sources, step):
 
 
 def _copy(builder, step, state, *, stage):
-    _owner(step)
+    chown = owners.flag(step, lambda text: builder.expand(text, state, step.where))
     mode = _chmod(step)
     if step.json:  # (its strings may hold spaces; each is expanded as it is)
         args = [builder.expand(value, state, step.where) for value in step.value]
@@ -210,20 +211,32 @@ def _copy(builder, step, state, *, stage):
     target = posixpath.join(state.config.workdir or "/", dest)
     if dest.endswith("/") or dest in (".", ".."):
         target = target.rstrip("/") + "/"
-    key = stepcache.key(state.key, [step.cmd, context.checksum(sources), target, mode,
-                                    origin_key])
+    what = [step.cmd, context.checksum(sources), target, mode, origin_key]
+    key = stepcache.key(state.key, what + ([chown] if chown is not None else []))
 
     def change(root):
+        owner = None if chown is None else owners.resolve(
+            root, chown, where=step.where, shown=f"{step.cmd} --chown={chown}")
+        made = []
         for source in archives:
             with context.open_file(source.entries[0]) as opened:
-                archive.unpack(opened, root=root, dest=target, where=step.where,
-                               spec=source.spec)
+                made += archive.unpack(opened, root=root, dest=target, where=step.where,
+                                       spec=source.spec)
         plain = [source for source in sources if source not in archives]
         if plain:
             into = target if len(sources) == 1 or target.endswith("/") else target + "/"
-            context.copy(plain, root=root, dest=into, chmod=mode)
+            made += context.copy(plain, root=root, dest=into, chmod=mode)
+        return _owned(root, made, owner)
 
     return builder.changed(stage, state, step=step, key=key, change=change)
+
+
+def _owned(root, made, owner):
+    """{path in the root: owner} of the host paths `made` (BuildKit's rule:
+    what a COPY made is root's, or --chown's owner)."""
+    owner = owner or owners.Owner(0, 0)
+    return {os.path.relpath(path, root): owner for path in made
+            if os.path.relpath(path, root) != "."}
 
 
 CONFIGURING = {"ENV": _env, "LABEL": _label, "ARG": _arg, "WORKDIR": _workdir, "USER": _user,

@@ -8,7 +8,7 @@ import os
 import sys
 import typing
 
-from berth.build import config as imagecfg, layers, stepcache, tree, words
+from berth.build import config as imagecfg, layers, owners as owned, stepcache, tree, words
 from berth.image import imageconfig
 
 # BuildKit's predefined proxy arguments: passed to RUN, kept out of the key
@@ -23,6 +23,7 @@ class State(typing.NamedTuple):
     config: imagecfg.ImageConfig
     args: dict = {}   # the stage's ARGs in scope: name -> value (None: declared, unset)
     cmd_here: bool = False  # CMD was set in this stage (ENTRYPOINT then keeps it)
+    owners: dict = {}  # path in the root -> owners.Owner, where COPY --chown gave one
 
 
 class Builder:
@@ -71,27 +72,33 @@ class Builder:
 
     def changed(self, stage, state, *, step, key, change):
         """The State after `step`, which changes the root: from the cache,
-        or `change(root)` run in the stage's tree, packed into the cache."""
+        or `change(root)` run in the stage's tree, packed into the cache;
+        `change` may return the owners ({path: owners.Owner}) it gave."""
         found = None if self.no_cache else stepcache.found_step(self.cfg, key)
         self.say(step.original, cached=bool(found))
         if found:
             self.cached += 1
-            return state._replace(key=key, image=found, image_key=key)
+            return state._replace(key=key, image=found, image_key=key,
+                                  owners=owned.found(self.cfg, key))
         root = self.tree_at(stage, state)
         before = layers.snapshot(root)
         if state.config.workdir:  # (WORKDIR's directory is made here, as BuildKit does)
             os.makedirs(tree.path_in(root, state.config.workdir), mode=0o755, exist_ok=True)
         try:
-            change(root)
+            given = change(root) or {}
         finally:  # (a failed or stopped RUN's tree is removed all the same)
             tree.owner_writable(root)
         output = stepcache.path(self.cfg, key)
-        layer = layers.write(self.cfg, root, layers.changes(before, layers.snapshot(root)))
+        after = layers.snapshot(root)
+        owners = {path: owner for path, owner in {**state.owners, **given}.items()
+                  if path in after.entries and tuple(owner) != (0, 0)}
+        layer = layers.write(self.cfg, root, layers.changes(before, after), owners=owners)
         tree.pack(root, output, self.cfg)
+        owned.keep(self.cfg, key, owners)
         layers.keep(self.cfg, key, layer)
         self.trees[stage] = (root, key)
         self.ran += 1
-        return state._replace(key=key, image=output, image_key=key)
+        return state._replace(key=key, image=output, image_key=key, owners=owners)
 
     def expand(self, text, state, where):
         return words.one(text, env=variables(state), where=where, escape=self.escape)

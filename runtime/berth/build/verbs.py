@@ -119,7 +119,8 @@ def _write(builder, stage, options):
         write_record(root, state, source)
         builder.trees[stage] = (root, None)  # (no longer the step's)
         found = stepcache.path(builder.cfg, key)
-        layer = layers.write(builder.cfg, root, layers.changes(before, layers.snapshot(root)))
+        layer = layers.write(builder.cfg, root, layers.changes(before, layers.snapshot(root)),
+                             owners=state.owners)
         tree.pack(root, found, builder.cfg)
         layers.keep(builder.cfg, key, layer)
     return oci.Entry(f"berth build: WORKDIR and {imageconfig.IMAGE_JSON}", key=key, image=found)
