@@ -269,6 +269,8 @@ ENROOT_CONF = {
     "BERTH_BUILD_CACHE_MAX_SIZE": "The most `berth build`'s `RUN --mount=type=cache` "
                                   "directories hold together (a size: `10G`); past it the "
                                   "least recently used are removed.",
+    "BERTH_BUILD_ADD_MAX_SIZE": "The most one `berth build` `ADD` of a URL fetches (a size: "
+                                "`10G`); a larger file fails the step.",
     "BERTH_HOOK_SLURM_ENABLE": "The site's default for the Slurm hook (`80-slurm.sh`); a job's "
                                "environment, then an EDF annotation, override it.",
     "BERTH_HOOK_AWS_OFI_NCCL_ENABLE": "The site's default for the NCCL network plugin hook "

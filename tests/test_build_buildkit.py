@@ -11,6 +11,7 @@ as docs/compatibility.md describes it: the test fails when either side
 changes. Heredocs are left out: this daemon's BuildKit (v0.8) has none."""
 
 import hashlib
+import http.server
 import io
 import json
 import os
@@ -19,6 +20,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import threading
 import typing
 from pathlib import Path
 
@@ -28,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCKER = "/usr/bin/docker"  # (Debian's client: it talks to the daemon's BuildKit)
 TAG = f"berth-bkdiff-{os.getpid()}"
 BASE = "@BASE@"  # FROM's image: the base on each side
+URL = "@URL@"  # the files server's http://127.0.0.1:PORT, which both sides reach
 # berth's image record (config, compared as such) and the files it is
 # also written as, the way enroot's images carry it
 RECORD = ("etc/berth/image.json", "etc/environment", "etc/rc")
@@ -102,6 +105,11 @@ CASES = [
     Case("copy-from-stage-symlink", "FROM @BASE@\nCOPY --from=0 /bin/sh /bin/ls /links/"),
     Case("copy-merge-dir", "COPY dir /usr/local/"),
     Case("add-plain-file", "ADD a.txt b.txt /added/"),
+    Case("add-url", "ADD @URL@/files/tool.sh /opt/\nADD @URL@/files/dir/ /named\n"
+                    "ADD @URL@/files/a%20b @URL@/files/c /multi/\n"
+                    "ADD --chmod=755 @URL@/files/x /usr/local/bin/x"),
+    Case("add-url-chown", "ADD --chown=app:staff @URL@/files/t /t\n"
+                          "ADD --chown=1234 @URL@/files/u /new/dir/", oci=True),
     Case("variables-in-paths", "ENV D=/dest P=80\nWORKDIR $D/w\nCOPY a.txt ${D}/\n"
                                "EXPOSE $P\nVOLUME $D/vol\nUSER ${NOBODY:-nobody}"),
     Case("env-override-base", "ENV PATH=/opt/bin:$PATH\nARG A=1\nARG B=${A}2\nENV B=$B"),
@@ -286,7 +294,7 @@ def _changes(found, base):
     return {**changed, **{p: None for p in base if p not in found}}
 
 
-def _context(top, case, base_name):
+def _context(top, case, base_name, url):
     context = top / "ctx"
     for name, text in CONTEXT.items():
         (context / name).parent.mkdir(parents=True, exist_ok=True)
@@ -294,31 +302,32 @@ def _context(top, case, base_name):
             (context / name).mkdir(exist_ok=True)
         else:
             (context / name).write_text(text)
-    (context / "Dockerfile").write_text((case.head + case.text + "\n").replace(BASE, base_name))
+    (context / "Dockerfile").write_text((case.head + case.text + "\n").replace(BASE, base_name)
+                                        .replace(URL, url))
     return context
 
 
-def _buildkit(top, case, base):
+def _buildkit(top, case, base, url=""):
     """BuildKit's build of `case`: (its {path: Entry}, its configuration)."""
     tag = f"{TAG}-{case.name}"
     (top / "docker").mkdir()
     try:
-        return _docker_build(_context(top / "docker", case, base[1]), tag, case.args)
+        return _docker_build(_context(top / "docker", case, base[1], url), tag, case.args)
     finally:
         subprocess.run([DOCKER, "rmi", "-f", tag], capture_output=True, check=False)
 
 
-def _berth_context(top, case, base):
+def _berth_context(top, case, base, url=""):
     (top / "berth").mkdir()
-    context = _context(top / "berth", case, "./base.sqsh")
+    context = _context(top / "berth", case, "./base.sqsh", url)
     shutil.copy(base[2], context / "base.sqsh")
     return context
 
 
-def differences(top, case, base):
+def differences(top, case, base, url):
     """{path or config key: (BuildKit's, berth's)} where the two builds differ."""
-    docker_tree, docker_config = _buildkit(top, case, base)
-    berth_tree, berth_config = _berth_build(_berth_context(top, case, base), top / "berth",
+    docker_tree, docker_config = _buildkit(top, case, base, url)
+    berth_tree, berth_config = _berth_build(_berth_context(top, case, base, url), top / "berth",
                                             case.args, oci=case.oci)
     docker_changes, berth_changes = _changes(docker_tree, base[0]), _changes(berth_tree, base[0])
     assert docker_changes or docker_config != BASE_CONFIG, "the case changes nothing"
@@ -339,15 +348,44 @@ def _root_file(mode=0o644, owner="0:0", text=""):
 DIFFERENCES = {
     # every file of a built image is root's
     "run-chown": {"f": (_root_file(owner="65534:65534"), _root_file())},
+    # ADD --chmod of a URL: this daemon's frontend leaves 0600 (moby/buildkit#2114,
+    # fixed in docker/dockerfile:1.3); berth applies the mode, as the fixed one does
+    "add-url": {"usr/local/bin/x": (
+        Entry("file", 0o600, 16, hashlib.sha256(b"served /files/x\n").hexdigest(), "", "0:0"),
+        Entry("file", 0o755, 16, hashlib.sha256(b"served /files/x\n").hexdigest(), "", "0:0"))},
     # a directory a RUN leaves without its owner's rwx keeps them in berth's image
     "dir-modes": {"ro": (Entry("dir", 0o500, 0, "", "", "0:0"),
                          Entry("dir", 0o700, 0, "", "", "0:0"))},
 }
 
 
+@pytest.fixture(scope="module")
+def served():
+    """An HTTP server on 127.0.0.1 (the Docker daemon fetches from the
+    host's network): /files/NAME answers NAME's own bytes, with a
+    Last-Modified; its URL."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            body = f"served {self.path}\n".encode()
+            self.send_response(200 if self.path.startswith("/files/") else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Last-Modified", "Tue, 03 Mar 2020 10:00:00 GMT")
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
-def test_berth_build_gives_what_buildkit_gives(tmp_path, case, base):
-    assert differences(tmp_path, case, base) == DIFFERENCES.get(case.name, {})
+def test_berth_build_gives_what_buildkit_gives(tmp_path, case, base, served):
+    assert differences(tmp_path, case, base, served) == DIFFERENCES.get(case.name, {})
 
 
 # What BuildKit builds and berth build refuses, as docs/compatibility.md

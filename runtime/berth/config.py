@@ -106,6 +106,8 @@ def _defaults(env):
         # the most berth build's RUN --mount=type=cache directories hold
         # together (build/runmounts.py): the least recently used go past it
         "BERTH_BUILD_CACHE_MAX_SIZE": "10G",
+        # the most one berth build ADD of a URL fetches (build/fetch.py)
+        "BERTH_BUILD_ADD_MAX_SIZE": "10G",
         # where `berth start --device` finds CDI specs (container/cdi.py)
         "BERTH_CDI_SPEC_DIRS": "/etc/cdi:/var/run/cdi",
         # whether the nvidia hook takes a job's GPUs from NVIDIA's CDI spec

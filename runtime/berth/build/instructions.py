@@ -9,6 +9,7 @@ import posixpath
 from berth.build import (
     archive,
     context,
+    fetch,
     owners,
     parse,
     plan,
@@ -172,7 +173,10 @@ def _sources(builder, step, state, *, specs):
             builder.ends[stage].key
     found = []
     for spec in specs:
-        if spec in heredocs:
+        if fetch.is_url(spec):
+            found.append(fetch.source(builder.cfg, spec, where=step.where, work=builder.work,
+                                      quiet=builder.quiet))
+        elif spec in heredocs:
             path = f"{builder.work}/heredoc-{len(os.listdir(builder.work))}"
             with open(path, "w", encoding="utf-8") as f:
                 f.write(heredocs[spec].content)
@@ -189,7 +193,8 @@ def _archives(sources, step):
     found = []
     for source in sources if step.cmd == "ADD" else ():
         entry = source.entries[0]
-        if entry.kind == "file" and not source.spec.startswith("<<"):
+        if entry.kind == "file" and not source.spec.startswith("<<") \
+                and not fetch.is_url(source.spec):  # (BuildKit unpacks no URL's file)
             with context.open_file(entry) as opened:
                 if archive.is_archive(opened):
                     found.append(source)
@@ -204,15 +209,19 @@ def _copy(builder, step, state, *, stage):
     else:
         args = builder.split(" ".join(step.value), state, step.where)
     specs, dest = args[:-1], args[-1]
-    if step.cmd == "ADD" and any("://" in spec for spec in specs):
-        raise BerthError(f"{step.where}: ADD of a URL: not supported by berth build")
-    sources, origin_key = _sources(builder, step, state, specs=specs)
+    fetch.check_specs(step, specs)
+    checksum = fetch.checksum_flag(step, specs) if step.cmd == "ADD" else None
+    # (a URL is fetched at each build, its content in the key, as BuildKit
+    # does; with --checksum, only when the step runs)
+    sources, origin_key = ([], None) if checksum else \
+        _sources(builder, step, state, specs=specs)
     archives = _archives(sources, step)
     target = posixpath.join(state.config.workdir or "/", dest)
     if dest.endswith("/") or dest in (".", ".."):
         target = target.rstrip("/") + "/"
     what = [step.cmd, context.checksum(sources), target, mode, origin_key]
-    key = stepcache.key(state.key, what + ([chown] if chown is not None else []))
+    what += [chown] if chown is not None else []
+    key = stepcache.key(state.key, what + ([specs[0], checksum] if checksum else []))
 
     def change(root):
         owner = None if chown is None else owners.resolve(
@@ -223,9 +232,17 @@ def _copy(builder, step, state, *, stage):
                 made += archive.unpack(opened, root=root, dest=target, where=step.where,
                                        spec=source.spec)
         plain = [source for source in sources if source not in archives]
-        if plain:
-            into = target if len(sources) == 1 or target.endswith("/") else target + "/"
-            made += context.copy(plain, root=root, dest=into, chmod=mode)
+        if checksum:
+            plain = [fetch.source(builder.cfg, specs[0], where=step.where, work=builder.work,
+                                  quiet=builder.quiet, checksum=checksum)]
+        into = target if len(archives) + len(plain) == 1 or target.endswith("/") \
+            else target + "/"
+        for source in plain:
+            placed = context.copy([source], root=root, dest=into, chmod=mode)
+            if fetch.is_url(source.spec):  # (its Last-Modified, as BuildKit keeps it)
+                os.utime(placed[0], ns=(os.stat(source.entries[0].path).st_mtime_ns,) * 2,
+                         follow_symlinks=False)
+            made += placed
         return _owned(root, made, owner)
 
     return builder.changed(stage, state, step=step, key=key, change=change)

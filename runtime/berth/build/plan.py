@@ -12,7 +12,7 @@ from berth.errors import BerthError
 
 # instruction -> the flags it takes here
 _FLAGS = {"RUN": ("mount", "network"), "COPY": ("from", "chown", "chmod"),
-          "ADD": ("chown", "chmod"), "ENV": (), "ARG": (), "WORKDIR": (), "USER": (),
+          "ADD": ("chown", "chmod", "checksum"), "ENV": (), "ARG": (), "WORKDIR": (), "USER": (),
           "SHELL": (), "LABEL": (), "CMD": (), "ENTRYPOINT": (), "EXPOSE": (), "VOLUME": (),
           "STOPSIGNAL": (), "HEALTHCHECK": (*recorded.DURATIONS, "retries"), "ONBUILD": ()}
 _LATER = ("MAINTAINER",)  # known to BuildKit, not done by berth build yet
