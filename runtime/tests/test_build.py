@@ -363,6 +363,25 @@ def test_from_a_registry_image_goes_through_the_image_cache(berth, build, regist
     assert sorted(os.listdir(berth.base / "cache/images")) == images_before
 
 
+def test_copy_and_bind_mounts_take_from_a_registry_image_by_name(berth, build, registry):
+    """COPY --from=IMAGE and RUN --mount=type=bind,from=IMAGE name an image
+    that is no stage's, as BuildKit reads them: it is pulled once through
+    the image cache, and its files are copied or mounted; its name's
+    digest is in the keys, so a rebuild runs no step."""
+    berth.env.update(ENROOT_ALLOW_HTTP="yes")
+    image = f"{registry.host}/test/busybox:v1"
+    write(berth, build, f"FROM ./base.sqsh\nCOPY --from={image} /etc/berth/image.json /got\n"
+                        f"RUN --mount=type=bind,from={image},source=/etc/berth,target=/m "
+                        "grep -c FROM_IMAGE /m/image.json > /mounted\n"
+                        f"COPY --from={image} /bin/sh /sh-again\n")
+    ran, cached, said = built(berth, "-o", "out.sqsh", build)
+    assert (ran, cached) == (3, 0) and said.count(f"FROM {image}\n") == 1
+    out = berth.base / "out.sqsh"
+    assert berth.ok("start", out, "sh", "-c", "grep -c FROM_IMAGE /got; cat /mounted; "
+                    "test -f /sh-again && echo copied") == "1\n1\ncopied\n"
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 3)
+
+
 IGNORED = """\
 FROM ./base.sqsh
 COPY . /ctx/

@@ -91,7 +91,8 @@ def _stages(builder, build_plan):
     """The last stage's index, and each stage's history (oci.Entry lists)."""
     histories = {}
     for stage in build_plan.stages:
-        builder.say(f"FROM {stage.base}" + (f" AS {stage.name}" if stage.name else ""))
+        named = stage.name and stage.name != stage.base.lower()  # (an image taken --from)
+        builder.say(f"FROM {stage.base}" + (f" AS {stage.name}" if named else ""))
         state = base.begin(builder, stage)  # (a pull's progress after its line)
         history = oci.begun(stage, state, histories)
         triggers, state = instructions.triggers(builder, stage, state)
