@@ -108,6 +108,10 @@ CASES = [
     # (mount points the image has: berth removes one it made, BuildKit keeps it)
     Case("bind-from-image", "RUN --mount=type=bind,from=@BASE@,source=/etc,target=/work "
                             "cat /work/group > /mounted"),
+    Case("cache-from-stage", "RUN mkdir /seed && echo seeded > /seed/f\nFROM @BASE@\n"
+                             "RUN --mount=type=cache,target=/work,from=first,source=/seed "
+                             "cat /work/f > /got",
+         head=f"FROM {BASE} AS first\n"),
     Case("bind-from-stage", "RUN echo built > /artifact\nFROM @BASE@\n"
                             "RUN --mount=from=first,target=/work cp /work/artifact /got",
          head=f"FROM {BASE} AS first\n"),

@@ -471,6 +471,34 @@ def test_run_mounts_and_network_are_the_steps_alone(berth, build):
     assert berth.ok("start", out, "cat", "/from-context") == "changed\n"
 
 
+SEEDED = """\
+FROM ./base.sqsh AS seed
+RUN mkdir -p /seed/sub && echo seeded > /seed/sub/f
+FROM ./base.sqsh
+RUN --mount=type=cache,target=/c,id=s,from=seed,source=/seed cat /c/sub/f > /got && \\
+    echo more > /c/g
+RUN --mount=type=cache,target=/c,id=s,from=seed,source=/seed{} ls /c > /list
+"""
+
+
+def test_a_cache_mount_from_a_stage_begins_as_its_copy(berth, build):
+    """type=cache,from=STAGE,source=DIR: a new cache holds DIR's files; an
+    existing one is kept as it is; a source the stage lacks is refused
+    naming the file and line, and no half-made cache stays."""
+    write(berth, build, SEEDED.format(""))
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (3, 0)
+    assert berth.ok("start", berth.base / "out.sqsh", "cat", "/got", "/list") == \
+        "seeded\ng\nsub\n"
+    write(berth, build, SEEDED.format(" --mount=type=cache,target=/d,id=t,from=seed,"
+                                      "source=/nowhere"))
+    berth.fails("build", "-q", "-o", "out2.sqsh", build,
+                needle="Containerfile:6: RUN --mount from=seed: /nowhere: not found")
+    caches = berth.base / "cache/build-cache"
+    assert sorted(sorted(os.listdir(caches / d)) for d in os.listdir(caches)) == [
+        ["data", "id", "lock"], ["id", "lock"]]
+    assert left_in(build) == []
+
+
 def test_cache_mounts_stay_under_their_bound(berth, build):
     write(berth, build, "FROM ./base.sqsh\nRUN --mount=type=cache,target=/c,id=big \\\n"
           "    ls /c | wc -l > /count && dd if=/dev/zero of=/c/blob bs=1k count=200\n")
