@@ -61,13 +61,13 @@ def _answer(transport, url, *, who, patience):
         response = transport.get(url, {"User-Agent": "berth"})
         location = response.headers.get("Location")
         if response.status_code in registry.BUSY:
-            answered = f"answered {registry._status(response.status_code)}"
-            asked = registry._retry_after(response.headers.get("Retry-After", ""))
+            answered = f"answered {registry.status_text(response.status_code)}"
+            asked = registry.retry_after(response.headers.get("Retry-After", ""))
             response.close()
             if not patience.wait(answered, asked):
                 raise BerthError(f"{who}: {answered}{patience.gave_up()}")
             continue
-        if response.status_code in registry._REDIRECTS and location:
+        if response.status_code in registry.REDIRECTS and location:
             response.close()
             url = urljoin(url, location.strip())
             if not is_url(url):
@@ -75,21 +75,21 @@ def _answer(transport, url, *, who, patience):
             continue
         if response.status_code != 200:
             response.close()
-            raise BerthError(f"{who}: answered {registry._status(response.status_code)}")
+            raise BerthError(f"{who}: answered {registry.status_text(response.status_code)}")
         return response
     raise BerthError(f"{who}: more than {registry.MAX_REDIRECTS} redirects")
 
 
 def _body(response, out, *, who, limit, patience, stall):
     """The answer's body into the file `out`: its Fetched."""
-    declared = registry._content_length(response)
+    declared = registry.content_length(response)
     if declared > limit:
         raise BerthError(f"{who}: {declared} bytes, more than BERTH_BUILD_ADD_MAX_SIZE "
                          f"({units.human_size(limit)})")
     out.seek(0)
     out.truncate()
     hasher, written = hashlib.sha256(), 0
-    floor = registry._Floor(stall)
+    floor = registry.Floor(stall)
     for chunk in response.chunks(_CHUNK):
         written += len(chunk)
         if written > limit:
@@ -99,7 +99,7 @@ def _body(response, out, *, who, limit, patience, stall):
         hasher.update(chunk)
         patience.progressed(written)
         floor.came(len(chunk), done=written == declared)
-    registry._check_complete(response)
+    registry.check_complete(response)
     modified = response.headers.get("Last-Modified")
     try:
         mtime = email.utils.parsedate_to_datetime(modified).timestamp() if modified else None
@@ -113,10 +113,10 @@ def fetch(cfg, url, path, *, who, quiet):
     URL) begins every error's line."""
     stall = cfg.number("ENROOT_TRANSFER_TIMEOUT") or None
     limit = _limit(cfg)
-    transport = open_transport((cfg.number("ENROOT_CONNECT_TIMEOUT") or None, stall), False,
-                               1, True)
-    patience = registry._Patience(who, "the download", cfg.number("ENROOT_TRANSFER_RETRIES"),
-                                  stall, quiet)
+    transport = open_transport(timeout=(cfg.number("ENROOT_CONNECT_TIMEOUT") or None, stall),
+                               insecure=False, connections=1, direct=True)
+    patience = registry.Patience(who=who, what="the download", bound=stall, quiet=quiet,
+                                 count=cfg.number("ENROOT_TRANSFER_RETRIES"))
     with open(path, "wb") as out:
         while True:
             try:

@@ -96,7 +96,7 @@ class _Hashing:
         self.file.flush()
 
 
-def _info(root, path, links, owners):
+def _info(root, path, links, *, owners):
     """The TarInfo of `path` in `root` (a whiteout: an empty file), its
     owner from `owners` (owners.py), else root."""
     info = tarfile.TarInfo(path)
@@ -125,7 +125,7 @@ def _info(root, path, links, owners):
     return info
 
 
-def _write_tar(blob, root, paths, owners):
+def _write_tar(blob, root, paths, *, owners):
     """The layer tar of `paths` in `root` (owners: _info's), gzipped into the file `blob`:
     the tar's sha256 and the blob's (hashing objects)."""
     links = {}
@@ -135,7 +135,7 @@ def _write_tar(blob, root, paths, owners):
         plain = _Hashing(zipped)
         with tarfile.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for path in paths:
-                info = _info(root, path, links, owners)
+                info = _info(root, path, links, owners=owners)
                 if info.isreg() and info.size:
                     with open(os.path.join(root, path), "rb") as f:
                         tar.addfile(info, f)
@@ -153,7 +153,7 @@ def write(cfg, root, paths, owners=None):
     partial = os.path.join(blobs, f"build-layer.tmp-{os.getpid()}")
     try:
         with open(partial, "wb") as blob:
-            plain, packed = _write_tar(blob, root, paths, owners or {})
+            plain, packed = _write_tar(blob, root, paths, owners=owners or {})
         os.rename(partial, os.path.join(blobs, packed.sha.hexdigest()))
     except OSError as e:
         raise BerthError(f"{e.filename or blobs}: the step's layer: {e.strerror}") from None
