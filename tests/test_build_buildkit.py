@@ -75,6 +75,10 @@ CASES = [
                              "COPY --chown=nobody:0 b.txt /usr/local/bin/", oci=True),
     Case("copy-chown-then-run", "ARG WHO=app\nCOPY --chown=${WHO}:staff dir /d\n"
                                 "RUN echo more >> /d/x && touch /d/new && rm /d/sub/y", oci=True),
+    Case("copy-from-a-chowned-stage", "COPY --chown=app a.txt dir /owned/\nFROM @BASE@\n"
+                                      "COPY --from=first /owned /b\n"
+                                      "COPY --from=first /owned/a.txt /c", oci=True,
+         head=f"FROM {BASE} AS first\n"),
     Case("copy-chown-from-stage", "RUN echo built > /artifact\nFROM @BASE@\n"
                                   "COPY --chown=app --from=0 /artifact /got\n"
                                   "COPY a.txt /got", oci=True),

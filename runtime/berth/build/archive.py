@@ -45,13 +45,13 @@ def _clear(path):
 
 
 def _member(tar, member, top, *, refuse):
-    """Make `member` under `top`: the host paths it made (its own and its
-    new parents')."""
+    """Make `member` under `top`: what it made (context.Placed: its own
+    path and its new parents)."""
     name = posixpath.normpath("/" + member.name)
     if name == "/":
         return []
     path = rootpath.resolve(top, name)
-    made = [path, *context.make_parents(path)]
+    made = [context.Placed(p) for p in (path, *context.make_parents(path))]
     mode = member.mode & 0o7777
     if member.isdir():
         if not os.path.isdir(path) or os.path.islink(path):
@@ -82,14 +82,16 @@ def _member(tar, member, top, *, refuse):
 def unpack(opened, *, root, dest, where, spec):
     """Unpack the archive `opened` into `dest` (a directory, in the container)
     of `root`; a refused member or a broken archive in one line. The host
-    paths it made (the destination's new directories included)."""
+    paths it made, as context.Placed (the destination's new directories
+    included)."""
     def refuse(member, why):
         raise BerthError(f"{where}: ADD {spec}: member {member.name!r}: {why}")
 
     top = rootpath.resolve(root, dest, follow_last=True)
     if os.path.lexists(top) and not os.path.isdir(top):
         raise BerthError(f"{where}: ADD {spec}: {dest} is not a directory to unpack into")
-    made = [] if os.path.isdir(top) else [top, *context.make_parents(top)]
+    made = [] if os.path.isdir(top) else \
+        [context.Placed(p) for p in (top, *context.make_parents(top))]
     os.makedirs(top, mode=0o755, exist_ok=True)
     try:
         with tarfile.open(fileobj=opened, mode="r:*") as tar:

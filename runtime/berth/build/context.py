@@ -26,6 +26,13 @@ class Entry(typing.NamedTuple):
     target: str     # a link's target, else ""
 
 
+class Placed(typing.NamedTuple):
+    """A host path a copy made: an Entry's copy, or a directory made above one."""
+
+    path: str
+    entry: Entry = None  # what it is a copy of (None: a directory made on the way)
+
+
 class Source(typing.NamedTuple):
     spec: str       # as the instruction names it
     is_dir: bool
@@ -181,10 +188,10 @@ def make_parents(path):
 
 
 def _place(root, dest, entry, *, chmod):
-    """Copy one entry to `dest` (a path in the container) of `root`: the
-    host paths it made (the entry's and its new parents')."""
+    """Copy one entry to `dest` (a path in the container) of `root`: what
+    it made (Placed: the entry's copy, then its new parents)."""
     target = rootpath.resolve(root, dest)
-    made = [target, *make_parents(target)]
+    made = [Placed(target, entry), *(Placed(path) for path in make_parents(target))]
     mode = chmod if chmod is not None else entry.mode
     if entry.kind == "dir":
         if not os.path.isdir(target) or os.path.islink(target):
@@ -217,7 +224,7 @@ def copy(sources, *, root, dest, chmod=None):
     """Copy `sources` to `dest` (absolute, in the container) of `root`:
     a directory's contents into it; a file to it, or into it when it ends
     with '/', names a directory there, or more than one source is copied.
-    The host paths it made or replaced, in order."""
+    What it made or replaced (Placed), in order."""
     into = dest.endswith("/") or len(sources) > 1 or os.path.isdir(
         rootpath.resolve(root, dest, follow_last=True))
     made = []

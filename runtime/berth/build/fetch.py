@@ -17,6 +17,7 @@ import email.utils
 import hashlib
 import os
 import posixpath
+import tempfile
 import typing
 from urllib.parse import unquote, urljoin, urlsplit
 
@@ -109,7 +110,7 @@ def _body(response, out, *, who, limit, patience, stall):
 
 
 def fetch(cfg, url, path, *, who, quiet):
-    """`url` into the new file `path`: its Fetched. `who` (FILE:LINE: ADD
+    """`url` into the file `path`: its Fetched. `who` (FILE:LINE: ADD
     URL) begins every error's line."""
     stall = cfg.number("ENROOT_TRANSFER_TIMEOUT") or None
     limit = _limit(cfg)
@@ -166,7 +167,8 @@ def source(cfg, url, *, where, work, quiet, checksum=None):
     """The context.Source of the file `url` fetched into the directory
     `work` (its Last-Modified as its mtime), checked against `checksum`."""
     who = f"{where}: ADD {url}"
-    path = os.path.join(work, f"url-{len(os.listdir(work))}")
+    fd, path = tempfile.mkstemp(prefix="url-", dir=work)
+    os.close(fd)
     fetched = fetch(cfg, url, path, who=who, quiet=quiet)
     if checksum is not None and fetched.digest != checksum:
         raise BerthError(f"{who}: its sha256 is {fetched.digest}, not the --checksum given")

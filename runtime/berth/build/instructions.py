@@ -237,23 +237,47 @@ def _copy(builder, step, state, *, stage):
                                   quiet=builder.quiet, checksum=checksum)]
         into = target if len(archives) + len(plain) == 1 or target.endswith("/") \
             else target + "/"
-        for source in plain:
-            placed = context.copy([source], root=root, dest=into, chmod=mode)
-            if fetch.is_url(source.spec):  # (its Last-Modified, as BuildKit keeps it)
-                os.utime(placed[0], ns=(os.stat(source.entries[0].path).st_mtime_ns,) * 2,
-                         follow_symlinks=False)
-            made += placed
-        return _owned(root, made, owner)
+        made += _place(plain, root=root, into=into, mode=mode)
+        return _owned(root, made, owner=owner, kept=_stage_owners(builder, step))
 
     return builder.changed(stage, state, step=step, key=key, change=change)
 
 
-def _owned(root, made, owner):
-    """{path in the root: owner} of the host paths `made` (BuildKit's rule:
-    what a COPY made is root's, or --chown's owner)."""
-    owner = owner or owners.Owner(0, 0)
-    return {os.path.relpath(path, root): owner for path in made
-            if os.path.relpath(path, root) != "."}
+def _place(sources, *, root, into, mode):
+    """`sources` copied to `into`: what was made (context.Placed)."""
+    made = []
+    for source in sources:
+        placed = context.copy([source], root=root, dest=into, chmod=mode)
+        if fetch.is_url(source.spec):  # (its Last-Modified, as BuildKit keeps it)
+            os.utime(placed[0].path, ns=(os.stat(source.entries[0].path).st_mtime_ns,) * 2,
+                     follow_symlinks=False)
+        made += placed
+    return made
+
+
+def _stage_owners(builder, step):
+    """What gives a copied context.Entry's owner in the stage COPY --from
+    takes it from (BuildKit keeps it, but for a directory copied as a
+    whole: its own directory is made anew, root's), None where root's."""
+    origin = next((f[7:] for f in step.flags if f.startswith("--from=")), None)
+    if origin is None:
+        return lambda entry: None
+    stage = builder.stage_named(origin)
+    root, held = builder.tree_at(stage, builder.ends[stage]), builder.ends[stage].owners
+    return lambda entry: None if entry.kind == "dir" and not entry.name else \
+        held.get(os.path.relpath(entry.path, root))
+
+
+def _owned(root, made, *, owner, kept):
+    """{path in the root: owner} of what a COPY `made` (context.Placed),
+    BuildKit's rule: --chown's `owner`, else what `kept` gives the copied
+    entry (_stage_owners), else root's."""
+    found = {}
+    for placed in made:
+        name = os.path.relpath(placed.path, root)
+        if name != ".":
+            found[name] = owner or (placed.entry and kept(placed.entry)) or owners.Owner(0, 0)
+    return found
 
 
 CONFIGURING = {"ENV": _env, "LABEL": _label, "ARG": _arg, "WORKDIR": _workdir, "USER": _user,
