@@ -48,9 +48,23 @@ class Case(typing.NamedTuple):
     oci: bool = False             # berth's image read from -o oci: (owners kept), not the squashfs
 
 
+def _owned_tar():
+    """A tar whose members name owners: 1234:567, and root's."""
+    found = io.BytesIO()
+    with tarfile.open(fileobj=found, mode="w") as tar:
+        for name, owner in (("t", 1234), ("t/f", 1234), ("r", 0)):
+            info = tarfile.TarInfo(name)
+            info.uid, info.gid, info.mtime = owner, owner and 567, 1583229600
+            data = b"" if name == "t" else f"{name}\n".encode()
+            info.type, info.mode = (tarfile.DIRTYPE, 0o755) if not data else (tarfile.REGTYPE, 0o644)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return found.getvalue()
+
+
 # the build context of every case (a trailing '/': an empty directory)
 CONTEXT = {"a.txt": "a\n", "b.txt": "bb\n", "c.md": "c\n", "tool.sh": "#!/bin/sh\necho tool\n",
-           "dir/x": "x\n", "dir/sub/y": "y\n", "dir/empty/": ""}
+           "dir/x": "x\n", "dir/sub/y": "y\n", "dir/empty/": "", "owned.tar": _owned_tar()}
 
 CASES = [
     Case("run-shell", "RUN echo one > /one && mkdir -p /made/deep"),
@@ -120,6 +134,8 @@ CASES = [
                             "RUN --mount=from=first,target=/work cp /work/artifact /got",
          head=f"FROM {BASE} AS first\n"),
     Case("add-plain-file", "ADD a.txt b.txt /added/"),
+    Case("add-archive-owners", "ADD owned.tar /x/\nADD owned.tar /usr/local/", oci=True),
+    Case("add-archive-chown", "ADD --chown=app owned.tar /y/", oci=True),
     Case("add-url", "ADD @URL@/files/tool.sh /opt/\nADD @URL@/files/dir/ /named\n"
                     "ADD @URL@/files/a%20b @URL@/files/c /multi/\n"
                     "ADD --chmod=755 @URL@/files/x /usr/local/bin/x"),
@@ -315,6 +331,8 @@ def _context(top, case, base_name, url):
         (context / name).parent.mkdir(parents=True, exist_ok=True)
         if name.endswith("/"):
             (context / name).mkdir(exist_ok=True)
+        elif isinstance(text, bytes):
+            (context / name).write_bytes(text)
         else:
             (context / name).write_text(text)
     (context / "Dockerfile").write_text((case.head + case.text + "\n").replace(BASE, base_name)
@@ -368,6 +386,15 @@ DIFFERENCES = {
     "add-url": {"usr/local/bin/x": (
         Entry("file", 0o600, 16, hashlib.sha256(b"served /files/x\n").hexdigest(), "", "0:0"),
         Entry("file", 0o755, 16, hashlib.sha256(b"served /files/x\n").hexdigest(), "", "0:0"))},
+    # ADD --chown of an archive: this daemon's BuildKit keeps the members' owners
+    # (moby/buildkit#1547, --chown applied to them from v0.23); berth applies it
+    "add-archive-chown": {
+        path: (Entry(kind, mode, size, digest, "", was), Entry(kind, mode, size, digest, "",
+                                                               "1000:1001"))
+        for path, kind, mode, size, digest, was in [
+            ("y/r", "file", 0o644, 2, hashlib.sha256(b"r\n").hexdigest(), "0:0"),
+            ("y/t", "dir", 0o755, 0, "", "1234:567"),
+            ("y/t/f", "file", 0o644, 4, hashlib.sha256(b"t/f\n").hexdigest(), "1234:567")]},
     # a directory a RUN leaves without its owner's rwx keeps them in berth's image
     "dir-modes": {"ro": (Entry("dir", 0o500, 0, "", "", "0:0"),
                          Entry("dir", 0o700, 0, "", "", "0:0"))},

@@ -51,7 +51,8 @@ def _member(tar, member, top, *, refuse):
     if name == "/":
         return []
     path = rootpath.resolve(top, name)
-    made = [context.Placed(p) for p in (path, *context.make_parents(path))]
+    made = [context.Placed(path, owner=(member.uid, member.gid)),
+            *(context.Placed(p) for p in context.make_parents(path))]
     mode = member.mode & 0o7777
     if member.isdir():
         if not os.path.isdir(path) or os.path.islink(path):

@@ -27,10 +27,12 @@ class Entry(typing.NamedTuple):
 
 
 class Placed(typing.NamedTuple):
-    """A host path a copy made: an Entry's copy, or a directory made above one."""
+    """A host path a copy made: an Entry's copy, an archive's member, or a
+    directory made above one."""
 
     path: str
     entry: Entry = None  # what it is a copy of (None: a directory made on the way)
+    owner: tuple = None  # the (uid, gid) its archive member names (ADD of an archive)
 
 
 class Source(typing.NamedTuple):

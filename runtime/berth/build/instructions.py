@@ -270,13 +270,14 @@ def _stage_owners(builder, step):
 
 def _owned(root, made, *, owner, kept):
     """{path in the root: owner} of what a COPY `made` (context.Placed),
-    BuildKit's rule: --chown's `owner`, else what `kept` gives the copied
-    entry (_stage_owners), else root's."""
+    BuildKit's rule: --chown's `owner`, else an archive member's own, else
+    what `kept` gives the copied entry (_stage_owners), else root's."""
     found = {}
     for placed in made:
         name = os.path.relpath(placed.path, root)
         if name != ".":
-            found[name] = owner or (placed.entry and kept(placed.entry)) or owners.Owner(0, 0)
+            found[name] = owner or placed.owner and owners.Owner(*placed.owner) or \
+                placed.entry and kept(placed.entry) or owners.Owner(0, 0)
     return found
 
 
