@@ -6,6 +6,11 @@ daemon's own (Debian's docker.io client with DOCKER_BUILDKIT=1; the
 image is read back with `docker save` and `docker inspect`); berth runs as
 root here, and its image is read with unsquashfs.
 
+A case marked `oci` reads berth's image from `-o oci:` instead, its layers
+applied as Docker's are: that image keeps the owners COPY --chown, a
+stage and an archive give (the squashfs, asserted all root's, does not).
+An HTTP server on 127.0.0.1 serves what ADD of a URL fetches, to both.
+
 Where the two differ on purpose, DIFFERENCES holds what each side gives,
 as docs/compatibility.md describes it: the test fails when either side
 changes. Heredocs are left out: this daemon's BuildKit (v0.8) has none."""

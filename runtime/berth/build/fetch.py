@@ -150,10 +150,10 @@ def check_specs(step, specs):
     """Refuse a URL berth build does not fetch: in COPY, a git repository,
     another scheme."""
     for spec in specs:
-        if "://" not in spec and not spec.startswith("git@"):
-            continue
         if step.cmd == "COPY" and is_url(spec):
             raise BerthError(f"{step.where}: COPY {spec}: a URL is a source of ADD only")
+        if step.cmd == "COPY" or "://" not in spec and not spec.startswith("git@"):
+            continue  # (a path of the context, as BuildKit reads it)
         path = urlsplit(spec).path
         if spec.startswith("git@") or path.endswith(".git") or ".git#" in spec:
             raise BerthError(f"{step.where}: {step.cmd} {spec}: a git repository: not supported "
