@@ -274,6 +274,8 @@ ENROOT_CONF = {
                             "on a filesystem the nodes share (`/shared/builds/$(id -u)`, "
                             "`${SCRATCH}/.edf-builds`); empty: it stays in the user's image "
                             "cache.",
+    "BERTH_BUILD_ADD_MAX_SIZE": "The most one `berth build` `ADD` of a URL fetches (a size: "
+                                "`10G`); a larger file fails the step.",
     "BERTH_HOOK_SLURM_ENABLE": "The site's default for the Slurm hook (`80-slurm.sh`); a job's "
                                "environment, then an EDF annotation, override it.",
     "BERTH_HOOK_AWS_OFI_NCCL_ENABLE": "The site's default for the NCCL network plugin hook "

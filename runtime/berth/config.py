@@ -111,6 +111,8 @@ def _defaults(env):
         # the user's own on a filesystem the nodes share; empty: the image
         # stays in the user's ENROOT_CACHE_PATH (site/edfbuild.py)
         "BERTH_EDF_BUILD_PATH": "",
+        # the most one berth build ADD of a URL fetches (build/fetch.py)
+        "BERTH_BUILD_ADD_MAX_SIZE": "10G",
         # where `berth start --device` finds CDI specs (container/cdi.py)
         "BERTH_CDI_SPEC_DIRS": "/etc/cdi:/var/run/cdi",
         # whether the nvidia hook takes a job's GPUs from NVIDIA's CDI spec

@@ -271,7 +271,10 @@ def test_a_hostile_context_is_refused_naming_file_and_line(berth, build, source,
     ("FROM ./base.sqsh\nONBUILD FROB x\n", "Containerfile:2: unknown instruction 'FROB'", ()),
     ("FROM ./base.sqsh\nONBUILD RUN --mount=type=ssh true\n",
      "Containerfile:2: RUN --mount=type=ssh: not supported", ()),
-    ("FROM ./base.sqsh\nCOPY --chown=1000 tool.sh /\n", "Containerfile:2: COPY --chown=1000", ()),
+    ("FROM ./base.sqsh\nCOPY --chown=ghost tool.sh /\n",
+     "Containerfile:2: COPY --chown=ghost: no user 'ghost' in the image's /etc/passwd", ()),
+    ("FROM ./base.sqsh\nCOPY --chown=0:ghosts tool.sh /\n",
+     "Containerfile:2: COPY --chown=0:ghosts: no group 'ghosts' in the image's /etc/group", ()),
     ("FROM ./base.sqsh\nUSER nobody\nRUN true\n", "Containerfile:3: RUN after USER nobody", ()),
     ("FROM ./base.sqsh\nRUN <<EOF\ntrue\n", "unterminated heredoc", ()),
     ("# syntax=example.com/evil:1\nFROM ./base.sqsh\n", "Containerfile:1: syntax directive", ()),
@@ -429,6 +432,25 @@ def test_from_a_registry_image_goes_through_the_image_cache(berth, build, regist
     assert sorted(os.listdir(berth.base / "cache/images")) == images_before
 
 
+def test_copy_and_bind_mounts_take_from_a_registry_image_by_name(berth, build, registry):
+    """COPY --from=IMAGE and RUN --mount=type=bind,from=IMAGE name an image
+    that is no stage's, as BuildKit reads them: it is pulled once through
+    the image cache, and its files are copied or mounted; its name's
+    digest is in the keys, so a rebuild runs no step."""
+    berth.env.update(ENROOT_ALLOW_HTTP="yes")
+    image = f"{registry.host}/test/busybox:v1"
+    write(berth, build, f"FROM ./base.sqsh\nCOPY --from={image} /etc/berth/image.json /got\n"
+                        f"RUN --mount=type=bind,from={image},source=/etc/berth,target=/m "
+                        "grep -c FROM_IMAGE /m/image.json > /mounted\n"
+                        f"COPY --from={image} /bin/sh /sh-again\n")
+    ran, cached, said = built(berth, "-o", "out.sqsh", build)
+    assert (ran, cached) == (3, 0) and said.count(f"FROM {image}\n") == 1
+    out = berth.base / "out.sqsh"
+    assert berth.ok("start", out, "sh", "-c", "grep -c FROM_IMAGE /got; cat /mounted; "
+                    "test -f /sh-again && echo copied") == "1\n1\ncopied\n"
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 3)
+
+
 IGNORED = """\
 FROM ./base.sqsh
 COPY . /ctx/
@@ -516,6 +538,34 @@ def test_run_mounts_and_network_are_the_steps_alone(berth, build):
     (build / "tree/sub/file").write_text("changed\n")
     assert built(berth, "-o", "out.sqsh", build)[:2] == (5, 2)
     assert berth.ok("start", out, "cat", "/from-context") == "changed\n"
+
+
+SEEDED = """\
+FROM ./base.sqsh AS seed
+RUN mkdir -p /seed/sub && echo seeded > /seed/sub/f
+FROM ./base.sqsh
+RUN --mount=type=cache,target=/c,id=s,from=seed,source=/seed cat /c/sub/f > /got && \\
+    echo more > /c/g
+RUN --mount=type=cache,target=/c,id=s,from=seed,source=/seed{} ls /c > /list
+"""
+
+
+def test_a_cache_mount_from_a_stage_begins_as_its_copy(berth, build):
+    """type=cache,from=STAGE,source=DIR: a new cache holds DIR's files; an
+    existing one is kept as it is; a source the stage lacks is refused
+    naming the file and line, and no half-made cache stays."""
+    write(berth, build, SEEDED.format(""))
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (3, 0)
+    assert berth.ok("start", berth.base / "out.sqsh", "cat", "/got", "/list") == \
+        "seeded\ng\nsub\n"
+    write(berth, build, SEEDED.format(" --mount=type=cache,target=/d,id=t,from=seed,"
+                                      "source=/nowhere"))
+    berth.fails("build", "-q", "-o", "out2.sqsh", build,
+                needle="Containerfile:6: RUN --mount from=seed: /nowhere: not found")
+    caches = berth.base / "cache/build-cache"
+    assert sorted(sorted(os.listdir(caches / d)) for d in os.listdir(caches)) == [
+        ["data", "id", "lock"], ["id", "lock"]]
+    assert left_in(build) == []
 
 
 def test_cache_mounts_stay_under_their_bound(berth, build):

@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import subprocess
+import tarfile
 
 from test_build import build, built, write  # noqa: F401 (build: a fixture)
 from test_start_uri import registry  # noqa: F401 (a fixture: test/busybox:v1 pushed)
@@ -153,3 +154,42 @@ def test_a_layout_that_does_not_fit_leaves_nothing(berth, build):
             assert os.listdir(small) == []
     finally:
         subprocess.run(["umount", small], check=True)
+
+
+OWNED = """\
+FROM ./base.sqsh
+RUN echo 'app:x:1000:1001::/:/bin/sh' >> /etc/passwd && echo 'staff:x:50:' > /etc/group
+COPY --chown=app:staff tool.sh /opt/tools/
+RUN echo '# edited' >> /opt/tools/tool.sh && touch /opt/tools/new{}
+"""
+
+
+def _layer_owners(layout):
+    """[{path: 'uid:gid'}] of each layer of the layout's image."""
+    def blob(digest):
+        return layout / "blobs/sha256" / digest.removeprefix("sha256:")
+
+    index = json.loads((layout / "index.json").read_text())
+    manifest = json.loads(blob(index["manifests"][0]["digest"]).read_text())
+    found = []
+    for layer in manifest["layers"]:
+        with tarfile.open(blob(layer["digest"])) as tar:
+            found.append({m.name: f"{m.uid}:{m.gid}" for m in tar})
+    return found
+
+
+def test_chown_owners_reach_the_layers_and_survive_the_cache(berth, build):
+    """COPY --chown's names come from the image's own passwd and group; the
+    squashfs stays all root's, the layers keep the owner, and a RUN that
+    runs after that COPY was taken from the cache (a changed last line)
+    still writes the file it edits as the COPY's owner's."""
+    write(berth, build, OWNED.format(""))
+    built(berth, "-o", "out.sqsh", build)
+    listing = subprocess.run(["unsquashfs", "-lln", berth.base / "out.sqsh", "opt/tools"],
+                             capture_output=True, text=True, check=True).stdout
+    assert " 0/0 " in listing and "1000/50" not in listing
+    write(berth, build, OWNED.format(" && echo two"))
+    assert built(berth, "-o", "oci:layout", build)[:2] == (1, 2)  # the COPY from the cache
+    copied, edited = _layer_owners(berth.base / "layout")[2:4]
+    assert copied == {"opt": "1000:50", "opt/tools": "1000:50", "opt/tools/tool.sh": "1000:50"}
+    assert edited["opt/tools/tool.sh"] == "1000:50" and edited["opt/tools/new"] == "0:0"

@@ -95,7 +95,7 @@ def test_target_builds_only_the_stages_it_takes_from(tmp_path):
     ("ARG A\n", "no FROM instruction"),
     ("FROM a AS x\nFROM b AS x\n", ":2: FROM ... AS x: a stage name must be unique"),
     ("FROM --platform=linux/arm64 a\n", ":1: FROM --platform: not supported"),
-    ("FROM a\nCOPY --from=nowhere /x /\n", ":2: COPY --from=nowhere: no earlier"),
+    ("FROM a\nCOPY --from=3 /x /\n", ":2: COPY --from=3: no earlier"),
     ("FROM a AS one\nCOPY --from=two /x /\nFROM b AS two\nCOPY --from=one / /\n",
      ":2: COPY --from=two: no earlier"),
     ("FROM a\nCOPY --link x /\n", ":2: COPY --link: not supported"),
@@ -108,6 +108,16 @@ def test_what_the_plan_refuses_names_file_and_line(tmp_path, text, needle):
     with pytest.raises(BerthError, match="Containerfile") as error:
         plan.make(_file(tmp_path, text), build_args={}, target=None)
     assert needle in str(error.value)
+
+
+def test_a_name_that_is_no_stage_is_an_image_planned_once(tmp_path):
+    text = ("FROM a AS one\nCOPY --from=tools.io/t:1 /x /\nFROM one\n"
+            "RUN --mount=type=bind,from=tools.io/t:1,target=/t --mount=type=cache,target=/c "
+            "true\nRUN --mount=from=one,target=/o true\n")
+    made = plan.make(_file(tmp_path, text), build_args={}, target=None)
+    assert [(s.index, s.name, s.base, s.steps) for s in made.stages][0] == (
+        2, "tools.io/t:1", "tools.io/t:1", [])
+    assert [(s.index, s.name) for s in made.stages[1:]] == [(0, "one"), (1, None)]
 
 
 def test_an_unknown_target_is_named(tmp_path):

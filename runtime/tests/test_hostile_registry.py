@@ -38,7 +38,7 @@ from registry_fixture import (
 from berth import config
 from berth.errors import BerthError
 from berth.image.reference import parse
-from berth.image.registry import MAX_CONFIG, MAX_MANIFEST, Registry, _check_complete, _CutShort
+from berth.image.registry import MAX_CONFIG, MAX_MANIFEST, Registry, _CutShort, check_complete
 from berth.image.transport import Direct, reason
 
 LAYER = gzipped(layer_tar(("dir", "etc"), ("file", "etc/os-release", b"ID=hostile\n")))
@@ -136,7 +136,7 @@ def test_transfer_timeout_is_a_stall_timeout_by_default():
 
 
 class _Answer:
-    """What _check_complete reads of a transport's response: its headers and
+    """What check_complete reads of a transport's response: its headers and
     the body bytes taken off the wire."""
 
     def __init__(self, headers, received):
@@ -150,17 +150,17 @@ def test_a_body_cut_short_of_its_content_length_is_a_broken_transfer():
     either way, so a cut layer is retried as a broken transfer, not refused
     as tampered."""
     with pytest.raises(_CutShort) as cut:
-        _check_complete(_Answer({"Content-Length": "25"}, 10))
+        check_complete(_Answer({"Content-Length": "25"}, 10))
     assert reason(cut.value) == "Connection broken: IncompleteRead"
-    _check_complete(_Answer({"Content-Length": "25"}, 25))
-    _check_complete(_Answer({}, 10))  # chunked or until close: urllib3 checks those
+    check_complete(_Answer({"Content-Length": "25"}, 25))
+    check_complete(_Answer({}, 10))  # chunked or until close: urllib3 checks those
 
 
 @pytest.mark.parametrize("length", ["\u00b2", "9" * 5000])
 def test_a_content_length_int_refuses_is_no_number(length):
     """'²' passed str.isdigit() and 5,000 digits int()'s limit: both were
     ValueError tracebacks; no number, as an absent length."""
-    _check_complete(_Answer({"Content-Length": length}, 10))
+    check_complete(_Answer({"Content-Length": length}, 10))
 
 
 @pytest.mark.parametrize("what", ["manifest", "layer"])

@@ -275,7 +275,7 @@ POSITIONAL_CALLS = {
     "berth.image.registries:_Rule": 1,
     "berth.image.registries:_bool": 4,
     "berth.image.registries:_string": 4,
-    "berth.image.registry:_Patience": 1,
+    "berth.image.registry:Patience": 1,
     "berth.image.registry:open_transport": 1,
     "berth.image.registry:self._first_get": 1,
     "berth.image.registry:self._follow": 1,

@@ -19,7 +19,7 @@ import tarfile
 import zlib
 
 from berth import rootpath
-from berth.build import tree
+from berth.build import context, tree
 from berth.errors import BerthError
 
 _BROKEN = (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError)
@@ -45,11 +45,14 @@ def _clear(path):
 
 
 def _member(tar, member, top, *, refuse):
+    """Make `member` under `top`: what it made (context.Placed: its own
+    path and its new parents)."""
     name = posixpath.normpath("/" + member.name)
     if name == "/":
-        return
+        return []
     path = rootpath.resolve(top, name)
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    made = [context.Placed(path, owner=(member.uid, member.gid)),
+            *(context.Placed(p) for p in context.make_parents(path))]
     mode = member.mode & 0o7777
     if member.isdir():
         if not os.path.isdir(path) or os.path.islink(path):
@@ -74,21 +77,27 @@ def _member(tar, member, top, *, refuse):
             os.fchmod(out.fileno(), mode)
     else:
         refuse(member, "a device or FIFO (an unprivileged build cannot make one)")
+    return made
 
 
 def unpack(opened, *, root, dest, where, spec):
     """Unpack the archive `opened` into `dest` (a directory, in the container)
-    of `root`; a refused member or a broken archive in one line."""
+    of `root`; a refused member or a broken archive in one line. The host
+    paths it made, as context.Placed (the destination's new directories
+    included)."""
     def refuse(member, why):
         raise BerthError(f"{where}: ADD {spec}: member {member.name!r}: {why}")
 
     top = rootpath.resolve(root, dest, follow_last=True)
     if os.path.lexists(top) and not os.path.isdir(top):
         raise BerthError(f"{where}: ADD {spec}: {dest} is not a directory to unpack into")
+    made = [] if os.path.isdir(top) else \
+        [context.Placed(p) for p in (top, *context.make_parents(top))]
     os.makedirs(top, mode=0o755, exist_ok=True)
     try:
         with tarfile.open(fileobj=opened, mode="r:*") as tar:
             for member in tar:
-                _member(tar, member, top, refuse=refuse)
+                made += _member(tar, member, top, refuse=refuse)
     except _BROKEN as e:
         raise BerthError(f"{where}: ADD {spec}: a broken archive: {e}") from None
+    return made

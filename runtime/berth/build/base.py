@@ -34,7 +34,7 @@ def begin(builder, stage):
     if stage.base_stage is not None:
         end = builder.ends[stage.base_stage]
         return State(key=end.key, image=end.image, image_key=end.image_key, config=end.config,
-                     layers=end.layers)
+                     layers=end.layers, owners=end.owners)
     if stage.base == "scratch":
         return State(key=stepcache.key(None, ["scratch"]), image=None, image_key=None,
                      config=imagecfg.ImageConfig())

@@ -26,6 +26,15 @@ class Entry(typing.NamedTuple):
     target: str     # a link's target, else ""
 
 
+class Placed(typing.NamedTuple):
+    """A host path a copy made: an Entry's copy, an archive's member, or a
+    directory made above one."""
+
+    path: str
+    entry: Entry = None  # what it is a copy of (None: a directory made on the way)
+    owner: tuple = None  # the (uid, gid) its archive member names (ADD of an archive)
+
+
 class Source(typing.NamedTuple):
     spec: str       # as the instruction names it
     is_dir: bool
@@ -169,27 +178,40 @@ def checksum(sources):
     return digest.hexdigest()
 
 
+def make_parents(path):
+    """The directories above the host path `path`, made 0755 where missing:
+    those it made (COPY --chown gives them its owner, as BuildKit does)."""
+    made, parent = [], os.path.dirname(path)
+    while not os.path.lexists(parent):
+        made.append(parent)
+        parent = os.path.dirname(parent)
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    return made
+
+
 def _place(root, dest, entry, *, chmod):
-    """Copy one entry to `dest` (a path in the container) of `root`."""
+    """Copy one entry to `dest` (a path in the container) of `root`: what
+    it made (Placed: the entry's copy, then its new parents)."""
     target = rootpath.resolve(root, dest)
-    os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+    made = [Placed(target, entry), *(Placed(path) for path in make_parents(target))]
     mode = chmod if chmod is not None else entry.mode
     if entry.kind == "dir":
         if not os.path.isdir(target) or os.path.islink(target):
             _remove(target)
             os.mkdir(target, 0o700)
         os.chmod(target, mode | 0o700)  # kept writable here: the image's is all root's
-        return
+        return made
     _remove(target)
     if entry.kind == "link":
         os.symlink(entry.target, target)
-        return
+        return made
     with open_file(entry) as src:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as out:
             while chunk := src.read(1 << 20):
                 out.write(chunk)
             os.fchmod(out.fileno(), mode)
+    return made
 
 
 def _remove(target):
@@ -203,12 +225,15 @@ def _remove(target):
 def copy(sources, *, root, dest, chmod=None):
     """Copy `sources` to `dest` (absolute, in the container) of `root`:
     a directory's contents into it; a file to it, or into it when it ends
-    with '/', names a directory there, or more than one source is copied."""
+    with '/', names a directory there, or more than one source is copied.
+    What it made or replaced (Placed), in order."""
     into = dest.endswith("/") or len(sources) > 1 or os.path.isdir(
         rootpath.resolve(root, dest, follow_last=True))
+    made = []
     for source in sources:
         base = dest if source.is_dir or not into else \
             f"{dest.rstrip('/')}/{source.name or os.path.basename(source.entries[0].path)}"
         for entry in source.entries:
-            _place(root, f"{base.rstrip('/')}/{entry.name}" if entry.name else base or "/",
-                   entry, chmod=chmod)
+            made += _place(root, f"{base.rstrip('/')}/{entry.name}" if entry.name else base or "/",
+                           entry, chmod=chmod)
+    return made

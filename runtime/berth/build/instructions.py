@@ -6,11 +6,21 @@ change the root, through Builder.changed and its cache."""
 import os
 import posixpath
 
-from berth.build import archive, context, parse, plan, recorded, run, runflags, runmounts, stepcache
+from berth.build import (
+    archive,
+    context,
+    fetch,
+    owners,
+    parse,
+    plan,
+    recorded,
+    run,
+    runflags,
+    runmounts,
+    stepcache,
+)
 from berth.build.steps import PROXIES, variables, write_record
 from berth.errors import BerthError
-
-_ROOT_OWNERS = ("0", "root", "0:0", "root:root", "root:0", "0:root")
 
 
 def _pairs(builder, step, state):
@@ -141,14 +151,6 @@ def _run(builder, step, state, *, stage):
     return builder.changed(stage, state, step=step, key=key, change=change)
 
 
-def _owner(step):
-    """--chown, where it names root: an image a user builds is all root's."""
-    for flag in step.flags:
-        if flag.startswith("--chown=") and flag[8:] not in _ROOT_OWNERS:
-            raise BerthError(f"{step.where}: {step.cmd} {flag}: berth build stores every "
-                             "file as root's, so --chown may name root only")
-
-
 def _chmod(step):
     for flag in step.flags:
         if flag.startswith("--chmod="):
@@ -171,7 +173,10 @@ def _sources(builder, step, state, *, specs):
         return found.checksum, found.sources, builder.ends[stage].key
     found = []
     for spec in specs:
-        if spec in heredocs:
+        if fetch.is_url(spec):
+            found.append(fetch.source(builder.cfg, spec, where=step.where, work=builder.work,
+                                      quiet=builder.quiet))
+        elif spec in heredocs:
             path = f"{builder.work}/heredoc-{len(os.listdir(builder.work))}"
             with open(path, "w", encoding="utf-8") as f:
                 f.write(heredocs[spec].content)
@@ -188,7 +193,8 @@ def _archives(sources, step):
     found = []
     for source in sources if step.cmd == "ADD" else ():
         entry = source.entries[0]
-        if entry.kind == "file" and not source.spec.startswith("<<"):
+        if entry.kind == "file" and not source.spec.startswith("<<") \
+                and not fetch.is_url(source.spec):  # (BuildKit unpacks no URL's file)
             with context.open_file(entry) as opened:
                 if archive.is_archive(opened):
                     found.append(source)
@@ -196,34 +202,84 @@ def _archives(sources, step):
 
 
 def _copy(builder, step, state, *, stage):
-    _owner(step)
+    chown = owners.flag(step, lambda text: builder.expand(text, state, step.where))
     mode = _chmod(step)
     if step.json:  # (its strings may hold spaces; each is expanded as it is)
         args = [builder.expand(value, state, step.where) for value in step.value]
     else:
         args = builder.split(" ".join(step.value), state, step.where)
     specs, dest = args[:-1], args[-1]
-    if step.cmd == "ADD" and any("://" in spec for spec in specs):
-        raise BerthError(f"{step.where}: ADD of a URL: not supported by berth build")
-    checksum, gathered, origin_key = _sources(builder, step, state, specs=specs)
+    fetch.check_specs(step, specs)
+    fetched = fetch.checksum_flag(step, specs) if step.cmd == "ADD" else None
+    # (a URL is fetched at each build, its content in the key, as BuildKit
+    # does; with --checksum, only when the step runs)
+    checksum, gathered, origin_key = (context.checksum([]), list, None) if fetched else \
+        _sources(builder, step, state, specs=specs)
     target = posixpath.join(state.config.workdir or "/", dest)
     if dest.endswith("/") or dest in (".", ".."):
         target = target.rstrip("/") + "/"
-    key = stepcache.key(state.key, [step.cmd, checksum, target, mode, origin_key])
+    what = [step.cmd, checksum, target, mode, origin_key]
+    what += [chown] if chown is not None else []
+    key = stepcache.key(state.key, what + ([specs[0], fetched] if fetched else []))
 
     def change(root):
+        owner = None if chown is None else owners.resolve(
+            root, chown, where=step.where, shown=f"{step.cmd} --chown={chown}")
         sources = gathered()  # (COPY --from: only now is its stage's tree unpacked)
         archives = _archives(sources, step)
+        made = []
         for source in archives:
             with context.open_file(source.entries[0]) as opened:
-                archive.unpack(opened, root=root, dest=target, where=step.where,
-                               spec=source.spec)
+                made += archive.unpack(opened, root=root, dest=target, where=step.where,
+                                       spec=source.spec)
         plain = [source for source in sources if source not in archives]
-        if plain:
-            into = target if len(sources) == 1 or target.endswith("/") else target + "/"
-            context.copy(plain, root=root, dest=into, chmod=mode)
+        if fetched:
+            plain = [fetch.source(builder.cfg, specs[0], where=step.where, work=builder.work,
+                                  quiet=builder.quiet, checksum=fetched)]
+        into = target if len(archives) + len(plain) == 1 or target.endswith("/") \
+            else target + "/"
+        made += _place(plain, root=root, into=into, mode=mode)
+        return _owned(root, made, owner=owner, kept=_stage_owners(builder, step))
 
     return builder.changed(stage, state, step=step, key=key, change=change)
+
+
+def _place(sources, *, root, into, mode):
+    """`sources` copied to `into`: what was made (context.Placed)."""
+    made = []
+    for source in sources:
+        placed = context.copy([source], root=root, dest=into, chmod=mode)
+        if fetch.is_url(source.spec):  # (its Last-Modified, as BuildKit keeps it)
+            os.utime(placed[0].path, ns=(os.stat(source.entries[0].path).st_mtime_ns,) * 2,
+                     follow_symlinks=False)
+        made += placed
+    return made
+
+
+def _stage_owners(builder, step):
+    """What gives a copied context.Entry's owner in the stage COPY --from
+    takes it from (BuildKit keeps it, but for a directory copied as a
+    whole: its own directory is made anew, root's), None where root's."""
+    origin = next((f[7:] for f in step.flags if f.startswith("--from=")), None)
+    if origin is None:
+        return lambda entry: None
+    stage = builder.stage_named(origin)
+    root, held = builder.tree_at(stage, builder.ends[stage]), builder.ends[stage].owners
+    return lambda entry: None if entry.kind == "dir" and not entry.name else \
+        held.get(os.path.relpath(entry.path, root))
+
+
+def _owned(root, made, *, owner, kept):
+    """{path in the root: owner} of what a COPY `made` (context.Placed),
+    BuildKit's rule: --chown's `owner`, else an archive member's own, else
+    what `kept` gives the copied entry (_stage_owners), else root's."""
+    found = {}
+    for placed in made:
+        name = os.path.relpath(placed.path, root)
+        if name != ".":
+            found[name] = owner or placed.owner and owners.Owner(*placed.owner) or \
+                placed.entry and kept(placed.entry) or owners.Owner(0, 0)
+    return found
 
 
 CONFIGURING = {"ENV": _env, "LABEL": _label, "ARG": _arg, "WORKDIR": _workdir, "USER": _user,

@@ -8,9 +8,10 @@ while the bytes read are those of the change only.
 
 The tar is deterministic: entries sorted (each directory's whiteouts before
 its other entries), every entry root's (0:0, no names, as the squashfs
-has it), each mtime the file's own (as BuildKit keeps them), no gzip name
-or time. The blob goes to the image cache's blobs/sha256 under its digest,
-and a record of it (Layer, JSON) under the step's key."""
+has it) but where COPY --chown gave another (owners.py), each mtime the
+file's own (as BuildKit keeps them), no gzip name or time. The blob goes
+to the image cache's blobs/sha256 under its digest, and a record of it
+(Layer, JSON) under the step's key."""
 
 import gzip
 import hashlib
@@ -95,10 +96,11 @@ class _Hashing:
         self.file.flush()
 
 
-def _info(root, path, links):
-    """The TarInfo of `path` in `root` (a whiteout: an empty file)."""
+def _info(root, path, links, *, owners):
+    """The TarInfo of `path` in `root` (a whiteout: an empty file), its
+    owner from `owners` (owners.py), else root."""
     info = tarfile.TarInfo(path)
-    info.uid = info.gid = 0
+    info.uid, info.gid = owners.get(path, (0, 0))
     info.uname = info.gname = ""
     name = os.path.basename(path)
     if name.startswith(WHITEOUT):
@@ -123,8 +125,8 @@ def _info(root, path, links):
     return info
 
 
-def _write_tar(blob, root, paths):
-    """The layer tar of `paths` in `root`, gzipped into the file `blob`:
+def _write_tar(blob, root, paths, *, owners):
+    """The layer tar of `paths` in `root` (owners: _info's), gzipped into the file `blob`:
     the tar's sha256 and the blob's (hashing objects)."""
     links = {}
     packed = _Hashing(blob)
@@ -133,7 +135,7 @@ def _write_tar(blob, root, paths):
         plain = _Hashing(zipped)
         with tarfile.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for path in paths:
-                info = _info(root, path, links)
+                info = _info(root, path, links, owners=owners)
                 if info.isreg() and info.size:
                     with open(os.path.join(root, path), "rb") as f:
                         tar.addfile(info, f)
@@ -142,15 +144,16 @@ def _write_tar(blob, root, paths):
     return plain.sha, packed
 
 
-def write(cfg, root, paths):
+def write(cfg, root, paths, owners=None):
     """The layer of `paths` (changes()'s) in `root`, into the image cache's
-    blobs: its Layer."""
+    blobs: its Layer. `owners` ({path: (uid, gid)}) gives an entry's owner
+    other than root's (COPY --chown)."""
     blobs = CacheLayout(cfg["ENROOT_CACHE_PATH"]).dir("layers")
     os.makedirs(blobs, mode=0o700, exist_ok=True)
     partial = os.path.join(blobs, f"build-layer.tmp-{os.getpid()}")
     try:
         with open(partial, "wb") as blob:
-            plain, packed = _write_tar(blob, root, paths)
+            plain, packed = _write_tar(blob, root, paths, owners=owners or {})
         os.rename(partial, os.path.join(blobs, packed.sha.hexdigest()))
     except OSError as e:
         raise BerthError(f"{e.filename or blobs}: the step's layer: {e.strerror}") from None

@@ -1,7 +1,8 @@
 """A parsed Containerfile made into the stages a build runs: each FROM
 begins one, the ARGs before the first FROM are the global ones its image
 may use, and --target (or the last stage) names what is built: that stage
-and the stages it takes from (FROM STAGE, COPY --from=STAGE), in order.
+and the stages it takes from (FROM STAGE, COPY --from=STAGE), in order,
+after a stage of no steps for each image a step takes from by name.
 What berth build does not do is refused here, naming the file and line,
 before anything runs."""
 
@@ -12,7 +13,7 @@ from berth.errors import BerthError
 
 # instruction -> the flags it takes here
 _FLAGS = {"RUN": ("mount", "network"), "COPY": ("from", "chown", "chmod"),
-          "ADD": ("chown", "chmod"), "ENV": (), "ARG": (), "WORKDIR": (), "USER": (),
+          "ADD": ("chown", "chmod", "checksum"), "ENV": (), "ARG": (), "WORKDIR": (), "USER": (),
           "SHELL": (), "LABEL": (), "CMD": (), "ENTRYPOINT": (), "EXPOSE": (), "VOLUME": (),
           "STOPSIGNAL": (), "HEALTHCHECK": (*recorded.DURATIONS, "retries"), "ONBUILD": ()}
 _LATER = ("MAINTAINER",)  # known to BuildKit, not done by berth build yet
@@ -131,23 +132,42 @@ def make(containerfile, *, build_args, target, base=None):
 
 
 def _needed(stages, chosen, named):
-    """The stages `chosen` takes from, itself last, in the file's order."""
-    wanted, pending = set(), [chosen]
+    """The stages `chosen` takes from, itself last, in the file's order;
+    before them, a stage of no steps for each image a step takes from by
+    name (`COPY --from=IMAGE`, `RUN --mount=from=IMAGE`), as BuildKit
+    reads a name that is no stage's."""
+    wanted, pending, images = set(), [chosen], {}
     while pending:
         index = pending.pop()
         if index in wanted:
             continue
         wanted.add(index)
-        stage = stages[index]
+        stage = stages[index] if index < len(stages) else None
+        if stage is None:
+            continue
         if stage.base_stage is not None:
             pending.append(stage.base_stage)
         for step in stage.steps:
             for shown, source in taken_from(step):
-                if source.lower() not in named or named[source.lower()] >= index:
-                    raise BerthError(f"{step.where}: {step.cmd} {shown}: no earlier stage of "
-                                     "that name (berth build takes from stages only)")
-                pending.append(named[source.lower()])
-    return [stage for stage in stages if stage.index in wanted]
+                pending.append(_source_stage(source, step, shown, index=index, named=named,
+                                             images=images, count=len(stages)))
+    return [*images.values(), *(stage for stage in stages if stage.index in wanted)]
+
+
+def _source_stage(source, step, shown, *, index, named, images, count):
+    """The index of the stage `source` names for a step of stage `index`: an
+    earlier stage, or an image's stage of no steps (made in `images` the
+    first time, numbered from `count` on)."""
+    name = source.lower()
+    if name in images or name in named and named[name] < index:
+        return named[name]
+    if name in named or name.isdigit() or not source or "$" in source:
+        raise BerthError(f"{step.where}: {step.cmd} {shown}: no earlier stage of that name")
+    if name not in images:
+        images[name] = Stage(index=count + len(images), name=name, base=source,
+                             base_stage=None, where=step.where, steps=[])
+        named[name] = images[name].index
+    return named[name]
 
 
 def taken_from(step):

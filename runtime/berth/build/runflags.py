@@ -18,7 +18,8 @@ _READ_ONLY = ("ro", "readonly")
 _WRITABLE = ("rw", "readwrite")
 _FIELDS = {  # type -> the fields it takes, besides type and target
     "bind": (*_SOURCE, "from", *_READ_ONLY, *_WRITABLE),
-    "cache": ("id", "sharing", "mode", "uid", "gid", *_READ_ONLY, *_WRITABLE),
+    "cache": ("id", "sharing", "mode", "uid", "gid", "from", *_SOURCE, *_READ_ONLY,
+              *_WRITABLE),
     "tmpfs": ("size",),
 }
 
@@ -26,8 +27,9 @@ _FIELDS = {  # type -> the fields it takes, besides type and target
 class RunMount(typing.NamedTuple):
     kind: str            # "bind", "cache" or "tmpfs"
     target: str          # absolute, in the container
-    source: str = "."    # bind: a path in the context, or in the stage `origin`
-    origin: str = None   # bind's from=: a stage's name or number (None: the context)
+    source: str = "."    # bind: a path in the context, or in the stage `origin`; cache: in it
+    origin: str = None   # from=: a stage's name or number, or an image's name (None: the
+    #                      context for a bind, an empty directory for a new cache)
     writable: bool = False  # bind: writable, its changes discarded; a cache: unless ro
     cache_id: str = ""   # cache: its id (default: the target)
     sharing: str = "shared"
@@ -81,7 +83,8 @@ def _cache(fields, target, at):
                          "shared, private or locked")
     mode = _octal(fields["mode"], "mode", at) if "mode" in fields else 0o755
     return RunMount(kind="cache", target=target, cache_id=fields.get("id") or target,
-                    sharing=sharing, mode=mode,
+                    sharing=sharing, mode=mode, origin=fields.get("from"),
+                    source=next((fields[n] for n in _SOURCE if fields.get(n)), "."),
                     writable=not _flag(fields, _READ_ONLY, at))
 
 
@@ -138,7 +141,8 @@ def read(flags, where, *, expand=str):
 
 
 def stages_named(flags):
-    """The from= values of RUN's bind mounts (the stages it takes from)."""
+    """The from= values of RUN's bind and cache mounts (the stages or
+    images it takes from)."""
     found = []
     for flag in flags:
         if flag.startswith("--mount="):
@@ -146,6 +150,6 @@ def stages_named(flags):
                 fields = _fields(flag[8:], "")
             except BerthError:
                 continue  # (read() says so, naming the line)
-            if fields.get("from") and (fields.get("type") or "bind") == "bind":
+            if fields.get("from") and (fields.get("type") or "bind") in ("bind", "cache"):
                 found.append(fields["from"])
     return found

@@ -4,12 +4,14 @@ the step's result.
 
 - cache: a directory of the user's under the image cache,
   build-cache/<sha256 of the id>/data, kept between builds; its contents
-  are not in the key. `shared` holds a shared lock on it for the step,
-  `locked` an exclusive one (a second build waits), `private` an exclusive
-  one or, while another step holds it, a fresh directory of the build's
-  own. After the step, the caches together are kept under
-  BERTH_BUILD_CACHE_MAX_SIZE by removing the least recently used (one in use
-  is left alone); `berth cache` does not count them.
+  are not in the key. With from=, a new one begins as a copy of that
+  stage's (or image's) source directory, whose key is in the step's.
+  `shared` holds a shared lock on it for the step, `locked` an exclusive
+  one (a second build waits), `private` an exclusive one or, while
+  another step holds it, a fresh directory of the build's own. After the
+  step, the caches together are kept under BERTH_BUILD_CACHE_MAX_SIZE by
+  removing the least recently used (one in use is left alone); `berth
+  cache` does not count them.
 - bind: from the context (less what the ignore file leaves out, its
   checksum in the key), copied into the build's directory first, so that
   `rw` changes are discarded; from a stage, that stage's tree, bound read
@@ -40,16 +42,22 @@ class Bound(typing.NamedTuple):
     spec: object         # the runflags.RunMount
     key: list            # what the step's key takes of it
     sources: list = []   # a bind of the context: its context.Source values
-    stage: int = None    # a bind of a stage: its index
+    stage: int = None    # a bind of a stage, a cache from one: its index
+    where: str = ""      # FILE:LINE of its RUN
 
 
 def gather(builder, flags, *, where):
     """The Bound of each of the RunFlags `flags`' mounts."""
     bounds = []
     for spec in flags.mounts:
-        if spec.kind == "cache":
+        if spec.kind == "cache" and spec.origin is None:
             bounds.append(Bound(spec, ["cache", spec.target, spec.cache_id, spec.sharing,
                                        spec.mode, spec.writable]))
+        elif spec.kind == "cache":
+            stage = builder.stage_named(spec.origin)
+            bounds.append(Bound(spec, ["cache", spec.target, spec.cache_id, spec.sharing,
+                                       spec.mode, spec.writable, builder.ends[stage].key,
+                                       spec.source], stage=stage, where=where))
         elif spec.kind == "tmpfs":
             bounds.append(Bound(spec, ["tmpfs", spec.target, spec.size]))
         elif spec.origin is None:
@@ -60,7 +68,7 @@ def gather(builder, flags, *, where):
         else:
             stage = builder.stage_named(spec.origin)
             bounds.append(Bound(spec, ["bind", spec.target, builder.ends[stage].key,
-                                       spec.source, spec.writable], stage=stage))
+                                       spec.source, spec.writable], stage=stage, where=where))
     return bounds
 
 
@@ -91,8 +99,8 @@ def _in_stage(builder, bound):
     root = builder.tree_at(bound.stage, builder.ends[bound.stage])
     found = rootpath.resolve(root, bound.spec.source, follow_last=True)
     if not os.path.lexists(found):
-        raise BerthError(f"RUN --mount from={bound.spec.origin}: {bound.spec.source}: "
-                         "not found in that stage")
+        raise BerthError(f"{bound.where}: RUN --mount from={bound.spec.origin}: "
+                         f"{bound.spec.source}: not found in that stage")
     return found
 
 
@@ -103,8 +111,20 @@ def _cache_root(cfg):
     return path
 
 
-def _cache(builder, spec, stack):
-    """The host directory of the cache mount `spec`, locked for the step."""
+def _seed(builder, bound, data):
+    """A new cache's first contents: from=STAGE's source directory, copied."""
+    found = _in_stage(builder, bound)
+    if not os.path.isdir(found):
+        raise BerthError(f"{bound.where}: RUN --mount from={bound.spec.origin}: "
+                         f"{bound.spec.source}: not a directory in that stage (a cache "
+                         "mount's from= names one)")
+    shutil.copytree(found, data, symlinks=True, dirs_exist_ok=True)
+
+
+def _cache(builder, bound, stack):
+    """The host directory of the cache mount `bound`, locked for the step;
+    a new one holds what its from= gives."""
+    spec = bound.spec
     path = os.path.join(_cache_root(builder.cfg),
                         hashlib.sha256(spec.cache_id.encode(errors="surrogateescape")).hexdigest())
     os.makedirs(path, mode=0o700, exist_ok=True)
@@ -116,6 +136,8 @@ def _cache(builder, spec, stack):
             fresh = tempfile.mkdtemp(prefix="cache-", dir=builder.work)
             stack.callback(tree.remove, fresh)
             os.chmod(fresh, spec.mode | 0o700)
+            if bound.stage is not None:
+                _seed(builder, bound, fresh)
             return fresh
     else:
         fcntl.flock(lock, fcntl.LOCK_EX if spec.sharing == "locked" else fcntl.LOCK_SH)
@@ -123,8 +145,20 @@ def _cache(builder, spec, stack):
         f.write(spec.cache_id + "\n")
     data = os.path.join(path, "data")
     if not os.path.isdir(data):
-        os.mkdir(data, 0o700)
-        os.chmod(data, spec.mode)
+        made = f"{data}.new"  # (whole or not at all: a seed that fails leaves none)
+        if os.path.lexists(made):
+            tree.owner_writable(made)
+            tree.remove(made)
+        os.mkdir(made, 0o700)
+        try:
+            if bound.stage is not None:
+                _seed(builder, bound, made)
+        except BaseException:
+            tree.owner_writable(made)
+            tree.remove(made)
+            raise
+        os.chmod(made, spec.mode)
+        os.rename(made, data)
     os.utime(path)  # (its last use, for the bound)
     return data
 
@@ -170,7 +204,7 @@ def mounted(builder, bounds, *, root):
         for bound in bounds:
             spec = bound.spec
             if spec.kind == "cache":
-                found.append(_bind(_cache(builder, spec, stack), spec.target, spec.writable))
+                found.append(_bind(_cache(builder, bound, stack), spec.target, spec.writable))
             elif spec.kind == "tmpfs":
                 found.append(mounts.Mount(
                     source="tmpfs", target=spec.target, fstype="tmpfs", origin=_ORIGIN,

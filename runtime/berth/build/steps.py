@@ -11,7 +11,16 @@ import os
 import sys
 import typing
 
-from berth.build import config as imagecfg, context, layers, restore, stepcache, tree, words
+from berth.build import (
+    config as imagecfg,
+    context,
+    layers,
+    owners as owned,
+    restore,
+    stepcache,
+    tree,
+    words,
+)
 from berth.image import imageconfig
 
 # BuildKit's predefined proxy arguments: passed to RUN, kept out of the key
@@ -27,6 +36,7 @@ class State(typing.NamedTuple):
     args: dict = {}   # the stage's ARGs in scope: name -> value (None: declared, unset)
     cmd_here: bool = False  # CMD was set in this stage (ENTRYPOINT then keeps it)
     layers: tuple = ()  # the keys of the changing steps over the base, in order
+    owners: dict = {}  # path in the root -> owners.Owner, where COPY --chown gave one
 
     @property
     def root_at(self):
@@ -112,23 +122,29 @@ class Builder:
 
     def changed(self, stage, state, *, step, key, change):
         """The State after `step`, which changes the root: from the cache,
-        or `change(root)` run in the stage's tree, its layer kept in the cache."""
+        or `change(root)` run in the stage's tree, its layer kept in the cache;
+        `change` may return the owners ({path: owners.Owner}) it gave."""
         found = not self.no_cache and stepcache.found_layer(self.cfg, key)
         self.say(step.original, cached=found)
         if found:
             self.cached += 1
-            return state._replace(key=key, layers=(*state.layers, key))
+            return state._replace(key=key, layers=(*state.layers, key),
+                                  owners=owned.found(self.cfg, key))
         root = self.tree_at(stage, state)
         before = layers.snapshot(root)
         if state.config.workdir:  # (WORKDIR's directory is made here, as BuildKit does)
             os.makedirs(tree.path_in(root, state.config.workdir), mode=0o755, exist_ok=True)
         try:
-            change(root)
+            given = change(root) or {}
         finally:  # (a failed or stopped RUN's tree is removed all the same)
             tree.owner_writable(root)
-        layer = layers.write(self.cfg, root, layers.changes(before, layers.snapshot(root)))
+        after = layers.snapshot(root)
+        owners = {path: owner for path, owner in {**state.owners, **given}.items()
+                  if path in after.entries and tuple(owner) != (0, 0)}
+        layer = layers.write(self.cfg, root, layers.changes(before, after), owners=owners)
+        owned.keep(self.cfg, key, owners)
         layers.keep(self.cfg, key, layer)
-        new = state._replace(key=key, layers=(*state.layers, key))
+        new = state._replace(key=key, layers=(*state.layers, key), owners=owners)
         self.trees[stage] = (root, new.root_at)
         self.ran += 1
         return new

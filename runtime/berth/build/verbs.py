@@ -91,7 +91,8 @@ def _stages(builder, build_plan):
     """The last stage's index, and each stage's history (oci.Entry lists)."""
     histories = {}
     for stage in build_plan.stages:
-        builder.say(f"FROM {stage.base}" + (f" AS {stage.name}" if stage.name else ""))
+        named = stage.name and stage.name != stage.base.lower()  # (an image taken --from)
+        builder.say(f"FROM {stage.base}" + (f" AS {stage.name}" if named else ""))
         state = base.begin(builder, stage)  # (a pull's progress after its line)
         history = oci.begun(stage, state, histories)
         triggers, state = instructions.triggers(builder, stage, state)
@@ -119,7 +120,8 @@ def _write(builder, stage, options):
         write_record(root, state, source)
         builder.trees[stage] = (root, None)  # (no longer the step's)
         found = stepcache.path(builder.cfg, key)
-        layer = layers.write(builder.cfg, root, layers.changes(before, layers.snapshot(root)))
+        layer = layers.write(builder.cfg, root, layers.changes(before, layers.snapshot(root)),
+                             owners=state.owners)
         tree.pack(root, found, builder.cfg)
         layers.keep(builder.cfg, key, layer)
     return oci.Entry(f"berth build: WORKDIR and {imageconfig.IMAGE_JSON}", key=key, image=found)

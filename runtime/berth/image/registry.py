@@ -15,12 +15,12 @@ past it, and ENROOT_TRANSFER_TIMEOUT is a stall timeout: a connection on
 which no byte arrives for that many seconds (answer or body) fails; a
 document read into memory must also arrive whole within it, so that one
 dripping a byte at a time never holds an import for days; a blob, streamed
-to a file, must keep above a rate floor (see _Floor) for the same reason.
+to a file, must keep above a rate floor (see Floor) for the same reason.
 
 A busy registry is waited for: what curl's --retry (enroot's) takes for
 transient, a 408, 429, 500, 502, 503 or 504 answer or a timeout, and a
 connection reset or broken midway, is asked again after a wait (see
-_Patience), at most ENROOT_TRANSFER_RETRIES times per request; a broken
+Patience), at most ENROOT_TRANSFER_RETRIES times per request; a broken
 blob download resumes from the bytes it has where the registry honours a
 Range request, and a try that moved it on starts its retries over. What
 asking again would only repeat ends the request at once, in one line: a
@@ -70,7 +70,7 @@ _CHUNK = 1 << 20
 MAX_MANIFEST = 4 << 20  # manifests, indexes, token answers: a few KiB in practice
 MAX_CONFIG = 8 << 20  # image configs: tens of KiB in practice
 MAX_REDIRECTS = 10
-_REDIRECTS = (301, 302, 303, 307, 308)
+REDIRECTS = (301, 302, 303, 307, 308)
 # answers that say: ask again later (curl's --retry's transient ones)
 BUSY = (408, 429, 500, 502, 503, 504)
 # With ENROOT_TRANSFER_TIMEOUT 0 (no limit), how long a request's retries
@@ -258,7 +258,7 @@ class Registry:
         """The retries one request may make (none before a failing-over
         endpoint has answered)."""
         count = 0 if self.fails_over and not self.answered else self.retries
-        return _Patience(who, what, count, self.transfer_timeout, self.quiet)
+        return Patience(who, what, count, self.transfer_timeout, self.quiet)
 
     def _get_with_retries(self, url, headers, method, what, patience=None, authorization=None,
                           who=None, body=None):
@@ -290,8 +290,8 @@ class Registry:
                 raise BerthError(f"{who}: {e}{patience.gave_up()}") from None
             if response.status_code not in BUSY:
                 return response
-            answered = f"answered {_status(response.status_code)}"
-            asked = _retry_after(response.headers.get("Retry-After", ""))
+            answered = f"answered {status_text(response.status_code)}"
+            asked = retry_after(response.headers.get("Retry-After", ""))
             response.close()
             if not patience.wait(answered, asked):
                 raise BerthError(f"{who}: {what} {answered}{patience.gave_up()}")
@@ -309,7 +309,7 @@ class Registry:
                 body.seek(0)
             response = self.transport.get(url, sent, method, body=body)
             location = response.headers.get("Location")
-            if response.status_code not in _REDIRECTS or not location:
+            if response.status_code not in REDIRECTS or not location:
                 return response
             response.close()
             url = self._redirect(who, url, location)
@@ -357,7 +357,7 @@ class Registry:
         if response.status_code == 403:
             raise self._denied("403 Forbidden")
         raise BerthError(f"registry {self.ref.registry}: {what} answered "
-                         f"{_status(response.status_code)}")
+                         f"{status_text(response.status_code)}")
 
     # -- manifests and blobs ------------------------------------------------
 
@@ -436,7 +436,7 @@ class Registry:
         broken transfer is asked again within the request's retries, from
         the bytes written where the registry answers the Range asked for
         (206), else from the start; one that moved it on starts the
-        retries over (_Patience). A try under the rate floor (_Floor)
+        retries over (Patience). A try under the rate floor (Floor)
         fails as a stalled one does, and is asked again likewise. A blob
         larger than declared is cut there and refused, never retried."""
         out.seek(0)
@@ -452,9 +452,9 @@ class Registry:
                         out.truncate()
                         on_bytes(-written)
                         hasher, written = hashlib.sha256(), 0
-                    if written + _content_length(response) > size:
+                    if written + content_length(response) > size:
                         raise self._oversized(digest, size)
-                    floor = _Floor(self.transfer_timeout)
+                    floor = Floor(self.transfer_timeout)
                     for chunk in response.chunks(_CHUNK):
                         if written + len(chunk) > size:
                             raise self._oversized(digest, size)
@@ -464,7 +464,7 @@ class Registry:
                         on_bytes(len(chunk))
                         patience.progressed(written)
                         floor.came(len(chunk), done=written == size)
-                    _check_complete(response)
+                    check_complete(response)
                 return "sha256:" + hasher.hexdigest()
             except TransferError as e:  # a broken transfer, _CutShort and _TooSlow included
                 if not patience.wait(f"failed ({e}) after {written} of {size} bytes"):
@@ -481,7 +481,7 @@ class Registry:
         limit_is = limit_is or f"the {limit >> 20} MiB berth reads"
         try:
             with response, deadline(response, self.transfer_timeout):
-                if _content_length(response) > limit:
+                if content_length(response) > limit:
                     raise BerthError(f"{what} is larger than {limit_is} ({limit} bytes); "
                                      "refusing it")
                 body = bytearray()
@@ -490,7 +490,7 @@ class Registry:
                     if len(body) > limit:
                         raise BerthError(f"{what} is larger than {limit_is} ({limit} bytes); "
                                          "refusing it")
-                _check_complete(response)
+                check_complete(response)
                 return bytes(body)
         except TransferError as e:
             raise BerthError(f"registry {self.ref.registry}: reading {what} failed: "
@@ -517,7 +517,7 @@ class Registry:
         return response
 
 
-class _Patience:
+class Patience:
     """The retries left to one request (the tries of a blob download share
     one): at most `count` after the first, each after a wait that doubles
     from 0.5-1 s, jittered so that the nodes of a job ask apart, or as long
@@ -590,7 +590,7 @@ class _TooSlow(TransferError):
     """A try of a blob download that kept under the rate floor."""
 
 
-class _Floor:
+class Floor:
     """The rate floor of one try of a blob download: RATE_FLOOR bytes a
     second, averaged over each `window` seconds (the transfer timeout)
     from its answer on, or the rest of the blob within it; None (the
@@ -617,7 +617,7 @@ class _Floor:
         self.began, self.moved = time.monotonic(), 0
 
 
-def _status(code):
+def status_text(code):
     """`429 Too Many Requests`: a status with its standard phrase."""
     import http
     try:
@@ -626,7 +626,7 @@ def _status(code):
         return str(code)
 
 
-def _retry_after(value):
+def retry_after(value):
     """The seconds a Retry-After header asks to wait (a number of seconds
     or an HTTP date), or None when it says neither."""
     value = value.strip()
@@ -649,16 +649,16 @@ class _CutShort(TransferError):
     transports read bodies off, returns what came as if it were whole."""
 
 
-def _check_complete(response):
+def check_complete(response):
     """Raise _CutShort, worded as urllib3 2's error, when fewer bytes came
     over the wire than the response's Content-Length announced."""
-    announced, received = _content_length(response), response.received
+    announced, received = content_length(response), response.received
     if announced and received < announced:
         raise _CutShort(f"Connection broken: IncompleteRead ({received} bytes read, "
                         f"{announced - received} more expected)")
 
 
-def _content_length(response):
+def content_length(response):
     """The Content-Length the server announces, or 0 when none or not a number."""
     return units.whole(response.headers.get("Content-Length", "")) or 0
 
