@@ -8,7 +8,7 @@ site's `cscs-mlp` base. All ask for the CXI and NCCL-plugin hooks in the
 talk's spelling; these nodes have neither Slingshot nor InfiniBand, so the
 hooks step aside and the jobs run. The devtools EDF's image is built at
 submission and reaches the nodes through BERTH_EDF_BUILD_PATH, which
-test_edf_build's fixture sets for this module too.
+test_shared_edf_builds's fixture sets for this module too.
 
 ${SCRATCH} is a directory of each node's own, with that node's name in its
 files, so each task's lines say whose mounts it got."""
@@ -18,7 +18,7 @@ import shlex
 import pytest
 
 from conftest import COMPUTE, CONTROLLER, NODES, PROJECT, node, per_rank
-from test_edf_build import builds, user_tmp  # noqa: F401 (a fixture: BERTH_EDF_BUILD_PATH set)
+from test_shared_edf_builds import builds, user_tmp  # noqa: F401 (a fixture: BERTH_EDF_BUILD_PATH set)
 
 SCRATCH = "/var/tmp/talk-scratch"
 FCN = f"{SCRATCH}/fcn-collaboration"
