@@ -58,6 +58,7 @@ KEYS = {
     "BERTH_HOOK_CXI_ENABLE": FLAG,
     "BERTH_CXI_ENVIRONMENT": PATH,
     # a size such as 10G (runtime/berth/build/runmounts.py)
+    "BERTH_BUILD_ADD_MAX_SIZE": TEXT,
     "BERTH_BUILD_CACHE_MAX_SIZE": TEXT,
     # a directory, usually with $(id -u) or ${SCRATCH} in it (runtime/berth/site/edfbuild.py)
     "BERTH_EDF_BUILD_PATH": TEXT,

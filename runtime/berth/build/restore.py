@@ -81,7 +81,7 @@ def _file(tar, member, where):
         os.fchmod(f.fileno(), member.mode)
 
 
-def _entry(tar, member, tree, path):
+def _entry(tar, member, tree, *, path):
     """`member` written at `path`, in place of what was there."""
     where = os.path.join(tree.parent(path), os.path.basename(path))
     if member.isdir():
@@ -123,7 +123,7 @@ def apply(root, blob):
                 if os.path.basename(path).startswith(layers.WHITEOUT):
                     _whiteout(tree, path)
                 else:
-                    _entry(tar, member, tree, path)
+                    _entry(tar, member, tree, path=path)
     except (OSError, tarfile.TarError, EOFError) as e:
         raise BerthError(f"{blob}: the cached step's layer: "
                          f"{getattr(e, 'strerror', None) or e}") from None

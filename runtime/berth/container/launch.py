@@ -216,7 +216,8 @@ def _build(plan, status):
         if server:
             _send(status, f"fuse {server} {mount.source} at {mount.target}")
     rootfs.make_dev_links(root, links)
-    hooked = _run_hooks(plan, root, env) if plan.hooks else _Hooked([], (), (), ())
+    hooked = (_run_hooks(plan, root, env) if plan.hooks
+              else _Hooked([], device_hooks=(), poststart=(), poststop=()))
     for kind, later in (("poststart", hooked.poststart), ("poststop", hooked.poststop)):
         for hook in later:
             _send(status, f"{kind} {json.dumps(hook._asdict())}")
@@ -310,7 +311,8 @@ def _run_hooks(plan, root, env):
     device_hooks, poststart, poststop = _hooks_devices(plan, root, env,
                                                        devices_file=devices_file)
     environ.read_file(environ_file, env, expand=False, skip=len(view.encode()))
-    return _Hooked(services.read(services_file), device_hooks, poststart, poststop)
+    return _Hooked(services.read(services_file), device_hooks=device_hooks,
+                   poststart=poststart, poststop=poststop)
 
 
 # The --detach keeper: a shell of the image (exec'd, so /proc/PID/environ is
