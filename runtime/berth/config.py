@@ -270,6 +270,14 @@ class Config:
         """The whole number `key` holds, within RANGES where it has one."""
         return number_in_range(key, self._values[key], *RANGES.get(key, (None, None)))
 
+    def size(self, key):
+        """The size in bytes `key` holds (units.size's form: 10G)."""
+        text = self._values[key].strip()
+        found = units.size(text)
+        if found is None:
+            raise BerthError(f"{key}={text}: expected a size such as 10G")
+        return found
+
 
 def number_in_range(name, text, low, high):
     """The whole number (ASCII digits, a minus sign allowed) the setting

@@ -48,13 +48,6 @@ def file_name(url):
     return name if name not in ("", ".", "..") and "\0" not in name else "__unnamed__"
 
 
-def _limit(cfg):
-    text = cfg["BERTH_BUILD_ADD_MAX_SIZE"].strip()
-    limit = units.size(text)
-    if limit is None:
-        raise BerthError(f"BERTH_BUILD_ADD_MAX_SIZE={text}: expected a size such as 10G")
-    return limit
-
 
 def _answer(transport, url, *, who, patience):
     """The 200 answer for `url`, redirects followed, busy ones asked again."""
@@ -113,7 +106,7 @@ def fetch(cfg, url, path, *, who, quiet):
     """`url` into the file `path`: its Fetched. `who` (FILE:LINE: ADD
     URL) begins every error's line."""
     stall = cfg.number("ENROOT_TRANSFER_TIMEOUT") or None
-    limit = _limit(cfg)
+    limit = cfg.size("BERTH_BUILD_ADD_MAX_SIZE")
     transport = open_transport(timeout=(cfg.number("ENROOT_CONNECT_TIMEOUT") or None, stall),
                                insecure=False, connections=1, direct=True)
     patience = registry.Patience(who=who, what="the download", bound=stall, quiet=quiet,

@@ -222,13 +222,6 @@ def mounted(builder, bounds, *, root):
         keep_bound(builder.cfg)
 
 
-def _limit(cfg):
-    text = cfg["BERTH_BUILD_CACHE_MAX_SIZE"].strip()
-    limit = units.size(text)
-    if limit is None:
-        raise BerthError(f"BERTH_BUILD_CACHE_MAX_SIZE={text}: expected a size such as 10G")
-    return limit
-
 
 def _size(path):
     total = 0
@@ -242,7 +235,7 @@ def _size(path):
 def keep_bound(cfg):
     """Remove the least recently used cache mounts (none in use) until they
     hold at most BERTH_BUILD_CACHE_MAX_SIZE together."""
-    limit, top = _limit(cfg), _cache_root(cfg)
+    limit, top = cfg.size("BERTH_BUILD_CACHE_MAX_SIZE"), _cache_root(cfg)
     caches = sorted((os.lstat(os.path.join(top, n)).st_mtime, os.path.join(top, n))
                     for n in os.listdir(top))
     sizes = {path: _size(path) for _, path in caches}
