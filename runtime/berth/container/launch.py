@@ -223,7 +223,8 @@ def _build(plan, status):
             _send(status, f"{kind} {json.dumps(hook._asdict())}")
     device_hooks = (*plan.device_hooks, *hooked.device_hooks)
     if device_hooks:
-        hooks.run_device_hooks(device_hooks, _oci_state(plan, root))
+        hooks.run_device_hooks(device_hooks, _oci_state(
+            plan, root=root, status="created", pid=int(os.readlink("/proc/self"))))
     for mount in late:  # a -m umount: may remove what a hook mounted (/root), as under enroot
         mounts.apply(root, mount)
     env.update(plan.env)
@@ -232,14 +233,16 @@ def _build(plan, status):
     return root, image, env, hooked.services
 
 
-def _oci_state(plan, root):
-    """The OCI state a CDI hook reads on its stdin. Its bundle is the
-    runtime directory, with a config.json naming the root there: NVIDIA's
-    hooks (nvidia-ctk hook ...) find the container's root that way."""
+def _oci_state(plan, *, root, status, pid=None):
+    """The OCI state a CDI hook reads on its stdin (`pid`: the container's
+    process, None once it has ended). Its bundle is the runtime directory,
+    with a config.json naming the root there: NVIDIA's hooks (nvidia-ctk
+    hook ...) find the container's root that way."""
     rootfs.write_file(f"{plan.runtime}/config.json",
                       json.dumps({"ociVersion": "1.0.2", "root": {"path": root}}))
-    return {"ociVersion": "1.0.2", "id": os.path.basename(plan.runtime), "status": "created",
-            "pid": int(os.readlink("/proc/self")), "bundle": plan.runtime, "annotations": {}}
+    state = {"ociVersion": "1.0.2", "id": os.path.basename(plan.runtime), "status": status,
+             "bundle": plan.runtime, "annotations": {}}
+    return state if pid is None else {**state, "pid": pid}
 
 
 class _Hooked(typing.NamedTuple):
@@ -481,7 +484,9 @@ def start(plan):
         if setup.keeper and not setup.ready:
             setup.error = setup.error or _keeper_failure(plan, setup.login)
         if not setup.error:
-            _run_poststart((*plan.poststart_hooks, *setup.poststart), plan, child)
+            # (the root as the host side sees it: the child's is in its mount namespace)
+            _run_late((*plan.poststart_hooks, *setup.poststart), lambda: _oci_state(
+                plan, root=f"/proc/{child}/root", status="running", pid=child))
         ended = (_hold_detached(plan, child, keeper=setup.keeper, servers=setup.fuse) if setup.ready
                  else _server_ended(child, setup.fuse))
         if ended:
@@ -490,7 +495,8 @@ def start(plan):
     finally:
         os.close(hold_w)
         _stop_helpers(setup)
-        _run_poststop((*plan.poststop_hooks, *setup.poststop), plan)
+        _run_late((*plan.poststop_hooks, *setup.poststop), lambda: _oci_state(
+            plan, root=f"{plan.runtime}/root" if plan.image else plan.rootfs, status="stopped"))
         rootfs.remove_tree(plan.runtime)
         if plan.scratch:
             rootfs.remove_tree(plan.scratch)
@@ -548,31 +554,13 @@ def _warn(line):
     print(f"berth: warning: {line}", file=sys.stderr, flush=True)
 
 
-def _run_poststart(poststart, plan, child):
-    """The CDI poststart hooks, on the host side, once the command (or the
-    keeper) runs: a failure is a warning, as OCI has it."""
-    if not poststart:
-        return
-    # (the root as the host side sees it: the child's is in its mount namespace)
-    rootfs.write_file(f"{plan.runtime}/config.json",
-                      json.dumps({"ociVersion": "1.0.2", "root": {"path": f"/proc/{child}/root"}}))
-    hooks.run_device_hooks(poststart, {
-        "ociVersion": "1.0.2", "id": os.path.basename(plan.runtime), "status": "running",
-        "pid": child, "bundle": plan.runtime, "annotations": {}}, warn=_warn)
-
-
-def _run_poststop(poststop, plan):
-    """The CDI poststop hooks, on the host side, once the container has
-    ended (its root gone with its mount namespace): a failure is a
-    warning, as OCI has it."""
-    if not poststop:
-        return
-    root = f"{plan.runtime}/root" if plan.image else plan.rootfs
-    rootfs.write_file(f"{plan.runtime}/config.json",
-                      json.dumps({"ociVersion": "1.0.2", "root": {"path": root}}))
-    hooks.run_device_hooks(poststop, {
-        "ociVersion": "1.0.2", "id": os.path.basename(plan.runtime), "status": "stopped",
-        "bundle": plan.runtime, "annotations": {}}, warn=_warn)
+def _run_late(late, state):
+    """CDI hooks of the stages after the start (poststart, poststop), on
+    the host side, each with what `state()` gives (_oci_state's, asked only
+    where there are hooks: it writes the bundle's config.json): a failure
+    is a warning, as OCI has it."""
+    if late:
+        hooks.run_device_hooks(late, state(), warn=_warn)
 
 
 def _keeper_failure(plan, login):
