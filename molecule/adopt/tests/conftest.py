@@ -98,3 +98,16 @@ def site_tag_lines(tag):
     """What site_tag_job prints when the tag reaches the containerized tasks."""
     return sorted([f"SITE_TAG={tag}", "VARIANT_ID=berth-mpi-test"] * 2)
 
+
+def mpi_job_on_both():
+    """An Open MPI job across both compute nodes; its id."""
+    job = srun(f"-N2 -n2 --mpi=pmix --container-image={IMAGE} "
+               f"sh -c 'echo job $SLURM_JOB_ID; exec {OPENMPI}'")
+    assert job.rc == 0, job.stdout + job.stderr
+    ranks = re.findall(r"^rank (\d+) of 2 on (\S+)$", job.stdout, re.M)
+    assert sorted(rank for rank, _ in ranks) == ["0", "1"], job.stdout
+    assert {host for _, host in ranks} == set(COMPUTE)
+    assert "allreduce sum 3" in job.stdout
+    ids = set(re.findall(r"^job (\d+)$", job.stdout, re.M))
+    assert len(ids) == 1, job.stdout
+    return ids.pop()

@@ -2,19 +2,17 @@
 the site's Slurm is as it was, Berth's plugin and runtime answer the same
 flags, and what a user made with pyxis is found again."""
 
-import re
 
 import pytest
 
 from conftest import (
     COMPUTE,
     CONTROLLER,
-    IMAGE,
     NODES,
-    OPENMPI,
     REGISTRY_IMAGE,
     job_id,
     marks,
+    mpi_job_on_both,
     node,
     site_files,
     site_files_before,
@@ -55,12 +53,7 @@ def test_berth_finds_the_named_container_pyxis_made():
 
 
 def test_a_container_image_mpi_job_on_two_nodes():
-    job = srun(f"-N2 -n2 --mpi=pmix --container-image={IMAGE} {OPENMPI}")
-    assert job.rc == 0, job.stdout + job.stderr
-    ranks = re.findall(r"^rank (\d+) of 2 on (\S+)$", job.stdout, re.M)
-    assert sorted(rank for rank, _ in ranks) == ["0", "1"], job.stdout
-    assert {host for _, host in ranks} == set(COMPUTE)
-    assert "allreduce sum 3" in job.stdout
+    mpi_job_on_both()
 
 
 def test_the_sites_own_plugin_acts_with_pyxis_before_and_berth_now():

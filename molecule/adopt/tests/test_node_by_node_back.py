@@ -4,11 +4,10 @@ gives one host pyxis and enroot back, and the cluster, half on each, runs
 the site's jobs whichever plugin the login node or a compute node loads
 (both register the same options under pyxis's name)."""
 
-import re
 
 import pytest
 
-from conftest import COMPUTE, CONTROLLER, IMAGE, OPENMPI, node, play, srun
+from conftest import COMPUTE, CONTROLLER, mpi_job_on_both, node, play, srun
 
 BERTH_CN, PYXIS_CN = COMPUTE
 
@@ -21,19 +20,6 @@ def pyxis_started(name, job_id):
     """Whether pyxis started a container for the job's step on the node."""
     log = node(name).file("/var/log/slurm/slurmd.log").content_string
     return f"[{job_id}.0] pyxis: starting container" in log
-
-
-def mpi_job_on_both():
-    """An Open MPI job across both compute nodes; its id."""
-    job = srun(f"-N2 -n2 --mpi=pmix --container-image={IMAGE} sh -c 'echo job $SLURM_JOB_ID; exec {OPENMPI}'")
-    assert job.rc == 0, job.stdout + job.stderr
-    ranks = re.findall(r"^rank (\d+) of 2 on (\S+)$", job.stdout, re.M)
-    assert sorted(rank for rank, _ in ranks) == ["0", "1"], job.stdout
-    assert {host for _, host in ranks} == set(COMPUTE)
-    assert "allreduce sum 3" in job.stdout
-    ids = set(re.findall(r"^job (\d+)$", job.stdout, re.M))
-    assert len(ids) == 1, job.stdout
-    return ids.pop()
 
 
 @pytest.fixture(scope="module")
