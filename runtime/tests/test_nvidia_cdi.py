@@ -9,7 +9,8 @@ of /dev/null), the driver library a text file, and the spec has the shape
 GPU-<uuid> and `all`, common edits with the control nodes, the library
 mounts and nvidia-ctk hooks), pointing at those stand-ins. Its nvidia-ctk
 is a stand-in too, doing what the two hooks named do, in the root that the
-OCI state's bundle names.
+OCI state's bundle names; its ldcache update runs ldconfig as NVIDIA's
+does, from mount and pid namespaces of its own.
 """
 
 import os
@@ -29,7 +30,7 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 LIBCUDA = "libcuda.so.550.54.15"
 # what the stand-in nvidia-ctk does of `hook create-symlinks` and `hook update-ldcache`
 NVIDIA_CTK = """#!/usr/bin/python3
-import json, os, sys
+import json, os, subprocess, sys
 state = json.load(sys.stdin)
 if sys.argv[1:3] == ["hook", "log-state"]:  # not NVIDIA's: the test's poststart hook
     with open(sys.argv[3], "w") as f:
@@ -45,6 +46,16 @@ elif args[:2] == ["hook", "update-ldcache"]:
     os.makedirs(root + "/etc/ld.so.conf.d", exist_ok=True)
     with open(root + "/etc/ld.so.conf.d/00-nvcr-test.conf", "w") as f:
         f.write(args[3] + "\\n")
+    # as NVIDIA's does it: mount and pid namespaces of the hook's own, the
+    # node's (static) ldconfig bound onto a tmpfs in the root, run there
+    subprocess.run(["unshare", "--mount", "--pid", "--fork", "sh", "-ec", '''
+        scratch=$1/run/nvidia-ctk-hook
+        mkdir -p "$scratch"
+        mount -t tmpfs -o size=4m tmpfs "$scratch"
+        touch "$scratch/ldconfig"
+        mount --bind -o ro /sbin/ldconfig "$scratch/ldconfig"
+        chroot "$1" /run/nvidia-ctk-hook/ldconfig -f /etc/ld.so.conf.d/00-nvcr-test.conf
+        ''', "sh", root], check=True)
 else:
     sys.exit("nvidia-ctk stand-in: unknown hook " + " ".join(args))
 """
@@ -123,7 +134,9 @@ def gpu_node(berth):
 SHOW = (f"ls /dev | grep nvidia | tr '\\n' ' '; echo; "
         f"echo \"$NVIDIA_VISIBLE_DEVICES;$CUDA_VISIBLE_DEVICES\"; "
         f"cat {LIBDIR}/libcuda.so.1 2>&1; readlink {LIBDIR}/libcuda.so.1; "
-        f"cat /etc/ld.so.conf.d/00-nvcr-test.conf 2>&1; true")
+        f"cat /etc/ld.so.conf.d/00-nvcr-test.conf 2>&1; "
+        f"test -s /etc/ld.so.cache && echo ld.so.cache; "
+        f"grep -c nvidia-ctk-hook /proc/self/mountinfo; true")
 
 
 def minors(*indices):
@@ -134,7 +147,8 @@ def test_slurms_gpus_come_from_the_spec_and_no_others(berth, app, gpu_node):
     out = berth.ok("start", "app", "sh", "-c", SHOW, env={"SLURM_STEP_GPUS": "1,2"})
     lines = out.splitlines()
     assert lines[0].split() == sorted([*minors(1, 2), "nvidia-uvm", "nvidiactl"])
-    assert lines[1:] == ["void;0,1", "the driver's libcuda", LIBCUDA, LIBDIR]
+    # the ldcache hook's ldconfig ran in the root, its own mounts left behind with it
+    assert lines[1:] == ["void;0,1", "the driver's libcuda", LIBCUDA, LIBDIR, "ld.so.cache", "0"]
     assert berth.leftovers() == []
 
 
@@ -179,4 +193,4 @@ def test_without_the_spec_the_hook_binds_the_gpus_itself(berth, app, gpu_node, h
     assert minors(1)[0] in lines[0].split() and minors(0)[0] not in lines[0].split()
     assert lines[1] == ";0"  # the spec's NVIDIA_VISIBLE_DEVICES=void is not applied
     assert "No such file" in lines[2]  # nor its mounts, nor its hooks
-    assert "No such file" in lines[-1]
+    assert "No such file" in lines[-2] and lines[-1] == "0"

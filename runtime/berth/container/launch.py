@@ -223,8 +223,9 @@ def _build(plan, status):
             _send(status, f"{kind} {json.dumps(hook._asdict())}")
     device_hooks = (*plan.device_hooks, *hooked.device_hooks)
     if device_hooks:
-        hooks.run_device_hooks(device_hooks, _oci_state(
-            plan, root=root, status="created", pid=int(os.readlink("/proc/self"))))
+        state = _oci_state(plan, root=root, status="created", pid=int(os.readlink("/proc/self")))
+        with _namespace_capabilities(plan):
+            hooks.run_device_hooks(device_hooks, state)
     for mount in late:  # a -m umount: may remove what a hook mounted (/root), as under enroot
         mounts.apply(root, mount)
     env.update(plan.env)
@@ -271,6 +272,23 @@ def _hooks_devices(plan, root, env, *, devices_file):
     return tuple(devices.hooks), tuple(devices.poststart), tuple(devices.poststop)
 
 
+@contextlib.contextmanager
+def _namespace_capabilities(plan):
+    """Programs run meanwhile (hooks.d's hooks, a CDI spec's hooks before the
+    command) keep this process's capabilities in the container's user
+    namespace: they run as its uid, and a uid other than 0 keeps them only
+    as ambient ones. NVIDIA's `update-ldcache` hook, for one, makes mount
+    and pid namespaces of its own to run ldconfig in the root."""
+    ambient = plan.ids is not None and plan.ids[0] != 0
+    if ambient:
+        sc.keep_capabilities_across_exec()
+    try:
+        yield
+    finally:
+        if ambient:
+            sc.drop_ambient_capabilities()
+
+
 def _run_hooks(plan, root, env):
     """Run the hooks in the caller's environment: the container's variables
     (the image's Env, environ.d, -e) reach them as data only, KEY=VALUE
@@ -296,17 +314,9 @@ def _run_hooks(plan, root, env):
                 "BERTH_NVIDIA_CDI_GPUS": " ".join(n.partition("=")[2] for n in plan.nvidia_cdi),
                 "BERTH_RUNTIME_DIR": scratch,
                 "BERTH_UID": str(uid), "BERTH_GID": str(gid)}
-    # They run as the container's uid: a uid other than 0 keeps this
-    # process's capabilities in the user namespace only as ambient ones.
-    ambient = uid != 0 and plan.ids is not None
-    if ambient:
-        sc.keep_capabilities_across_exec()
-    try:
+    with _namespace_capabilities(plan):
         hooks.run(plan.hooks, {**os.environ, "PATH": os.environ.get("PATH", environ.DEFAULT_PATH),
                                **protocol})
-    finally:
-        if ambient:
-            sc.drop_ambient_capabilities()
     # $VAR in the fstab lines they append expands from the container's
     # environment (mounts.py), the protocol's variables over it.
     for mount in mounts.read_fstab(mounts_file, {**os.environ, **env, **protocol}):
