@@ -6,9 +6,10 @@ changing nothing, check mode changing nothing, and the way back leaving
 every file byte for byte as the site had it. Run through ansible-playbook
 on localhost with every path below tmp_path.
 
-scontrol is a stand-in that prints `show config` as Slurm 22.05 does (no
-slurmctld here); the Molecule scenario the issue asks for would run the
-real one (not done yet)."""
+scontrol is a stand-in that prints `show config` as Slurm 22.05 does, or
+as 24.11 does with FAKE_SLURM=24.11 (each Prolog line numbered, as
+measured on Debian 13's 24.11.5); no slurmctld here. molecule/adopt runs
+the real one."""
 
 import json
 import os
@@ -29,8 +30,20 @@ Configuration data as of 2026-01-01T00:00:00
 AccountingStorageType   = accounting_storage/slurmdbd
 Epilog                  = {root}/etc/slurm/site-epilog.sh
 PlugStackConfig         = ${{FAKE_PLUGSTACK:-{root}/etc/slurm/plugstack.conf}}
-Prolog                  = $FAKE_PROLOG
-SLURM_VERSION           = 22.05.8
+END
+if [ "$FAKE_SLURM" = 24.11 ]; then  # FAKE_PROLOG: the Prolog lines, split by ';'
+    set -f
+    n=0
+    for prolog in $(echo "$FAKE_PROLOG" | tr ';' ' '); do
+        echo "Prolog[$n]               = $prolog"
+        n=$((n + 1))
+    done
+    echo "SLURM_VERSION           = 24.11.5"
+else
+    echo "Prolog                  = $FAKE_PROLOG"
+    echo "SLURM_VERSION           = 22.05.8"
+fi
+cat <<END
 
 Cgroup Support Configuration:
 CgroupPlugin            = autodetect
@@ -118,8 +131,9 @@ def node_vars(root):
     }
 
 
-def play(root, playbook, check=False, prolog=None, plugstack=None, **more):
-    """ansible-playbook of `playbook`: (exit status, changed count, output)."""
+def play(root, playbook, check=False, prolog=None, plugstack=None, slurm="22.05", **more):
+    """ansible-playbook of `playbook` on a node of Slurm `slurm` (22.05 or
+    24.11): (exit status, changed count, output)."""
     tmp = root.parent
     (tmp / "play.yml").write_text(yaml.safe_dump(playbook, sort_keys=False))
     (tmp / "vars.json").write_text(json.dumps({**node_vars(root), **more}))
@@ -128,7 +142,7 @@ def play(root, playbook, check=False, prolog=None, plugstack=None, **more):
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_DEPRECATION_WARNINGS="false", ANSIBLE_LOCALHOST_WARNING="false",
                PATH=f"{tmp / 'bin'}:{os.environ['PATH']}",
-               FAKE_PROLOG=prolog or f"{root}/etc/slurm/prolog.d/*",
+               FAKE_PROLOG=prolog or f"{root}/etc/slurm/prolog.d/*", FAKE_SLURM=slurm,
                **({"FAKE_PLUGSTACK": plugstack} if plugstack else {}))
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
     recap = re.search(r"localhost\s+: ok=\d+\s+changed=(\d+)", done.stdout)
@@ -234,6 +248,25 @@ def test_a_prolog_that_would_not_run_berths_stops_before_any_change(node, prolog
     status, _, out = play(node, DEPLOY, prolog=prolog)
     assert status != 0
     assert f"slurm.conf: Prolog={prolog} does not run {node}/etc/slurm/prolog.d/50-berth-user-dirs.sh" in out
+    assert "Make Prolog a glob that matches it" in out
+    assert tree(node) == before and not (node / "var").exists()
+
+
+# Slurm 24.11 runs every Prolog line in turn: the site's prolog keeps a line of its own
+def test_on_slurm_24_11_a_prolog_line_of_berths_own_passes(node):
+    status, _, out = play(node, DEPLOY, check=True, slurm="24.11",
+                          prolog=f"/etc/slurm/site-prolog.sh;{node}/etc/slurm/prolog.d/*")
+    assert status == 0, out
+    assert f"(Prolog /etc/slurm/site-prolog.sh, {node}/etc/slurm/prolog.d/* runs" in out
+
+
+def test_on_slurm_24_11_the_refusal_asks_for_a_line_of_its_own(node):
+    before = tree(node)
+    status, _, out = play(node, DEPLOY, slurm="24.11", prolog="/etc/slurm/site-prolog.sh")
+    assert status != 0
+    assert (f"slurm.conf: Prolog=/etc/slurm/site-prolog.sh does not run "
+            f"{node}/etc/slurm/prolog.d/50-berth-user-dirs.sh") in out
+    assert f"Add a line Prolog={node}/etc/slurm/prolog.d/*" in out
     assert tree(node) == before and not (node / "var").exists()
 
 

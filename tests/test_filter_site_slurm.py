@@ -23,6 +23,30 @@ Prolog                  = not the main section's
 """
 
 
+# as Debian 13's Slurm 24.11.5 shows two Prolog lines and a comma list (measured)
+SHOW_CONFIG_24_11 = """Configuration data as of 2026-12-02T14:40:00
+Epilog[0]               = /etc/slurm/site-epilog.sh,/etc/slurm/epilog.d/*
+EpilogMsgTime           = 2000 usec
+Prolog[0]               = /etc/slurm/site-prolog.sh
+Prolog[1]               = /etc/slurm/prolog.d/*
+PrologEpilogTimeout     = 65534
+PrologFlags             = (null)
+SLURM_VERSION           = 24.11.5
+
+Cgroup Support Configuration:
+Prolog[0]               = not the main section's
+"""
+
+
+def test_scontrol_config_gathers_numbered_lines():
+    config = site_slurm.berth_scontrol_config(SHOW_CONFIG_24_11)
+    assert config["Prolog"] == ["/etc/slurm/site-prolog.sh", "/etc/slurm/prolog.d/*"]
+    assert config["Epilog"] == ["/etc/slurm/site-epilog.sh,/etc/slurm/epilog.d/*"]
+    assert "PrologFlags" not in config
+    assert site_slurm.berth_runs_path(config["Prolog"], "/etc/slurm/prolog.d/50-berth-user-dirs.sh")
+    assert not site_slurm.berth_runs_path(config["Prolog"][:1], "/etc/slurm/prolog.d/50-berth-user-dirs.sh")
+
+
 def test_scontrol_config_reads_the_main_section_first():
     config = site_slurm.berth_scontrol_config(SHOW_CONFIG)
     assert config["Prolog"] == "/etc/slurm/prolog.d/*"

@@ -5,7 +5,8 @@ plugstack lines load pyxis, and which enroot.conf paths its users share."""
 import fnmatch
 import re
 
-_CONFIG_LINE = re.compile(r"^(\w+)\s+=\s+(.*?)\s*$")
+# `KEY = VALUE`, or `KEY[N] = VALUE` for a key given on several lines (24.11's Prolog)
+_CONFIG_LINE = re.compile(r"^(\w+)(\[\d+\])?\s+=\s+(.*?)\s*$")
 _PYXIS = re.compile(r"^\s*(required|optional)\s+\S*spank_pyxis\.so(\s|$)")
 _INCLUDE = re.compile(r"^\s*include\s+(\S+)\s*$", re.IGNORECASE)
 # The enroot.conf keys whose directory Berth uses only when it is the
@@ -21,25 +22,40 @@ _PER_USER = re.compile(r"\$\(\s*(id\s+-un?|whoami)\s*\)"
 
 def berth_scontrol_config(text):
     """`scontrol show config`'s KEY = VALUE lines as a dict (the header and
-    the plugin sections' lines that are not of that form are left out).
-    A key shown as '(null)', scontrol's word for unset, is left out too:
-    Slurm then uses its built-in default (for PlugStackConfig,
-    plugstack.conf beside slurm.conf, as 22.05 shows it when unset)."""
-    found = {}
+    the plugin sections' lines that are not of that form are left out):
+    a value is a string, or a list of strings where scontrol numbers the
+    key's lines (`Prolog[0]`, `Prolog[1]`: Slurm 24.11 takes Prolog and
+    Epilog on several lines and runs each). A key shown as '(null)',
+    scontrol's word for unset, is left out too: Slurm then uses its
+    built-in default (for PlugStackConfig, plugstack.conf beside
+    slurm.conf, as 22.05 shows it when unset)."""
+    found, section_ended = {}, set()
     for line in text.splitlines():
         pair = _CONFIG_LINE.match(line)
-        if pair and pair.group(1) not in found:
-            found[pair.group(1)] = pair.group(2)
-    return {key: value for key, value in found.items() if value != "(null)"}
+        if not pair:
+            section_ended.update(found)  # a plugin's section: its keys are not slurm.conf's
+            continue
+        key, numbered, value = pair.groups()
+        if key in section_ended or value == "(null)":
+            continue
+        if numbered:
+            found.setdefault(key, []).append(value)
+        else:
+            found.setdefault(key, value)
+    return found
 
 
 def berth_runs_path(setting, path):
-    """Whether a Prolog or Epilog value runs `path`: it is the path, or a
-    glob(7) pattern that matches it. Slurm 22.05 expands the whole value with
-    glob(3) and runs every match; a comma is no separator there (measured: a
-    `Prolog=A,B` fails every job's prolog and drains the node), so a value
-    with one is taken as one pattern too. '(null)' is scontrol's word for unset."""
-    return setting not in ("", "(null)") and fnmatch.fnmatchcase(path, setting)
+    """Whether a Prolog or Epilog setting runs `path`: the setting (a string,
+    or a list of one per slurm.conf line, as berth_scontrol_config gives it)
+    is the path, or a glob(7) pattern that matches it. Slurm expands each
+    value with glob(3) and runs every match; a comma is no separator in
+    22.05 or 24.11 (measured on 22.05: a `Prolog=A,B` fails every job's
+    prolog and drains the node), so a value with one is taken as one
+    pattern too. '(null)' is scontrol's word for unset."""
+    values = [setting] if isinstance(setting, str) else setting
+    return any(value not in ("", "(null)") and fnmatch.fnmatchcase(path, value)
+               for value in values)
 
 
 def berth_pyxis_lines(text):
