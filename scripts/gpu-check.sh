@@ -222,9 +222,12 @@ cdi_checks() {
     fi
 
     out=$(as_job "BERTH_CDI_SPEC_DIRS=$specs" -- start --device nvidia.com/gpu=all "${with_cuda[@]}" \
-        gpucheck sh -c 'nvidia-smi -L && cuda-check' 2>&1) && rc=0 || rc=$?
+        gpucheck sh -c 'nvidia-smi -L && cuda-check && ldconfig -p | grep -q "libcuda\.so\.1 "' \
+        2>&1) && rc=0 || rc=$?
     [ "$rc" = 0 ] && [ "$(grep -c '^GPU ' <<<"$out")" = "$(nvidia-smi -L | grep -c '^GPU ')" ] || rc=1
-    check "--device nvidia.com/gpu=all: every GPU from the spec, CUDA computes" "$rc" "$out"
+    # the spec's update-ldcache hook ran ldconfig in the root, from namespaces of its own
+    check "--device nvidia.com/gpu=all: every GPU from the spec, CUDA computes, libcuda in ld.so.cache" \
+        "$rc" "$out"
 
     out=$(as_job "BERTH_CDI_SPEC_DIRS=$specs" SLURM_STEP_GPUS=0 -- start "${with_cuda[@]}" gpucheck \
         sh -c 'nvidia-smi -L && cuda-check && ! grep -q " /usr/local/nvidia/" /proc/self/mountinfo' \
