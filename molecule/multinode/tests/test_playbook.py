@@ -20,6 +20,30 @@ def test_check_diff_reports_no_change(tmp_path):
     assert all(changed == 0 for changed in recap.values()), recap
 
 
+def test_the_preflight_for_a_site_slurm_reads_this_slurms_prolog(tmp_path):
+    """playbooks/preflight.yml as for a Slurm the site owns, against this
+    cluster's real Slurm (22.05 on Debian 12; 24.11 on Debian 13, whose
+    scontrol numbers the Prolog lines). Its Prolog is the slurm role's
+    dispatcher, which runs prolog.d: scontrol cannot show that, so the
+    preflight refuses it until the admin says so."""
+    version = node(CONTROLLER).check_output("scontrol --version").split()[-1]
+    inventory = inventory_copy(tmp_path)
+    rc, output, recap = play(inventory, "-e", "berth_slurm_managed=false",
+                             playbook="playbooks/preflight.yml")
+    assert rc != 0
+    assert ("slurm.conf: Prolog=/etc/slurm/prolog.sh does not run "
+            "/etc/slurm/prolog.d/50-berth-user-dirs.sh") in output, output[-3000:]
+    several = tuple(map(int, version.split(".")[:2])) >= (24, 11)
+    assert ("Add a line Prolog=/etc/slurm/prolog.d/*" if several
+            else "Make Prolog a glob that matches it") in output, output[-3000:]
+    rc, output, recap = play(inventory, "-e", "berth_slurm_managed=false",
+                             "-e", '{"adopt_site_prolog_runs_prolog_dir": true}',
+                             playbook="playbooks/preflight.yml")
+    assert rc == 0, output[-3000:]
+    assert "(Prolog /etc/slurm/prolog.sh runs /etc/slurm/prolog.d/50-berth-user-dirs.sh)" in output
+    assert all(changed == 0 for changed in recap.values()), recap
+
+
 def test_node_line_that_contradicts_facts_stops_every_host(tmp_path):
     inventory = inventory_copy(tmp_path)
     host_vars = inventory / "host_vars"
