@@ -111,3 +111,14 @@ def mpi_job_on_both():
     ids = set(re.findall(r"^job (\d+)$", job.stdout, re.M))
     assert len(ids) == 1, job.stdout
     return ids.pop()
+
+
+def loads_pyxis(name):
+    """Whether the node's Slurm loads pyxis (its plugstack line in place)."""
+    return node(name).file("/etc/slurm/plugstack.conf.d/pyxis.conf").exists
+
+
+def pyxis_started(name, job_id):
+    """Whether pyxis started a container for the job's step on the node."""
+    log = node(name).file("/var/log/slurm/slurmd.log").content_string
+    return f"[{job_id}.0] pyxis: starting container" in log

@@ -7,19 +7,18 @@ the site's jobs whichever plugin the login node or a compute node loads
 
 import pytest
 
-from conftest import COMPUTE, CONTROLLER, mpi_job_on_both, node, play, srun
+from conftest import (
+    COMPUTE,
+    CONTROLLER,
+    loads_pyxis,
+    mpi_job_on_both,
+    node,
+    play,
+    pyxis_started,
+    srun,
+)
 
 BERTH_CN, PYXIS_CN = COMPUTE
-
-
-def loads_pyxis(name):
-    return node(name).file("/etc/slurm/plugstack.conf.d/pyxis.conf").exists
-
-
-def pyxis_started(name, job_id):
-    """Whether pyxis started a container for the job's step on the node."""
-    log = node(name).file("/var/log/slurm/slurmd.log").content_string
-    return f"[{job_id}.0] pyxis: starting container" in log
 
 
 @pytest.fixture(scope="module")
