@@ -351,6 +351,32 @@ def test_a_failing_run_shows_its_output_and_status(berth, build):
     assert not (berth.base / "out.sqsh").exists() and left_in(build) == []
 
 
+def test_a_noexec_temp_path_is_refused_before_the_first_run(berth, build):
+    """ENROOT_TEMP_PATH on a file system mounted noexec (/tmp is, on some
+    nodes): a RUN could run nothing in a tree there. The build says so in
+    one line before its first step, and leaves nothing; a build with no
+    RUN runs no program there, and is built."""
+    temp = berth.base / "noexec"
+    temp.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"noexec,size=256m,uid={berth.user.pw_uid},"
+                    f"gid={berth.user.pw_gid},mode=0700", "berth-noexec", temp], check=True)
+    try:
+        write(berth, build, "FROM ./base.sqsh\nCOPY tool.sh /\nRUN echo ran\n")
+        result = berth("build", "-o", "out.sqsh", build, env={"ENROOT_TEMP_PATH": str(temp)})
+        assert result.returncode == 1
+        assert result.stderr.splitlines() == [
+            f"berth: error: {build}/Containerfile:3: RUN needs ENROOT_TEMP_PATH ({temp}) on a "
+            "file system that allows running programs; it is mounted noexec"]
+        assert os.listdir(temp) == [] and not (berth.base / "out.sqsh").exists()
+        assert not (berth.base / "cache").exists()  # (not even the COPY before it)
+        write(berth, build, "FROM ./base.sqsh\nCOPY tool.sh /\n")
+        result = berth("build", "-o", "out.sqsh", build, env={"ENROOT_TEMP_PATH": str(temp)})
+        assert result.returncode == 0, result.stderr
+        assert os.listdir(temp) == [] and (berth.base / "out.sqsh").exists()
+    finally:
+        subprocess.run(["umount", temp], check=True)
+
+
 def test_sigint_mid_build_leaves_no_image_tree_mount_or_process(berth, build):
     write(berth, build, "FROM ./base.sqsh\nRUN echo started && sleep 60\n")
     process = berth.interruptible("build", "-o", "out.sqsh", build)
