@@ -180,14 +180,14 @@ def test_cache_prune_forgets_the_build_records_of_what_it_removed(berth, build):
     (steps / f"{7:064x}.owners.json").write_text("{}")  # (its step's record is gone)
     berth.chown(cache, outside)
     pruned = berth.ok("cache", "prune", "--older-than", "3650d")
-    assert "forgot 1 build step and 4 COPY --from checksum records" in pruned, pruned
+    assert "forgot 1 build step, 4 COPY --from checksum and 0 ADD URL records" in pruned, pruned
     assert sorted(os.listdir(sums)) == sorted([memo, f"{4:064x}", f"{5:064x}"])
     assert (outside / "x").read_text() == "kept\n"
     (sums / memo).write_text("[" * (2 << 20))  # (a build reads it as no record, too)
     assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 6)
     assert json.loads((sums / memo).read_text())["layers"]
     pruned = berth.ok("cache", "prune", "--max-size", "0")
-    assert "COPY --from checksum records of layers or images no longer cached" in pruned
+    assert "ADD URL records of layers or images no longer cached" in pruned
     # (the links and the FIFO are no records of a build's: the user's own)
     assert sorted(os.listdir(sums)) == [f"{4:064x}", f"{5:064x}"]
     assert sorted(os.listdir(steps)) == [f"{6:064x}.json"]

@@ -1,13 +1,15 @@
 """The small records a build keeps beside its layers (cachelayout.py:
-build-layers/, build-sums/), forgotten by `berth cache prune` once what
-they name is gone: a step's layer record once its blob is, its owners
-record once its layer record is, a COPY --from's checksum once a layer or
-the cached base image of its root is (or by --older-than, from its last
-use). Read through cachescan's descriptors: a record is opened without
-following a link or waiting on a FIFO, read up to a bound, and what it
-names is looked up only where it is a well-formed name (a digest, an
-image's file name), never as a path. A record that is none of these
-(another file, unreadable, not JSON) is removed: the build writes it again.
+build-layers/, build-sums/, build-urls/), forgotten by `berth cache
+prune` once what they name is gone: a step's layer record once its blob
+is, its owners record once its layer record is, a COPY --from's checksum
+once a layer or the cached base image of its root is (or by
+--older-than, from its last use), an ADD URL's record once the blob of
+its file is. Read through cachescan's descriptors: a record is opened
+without following a link or waiting on a FIFO, read up to a bound, and
+what it names is looked up only where it is a well-formed name (a
+digest, an image's file name), never as a path. A record that is none of
+these (another file, unreadable, not JSON) is removed: the build writes
+it again.
 """
 
 import json
@@ -21,7 +23,7 @@ from berth.image.cachelayout import IMAGE_NAME, LAYER_NAME
 from berth.image.cachescan import files, holds_file, last_use
 
 _RECORD_MAX = 1 << 20  # (a checksum's record lists a root's layers: a few KiB)
-_LAYER_RECORD = re.compile(r"([0-9a-f]{64})\.json")
+_DIGEST_RECORD = re.compile(r"[0-9a-f]{64}\.json")
 _OWNERS_RECORD = re.compile(r"([0-9a-f]{64})\.owners\.json")
 _PARTIAL = re.compile(r".+\.tmp-\d+")  # a build's record being written: left to it
 
@@ -31,44 +33,46 @@ class Forgotten(typing.NamedTuple):
 
     layer_records: int
     sum_records: int
+    url_records: int
 
 
 def forget_gone(cache, cutoff):
     """Remove the build records of the CacheDirs `cache` whose layers or
-    image are gone, and the checksums' last used before `cutoff` (None: any
+    image are gone, and the checksums last used before `cutoff` (None: any
     age); after the layers and images were pruned."""
-    return Forgotten(layer_records=_forget_layer_records(cache),
-                     sum_records=_forget_sums(cache, cutoff))
+    def step_gone(dir_fd, name):
+        owners = _OWNERS_RECORD.fullmatch(name)
+        if owners:
+            return not holds_file(dir_fd, f"{owners[1]}.json")
+        return _blob_gone(cache, dir_fd, name)
+
+    def sum_gone(dir_fd, name):
+        record = read_record(name, dir_fd) if LAYER_NAME.fullmatch(name) else None
+        return not isinstance(record, dict) or not _root_kept(cache, record) \
+            or (cutoff is not None and _used(dir_fd, name) < cutoff)
+
+    return Forgotten(layer_records=_forget(cache, "build-layers", step_gone),
+                     sum_records=_forget(cache, "build-sums", sum_gone),
+                     url_records=_forget(cache, "build-urls",
+                                         lambda dir_fd, name: _blob_gone(cache, dir_fd, name)))
 
 
-def _forget_layer_records(cache):
-    dir_fd, removed = cache.fds["build-layers"], 0
+def _forget(cache, kind, gone):
+    """Remove each record in `kind`'s directory that `gone(dir_fd, name)`
+    says is of nothing kept; how many went."""
+    dir_fd, removed = cache.fds[kind], 0
     for item in files(dir_fd):
-        if _PARTIAL.fullmatch(item.name):
-            continue
-        layer, owners = _LAYER_RECORD.fullmatch(item.name), _OWNERS_RECORD.fullmatch(item.name)
-        if layer:
-            record = read_record(item.name, dir_fd)
-            digest = record.get("digest") if isinstance(record, dict) else None
-            gone = not _has_layer(cache, digest)
-        else:
-            gone = not owners or not holds_file(dir_fd, f"{owners[1]}.json")
-        if gone and _unlink(cache, "build-layers", item.name):
+        if not _PARTIAL.fullmatch(item.name) and gone(dir_fd, item.name) \
+                and _unlink(cache, kind, item.name):
             removed += 1
     return removed
 
 
-def _forget_sums(cache, cutoff):
-    dir_fd, removed = cache.fds["build-sums"], 0
-    for item in files(dir_fd):
-        if _PARTIAL.fullmatch(item.name):
-            continue
-        record = read_record(item.name, dir_fd) if LAYER_NAME.fullmatch(item.name) else None
-        gone = not isinstance(record, dict) or not _root_kept(cache, record) \
-            or (cutoff is not None and _used(dir_fd, item.name) < cutoff)
-        if gone and _unlink(cache, "build-sums", item.name):
-            removed += 1
-    return removed
+def _blob_gone(cache, dir_fd, name):
+    """Whether the record `name` (<hex>.json, naming a blob by its digest)
+    is no such record, or its blob is gone."""
+    record = read_record(name, dir_fd) if _DIGEST_RECORD.fullmatch(name) else None
+    return not isinstance(record, dict) or not _has_layer(cache, record.get("digest"))
 
 
 def _root_kept(cache, record):

@@ -199,8 +199,9 @@ def _prune(cache, older, limit):
     _forget_pruned(cache.fds["uris"])
     forgotten = forget_gone(cache, cutoff)
     if any(forgotten):
-        print(f"forgot {forgotten.layer_records} build step and {forgotten.sum_records} "
-              "COPY --from checksum records of layers or images no longer cached")
+        print(f"forgot {forgotten.layer_records} build step, {forgotten.sum_records} COPY "
+              f"--from checksum and {forgotten.url_records} ADD URL records of layers or "
+              "images no longer cached")
     counts = ", ".join(f"{kind} {freed[kind]}" for kind in _KINDS)
     print(f"freed {human_size(freed['bytes'])} ({freed['bytes']} bytes: {counts}); "
           f"{kept} in use kept; {human_size(total)} ({total} bytes) left")
