@@ -228,7 +228,8 @@ ENROOT_CONF = {
                           "SSH hook's host key; must be the caller's.",
     "ENROOT_CACHE_PATH": "The user's image cache (layers, imported images); must be the caller's.",
     "ENROOT_DATA_PATH": "The user's containers (`berth create`); must be the caller's.",
-    "ENROOT_TEMP_PATH": "Temporary files of imports and unpacking.",
+    "ENROOT_TEMP_PATH": "Temporary files of imports and unpacking, and `berth build`'s trees: "
+                        "a build with a `RUN` step refuses one mounted `noexec`.",
     "ENROOT_GZIP_PROGRAM": "The program that decompresses gzip layers.",
     "ENROOT_SQUASH_OPTIONS": "`mksquashfs` options for imported images (zstd, not enroot's lzo: "
                              "RHEL 9's `mksquashfs` lacks lzo).",

@@ -155,6 +155,46 @@ def test_a_rebuild_runs_no_step_and_a_change_reruns_from_its_line(berth, build):
     assert "images" in listed
 
 
+def test_cache_prune_forgets_the_build_records_of_what_it_removed(berth, build):
+    """The records a build keeps beside its layers (a step's layer, a COPY
+    --from's checksum) go with what they name, read as a hostile user may
+    have left them: a link is never followed, a FIFO never waited on, a
+    record naming a path outside is no name, a huge one is not read whole."""
+    write(berth, build, MULTI_STAGE)
+    built(berth, "-o", "out.sqsh", build)
+    cache = berth.base / "cache"
+    sums, steps = cache / "build-sums", cache / "build-layers"
+    (memo,) = os.listdir(sums)
+    assert json.loads((sums / memo).read_text())["layers"]  # first's RUN
+    outside = berth.base / "outside"
+    outside.mkdir()
+    (outside / "x").write_text("kept\n")
+    hostile = {f"{1:064x}": '{"checksum": "' + "a" * 64 + '", "layers": ["sha256:../../../'
+               f'{outside}/x"], "image": null}}', f"{2:064x}": "a" * 64,  # (the old form)
+               f"{3:064x}": "[" * (2 << 20), "not-a-key": "{}"}
+    for name, text in hostile.items():
+        (sums / name).write_text(text)
+    (sums / f"{4:064x}").symlink_to(outside / "x")
+    os.mkfifo(sums / f"{5:064x}")
+    (steps / f"{6:064x}.json").symlink_to(outside / "x")
+    (steps / f"{7:064x}.owners.json").write_text("{}")  # (its step's record is gone)
+    berth.chown(cache, outside)
+    pruned = berth.ok("cache", "prune", "--older-than", "3650d")
+    assert "forgot 1 build step, 4 COPY --from checksum and 0 ADD URL records" in pruned, pruned
+    assert sorted(os.listdir(sums)) == sorted([memo, f"{4:064x}", f"{5:064x}"])
+    assert (outside / "x").read_text() == "kept\n"
+    (sums / memo).write_text("[" * (2 << 20))  # (a build reads it as no record, too)
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 6)
+    assert json.loads((sums / memo).read_text())["layers"]
+    pruned = berth.ok("cache", "prune", "--max-size", "0")
+    assert "ADD URL records of layers or images no longer cached" in pruned
+    # (the links and the FIFO are no records of a build's: the user's own)
+    assert sorted(os.listdir(sums)) == [f"{4:064x}", f"{5:064x}"]
+    assert sorted(os.listdir(steps)) == [f"{6:064x}.json"]
+    assert (outside / "x").read_text() == "kept\n"
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (6, 0)
+
+
 REMOVING = """\
 FROM ./base.sqsh
 RUN mkdir -p /made/deep /gone/deep && echo a > /made/kept && echo b > /made/removed \\
@@ -309,6 +349,32 @@ def test_a_failing_run_shows_its_output_and_status(berth, build):
         f"berth: error: {build}/Containerfile:2: RUN echo before-failing; exit 3 exited "
         "with status 3")
     assert not (berth.base / "out.sqsh").exists() and left_in(build) == []
+
+
+def test_a_noexec_temp_path_is_refused_before_the_first_run(berth, build):
+    """ENROOT_TEMP_PATH on a file system mounted noexec (/tmp is, on some
+    nodes): a RUN could run nothing in a tree there. The build says so in
+    one line before its first step, and leaves nothing; a build with no
+    RUN runs no program there, and is built."""
+    temp = berth.base / "noexec"
+    temp.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"noexec,size=256m,uid={berth.user.pw_uid},"
+                    f"gid={berth.user.pw_gid},mode=0700", "berth-noexec", temp], check=True)
+    try:
+        write(berth, build, "FROM ./base.sqsh\nCOPY tool.sh /\nRUN echo ran\n")
+        result = berth("build", "-o", "out.sqsh", build, env={"ENROOT_TEMP_PATH": str(temp)})
+        assert result.returncode == 1
+        assert result.stderr.splitlines() == [
+            f"berth: error: {build}/Containerfile:3: RUN needs ENROOT_TEMP_PATH ({temp}) on a "
+            "file system that allows running programs; it is mounted noexec"]
+        assert os.listdir(temp) == [] and not (berth.base / "out.sqsh").exists()
+        assert not (berth.base / "cache").exists()  # (not even the COPY before it)
+        write(berth, build, "FROM ./base.sqsh\nCOPY tool.sh /\n")
+        result = berth("build", "-o", "out.sqsh", build, env={"ENROOT_TEMP_PATH": str(temp)})
+        assert result.returncode == 0, result.stderr
+        assert os.listdir(temp) == [] and (berth.base / "out.sqsh").exists()
+    finally:
+        subprocess.run(["umount", temp], check=True)
 
 
 def test_sigint_mid_build_leaves_no_image_tree_mount_or_process(berth, build):

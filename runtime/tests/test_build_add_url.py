@@ -5,10 +5,13 @@ the rate floor, one shorter than its Content-Length, a 404, a busy 503.
 Each failure is one line naming the file, line and URL, and leaves no
 image, tree or partial file; what is fetched gets BuildKit's name, mode
 and mtime, and the cache follows BuildKit's rule (asked again at each
-build, the content in the key; with --checksum, not asked when cached)."""
+build, revalidated by its ETag, the content in the key; with --checksum,
+not asked when cached)."""
 
 import hashlib
 import http.server
+import json
+import os
 import subprocess
 import threading
 import time
@@ -22,10 +25,14 @@ MODIFIED = "Tue, 03 Mar 2020 10:00:00 GMT"  # 1583229600
 
 
 class Server:
-    """The hostile server: each path one behaviour; `asked` counts the GETs."""
+    """The hostile server: each path one behaviour; `asked` counts the GETs.
+    /files/ sends `etag` (None: none) and answers its If-None-Match with a
+    304; `conditions` holds each GET's If-None-Match, `bodies` counts the
+    bodies sent."""
 
     def __init__(self):
         self.asked, self.busy_left, self.payload = [], 0, PAYLOAD
+        self.etag, self.conditions, self.bodies = None, [], 0
         self.stopping = threading.Event()
         server = self
 
@@ -57,7 +64,21 @@ class Server:
         handler.wfile.write(body)
 
     def _files(self, handler):
-        self._send(handler, self.payload, headers=[("Last-Modified", MODIFIED)])
+        asked = handler.headers.get("If-None-Match")
+        self.conditions.append(asked)
+        if self.etag is not None and asked == self.etag:
+            return self._not_modified(handler)
+        self.bodies += 1
+        tagged = [("ETag", self.etag)] if self.etag is not None else []
+        self._send(handler, self.payload, headers=[("Last-Modified", MODIFIED), *tagged])
+
+    def _not_modified(self, handler):  # (no body, whatever was asked: /lying/ alone)
+        handler.send_response(304)
+        handler.send_header("ETag", self.etag or '"any"')
+        handler.end_headers()
+
+    def _lying(self, handler):
+        self._not_modified(handler)
 
     def _busy(self, handler):
         if self.busy_left:
@@ -129,6 +150,86 @@ def test_an_added_url_is_named_kept_and_asked_again_as_buildkit_does(berth, buil
     assert built(berth, "-o", "out.sqsh", build)[:2] == (2, 0)
 
 
+def test_a_rebuild_revalidates_the_file_by_its_etag(berth, build, server):
+    """As BuildKit does: the next build asks with the ETag it kept, and a
+    304 (no body sent) reuses the kept file, so the step is cached; a step
+    before it changed runs the ADD from the kept file; a new ETag is a
+    download, and the step runs again."""
+    server.etag = 'W/"v1"'
+    text = (f"FROM ./base.sqsh\nRUN echo {{}} > /before\nADD {server.url}/files/tool.sh /opt/\n"
+            "RUN cp /opt/tool.sh /copied\n")
+    write(berth, build, text.format("one"))
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (3, 0)
+    assert (server.conditions, server.bodies) == ([None], 1)
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 3)
+    assert (server.conditions, server.bodies) == ([None, 'W/"v1"'], 1)
+    write(berth, build, text.format("two"))
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (3, 0)
+    assert (server.conditions[-1], server.bodies) == ('W/"v1"', 1)
+    out = berth.base / "out.sqsh"
+    assert berth.ok("start", out, "sh", "/copied") == "fetched\n"
+    assert "2020-03-03 10:00 squashfs-root/opt/tool.sh" in _listing(berth, "out.sqsh", "opt")
+    server.payload, server.etag = b"echo changed\n", '"v2"'
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (2, 1)
+    assert (server.conditions[-1], server.bodies) == ('W/"v1"', 2)
+    assert berth.ok("start", out, "sh", "/copied") == "changed\n"
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 3)
+    assert (server.conditions[-1], server.bodies) == ('"v2"', 2)
+    # pruned with the kept file: asked for whole
+    assert "and 1 ADD URL records" in berth.ok("cache", "prune", "--max-size", "0")
+    assert os.listdir(berth.base / "cache/build-urls") == []
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (3, 0)
+    assert (server.conditions[-1], server.bodies) == (None, 3)
+
+
+@pytest.mark.parametrize("etag", ['"a\x01b"', '"' + "x" * 5000 + '"', "unquoted", '"a"b"'],
+                         ids=["control", "huge", "unquoted", "quote-inside"])
+def test_an_etag_that_is_none_is_not_sent_back(berth, build, server, etag):
+    """An ETag with a control character, a huge one or one not quoted as
+    RFC 9110 writes it is not kept: the next build asks for the whole file,
+    and the step is cached by its content as without an ETag."""
+    server.etag = etag
+    write(berth, build, f"FROM ./base.sqsh\nADD {server.url}/files/t /t\n")
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (1, 0)
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 1)
+    assert (server.conditions, server.bodies) == ([None, None], 2)
+
+
+def test_a_kept_file_changed_in_the_cache_is_fetched_whole(berth, build, server):
+    """The kept file is checked against its digest as it is reused: one
+    changed in the cache is asked for again without the ETag, never used."""
+    server.etag = '"v1"'
+    write(berth, build, f"FROM ./base.sqsh\nADD {server.url}/files/t /t\n")
+    built(berth, "-o", "out.sqsh", build)
+    blob = berth.base / "cache/blobs/sha256" / hashlib.sha256(PAYLOAD).hexdigest()
+    blob.write_bytes(b"#!/bin/sh\necho altered\n")
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 1)
+    assert (server.conditions, server.bodies) == ([None, '"v1"', None], 2)
+    assert berth.ok("start", berth.base / "out.sqsh", "sh", "/t") == "fetched\n"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("digest", "sha256:../../../../etc/passwd"), ("mtime", "Infinity"), ("size", '"24"'),
+    ("url", '"http://127.0.0.1:9/other"'), ("etag", '"\\"v1\\"\\r\\nX-Smuggled: 1"'),
+    (None, "[" * 100000),
+], ids=["digest-path", "mtime-infinite", "size-text", "other-url", "etag-header", "deep"])
+def test_a_hostile_record_of_a_url_is_no_record(berth, build, server, field, value):
+    """A record in build-urls/ that is not what a build wrote (a digest
+    that is a path, an mtime JSON allows but no clock, another URL, a
+    header to smuggle, JSON nested past Python's depth): the URL is
+    asked for whole, as never fetched, and the step gets what came."""
+    server.etag = '"v1"'
+    write(berth, build, f"FROM ./base.sqsh\nADD {server.url}/files/t /t\n")
+    built(berth, "-o", "out.sqsh", build)
+    (record,) = (berth.base / "cache/build-urls").iterdir()
+    kept = json.loads(record.read_text())
+    text = value if field is None else json.dumps(kept)[:-1] + f', "{field}": {value}}}'
+    record.write_text(text)
+    assert built(berth, "-o", "out.sqsh", build)[:2] == (0, 1)
+    assert (server.conditions, server.bodies) == ([None, None], 2)
+    assert json.loads(record.read_text()) == kept  # (written anew)
+
+
 def test_a_checksum_is_checked_and_a_cached_step_asks_nothing(berth, build, server):
     right = "sha256:" + hashlib.sha256(PAYLOAD).hexdigest()
     write(berth, build, f"FROM ./base.sqsh\nADD --checksum={right} {server.url}/files/t /t\n")
@@ -158,6 +259,7 @@ def test_a_busy_server_is_asked_again(berth, build, server):
      "more than BERTH_BUILD_ADD_MAX_SIZE (1.0M) sent; refusing it"),
     ("drip", {}, "under the floor of 1 KiB/s over ENROOT_TRANSFER_TIMEOUT=1 s"),
     ("short", {}, "IncompleteRead (4 bytes read, 96 more expected)"),
+    ("lying", {}, "answered 304 Not Modified"),  # (to a GET that asked for no 304)
     ("endless", {"BERTH_BUILD_ADD_MAX_SIZE": "lots"}, "BERTH_BUILD_ADD_MAX_SIZE=lots: expected"),
 ])
 def test_a_hostile_server_fails_the_step_in_one_line(berth, build, server, path, settings,

@@ -8,6 +8,10 @@ server is hostile: a body is read up to its Content-Length alone (one
 that ends short of it is broken), and one that would pass
 BERTH_BUILD_ADD_MAX_SIZE is cut there and refused, never retried.
 
+A file that came with an ETag is kept (urlcache.py) and revalidated at
+the next build as BuildKit revalidates an http source: If-None-Match
+sent, a 304 the kept file, a 304 nobody asked for an error answer.
+
 The file is named as BuildKit's frontend names it: the last component of
 the URL's path, else `__unnamed__`; its mode 0600 (BuildKit's) unless
 --chmod says otherwise, its mtime the answer's Last-Modified where one
@@ -22,7 +26,7 @@ import typing
 from urllib.parse import unquote, urljoin, urlsplit
 
 from berth import units
-from berth.build import context
+from berth.build import context, urlcache
 from berth.errors import BerthError
 from berth.image import registry
 from berth.image.transport import TLSError, TransferError, Unreachable, open_transport
@@ -36,6 +40,8 @@ class Fetched(typing.NamedTuple):
     digest: str          # sha256:... of the body
     size: int
     mtime: float = None  # the Last-Modified, in seconds since the epoch, or None
+    etag: str = None     # the answer's ETag (urlcache.etag_of), or None
+    reused: bool = False  # the file kept before, the server answering 304
 
 
 def is_url(spec):
@@ -49,10 +55,12 @@ def file_name(url):
 
 
 
-def _answer(transport, url, *, who, patience):
-    """The 200 answer for `url`, redirects followed, busy ones asked again."""
+def _answer(transport, url, *, who, patience, etag):
+    """The 200 answer for `url`, redirects followed, busy ones asked again;
+    with an `etag` sent as If-None-Match, a 304 too."""
+    headers = {"User-Agent": "berth"} | ({"If-None-Match": etag} if etag else {})
     for _ in range(registry.MAX_REDIRECTS + 1):
-        response = transport.get(url, {"User-Agent": "berth"})
+        response = transport.get(url, headers)
         location = response.headers.get("Location")
         if response.status_code in registry.BUSY:
             answered = f"answered {registry.status_text(response.status_code)}"
@@ -67,7 +75,7 @@ def _answer(transport, url, *, who, patience):
             if not is_url(url):
                 raise BerthError(f"{who}: redirected to {location[:200]!r}, no HTTP(S) URL")
             continue
-        if response.status_code != 200:
+        if response.status_code != 200 and not (etag and response.status_code == 304):
             response.close()
             raise BerthError(f"{who}: answered {registry.status_text(response.status_code)}")
         return response
@@ -99,12 +107,24 @@ def _body(response, out, *, who, limit, patience, stall):
         mtime = email.utils.parsedate_to_datetime(modified).timestamp() if modified else None
     except (TypeError, ValueError, IndexError, OverflowError):
         mtime = None
-    return Fetched(digest=f"sha256:{hasher.hexdigest()}", size=written, mtime=mtime)
+    return Fetched(digest=f"sha256:{hasher.hexdigest()}", size=written, mtime=mtime,
+                   etag=urlcache.etag_of(response))
 
 
 def fetch(cfg, url, path, *, who, quiet):
     """`url` into the file `path`: its Fetched. `who` (FILE:LINE: ADD
-    URL) begins every error's line."""
+    URL) begins every error's line. What the cache kept of `url` is
+    revalidated by its ETag (urlcache.py)."""
+    kept = urlcache.found(cfg, url)
+    try:
+        return _fetch(cfg, url, path, who=who, quiet=quiet, kept=kept)
+    finally:
+        if kept is not None:
+            os.close(kept.blob)
+
+
+def _fetch(cfg, url, path, *, who, quiet, kept):
+    """fetch()'s transfer, asking with `kept`'s ETag (a urlcache.Kept, or None)."""
     stall = cfg.number("ENROOT_TRANSFER_TIMEOUT") or None
     limit = cfg.size("BERTH_BUILD_ADD_MAX_SIZE")
     transport = open_transport(timeout=(cfg.number("ENROOT_CONNECT_TIMEOUT") or None, stall),
@@ -114,9 +134,15 @@ def fetch(cfg, url, path, *, who, quiet):
     with open(path, "wb") as out:
         while True:
             try:
-                with _answer(transport, url, who=who, patience=patience) as response:
-                    return _body(response, out, who=who, limit=limit, patience=patience,
-                                 stall=stall)
+                with _answer(transport, url, who=who, patience=patience,
+                             etag=kept and kept.etag) as response:
+                    if response.status_code != 304:
+                        return _body(response, out, who=who, limit=limit, patience=patience,
+                                     stall=stall)
+                if urlcache.copy_out(kept, out):
+                    return Fetched(digest=kept.digest, size=kept.size, mtime=kept.mtime,
+                                   etag=kept.etag, reused=True)
+                kept = None  # (the kept file changed: asked for whole, as never fetched)
             except (Unreachable, TLSError) as e:  # (asking again would repeat it)
                 raise BerthError(f"{who}: {e}") from None
             except TransferError as e:  # (stalled, broken, too slow: from the start again)
@@ -165,6 +191,8 @@ def source(cfg, url, *, where, work, quiet, checksum=None):
     fetched = fetch(cfg, url, path, who=who, quiet=quiet)
     if checksum is not None and fetched.digest != checksum:
         raise BerthError(f"{who}: its sha256 is {fetched.digest}, not the --checksum given")
+    if fetched.etag and not fetched.reused:
+        urlcache.keep(cfg, url, path=path, fetched=fetched)
     if fetched.mtime is not None:
         os.utime(path, (fetched.mtime, fetched.mtime))
     entry = context.Entry(path=path, name="", kind="file", mode=MODE, target="")

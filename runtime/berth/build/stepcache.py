@@ -11,13 +11,16 @@ arguments and environment it sees, and for COPY and ADD the checksum of
 what it copies (context.checksum: contents and modes, never times).
 """
 
+import contextlib
 import hashlib
 import json
 import os
+import typing
 
 from berth import safedir
 from berth.build import layers
 from berth.errors import BerthError
+from berth.image.buildrecords import read_record
 from berth.image.cachelayout import CacheLayout
 
 _PREFIX = "berth build step v1"  # (a key of an import never starts so)
@@ -71,15 +74,20 @@ def found_layer(cfg, step_key):
     return True
 
 
-def _sums(cfg):
-    return os.path.join(CacheLayout(cfg["ENROOT_CACHE_PATH"]).root, "build-sums")
+class Memo(typing.NamedTuple):
+    """Where a COPY --from's checksum is kept, and what the root it was taken
+    in is made of, so that `berth cache prune` forgets it once that is gone."""
+
+    key: str
+    layers: tuple  # the digests of the root's layers, in order
+    image: str     # the name of its base's squashfs in images/; None: not in the cache
 
 
-def sums_key(cfg, *, root_at, specs):
-    """The key of the checksum of `specs` in the root that `root_at` (a
-    State's: its base's key, its steps' keys) makes: by the digests of the
-    layers, so a step run again that made other bytes is another root.
-    None when a layer is gone."""
+def sums_memo(cfg, *, root_at, image, specs):
+    """The Memo of the checksum of `specs` in the root that `root_at` (a
+    State's: its base's key, its steps' keys) and `image` (its base's
+    squashfs) make: keyed by the digests of the layers, so a step run again
+    that made other bytes is another root. None when a layer is gone."""
     base_key, keys = root_at
     digests = []
     for step_key in keys:
@@ -87,27 +95,39 @@ def sums_key(cfg, *, root_at, specs):
         if layer is None:
             return None
         digests.append(layer.digest)
-    return key(None, ["sources", base_key, digests, list(specs)])
+    layout = CacheLayout(cfg["ENROOT_CACHE_PATH"])
+    cached = image is not None and os.path.dirname(image) == layout.dir("images")
+    return Memo(key=key(None, ["sources", base_key, digests, list(specs)]),
+                layers=tuple(digests), image=os.path.basename(image) if cached else None)
 
 
-def found_sum(cfg, sum_key):
-    """The checksum kept under `sum_key`, or None."""
-    try:
-        with open(os.path.join(_sums(cfg), sum_key), encoding="ascii") as f:
-            text = f.read()
-    except (OSError, ValueError):
+def _is_hex(text):
+    return isinstance(text, str) and len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def found_sum(cfg, memo):
+    """The checksum kept for `memo`, its record marked used now; or None."""
+    where = CacheLayout(cfg["ENROOT_CACHE_PATH"]).build_sum(memo.key)
+    record = read_record(where)
+    checksum = record.get("checksum") if isinstance(record, dict) else None
+    if not _is_hex(checksum):
         return None
-    return text if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else None
+    with contextlib.suppress(OSError):
+        os.utime(where, follow_symlinks=False)
+    return checksum
 
 
-def keep_sum(cfg, sum_key, checksum):
-    where = _sums(cfg)
+def keep_sum(cfg, memo, checksum):
+    """Record `checksum` for `memo`, with the layers and image it was taken on."""
+    final = CacheLayout(cfg["ENROOT_CACHE_PATH"]).build_sum(memo.key)
+    where = os.path.dirname(final)
     os.makedirs(where, mode=0o700, exist_ok=True)
-    partial = os.path.join(where, f"{sum_key}.tmp-{os.getpid()}")
+    partial = f"{final}.tmp-{os.getpid()}"
     try:
         with open(partial, "w", encoding="ascii") as f:
-            f.write(checksum)
-        os.rename(partial, os.path.join(where, sum_key))
+            json.dump({"checksum": checksum, "layers": list(memo.layers), "image": memo.image},
+                      f, sort_keys=True)
+        os.rename(partial, final)
     except OSError as e:
         raise BerthError(f"{e.filename or where}: COPY --from's checksum: {e.strerror}") from None
     finally:  # (stopped meanwhile: no partial file left)

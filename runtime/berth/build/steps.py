@@ -112,7 +112,8 @@ class Builder:
             return context.gather(specs, context=None, where=where,
                                   root=self.tree_at(stage, state))
 
-        memo = stepcache.sums_key(self.cfg, root_at=state.root_at, specs=specs)
+        memo = stepcache.sums_memo(self.cfg, root_at=state.root_at, image=state.image,
+                                   specs=specs)
         found = stepcache.found_sum(self.cfg, memo) if memo else None
         if found is None:
             found = context.checksum(sources())

@@ -9,6 +9,9 @@ and names, for the cache (cache.py, blobs.py), its scanner (cachescan.py),
     uris/<hash>               -> ../images/<key>.sqsh, the latest of a URI
     uris/layers-<hash>        -> ../images/<key>.sqsh, the latest of a run of layers
     build-layers/<key>.json   the layer a build step's change made (its blob in blobs/)
+    build-layers/<key>.owners.json  the owners COPY --chown gave in that step
+    build-sums/<key>          a COPY --from's checksum, with the layers and image it read
+    build-urls/<hash>.json    an ADD URL's ETag and digest (its file in blobs/), by the URL's hash
 
 A named tuple, frozen as reference.py's are (no dataclasses: their import
 costs each `berth import` about 7 ms).
@@ -31,7 +34,8 @@ class CacheLayout(collections.namedtuple("CacheLayout", "root")):
 
     # Each directory of the cache, below its root, by what it holds.
     PLACES = {"layers": ("blobs", "sha256"), "images": ("images",), "locks": ("locks",),
-              "uris": ("uris",)}
+              "uris": ("uris",), "build-layers": ("build-layers",),
+              "build-sums": ("build-sums",), "build-urls": ("build-urls",)}
 
     def dir(self, kind):
         return os.path.join(self.root, *self.PLACES[kind])
@@ -42,7 +46,15 @@ class CacheLayout(collections.namedtuple("CacheLayout", "root")):
     def build_layer(self, key):
         """The record of the layer of build step `key`: not a place the
         scanner counts (a few bytes; its blob is pruned as a layer)."""
-        return os.path.join(self.root, "build-layers", f"{key}.json")
+        return os.path.join(self.dir("build-layers"), f"{key}.json")
+
+    def build_sum(self, key):
+        """The record of a COPY --from's checksum under `key` (stepcache.sums_memo)."""
+        return os.path.join(self.dir("build-sums"), key)
+
+    def build_url(self, url_hash):
+        """The record of what an ADD fetched from the URL of sha256 `url_hash` (urlcache.py)."""
+        return os.path.join(self.dir("build-urls"), f"{url_hash}.json")
 
     def image_lock(self, key):
         return os.path.join(self.dir("locks"), self.image_lock_name(key))

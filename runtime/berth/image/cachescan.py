@@ -156,6 +156,17 @@ def files(dir_fd, links=False):
                 if (item.is_symlink() if links else item.is_file(follow_symlinks=False))]
 
 
+def holds_file(dir_fd, name):
+    """Whether the directory open as `dir_fd` (None: not there) holds the
+    regular file `name`; a symbolic link is none."""
+    if dir_fd is None:
+        return False
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
+
 def remove_lock(cache, lock):
     """Remove the lock file of an entry just removed, with its lock held
     (True). An import waiting on it finds it gone once it gets it, and takes

@@ -16,6 +16,7 @@ import time
 
 from berth import safedir, units
 from berth.errors import BerthError, one_line
+from berth.image.buildrecords import forget_gone
 from berth.image.cachescan import (
     CacheDirs,
     files,
@@ -196,6 +197,11 @@ def _prune(cache, older, limit):
         print(f"removed {entry.path} ({human_size(entry.size)}, last used "
               f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(entry.used))})")
     _forget_pruned(cache.fds["uris"])
+    forgotten = forget_gone(cache, cutoff)
+    if any(forgotten):
+        print(f"forgot {forgotten.layer_records} build step, {forgotten.sum_records} COPY "
+              f"--from checksum and {forgotten.url_records} ADD URL records of layers or "
+              "images no longer cached")
     counts = ", ".join(f"{kind} {freed[kind]}" for kind in _KINDS)
     print(f"freed {human_size(freed['bytes'])} ({freed['bytes']} bytes: {counts}); "
           f"{kept} in use kept; {human_size(total)} ({total} bytes) left")

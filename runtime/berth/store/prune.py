@@ -33,7 +33,6 @@ store is removed as a link, never followed.
 import collections
 import os
 import re
-import stat
 import time
 
 from berth import safedir
@@ -46,6 +45,7 @@ from berth.image.cachescan import (
     Entry,
     files,
     holding,
+    holds_file,
     open_followed,
     remove_unused,
     scan,
@@ -178,14 +178,9 @@ def _names_image(dirs, target, gone):
     """Whether a uris/ link's target, as ImageCache.remember writes it
     (../images/<key>.sqsh), is an image of the store that stays."""
     parent, name = os.path.split(target)
-    images = dirs.fds["images"]
-    if parent != "../images" or not IMAGE_NAME.fullmatch(name) or name in gone \
-            or images is None:
+    if parent != "../images" or not IMAGE_NAME.fullmatch(name) or name in gone:
         return False
-    try:
-        return stat.S_ISREG(os.stat(name, dir_fd=images, follow_symlinks=False).st_mode)
-    except FileNotFoundError:
-        return False
+    return holds_file(dirs.fds["images"], name)
 
 
 class _Tally:
