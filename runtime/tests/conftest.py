@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from container_fixture import app, berth, images, library, usable_fuse, user  # noqa: F401 (for every module)
+from container_fixture import app, berth, images, library, make_user, usable_fuse, user  # noqa: F401 (for every module)
 from registry_fixture import Proxy, berth_env
 
 
@@ -32,8 +32,11 @@ def _controller(config):
 
 
 def pytest_sessionstart(session):
-    """/dev/fuse at 0666 (users mount images with FUSE) for the whole run, set
-    before any worker starts and restored after the last one ends."""
+    """The test user made, and /dev/fuse at 0666 (users mount images with
+    FUSE) for the whole run, before any worker starts; /dev/fuse restored
+    after the last one ends."""
+    if os.geteuid() == 0 and _controller(session.config):
+        make_user()
     if os.geteuid() == 0 and _controller(session.config) and os.path.exists("/dev/fuse"):
         session.config.stash[_FUSE_MODE] = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
         os.chmod("/dev/fuse", 0o666)

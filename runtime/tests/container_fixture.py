@@ -34,15 +34,22 @@ def make_readable(tree):
     subprocess.run(["chmod", "-R", "a+rX", str(tree)], check=True)
 
 
+def make_user():
+    """The test user, made where it is missing. conftest.py calls it once
+    before any xdist worker starts: Debian 13's useradd, run twice at once
+    for one name, makes it twice, the second with a new uid, so that a
+    worker that looked first would chown to a uid no user has."""
+    try:
+        return pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", USER],
+                       capture_output=True, text=True, check=True)
+        return pwd.getpwnam(USER)
+
+
 @pytest.fixture(scope="session")
 def user():
-    if not AS_ROOT:
-        return pwd.getpwuid(os.getuid())
-    # both workers may get here at once: exit 9 is "already exists"
-    made = subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", USER],
-                          capture_output=True, text=True, check=False)
-    assert made.returncode in (0, 9), made.stderr
-    return pwd.getpwnam(USER)
+    return make_user() if AS_ROOT else pwd.getpwuid(os.getuid())
 
 
 @pytest.fixture(scope="session")
