@@ -1,37 +1,54 @@
-"""The move one node at a time (after test_rollback.py has given every node
-pyxis and enroot back), as docs/admin/from-pyxis.md's install order has it:
-site.yml with --limit moves one compute node while the login node and the
-other stay on pyxis, and the cluster, half on each, runs MPI jobs across
-both halves; then the rest move, and Berth runs every step."""
+"""The move in docs/admin/from-pyxis.md's install order (after
+test_rollback.py has given every node pyxis and enroot back): site.yml
+with --limit on the login node and controller, then on one compute node,
+then on the other, the cluster running an MPI job across both compute
+nodes at each step; then site.yml on the whole cluster changes nothing."""
 
 import pytest
 
 from conftest import COMPUTE, CONTROLLER, NODES, loads_pyxis, mpi_job_on_both, play, pyxis_started
 
-MOVED_CN, PYXIS_CN = COMPUTE
+FIRST_CN, LAST_CN = COMPUTE
+
+
+def moved(limit):
+    """site.yml on the `limit` hosts alone; the hosts it ran on."""
+    rc, output, recap = play("site.yml", limit=limit)
+    assert rc == 0, output[-3000:]
+    return set(recap) - {"localhost"}
 
 
 @pytest.fixture(scope="module")
-def one_compute_node_moved():
-    rc, output, recap = play("site.yml", limit=MOVED_CN)
-    assert rc == 0, output[-3000:]
-    assert set(recap) - {"localhost"} == {MOVED_CN}, output[-3000:]
-    assert not loads_pyxis(MOVED_CN) and loads_pyxis(PYXIS_CN) and loads_pyxis(CONTROLLER)
+def login_node_moved():
+    assert moved("slurm_controller:slurm_login") == {CONTROLLER}
+    assert not loads_pyxis(CONTROLLER) and all(loads_pyxis(name) for name in COMPUTE)
 
 
 @pytest.fixture(scope="module")
-def every_node_moved(one_compute_node_moved):
-    rc, output, recap = play("site.yml", limit=f"{CONTROLLER},{PYXIS_CN}")
-    assert rc == 0, output[-3000:]
-    assert set(recap) - {"localhost"} == {CONTROLLER, PYXIS_CN}, output[-3000:]
+def first_compute_node_moved(login_node_moved):
+    assert moved(FIRST_CN) == {FIRST_CN}
+    assert not loads_pyxis(FIRST_CN) and loads_pyxis(LAST_CN)
+
+
+@pytest.fixture(scope="module")
+def every_node_moved(first_compute_node_moved):
+    assert moved(LAST_CN) == {LAST_CN}
     assert not any(loads_pyxis(name) for name in NODES)
 
 
-def test_a_pyxis_login_node_runs_a_job_across_a_moved_and_a_pyxis_node(one_compute_node_moved):
+def test_a_berth_login_node_runs_a_job_on_pyxis_nodes(login_node_moved):
     job_id = mpi_job_on_both()
-    assert pyxis_started(PYXIS_CN, job_id) and not pyxis_started(MOVED_CN, job_id)
+    assert all(pyxis_started(name, job_id) for name in COMPUTE)
 
 
-def test_once_every_node_moved_berth_runs_every_step(every_node_moved):
+def test_a_job_runs_across_a_moved_and_a_pyxis_compute_node(first_compute_node_moved):
+    job_id = mpi_job_on_both()
+    assert pyxis_started(LAST_CN, job_id) and not pyxis_started(FIRST_CN, job_id)
+
+
+def test_once_every_node_moved_berth_runs_every_step_and_site_yml_changes_nothing(every_node_moved):
     job_id = mpi_job_on_both()
     assert not any(pyxis_started(name, job_id) for name in COMPUTE)
+    rc, output, recap = play("site.yml")
+    assert rc == 0, output[-3000:]
+    assert set(recap) >= set(NODES) and not any(recap.values()), recap
