@@ -303,6 +303,33 @@ def test_squashfuse_ends_when_its_starter_is_killed(berth, images, detach):
             process.wait()
 
 
+def test_squashfuse_keeps_the_hosts_root_and_ends_with_its_start(berth, images):
+    """pivot_root makes the container's root the root of every process of its
+    mount namespace: a FUSE server there would look up what it opens late
+    (glibc loading libgcc_s as squashfuse_ll 0.5's threads end) through the
+    mount it serves, and wait on itself in D state for good: the start never
+    ends. Bounded: the start ends within 20 s of its stdin's end."""
+    image = berth.base / "host" / "mine.sqsh"
+    shutil.copy(images / "app.sqsh", image)
+    berth.chown(image)
+    process, _ = start_detached(berth, image)
+    try:
+        servers = _servers(image)
+        assert servers, "no squashfuse started"
+        host = os.stat("/")
+        for pid in servers:
+            root = os.stat(f"/proc/{pid}/root/")
+            assert (root.st_dev, root.st_ino) == (host.st_dev, host.st_ino), \
+                f"squashfuse {pid} has the container's root"
+        process.stdin.close()
+        assert process.wait(timeout=20) == 0, process.stderr.read()
+        assert _servers(image) == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 # 5. export strips setuid/setgid unless asked ------------------------------------------
 
 def _modes(berth, sqsh):

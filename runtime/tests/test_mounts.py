@@ -212,9 +212,10 @@ def data_image(berth, tmp_path):
 
 
 def _squashfuse_servers(berth):
-    """squashfuse processes serving an image of this test (others may run beside it)."""
+    """squashfuse processes (either server) serving an image of this test
+    (others may run beside it)."""
     return subprocess.run(
-        ["pgrep", "-u", str(berth.user.pw_uid), "-f", f"squashfuse .*{berth.base}"],
+        ["pgrep", "-u", str(berth.user.pw_uid), "-f", f"squashfuse(_ll)? .*{berth.base}"],
         capture_output=True, text=True).stdout.split()
 
 

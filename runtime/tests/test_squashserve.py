@@ -27,14 +27,12 @@ def installed(tmp_path, monkeypatch):
     squashserve.choose.cache_clear()
 
 
-def test_debian_13_serves_a_root_shown_as_its_owner_with_the_high_level_server(installed):
+def test_debian_13_serves_everything_with_the_threaded_low_level_server(installed):
     installed(DEBIAN_13)
     image = imagefile.Squashfs("/images/a.sif", 4096)
     assert squashserve.argv(image, (1000, 100)) == [
-        "squashfuse", "-f", "-o",
-        "kernel_cache,entry_timeout=86400,attr_timeout=86400,negative_timeout=86400,uid=1000,"
-        "gid=100,offset=4096", "/images/a.sif"]
-    assert squashserve.choose(False).threads
+        "squashfuse_ll", "-f", "-o", "uid=1000,gid=100,offset=4096", "/images/a.sif"]
+    assert squashserve.choose(True).threads and squashserve.choose(False).threads
     assert squashserve.argv(imagefile.Squashfs("/a.sqsh"), foreground=False) == [
         "squashfuse_ll", "/a.sqsh"]
 
@@ -59,7 +57,7 @@ def test_berth_verbose_version_names_the_servers(installed, capsys):
     assert cli.main(["--verbose", "version"]) == 0
     version, servers = capsys.readouterr().out.splitlines()
     assert version == cli.__version__
-    assert servers == ("squashfs: a container's root by squashfuse (threads, kernel_cache,"
+    assert servers == ("squashfs: a container's root by squashfuse (one thread, kernel_cache,"
                        "entry_timeout=86400,attr_timeout=86400,negative_timeout=86400); "
                        "others by squashfuse_ll (one thread)")
     assert cli.main(["version"]) == 0

@@ -418,6 +418,13 @@ def _exec_server(server, fuse, failed_w, middle, starter):
         os.close(null)
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
+        # A mount namespace of its own, a copy of this one before the
+        # container's pivot_root, which would make the container's root the
+        # server's root and cwd too: a path the server opens later (glibc
+        # loading libgcc_s when squashfuse_ll 0.5's threads end, a helper
+        # it runs) would then be looked up through the mount it serves, by
+        # itself, and wait forever once it has stopped answering.
+        sc.unshare(sc.CLONE_NEWNS)
         os.execvp(server[0], [*server, f"/dev/fd/{fuse}"])
     except OSError:
         os.write(failed_w, b"x")

@@ -3,24 +3,30 @@ a `sqsh` mount (a squashfs or a SIF file's partition), the parts of an
 image kept as parts (parts.py); chosen here and nowhere else.
 
 squashfuse ships two servers. `squashfuse` speaks libfuse's high-level
-API: every request names a path that it looks up again from the root, and
-each open drops the file's pages from the kernel's cache; on a Python tree
-it reads 8-19x slower than the kernel's own squashfs warm (bench/read.py).
-`squashfuse_ll` speaks the low-level API: inodes, entries and pages
-cached by the kernel for as long as the mount lives, and from squashfuse
-0.5 several threads. It is used wherever it can show what the caller needs:
+API, on one thread: every request names a path that it looks up again
+from the root, and each open drops the file's pages from the kernel's
+cache; on a Python tree it reads 8-19x slower than the kernel's own
+squashfs warm (bench/read.py). `squashfuse_ll` speaks the low-level API:
+inodes, entries and pages cached by the kernel for as long as the mount
+lives, and from squashfuse 0.5 several threads. It is used wherever it
+can show what the caller needs:
 
   - In a user namespace that maps one uid (a container's), every file is
     shown as that uid and gid, as an unpacked image's files are the
     caller's: the image's owners (root, mostly) do not exist there, and the
     kernel's overlay refuses to copy up a file whose owner is unmapped.
     squashfuse_ll 0.2 and later take `-o uid=N,gid=N` (Debian 13's 0.5.2
-    does, Debian 12's 0.1.105 does not), but serving a job's root there
-    hung (see choose): such a root is served by the high-level server,
-    told to keep entries, attributes and pages in the kernel's cache (the
-    image never changes while it is mounted).
+    does); where it does not (Debian 12's 0.1.105) such a root is served
+    by the high-level server, told to keep entries, attributes and pages
+    in the kernel's cache (the image never changes while it is mounted).
   - Elsewhere (a namespace that maps root, as parts.py's; none at all)
     squashfuse_ll as it is.
+
+Either runs in a mount namespace of its own (mounts.mount_fuse), which the
+container's pivot_root leaves alone: squashfuse_ll 0.5 ending its threads
+has glibc load libgcc_s, and from the container's root that path would be
+looked up through the mount the server serves, by itself, after it has
+stopped answering: D state for good, and the start with it.
 
 What each program offers is read from its executable (the help text it
 prints, the libfuse loop it links), not by running it: a start would pay
@@ -63,11 +69,7 @@ def choose(owner):
     """The Server for a mount that must show every file as one owner
     (`owner`) or as the image has it: see the module's doc."""
     low = _offers(LOW_LEVEL)
-    # A root shown as one owner stays on the high-level server even where
-    # squashfuse_ll takes uid= (0.2+): Debian 13's 0.5.2 serving a job's
-    # root hung in the clusters' runs, its own threads waiting on a FUSE
-    # answer (D state) with the job's tasks behind them.
-    if low and not owner:
+    if low and (low.owner or not owner):
         return low
     high = _offers(HIGH_LEVEL)
     if high:  # (libfuse's high-level API itself takes uid= and gid=)
@@ -87,10 +89,10 @@ def _offers(program):
     except OSError:
         return Server(program=program, owner=False, threads=False, options="")
     # b"uid=N": its help's line for the option. Threads: libfuse's multi-threaded
-    # loop linked, or its fuse_main (the high-level server's), threaded unless -s.
-    threads = b"fuse_session_loop_mt" in executable or b"fuse_main_real" in executable
-    return Server(program=program, owner=b"uid=N" in executable, threads=threads,
-                  options="")
+    # loop linked (squashfuse_ll 0.5); the high-level squashfuse, which links
+    # fuse_main, still serves on one thread (one task, however many readers).
+    return Server(program=program, owner=b"uid=N" in executable,
+                  threads=b"fuse_session_loop_mt" in executable, options="")
 
 
 def describe():
