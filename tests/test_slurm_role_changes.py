@@ -61,12 +61,15 @@ PLAY = """
 
 # `show node N`: call 1 is the start time before the restart; calls 2 and 3
 # come before slurmd registered again (not responding); later ones after.
-# A node named in $FAKE_STUCK never answers again.
+# A node named in $FAKE_STUCK never answers again. A node in $FAKE_GPU_DRAIN
+# is drained for its GPU count from the first call on (its old slurmd's
+# report, a drain 22.05 keeps); one in $FAKE_NEW_GPU_DRAIN only once its new
+# slurmd has reported.
 SCONTROL = r"""#!/bin/sh
 echo "scontrol $*" >> "$FAKE_LOG"
 case "$1" in
 ping) echo "Slurmctld(primary) at ctl is UP" ;;
-reconfigure) ;;
+reconfigure|update) ;;
 show)
     node=$3
     n=$(( $(cat "$FAKE_STATE/$node" 2>/dev/null || echo 0) + 1 ))
@@ -75,9 +78,16 @@ show)
     if [ "$n" -gt 1 ]; then start=2024-01-01T00:10:00; fi
     if [ "$n" -gt 1 ] && [ "$n" -le 3 ]; then state='IDLE*'; fi
     if [ "$node" = "$FAKE_STUCK" ] && [ "$n" -gt 1 ]; then state='DOWN*'; fi
+    reason=""
+    if [ "$node" = "$FAKE_GPU_DRAIN" ]; then reason=2024-01-01T00:05:00; fi
+    if [ "$node" = "$FAKE_NEW_GPU_DRAIN" ] && [ "$n" -gt 3 ]; then reason=2024-01-01T00:10:00; fi
+    if [ -n "$reason" ]; then state=$state+DRAIN; fi
     echo "NodeName=$node Arch=x86_64 CoresPerSocket=8"
     echo "   State=$state ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A"
     echo "   BootTime=2023-12-31T00:00:00 SlurmdStartTime=$start"
+    if [ -n "$reason" ]; then
+        echo "   Reason=gres/gpu count reported lower than configured (0 < 2) [slurm@$reason]"
+    fi
     ;;
 *) exit 1 ;;
 esac
@@ -126,14 +136,15 @@ class Cluster:
                         ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_DEPRECATION_WARNINGS="false",
                         ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="json")
 
-    def run(self, *args, stuck=""):
+    def run(self, *args, stuck="", gpu_drain="", new_gpu_drain=""):
         """One run; the calls the daemons' stand-ins saw, and ansible's JSON report."""
         self.log.write_text("")
         for counter in self.state.iterdir():
             counter.unlink()
         result = subprocess.run(
             [BIN / "ansible-playbook", "-i", self.inventory, self.play, *args],
-            env=dict(self.env, FAKE_STUCK=stuck), capture_output=True, text=True, timeout=300, cwd=REPO)
+            env=dict(self.env, FAKE_STUCK=stuck, FAKE_GPU_DRAIN=gpu_drain, FAKE_NEW_GPU_DRAIN=new_gpu_drain),
+            capture_output=True, text=True, timeout=300, cwd=REPO)
         report = json.loads(result.stdout)
         return self.log.read_text().splitlines(), report
 
@@ -248,3 +259,18 @@ def test_a_slurmd_that_does_not_come_back_stops_the_rolling_restart(cluster):
     assert "cn2: slurmd not restarted: cn1, restarted before it, does not answer" in messages
     assert len(restarts(calls, "slurmd")) == 1
     assert "sinfo -h -N -n cn1 -t down,no_respond -o %N" in calls
+
+
+# Slurm 22.05: slurmctld, restarted first with a node's new Gres=, hears the
+# old slurmd report no GPUs and drains the node; the new slurmd's report
+# does not lift it (seen in the Debian 12 cluster's run)
+def test_a_drain_the_old_slurmds_gpu_count_caused_is_lifted_after_the_restart(tmp_path):
+    calls, report = Cluster(tmp_path).run(gpu_drain="cn2")
+    assert not failed(report), report
+    assert [c for c in calls if c.startswith("scontrol update")] == ["scontrol update nodename=cn2 state=resume"]
+
+
+def test_a_drain_the_new_slurmd_caused_stays(tmp_path):
+    calls, report = Cluster(tmp_path).run(new_gpu_drain="cn2")
+    assert not failed(report), report
+    assert not [c for c in calls if c.startswith("scontrol update")]

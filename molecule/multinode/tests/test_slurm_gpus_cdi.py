@@ -112,7 +112,9 @@ def gpus(tmp_path_factory):
 
 
 def srun(args):
-    return node(CONTROLLER).run(f"cd /tmp && runuser -u alice -- srun {args}")
+    """srun as alice, refused where its nodes cannot be had within 2 min
+    (a node Slurm drained for its GPUs would keep it pending for ever)."""
+    return node(CONTROLLER).run(f"cd /tmp && runuser -u alice -- srun --immediate=120 {args}")
 
 
 def expected(gpus, visible):
