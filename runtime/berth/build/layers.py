@@ -42,15 +42,22 @@ class Snapshot(typing.NamedTuple):
 
 
 def snapshot(root):
+    """The Snapshot of `root`, each directory given its owner's rwx before
+    the walk enters it (tree.owner_writable's rule, in the same walk): what
+    a RUN made 0500 or 0000 must be read, packed and removed."""
     entries = {}
     pending = [""]
     while pending:
         top = pending.pop()
-        with os.scandir(os.path.join(root, top)) as found:
+        prefix = f"{top}/" if top else ""
+        with os.scandir(f"{root}/{top}") as found:
             for entry in found:
                 info = entry.stat(follow_symlinks=False)
-                path = os.path.join(top, entry.name)
                 is_dir = stat.S_ISDIR(info.st_mode)
+                if is_dir and info.st_mode & 0o700 != 0o700:
+                    os.chmod(entry.path, info.st_mode | 0o700)
+                    info = os.lstat(entry.path)
+                path = prefix + entry.name
                 entries[path] = (info.st_ino, info.st_ctime_ns, is_dir)
                 if is_dir:
                     pending.append(path)
@@ -66,15 +73,14 @@ def _order(path):
 def changes(before, after):
     """The entries of the layer that makes `after` of `before` (Snapshots):
     sorted paths, whiteouts and opaque markers among them."""
-    replaced = {path for path, (ino, _, is_dir) in after.entries.items()
-                if is_dir and before.entries.get(path, (None, None, False))[2]
-                and before.entries[path][0] != ino}
-    paths = [path for path, now in after.entries.items() if before.entries.get(path) != now]
+    old, new = before.entries, after.entries
+    replaced = {path for path, (ino, _, is_dir) in new.items()
+                if is_dir and old.get(path, (None, None, False))[2] and old[path][0] != ino}
+    paths = [path for path, now in new.items() if old.get(path) != now]
     paths += [os.path.join(path, OPAQUE) for path in replaced]
-    for path in before.entries:
+    for path in old.keys() - new.keys():
         parent, name = os.path.split(path)
-        if path not in after.entries and parent not in replaced \
-                and (not parent or after.entries.get(parent, (0, 0, False))[2]):
+        if parent not in replaced and (not parent or new.get(parent, (0, 0, False))[2]):
             paths.append(os.path.join(parent, WHITEOUT + name))
     return sorted(paths, key=_order)
 

@@ -83,24 +83,36 @@ class Builder:
     def tree_at(self, stage, state):
         """The stage's tree as `state` has it: the one it has, with the
         layers of the steps cached since; else unpacked anew."""
-        path, at = self.trees.get(stage, (None, None))
+        path, at, _ = self.trees.get(stage, (None, None, None))
         base_key, keys = state.root_at
         if path and at and at[0] == base_key and keys[:len(at[1])] == at[1]:
-            self.trees[stage] = (path, None)  # (until it is whole)
+            if keys == at[1]:
+                return path
+            self.trees[stage] = (path, None, None)  # (until it is whole)
             restore.apply_steps(self.cfg, path, keys[len(at[1]):])
-            self.trees[stage] = (path, state.root_at)
+            self.trees[stage] = (path, state.root_at, None)
             return path
         if path:
             tree.remove(path)
         path = f"{self.work}/stage-{stage}"
-        self.trees[stage] = (None, None)  # (until it is whole)
+        self.trees[stage] = (None, None, None)  # (until it is whole)
         if state.image:
             tree.unpack(state.image, path)
         else:
             os.mkdir(path, 0o700)
         restore.apply_steps(self.cfg, path, keys)
-        self.trees[stage] = (path, state.root_at)
+        self.trees[stage] = (path, state.root_at, None)
         return path
+
+    def tree_to_change(self, stage, state):
+        """The stage's tree as `state` has it, and a layers.Snapshot of it:
+        the one the step before took after its change where the tree is
+        that step's still (a walk saved), else taken now. The tree is the
+        caller's to change: it no longer stands for `state`."""
+        root = self.tree_at(stage, state)
+        _, _, taken = self.trees[stage]
+        self.trees[stage] = (root, None, None)
+        return root, taken or layers.snapshot(root)
 
     def stage_files(self, stage, specs, *, where):
         """The StageFiles of `specs` in the stage `stage` as it ended: the
@@ -131,14 +143,14 @@ class Builder:
             self.cached += 1
             return state._replace(key=key, layers=(*state.layers, key),
                                   owners=owned.found(self.cfg, key))
-        root = self.tree_at(stage, state)
-        before = layers.snapshot(root)
+        root, before = self.tree_to_change(stage, state)
         if state.config.workdir:  # (WORKDIR's directory is made here, as BuildKit does)
             os.makedirs(tree.path_in(root, state.config.workdir), mode=0o755, exist_ok=True)
         try:
             given = change(root) or {}
-        finally:  # (a failed or stopped RUN's tree is removed all the same)
+        except BaseException:  # (a failed or stopped RUN's tree is removed all the same)
             tree.owner_writable(root)
+            raise
         after = layers.snapshot(root)
         owners = {path: owner for path, owner in {**state.owners, **given}.items()
                   if path in after.entries and tuple(owner) != (0, 0)}
@@ -146,7 +158,7 @@ class Builder:
         owned.keep(self.cfg, key, owners)
         layers.keep(self.cfg, key, layer)
         new = state._replace(key=key, layers=(*state.layers, key), owners=owners)
-        self.trees[stage] = (root, new.root_at)
+        self.trees[stage] = (root, new.root_at, after)
         self.ran += 1
         return new
 

@@ -113,12 +113,10 @@ def _write(builder, stage, options):
     key = stepcache.key(state.key, ["image", record])
     found = None if options.no_cache else stepcache.found_step(builder.cfg, key)
     if not found:
-        root = builder.tree_at(stage, state)
-        before = layers.snapshot(root)
+        root, before = builder.tree_to_change(stage, state)
         if state.config.workdir:
             os.makedirs(tree.path_in(root, state.config.workdir), mode=0o755, exist_ok=True)
         write_record(root, state, source)
-        builder.trees[stage] = (root, None)  # (no longer the step's)
         found = stepcache.path(builder.cfg, key)
         layer = layers.write(builder.cfg, root, layers.changes(before, layers.snapshot(root)),
                              owners=state.owners)
