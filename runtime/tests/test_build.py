@@ -365,14 +365,27 @@ def test_a_noexec_temp_path_is_refused_before_the_first_run(berth, build):
         result = berth("build", "-o", "out.sqsh", build, env={"ENROOT_TEMP_PATH": str(temp)})
         assert result.returncode == 1
         assert result.stderr.splitlines() == [
-            f"berth: error: {build}/Containerfile:3: RUN needs ENROOT_TEMP_PATH ({temp}) on a "
-            "file system that allows running programs; it is mounted noexec"]
+            f"berth: error: {build}/Containerfile:3: RUN needs ENROOT_TEMP_PATH ({temp}) on "
+            "a file system that allows running programs; it is mounted noexec"]
         assert os.listdir(temp) == [] and not (berth.base / "out.sqsh").exists()
         assert not (berth.base / "cache").exists()  # (not even the COPY before it)
         write(berth, build, "FROM ./base.sqsh\nCOPY tool.sh /\n")
         result = berth("build", "-o", "out.sqsh", build, env={"ENROOT_TEMP_PATH": str(temp)})
         assert result.returncode == 0, result.stderr
         assert os.listdir(temp) == [] and (berth.base / "out.sqsh").exists()
+        # a base image's ONBUILD RUN is refused at the FROM line that runs it
+        write(berth, build, "FROM ./base.sqsh\nONBUILD RUN echo triggered > /t\n")
+        built(berth, "-o", "parent.sqsh", build)
+        shutil.copy(berth.base / "parent.sqsh", build / "parent.sqsh")
+        write(berth, build, "FROM ./parent.sqsh\nCOPY tool.sh /\n")
+        berth.chown(build)
+        result = berth("build", "-o", "child.sqsh", build, env={"ENROOT_TEMP_PATH": str(temp)})
+        assert result.returncode == 1
+        assert result.stderr.splitlines()[-1] == (
+            f"berth: error: {build}/Containerfile:1: the base image's trigger ONBUILD RUN echo "
+            f"triggered > /t needs ENROOT_TEMP_PATH ({temp}) on a file system that allows "
+            "running programs; it is mounted noexec")
+        assert os.listdir(temp) == [] and not (berth.base / "child.sqsh").exists()
     finally:
         subprocess.run(["umount", temp], check=True)
 

@@ -96,6 +96,7 @@ def _stages(builder, build_plan):
         state = base.begin(builder, stage)  # (a pull's progress after its line)
         history = oci.begun(stage, state, histories)
         triggers, state = instructions.triggers(builder, stage, state)
+        _check_runnable_temp(builder.cfg, triggers, triggers=True)
         for step in [*triggers, *stage.steps]:
             before, state = state, instructions.apply(builder, step, state, stage=stage.index)
             history.append(oci.after(step, before, state))
@@ -125,20 +126,21 @@ def _write(builder, stage, options):
     return oci.Entry(f"berth build: WORKDIR and {imageconfig.IMAGE_JSON}", key=key, image=found)
 
 
-def _check_runnable_temp(cfg, build_plan):
-    """Refuse a plan with a RUN step when ENROOT_TEMP_PATH, where the
-    stages' trees are unpacked and RUN runs its programs, is on a file
-    system mounted noexec: each would fail with a bare EACCES."""
-    first = next((step for stage in build_plan.stages for step in stage.steps
-                  if step.cmd == "RUN"), None)
+def _check_runnable_temp(cfg, steps, *, triggers=False):
+    """Refuse `steps` (the plan's, a base image's triggers) with a RUN among
+    them when ENROOT_TEMP_PATH, where the stages' trees are unpacked and
+    RUN runs its programs, is on a file system mounted noexec: each would
+    fail with a bare EACCES."""
+    first = next((step for step in steps if step.cmd == "RUN"), None)
     temp = cfg["ENROOT_TEMP_PATH"]
     try:
         noexec = first is not None and os.statvfs(temp).f_flag & os.ST_NOEXEC
     except OSError:  # (mkdtemp says what is wrong with it)
         return
     if noexec:
-        raise BerthError(f"{first.where}: RUN needs ENROOT_TEMP_PATH ({temp}) on a file system "
-                         "that allows running programs; it is mounted noexec")
+        what = f"the base image's trigger ONBUILD {first.original}" if triggers else "RUN"
+        raise BerthError(f"{first.where}: {what} needs ENROOT_TEMP_PATH ({temp}) on a file "
+                         "system that allows running programs; it is mounted noexec")
 
 
 def build(cfg, request):
@@ -146,7 +148,7 @@ def build(cfg, request):
     options = _options(request)
     build_plan = plan.make(parse.read(options.file), build_args=options.build_args,
                            target=options.target, base=request.base)
-    _check_runnable_temp(cfg, build_plan)
+    _check_runnable_temp(cfg, [step for stage in build_plan.stages for step in stage.steps])
     try:  # (a private directory of its own, whoever else uses ENROOT_TEMP_PATH)
         work = tempfile.mkdtemp(prefix="berth-build.", dir=cfg["ENROOT_TEMP_PATH"])
     except OSError as e:
