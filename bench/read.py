@@ -3,7 +3,7 @@
 squashfs and the other ways to serve the same file, one run.
 
     /opt/berth-dev/venv/bin/python bench/read.py [CACHE_DIR] [--size-gib 0.08]
-        [--files 5000] [--rounds 2] [--tasks N] [--full] [--quiet]
+        [--files 5000] [--rounds 2] [--tasks N] [--full] [--quiet] [--commit REV]
 
 As root (a kernel squashfs mount and dropping the page cache need it).
 On a node of the demo cluster, with the image made by a first run on the
@@ -13,7 +13,7 @@ the node's python3 and tools:
     tar -c bench runtime | docker exec -i berth-cn1 sh -c \
         'mkdir -p /tmp/berth && tar -x -C /tmp/berth'
     docker cp /var/tmp/berth-bench berth-cn1:/var/tmp/
-    docker exec berth-cn1 python3 /tmp/berth/bench/read.py
+    docker exec berth-cn1 python3 /tmp/berth/bench/read.py --commit "$(git describe --always)"
 
 (the kernel's row needs a loop device there, the cold rows a writable
 /proc/sys/vm/drop_caches).
@@ -254,9 +254,18 @@ def print_table(results, places):
                         for i, (cell, width) in enumerate(zip(line, widths, strict=True))))
 
 
+def git_commit():
+    """This tree's commit, or None where it is no checkout or has no git
+    (a node the bench was copied to)."""
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+                              capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return None
+
+
 def describe_run(args, image, paths):
-    commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
-                            capture_output=True, text=True, check=False).stdout.strip()
+    commit = args.commit or git_commit()
     release = platform.freedesktop_os_release().get("PRETTY_NAME", "Linux")
     python = paths["read"]
     print(f"command: {shlex.join(['bench/read.py', *sys.argv[1:]])}")
@@ -282,6 +291,8 @@ def main():
     parser.add_argument("--full", action="store_true",
                         help="the issue's test image (0.25 GiB, 8,000 files, 40 layers)")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--commit", help="the commit measured, where the bench runs from a "
+                        "copy with no git (a node): printed with the table")
     args = parser.parse_args()
     if args.full:
         shape = realistic_image.CLUSTER_TEST_SHAPE
