@@ -155,6 +155,42 @@ def test_a_rebuild_runs_no_step_and_a_change_reruns_from_its_line(berth, build):
     assert "images" in listed
 
 
+def _listed(berth):
+    """{kind: (count, bytes)} of `berth cache`'s table."""
+    return {kind: (int(count), int(size)) for kind, count, _, size in
+            (line.split() for line in berth.ok("cache").splitlines()[2:])}
+
+
+def test_cache_lists_the_steps_and_cache_mounts_a_build_keeps(berth, build):
+    """`berth cache` counts the steps a build cached (the bytes of their
+    layers) and its cache mounts (what their files take), read as a hostile
+    user may have left them: no FIFO waited on, no link followed."""
+    write(berth, build, "FROM ./base.sqsh\nRUN --mount=type=cache,target=/c "
+                        "head -c 300000 /dev/urandom > /c/blob && echo one > /one\n"
+                        "RUN echo two > /two\n")
+    built(berth, "-o", "out.sqsh", build)
+    cache = berth.base / "cache"
+    records = [json.loads(p.read_text()) for p in (cache / "build-layers").glob("*.json")
+               if not p.name.endswith(".owners.json")]
+    assert len(records) == 3  # the two RUNs, and the image's record with WORKDIR
+    blobs = {r["digest"].removeprefix("sha256:") for r in records}
+    layer_bytes = sum((cache / "blobs/sha256" / d).stat().st_size for d in blobs)
+    listed = _listed(berth)
+    assert listed["steps"] == (3, layer_bytes)
+    assert listed["mounts"][0] == 1 and 300000 <= listed["mounts"][1] < 400000, listed
+    outside = berth.base / "outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(os.urandom(1 << 20))
+    os.mkfifo(cache / "build-layers" / f"{5:064x}.json")
+    (cache / "build-layers" / f"{6:064x}.json").symlink_to(
+        next((cache / "build-layers").glob("*.json")))
+    (mount,) = (cache / "build-cache").iterdir()
+    (mount / "out").symlink_to(outside)
+    berth.chown(cache, outside)
+    again = _listed(berth)
+    assert again["steps"] == listed["steps"] and again["mounts"][1] < 400000, again
+
+
 def test_cache_prune_forgets_the_build_records_of_what_it_removed(berth, build):
     """The records a build keeps beside its layers (a step's layer, a COPY
     --from's checksum) go with what they name, read as a hostile user may

@@ -311,7 +311,8 @@ def test_cache_list_counts_the_files(tmp_path, env, proxy):
         layer_bytes = sum(blob.stat().st_size for blob in blobs)
         assert table(result.stdout) == {
             "layers": (2, layer_bytes), "images": (1, image.stat().st_size), "partial": (1, 5),
-            "total": (4, layer_bytes + image.stat().st_size + 5)}
+            "total": (4, layer_bytes + image.stat().st_size + 5), "steps": (0, 0),
+            "mounts": (0, 0)}
 
 
 def fake_cache(tmp_path, ages):

@@ -33,8 +33,8 @@ from berth import rootpath, safedir, units
 from berth.build import context, tree
 from berth.container import mounts
 from berth.errors import BerthError
+from berth.image.cachelayout import CacheLayout
 
-CACHES = "build-cache"
 _ORIGIN = "berth build RUN --mount"
 
 
@@ -105,8 +105,8 @@ def _in_stage(builder, bound):
 
 
 def _cache_root(cfg):
-    top = safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
-    path = os.path.join(top, CACHES)
+    safedir.ensure(cfg["ENROOT_CACHE_PATH"], "ENROOT_CACHE_PATH")
+    path = CacheLayout(cfg["ENROOT_CACHE_PATH"]).dir("build-cache")
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
 

@@ -36,6 +36,47 @@ class Forgotten(typing.NamedTuple):
     url_records: int
 
 
+class Held(typing.NamedTuple):
+    """What `berth cache` lists of a build's: how many, and their bytes."""
+
+    count: int
+    size: int
+
+
+def steps_held(cache):
+    """The build steps whose layers the CacheDirs `cache` holds, and the
+    bytes of those layers (counted among the cache's layers too)."""
+    dir_fd, digests, count = cache.fds["build-layers"], set(), 0
+    for item in files(dir_fd):
+        record = read_record(item.name, dir_fd) if _DIGEST_RECORD.fullmatch(item.name) else None
+        if isinstance(record, dict) and _has_layer(cache, record.get("digest")):
+            count += 1
+            digests.add(record["digest"].removeprefix("sha256:"))
+    return Held(count=count, size=sum(_file_size(cache.fds["layers"], d) for d in digests))
+
+
+def mounts_held(cache):
+    """The RUN --mount=type=cache directories of the CacheDirs `cache` and
+    the bytes their files take on disk, walked without following a link."""
+    dir_fd = cache.fds["build-cache"]
+    if dir_fd is None:
+        return Held(count=0, size=0)
+    count, size = 0, 0
+    for index, (_, dirs, names, top_fd) in enumerate(os.fwalk(dir_fd=dir_fd)):
+        count = len(dirs) if index == 0 else count
+        for name in dirs + names:
+            size += _file_size(top_fd, name, blocks=True)
+    return Held(count=count, size=size)
+
+
+def _file_size(dir_fd, name, blocks=False):
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return 0
+    return info.st_blocks * 512 if blocks else info.st_size
+
+
 def forget_gone(cache, cutoff):
     """Remove the build records of the CacheDirs `cache` whose layers or
     image are gone, and the checksums last used before `cutoff` (None: any

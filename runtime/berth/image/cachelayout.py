@@ -12,6 +12,7 @@ and names, for the cache (cache.py, blobs.py), its scanner (cachescan.py),
     build-layers/<key>.owners.json  the owners COPY --chown gave in that step
     build-sums/<key>          a COPY --from's checksum, with the layers and image it read
     build-urls/<hash>.json    an ADD URL's ETag and digest (its file in blobs/), by the URL's hash
+    build-cache/<hash>/       a RUN --mount=type=cache directory, by its id's hash
 
 A named tuple, frozen as reference.py's are (no dataclasses: their import
 costs each `berth import` about 7 ms).
@@ -35,7 +36,8 @@ class CacheLayout(collections.namedtuple("CacheLayout", "root")):
     # Each directory of the cache, below its root, by what it holds.
     PLACES = {"layers": ("blobs", "sha256"), "images": ("images",), "locks": ("locks",),
               "uris": ("uris",), "build-layers": ("build-layers",),
-              "build-sums": ("build-sums",), "build-urls": ("build-urls",)}
+              "build-sums": ("build-sums",), "build-urls": ("build-urls",),
+              "build-cache": ("build-cache",)}
 
     def dir(self, kind):
         return os.path.join(self.root, *self.PLACES[kind])

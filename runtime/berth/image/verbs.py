@@ -1,8 +1,9 @@
 """`berth cache [list] | prune`: the layers and images of ENROOT_CACHE_PATH
-counted, or the least recently used removed (skipping what an import holds
-the lock of or used meanwhile; an entry's empty lock file in locks/ goes
-with it). The cache is read through cachescan.py's descriptors; as root,
-a user's cache is pruned in a child that became its owner.
+(and the steps and cache mounts builds keep) counted, or the least
+recently used removed (skipping what an import holds the lock of or used
+meanwhile; an entry's empty lock file in locks/ goes with it). The cache
+is read through cachescan.py's descriptors; as root, a user's cache is
+pruned in a child that became its owner.
 """
 
 import collections
@@ -16,7 +17,7 @@ import time
 
 from berth import safedir, units
 from berth.errors import BerthError, one_line
-from berth.image.buildrecords import forget_gone
+from berth.image.buildrecords import forget_gone, mounts_held, steps_held
 from berth.image.cachescan import (
     CacheDirs,
     files,
@@ -92,15 +93,24 @@ def _open_no_links(cache_path):
 
 
 def _show(cache_path):
+    """The table: the cache's files by kind and their total, then what
+    builds keep: the steps (their layers among the layers) and the cache
+    mounts (directories, apart from the total)."""
     with CacheDirs(cache_path, open_followed(cache_path), strict=False) as cache:
         entries = scan(cache)
+        steps, mounts = steps_held(cache), mounts_held(cache)
     print(f"ENROOT_CACHE_PATH {cache_path}")
     print(f"{'':<8} {'files':>6} {'size':>8} {'bytes':>14}")
     for kind in (*_KINDS, "total"):
         chosen = [entry for entry in entries if kind in (entry.kind, "total")]
-        size = sum(entry.size for entry in chosen)
-        print(f"{kind:<8} {len(chosen):>6} {human_size(size):>8} {size:>14}")
+        _row(kind, len(chosen), sum(entry.size for entry in chosen))
+    _row("steps", steps.count, steps.size)
+    _row("mounts", mounts.count, mounts.size)
     return 0
+
+
+def _row(kind, count, size):
+    print(f"{kind:<8} {count:>6} {human_size(size):>8} {size:>14}")
 
 
 # -- prune --------------------------------------------------------------------
