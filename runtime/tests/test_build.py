@@ -173,7 +173,7 @@ def test_cache_lists_the_steps_and_cache_mounts_a_build_keeps(berth, build):
     records = [json.loads(p.read_text()) for p in (cache / "build-layers").glob("*.json")
                if not p.name.endswith(".owners.json")]
     assert len(records) == 3  # the two RUNs, and the image's record with WORKDIR
-    blobs = {r["digest"].removeprefix("sha256:") for r in records}
+    blobs = {r["diff_id"].removeprefix("sha256:") for r in records}
     layer_bytes = sum((cache / "blobs/sha256" / d).stat().st_size for d in blobs)
     listed = _listed(berth)
     assert listed["steps"] == (3, layer_bytes)

@@ -59,7 +59,7 @@ def test_the_diff_names_each_change_and_whiteouts_come_first(tmp_path):
 
 
 def _members(blob):
-    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         return [(m.name, m.type, m.uid, m.gid, m.uname, m.linkname,
                  tar.extractfile(m).read() if m.isreg() else None) for m in tar]
 
@@ -72,10 +72,15 @@ def test_the_layer_is_a_sorted_tar_all_roots_with_links_and_whiteouts(tmp_path):
     _step(root)
     layer = layers.write({"ENROOT_CACHE_PATH": str(cache)}, root,
                          layers.changes(before, layers.snapshot(root)))
-    blob = (cache / "blobs/sha256" / layer.digest.removeprefix("sha256:")).read_bytes()
-    assert layer.digest == "sha256:" + hashlib.sha256(blob).hexdigest()
-    assert layer.diff_id == "sha256:" + hashlib.sha256(gzip.decompress(blob)).hexdigest()
-    assert layer.size == len(blob)
+    blob = (cache / "blobs/sha256" / layer.diff_id.removeprefix("sha256:")).read_bytes()
+    assert layer.diff_id == "sha256:" + hashlib.sha256(blob).hexdigest()
+    assert layer.size == len(blob) and layer.digest is None  # (no gzip until an output asks)
+    cfg = {"ENROOT_CACHE_PATH": str(cache)}
+    packed = layers.compressed(cfg, "0" * 64, layer)
+    gzipped = (cache / "blobs/sha256" / packed.digest.removeprefix("sha256:")).read_bytes()
+    assert packed.digest == "sha256:" + hashlib.sha256(gzipped).hexdigest()
+    assert gzip.decompress(gzipped) == blob and packed.packed_size == len(gzipped)
+    assert layers.kept(cfg, "0" * 64) == packed  # (recorded: made once)
     members = {m[0]: m for m in _members(blob)}
     assert list(members) == layers.changes(before, layers.snapshot(root))
     assert {(m[2], m[3], m[4]) for m in members.values()} == {(0, 0, "")}
@@ -98,10 +103,12 @@ def test_the_same_tree_gives_the_same_digest(tmp_path):
     for name in ("first", "second"):
         root = tmp_path / name
         everything = layers.changes(layers.Snapshot({}), layers.snapshot(root))
-        digests.add(layers.write({"ENROOT_CACHE_PATH": str(tmp_path / "cache")}, root,
-                                 everything).digest)
+        cfg = {"ENROOT_CACHE_PATH": str(tmp_path / "cache")}
+        layer = layers.write(cfg, root, everything)
+        digests.add((layer.diff_id, layers.compressed(cfg, "0" * 64, layer).digest))
     assert len(digests) == 1
-    assert os.listdir(tmp_path / "cache/blobs/sha256") == [digests.pop().split(":")[1]]
+    assert sorted(os.listdir(tmp_path / "cache/blobs/sha256")) == sorted(
+        digest.split(":")[1] for digest in digests.pop())
 
 
 def _entries(root):
@@ -144,7 +151,7 @@ def test_a_layer_applied_to_the_tree_before_makes_the_tree_after(tmp_path):
 
 
 def _hostile(path, *members):
-    with tarfile.open(path, "w:gz") as tar:
+    with tarfile.open(path, "w") as tar:
         for name, kind, link in members:
             info = tarfile.TarInfo(name)
             info.type, info.linkname = kind, link
@@ -164,8 +171,8 @@ def test_a_layer_that_leaves_the_tree_is_refused(tmp_path, members):
     root = tmp_path / "root"
     root.mkdir()
     (tmp_path / "victim").write_text("kept\n")
-    _hostile(tmp_path / "layer.tgz", *members)
+    _hostile(tmp_path / "layer.tar", *members)
     with pytest.raises(BerthError, match="layer"):
-        restore.apply(root, str(tmp_path / "layer.tgz"))
-    assert sorted(os.listdir(tmp_path)) == ["layer.tgz", "root", "victim"]
+        restore.apply(root, str(tmp_path / "layer.tar"))
+    assert sorted(os.listdir(tmp_path)) == ["layer.tar", "root", "victim"]
     assert (tmp_path / "victim").read_text() == "kept\n"

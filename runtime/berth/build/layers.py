@@ -1,5 +1,5 @@
-"""Each changing step's change as an OCI layer (image-layer spec): a gzip
-tar of what the step made or changed, a `.wh.NAME` for what it removed, a
+"""Each changing step's change as an OCI layer (image-layer spec): a tar
+of what the step made or changed, a `.wh.NAME` for what it removed, a
 `.wh..wh..opq` in a directory it replaced. It is written when the step
 runs, from the stage's tree itself: before the step, every entry's inode
 and ctime (a Snapshot, a walk of stat calls); after it, what differs. A
@@ -9,9 +9,13 @@ while the bytes read are those of the change only.
 The tar is deterministic: entries sorted (each directory's whiteouts before
 its other entries), every entry root's (0:0, no names, as the squashfs
 has it) but where COPY --chown gave another (owners.py), each mtime the
-file's own (as BuildKit keeps them), no gzip name or time. The blob goes
-to the image cache's blobs/sha256 under its digest, and a record of it
-(Layer, JSON) under the step's key."""
+file's own (as BuildKit keeps them). It goes to the image cache's
+blobs/sha256 under its digest (the layer's diff_id) as it is, and a record
+of it (Layer, JSON) under the step's key: a rebuild reads it back without
+a gunzip, and a build that writes only a squashfs never compresses
+anything, as BuildKit compresses only what it exports. Its gzip (no name
+or time) is made the first time an OCI output or a push needs it, kept
+beside it and named in the record."""
 
 import gzip
 import hashlib
@@ -27,12 +31,14 @@ from berth.image.cachelayout import CacheLayout
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 _LEVEL = 6  # (gzip: the default level of Go's compress/gzip, which BuildKit writes with)
+_CHUNK = 1 << 20
 
 
 class Layer(typing.NamedTuple):
-    digest: str    # sha256:... of the gzip blob
-    diff_id: str   # sha256:... of the tar
-    size: int      # the blob's bytes
+    diff_id: str              # sha256:... of the tar, the blob kept
+    size: int                 # the tar's bytes
+    digest: str = None        # sha256:... of its gzip, once an output needed it
+    packed_size: int = None   # the gzip's bytes
 
 
 class Snapshot(typing.NamedTuple):
@@ -132,42 +138,66 @@ def _info(root, path, links, *, owners):
 
 
 def _write_tar(blob, root, paths, *, owners):
-    """The layer tar of `paths` in `root` (owners: _info's), gzipped into the file `blob`:
-    the tar's sha256 and the blob's (hashing objects)."""
+    """The layer tar of `paths` in `root` (owners: _info's) into the file
+    `blob`: its hashing object."""
     links = {}
-    packed = _Hashing(blob)
-    with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0,
-                       compresslevel=_LEVEL) as zipped:
-        plain = _Hashing(zipped)
-        with tarfile.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-            for path in paths:
-                info = _info(root, path, links, owners=owners)
-                if info.isreg() and info.size:
-                    with open(os.path.join(root, path), "rb") as f:
-                        tar.addfile(info, f)
-                else:
-                    tar.addfile(info)
-    return plain.sha, packed
+    plain = _Hashing(blob)
+    with tarfile.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for path in paths:
+            info = _info(root, path, links, owners=owners)
+            if info.isreg() and info.size:
+                with open(os.path.join(root, path), "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+    return plain
+
+
+def _blob_written(cfg, write):
+    """`write(file)` into a new blob of the image cache, which it returns
+    hashed (a _Hashing): the blob renamed to its digest; its hashing."""
+    blobs = CacheLayout(cfg["ENROOT_CACHE_PATH"]).dir("layers")
+    os.makedirs(blobs, mode=0o700, exist_ok=True)
+    partial = os.path.join(blobs, f"build-layer.tmp-{os.getpid()}")
+    try:
+        with open(partial, "wb") as blob:
+            hashed = write(blob)
+        os.rename(partial, os.path.join(blobs, hashed.sha.hexdigest()))
+    except OSError as e:
+        raise BerthError(f"{e.filename or blobs}: the step's layer: {e.strerror}") from None
+    finally:
+        if os.path.lexists(partial):
+            os.unlink(partial)
+    return hashed
 
 
 def write(cfg, root, paths, owners=None):
     """The layer of `paths` (changes()'s) in `root`, into the image cache's
     blobs: its Layer. `owners` ({path: (uid, gid)}) gives an entry's owner
     other than root's (COPY --chown)."""
-    blobs = CacheLayout(cfg["ENROOT_CACHE_PATH"]).dir("layers")
-    os.makedirs(blobs, mode=0o700, exist_ok=True)
-    partial = os.path.join(blobs, f"build-layer.tmp-{os.getpid()}")
-    try:
-        with open(partial, "wb") as blob:
-            plain, packed = _write_tar(blob, root, paths, owners=owners or {})
-        os.rename(partial, os.path.join(blobs, packed.sha.hexdigest()))
-    except OSError as e:
-        raise BerthError(f"{e.filename or blobs}: the step's layer: {e.strerror}") from None
-    finally:
-        if os.path.lexists(partial):
-            os.unlink(partial)
-    return Layer(digest=f"sha256:{packed.sha.hexdigest()}",
-                 diff_id=f"sha256:{plain.hexdigest()}", size=packed.size)
+    plain = _blob_written(cfg, lambda blob: _write_tar(blob, root, paths, owners=owners or {}))
+    return Layer(diff_id=f"sha256:{plain.sha.hexdigest()}", size=plain.size)
+
+
+def _gzip(tar_path, blob):
+    packed = _Hashing(blob)
+    with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0,
+                       compresslevel=_LEVEL) as zipped, open(tar_path, "rb") as tar:
+        while chunk := tar.read(_CHUNK):
+            zipped.write(chunk)
+    return packed
+
+
+def compressed(cfg, key, layer):
+    """`layer` (the step `key`'s) with its gzip blob in the cache: the one
+    its record names where it is still there, else made of the tar now and
+    recorded."""
+    if layer.digest and os.path.isfile(packed_path(cfg, layer)):
+        return layer
+    packed = _blob_written(cfg, lambda blob: _gzip(blob_path(cfg, layer), blob))
+    layer = layer._replace(digest=f"sha256:{packed.sha.hexdigest()}", packed_size=packed.size)
+    keep(cfg, key, layer)
+    return layer
 
 
 def keep(cfg, key, layer):
@@ -188,9 +218,20 @@ def kept(cfg, key):
             layer = Layer(**json.load(f))
     except (OSError, ValueError, TypeError):
         return None
-    return layer if os.path.isfile(blob_path(cfg, layer)) else None
+    return layer if isinstance(layer.diff_id, str) and os.path.isfile(blob_path(cfg, layer)) \
+        else None
 
 
 def blob_path(cfg, layer):
+    """The layer's tar in the image cache."""
+    return _in_blobs(cfg, layer.diff_id)
+
+
+def packed_path(cfg, layer):
+    """The layer's gzip in the image cache (compressed()'s)."""
+    return _in_blobs(cfg, layer.digest)
+
+
+def _in_blobs(cfg, digest):
     return os.path.join(CacheLayout(cfg["ENROOT_CACHE_PATH"]).dir("layers"),
-                        layer.digest.removeprefix("sha256:"))
+                        digest.removeprefix("sha256:"))

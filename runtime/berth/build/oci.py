@@ -78,7 +78,7 @@ def _layer(cfg, entry):
     if found is None:
         raise BerthError(f"{entry.created_by}: the step's layer is gone from the image cache; "
                          "build again with --no-cache")
-    return found
+    return layers.compressed(cfg, entry.key, found)
 
 
 def _config(config):
@@ -111,8 +111,8 @@ def image(cfg, *, history, config):
                          "config": _config(config), "history": history_field,
                          "rootfs": {"type": "layers",
                                     "diff_ids": [layer.diff_id for _, layer in found]}})
-    layer_blobs = [Blob(digest=layer.digest, size=layer.size,
-                        path=layers.blob_path(cfg, layer)) for _, layer in found]
+    layer_blobs = [Blob(digest=layer.digest, size=layer.packed_size,
+                        path=layers.packed_path(cfg, layer)) for _, layer in found]
     manifest = _blob({"schemaVersion": 2, "mediaType": MANIFEST,
                       "config": descriptor(config_blob, CONFIG),
                       "layers": [descriptor(blob, LAYER) for blob in layer_blobs]})

@@ -1,6 +1,6 @@
 """A stage's tree put back from the step cache: its base unpacked once
 (tree.unpack), then the layer of each cached step above it applied in
-order (layers.py's gzip tars, kept under the step's key). A step's cache
+order (layers.py's tars, kept under the step's key). A step's cache
 entry is its change only, so a step costs the size of its change, not a
 squashfs of the whole root; the image's squashfs is made once, at the end.
 
@@ -114,10 +114,10 @@ def _entry(tar, member, tree, *, path):
 
 
 def apply(root, blob):
-    """The layer in the gzip tar `blob` applied to the tree `root`."""
+    """The layer in the tar `blob` applied to the tree `root`."""
     tree = _Tree(root, blob)
     try:
-        with tarfile.open(blob, "r|gz") as tar:
+        with tarfile.open(blob, "r|") as tar:
             for member in tar:
                 path = _relative(member.name, blob)
                 if os.path.basename(path).startswith(layers.WHITEOUT):

@@ -94,7 +94,7 @@ def sums_memo(cfg, *, root_at, image, specs):
         layer = layers.kept(cfg, step_key)
         if layer is None:
             return None
-        digests.append(layer.digest)
+        digests.append(layer.diff_id)
     layout = CacheLayout(cfg["ENROOT_CACHE_PATH"])
     cached = image is not None and os.path.dirname(image) == layout.dir("images")
     return Memo(key=key(None, ["sources", base_key, digests, list(specs)]),

@@ -1,6 +1,6 @@
 """The small records a build keeps beside its layers (cachelayout.py:
 build-layers/, build-sums/, build-urls/), forgotten by `berth cache
-prune` once what they name is gone: a step's layer record once its blob
+prune` once what they name is gone: a step's layer record once its tar
 is, its owners record once its layer record is, a COPY --from's checksum
 once a layer or the cached base image of its root is (or by
 --older-than, from its last use), an ADD URL's record once the blob of
@@ -45,13 +45,15 @@ class Held(typing.NamedTuple):
 
 def steps_held(cache):
     """The build steps whose layers the CacheDirs `cache` holds, and the
-    bytes of those layers (counted among the cache's layers too)."""
+    bytes of those layers, their tars and the gzips made of them (counted
+    among the cache's layers too)."""
     dir_fd, digests, count = cache.fds["build-layers"], set(), 0
     for item in files(dir_fd):
         record = read_record(item.name, dir_fd) if _DIGEST_RECORD.fullmatch(item.name) else None
-        if isinstance(record, dict) and _has_layer(cache, record.get("digest")):
+        if isinstance(record, dict) and _has_layer(cache, record.get("diff_id")):
             count += 1
-            digests.add(record["digest"].removeprefix("sha256:"))
+            digests.update(record[field].removeprefix("sha256:") for field in ("diff_id", "digest")
+                           if _has_layer(cache, record.get(field)))
     return Held(count=count, size=sum(_file_size(cache.fds["layers"], d) for d in digests))
 
 
@@ -85,7 +87,7 @@ def forget_gone(cache, cutoff):
         owners = _OWNERS_RECORD.fullmatch(name)
         if owners:
             return not holds_file(dir_fd, f"{owners[1]}.json")
-        return _blob_gone(cache, dir_fd, name)
+        return _blob_gone(cache, dir_fd, name, field="diff_id")
 
     def sum_gone(dir_fd, name):
         record = read_record(name, dir_fd) if LAYER_NAME.fullmatch(name) else None
@@ -109,11 +111,11 @@ def _forget(cache, kind, gone):
     return removed
 
 
-def _blob_gone(cache, dir_fd, name):
-    """Whether the record `name` (<hex>.json, naming a blob by its digest)
-    is no such record, or its blob is gone."""
+def _blob_gone(cache, dir_fd, name, field="digest"):
+    """Whether the record `name` (<hex>.json, naming a blob by its digest
+    in `field`) is no such record, or its blob is gone."""
     record = read_record(name, dir_fd) if _DIGEST_RECORD.fullmatch(name) else None
-    return not isinstance(record, dict) or not _has_layer(cache, record.get("digest"))
+    return not isinstance(record, dict) or not _has_layer(cache, record.get(field))
 
 
 def _root_kept(cache, record):
