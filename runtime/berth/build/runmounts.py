@@ -34,6 +34,7 @@ from berth.build import context, tree
 from berth.container import mounts
 from berth.errors import BerthError
 from berth.image.cachelayout import CacheLayout
+from berth.image.cachescan import disk_usage
 
 _ORIGIN = "berth build RUN --mount"
 
@@ -222,14 +223,16 @@ def mounted(builder, bounds, *, root):
         keep_bound(builder.cfg)
 
 
-
 def _size(path):
-    total = 0
-    for top, dirs, files in os.walk(path):
-        for name in dirs + files:
-            with contextlib.suppress(FileNotFoundError):
-                total += os.lstat(os.path.join(top, name)).st_blocks * 512
-    return total
+    """The bytes on disk under the cache mount `path` (0: not a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        return disk_usage(fd)
+    finally:
+        os.close(fd)
 
 
 def keep_bound(cfg):

@@ -20,7 +20,7 @@ import typing
 
 from berth.errors import BerthError
 from berth.image.cachelayout import IMAGE_NAME, LAYER_NAME
-from berth.image.cachescan import files, holds_file, last_use
+from berth.image.cachescan import disk_usage, files, holds_file, last_use
 
 _RECORD_MAX = 1 << 20  # (a checksum's record lists a root's layers: a few KiB)
 _DIGEST_RECORD = re.compile(r"[0-9a-f]{64}\.json")
@@ -63,20 +63,15 @@ def mounts_held(cache):
     dir_fd = cache.fds["build-cache"]
     if dir_fd is None:
         return Held(count=0, size=0)
-    count, size = 0, 0
-    for index, (_, dirs, names, top_fd) in enumerate(os.fwalk(dir_fd=dir_fd)):
-        count = len(dirs) if index == 0 else count
-        for name in dirs + names:
-            size += _file_size(top_fd, name, blocks=True)
-    return Held(count=count, size=size)
+    _, dirs, _, _ = next(os.fwalk(dir_fd=dir_fd))
+    return Held(count=len(dirs), size=disk_usage(dir_fd))
 
 
-def _file_size(dir_fd, name, blocks=False):
+def _file_size(dir_fd, name):
     try:
-        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
     except OSError:
         return 0
-    return info.st_blocks * 512 if blocks else info.st_size
 
 
 def forget_gone(cache, cutoff):

@@ -156,6 +156,18 @@ def files(dir_fd, links=False):
                 if (item.is_symlink() if links else item.is_file(follow_symlinks=False))]
 
 
+def disk_usage(dir_fd):
+    """The bytes on disk of every entry under the directory open as
+    `dir_fd`, walked without following a link (an entry gone meanwhile
+    counts nothing)."""
+    total = 0
+    for _, dirs, names, top_fd in os.fwalk(dir_fd=dir_fd):
+        for name in dirs + names:
+            with contextlib.suppress(OSError):
+                total += os.stat(name, dir_fd=top_fd, follow_symlinks=False).st_blocks * 512
+    return total
+
+
 def holds_file(dir_fd, name):
     """Whether the directory open as `dir_fd` (None: not there) holds the
     regular file `name`; a symbolic link is none."""
