@@ -31,7 +31,7 @@ from berth.image.cachelayout import CacheLayout
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 _LEVEL = 6  # (gzip: the default level of Go's compress/gzip, which BuildKit writes with)
-_CHUNK = 1 << 20
+CHUNK = 1 << 20  # (the bytes a layer tar is read or written in at once)
 
 
 class Layer(typing.NamedTuple):
@@ -183,7 +183,7 @@ def _gzip(tar_path, blob):
     packed = _Hashing(blob)
     with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0,
                        compresslevel=_LEVEL) as zipped, open(tar_path, "rb") as tar:
-        while chunk := tar.read(_CHUNK):
+        while chunk := tar.read(CHUNK):
             zipped.write(chunk)
     return packed
 

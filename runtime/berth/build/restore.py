@@ -19,8 +19,6 @@ import tarfile
 from berth.build import layers
 from berth.errors import BerthError
 
-_CHUNK = 1 << 20
-
 
 def _relative(name, blob):
     """`name` of a layer entry as a relative path with no `..`; else refused."""
@@ -75,7 +73,7 @@ def _file(tar, member, where):
     source = tar.extractfile(member)
     fd = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as f:
-        while chunk := source.read(_CHUNK):
+        while chunk := source.read(layers.CHUNK):
             f.write(chunk)
         f.flush()  # (a write after the chmod would clear a setuid bit)
         os.fchmod(f.fileno(), member.mode)
