@@ -41,7 +41,8 @@ case "$SUITE" in
 esac
 NODE=berth/node:$SUITE
 IMAGE=berth/node:$SUITE-tests
-NAME=berth-$SUITE-runtime-suite
+# a name per run: two runs at once (two suites, or two clones) never meet
+NAME=berth-$SUITE-runtime-suite-$$
 PACKAGES=(
     python3-pytest python3-pytest-xdist python3-hypothesis python3-requests python3-tqdm python3-yaml
     squashfs-tools squashfuse fuse-overlayfs uidmap zstd pigz busybox-static siftool
