@@ -2,7 +2,7 @@
 """`berth build` against Docker's BuildKit and Charliecloud's `ch-image
 build`, measured in the same run on the same Containerfiles.
 
-    /opt/berth-dev/venv/bin/python bench/build.py WORK_DIR [--runs N] [--quick]
+    /opt/berth-dev/venv/bin/python bench/build.py WORK_DIR [--runs N] [--quick] [--temp DIR]
 
 As root, on a host bootstrapped by scripts/bootstrap-host.sh (its Docker
 daemon holds berth/node:bookworm), with Charliecloud installed by hand:
@@ -21,6 +21,9 @@ The Containerfiles: `apt` (three packages from the local repository),
 `pip` (pip from its own wheel, then two wheels from the local directory),
 `gcc` (a two-stage C build: gcc in the first, the binary copied to a
 clean second) and `files` (20 steps, each writing 400 small files).
+Berth unpacks a stage's tree in ENROOT_TEMP_PATH (here on the disk of
+/var/tmp); --temp DIR adds a row of berth builds with it in DIR (a
+tmpfs such as /dev/shm, a node-local disk), to show what the disk costs.
 Columns, the median of RUNS (--quick: one run):
 
   cold      an empty cache: Berth's a new ENROOT_CACHE_PATH, Docker's
@@ -202,13 +205,22 @@ def measured(command, *, env=None, daemon=False):
 class Builders:
     """The three builders' commands for one context, each with its own cache."""
 
-    def __init__(self, work, scratch):
+    def __init__(self, work, scratch, temp=None):
         self.work, self.scratch = work, scratch
         self.berth_env = {**os.environ, "PYTHONPATH": str(PROJECT / "runtime")}
         for name in ("CACHE", "TEMP", "DATA", "RUNTIME", "CONFIG", "SYSCONF"):
             path = scratch / "berth" / name.lower()
             path.mkdir(parents=True)
             self.berth_env[f"ENROOT_{name}_PATH"] = str(path)
+        # (--temp: the stages' trees unpacked there, the rest as before)
+        self.temp = Path(tempfile.mkdtemp(prefix=f"{PREFIX}.", dir=temp)) if temp else None
+        if self.temp:
+            self.berth_env["ENROOT_TEMP_PATH"] = str(self.temp)
+
+    def remove(self):
+        shutil.rmtree(self.scratch)
+        if self.temp:
+            shutil.rmtree(self.temp)
 
     def berth(self, context, cold):
         if cold:  # (an empty step cache)
@@ -232,6 +244,15 @@ BUILDERS = (("berth build", "berth", "./base.sqsh"), ("BuildKit", "buildkit", f"
             ("ch-image build", "charliecloud", f"{PREFIX}-base"))
 
 
+def builders_measured(temp):
+    """BUILDERS as (label, method, base, temp), with a second berth row whose
+    trees are unpacked in `temp` where one is given."""
+    rows = [(label, method, base, None) for label, method, base in BUILDERS]
+    if temp:
+        rows.insert(1, (f"berth build, trees in {temp}", "berth", "./base.sqsh", temp))
+    return rows
+
+
 def write_context(top, text, files, base):
     shutil.rmtree(top, ignore_errors=True)
     top.mkdir(parents=True)
@@ -241,17 +262,17 @@ def write_context(top, text, files, base):
     return top
 
 
-def measure(work, scratch, port, runs):
-    """{(case, builder): {column: [seconds or bytes]}}."""
+def measure(work, scratch, port, runs, temp=None):
+    """{(case, builder): {column: [seconds or bytes]}}; `temp`: see builders_measured."""
     wheel = next(p.name for p in (work / "wheels").iterdir() if p.name.startswith("pip-"))
     results = {}
     for case, (text, files) in containerfiles(port).items():
         text = text.replace("{wheel}", wheel)
         changed = text.replace("> /versions\n", "> /versions-changed\n")
-        for label, method, base in BUILDERS:
+        for label, method, base, trees in builders_measured(temp):
             row = results.setdefault((case, label), {})
             for _ in range(runs):
-                builders = Builders(work, scratch / f"{case}-{method}")
+                builders = Builders(work, scratch / f"{case}-{method}", temp=trees)
                 build = getattr(builders, method)
                 context = write_context(scratch / "ctx", text, files, base)
                 if method == "berth":
@@ -262,7 +283,7 @@ def measure(work, scratch, port, runs):
                 row.setdefault("again", []).append(build(context, False)[0])
                 (context / "Dockerfile").write_text(changed.replace("@BASE@", base))
                 row.setdefault("last line", []).append(build(context, False)[0])
-                shutil.rmtree(builders.scratch)
+                builders.remove()
             print(f"{case:>6} {label:<15} " + "  ".join(
                 f"{k} {statistics.median(v):.1f}" for k, v in row.items() if k != "peak"),
                 file=sys.stderr, flush=True)
@@ -286,6 +307,8 @@ def main():
     parser.add_argument("work", type=Path, help="kept between runs: the base, repository, wheels")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="one run")
+    parser.add_argument("--temp", type=Path, help="also berth build with ENROOT_TEMP_PATH "
+                        "in this directory (a tmpfs, a node-local disk): its own row")
     args = parser.parse_args()
     runs = 1 if args.quick else args.runs
     args.work.mkdir(parents=True, exist_ok=True)
@@ -293,7 +316,7 @@ def main():
     prepare(work)
     scratch = Path(tempfile.mkdtemp(prefix=f"{PREFIX}.", dir="/var/tmp"))
     try:
-        report(measure(work, scratch, serve(work), runs), runs)
+        report(measure(work, scratch, serve(work), runs, temp=args.temp), runs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         subprocess.run([DOCKER, "rmi", "-f", f"{PREFIX}-out", f"{PREFIX}-base"],
