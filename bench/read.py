@@ -16,7 +16,10 @@ the node's python3 and tools:
     docker exec berth-cn1 python3 /tmp/berth/bench/read.py --commit "$(git describe --always)"
 
 (the kernel's row needs a loop device there, the cold rows a writable
-/proc/sys/vm/drop_caches).
+/proc/sys/vm/drop_caches; the demo cluster's nodes, unprivileged
+containers, have neither: measure a node's packages in a container of
+its image run as scripts/test-runtime-suite.sh runs its own, every
+device allowed, with /dev/loopN made).
 
 The image is bench/realistic_image.py's (made once under CACHE_DIR,
 default /var/tmp/berth-bench), imported by `berth import`, with a static
