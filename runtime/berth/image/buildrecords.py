@@ -63,7 +63,7 @@ def mounts_held(cache):
     dir_fd = cache.fds["build-cache"]
     if dir_fd is None:
         return Held(count=0, size=0)
-    _, dirs, _, _ = next(os.fwalk(dir_fd=dir_fd))
+    _, dirs, _, _ = next(os.fwalk(dir_fd=dir_fd), (None, [], None, None))
     return Held(count=len(dirs), size=disk_usage(dir_fd))
 
 
