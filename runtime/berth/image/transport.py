@@ -195,9 +195,19 @@ def deadline(response, seconds):
             raise late from None
         raise
     finally:
-        timer.cancel()
+        _end(timer)
     if response.was_cut_off:  # a body that ends with its connection ended at the cut
         raise late
+
+
+def _end(timer):
+    """`timer` cancelled and its thread ended. A daemon thread that wakes
+    while the interpreter finalizes (the exit right after ^C cancelled it)
+    is made to exit by CPython 3.11 mid-teardown, and that can crash the
+    process with SIGSEGV instead of its exit status 130."""
+    timer.cancel()
+    if timer.ident is not None:
+        timer.join()
 
 
 def _shut_down(sock):
@@ -246,7 +256,7 @@ class _HeadTimer:
 
     def __exit__(self, *exc):
         if self._timer is not None:
-            self._timer.cancel()
+            _end(self._timer)
 
 
 _PROXY_SCHEMES = ("http", "https", "socks4", "socks4a", "socks5", "socks5h")
