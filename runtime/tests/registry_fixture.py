@@ -201,7 +201,8 @@ class Proxy:
     `login`/`password`, good for `token_uses` requests).
     `cut`: blob digests whose transfer stops halfway;
     `cut_once` stops only the first; `tamper`: path -> body served instead (200 OK);
-    `blob_delay`: seconds before each blob is sent.
+    `blob_delay`: seconds before each blob is sent (only those in
+    `delayed`, where that is a set).
     """
 
     def __init__(self, upstream, auth=None, login="alice", password="secret"):
@@ -210,7 +211,7 @@ class Proxy:
         self.basic = "Basic " + base64.b64encode(f"{login}:{password}".encode()).decode()
         self.requests = []
         self.cut, self.cut_once, self.tamper = set(), set(), {}
-        self.blob_delay = 0.0
+        self.blob_delay, self.delayed = 0.0, None
         self.in_flight = self.most_in_flight = 0  # blob requests being answered at once
         self.lock = threading.Lock()
         self.token_uses = None  # how many requests a token is good for; None: forever
@@ -272,7 +273,8 @@ class Proxy:
             with self.lock:
                 self.in_flight += 1
                 self.most_in_flight = max(self.most_in_flight, self.in_flight)
-            time.sleep(self.blob_delay)
+            if self.delayed is None or digest in self.delayed:
+                time.sleep(self.blob_delay)
             with self.lock:
                 self.in_flight -= 1
             if digest in self.cut or digest in self.cut_once:

@@ -473,8 +473,11 @@ def test_broken_transfer_leaves_no_partial_layer_and_rerun_works(tmp_path, env, 
     assert result.returncode == 0, result.stderr
 
 
-def test_sigterm_cleans_up(tmp_path, env, proxy):
-    proxy.blob_delay = 1
+def test_sigterm_cleans_up(tmp_path, env, proxy, registry):
+    # The layer held long enough that the import is still downloading it
+    # when the signal comes, however long a loaded machine keeps this test
+    # from sending it (with 1 s, a CI run's import had ended: status 0).
+    proxy.blob_delay, proxy.delayed = 20, set(layer_digests(registry, "test/big"))
     process = subprocess.Popen(
         [sys.executable, "-m", "berth.cli", "import", f"docker://{proxy.host}#test/big:v1"],
         env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
