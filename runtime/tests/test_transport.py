@@ -297,7 +297,7 @@ def test_a_resolve_loads_neither_requests_nor_urllib3(scripted):
 def test_a_request_ends_with_no_timer_thread_left(scripted):
     """The head's and the body's timers are ended with the request, not only
     cancelled: a thread of theirs still waking when berth exits (a ^C mid-
-    push) ended that exit in SIGSEGV, not status 130."""
+    push) can end that exit in SIGSEGV, not status 130."""
     server = scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
     direct = transport.Direct((5, 5), False)
     with direct.get(f"{server.url}/a", {}) as answer, transport.deadline(answer, 30):
