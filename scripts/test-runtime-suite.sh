@@ -14,8 +14,9 @@
 # Debian packages, installed once into berth/node:SUITE-tests (rebuilt when
 # the list below or the node image changes; the node image comes from
 # scripts/base-image.sh when missing). The checkout's runtime/, hooks/,
-# spank/, bench/ and the GPU fixtures (tests/fixtures/gpu) are copied in, so
-# nothing is written into the checkout; the MPI test image
+# spank/, bench/, the GPU fixtures (tests/fixtures/gpu) and pytest.ini (the
+# test marks' names) are copied in, so nothing is written into the
+# checkout; the MPI test image
 # (.cache/images/bookworm/mpi-test.sqsh, from scripts/test-image.sh) is bound
 # read-only when present: the dpkg test starts it. One module comes
 # from the host's venv: berth build's parser (the build extra of
@@ -84,7 +85,7 @@ parser=$("${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin/python3" -c \
 matcher=$("${BERTH_DEV_VENV:-/opt/berth-dev/venv}/bin/python3" -c \
           'import os, e2b_dockerfile_utils as m; print(os.path.dirname(m.__file__))')
 tar -c --exclude=__pycache__ --exclude='*.egg-info' --exclude=.pytest_cache \
-        --exclude=.hypothesis runtime hooks spank bench tests/fixtures/gpu \
+        --exclude=.hypothesis pytest.ini runtime hooks spank bench tests/fixtures/gpu \
         -C "$(dirname "$parser")" --transform 's,^dockerfile,pylib/dockerfile,' \
         --transform 's,^e2b_dockerfile_utils,pylib/e2b_dockerfile_utils,' \
         "$(basename "$parser")" "$(basename "$matcher")" \
