@@ -46,6 +46,13 @@ page cache dropped first), by one task and by TASKS concurrent ones
   seq      the largest libraries read from start to end
   random   4 KiB reads at random offsets in them (1,000 per task)
 
+After the table, one line on what a FUSE request costs here: stat and
+open of every file of the Python tree through squashfuse_ll, its server
+bound to one CPU, by a task on that CPU and by one on another (where the
+process may use two). A request wakes the server, and waking an idle CPU
+(on a virtual machine, a halted vCPU) can cost several times the request:
+this is why FUSE rows move with the machine's load.
+
 Each round runs every place in turn, so a busy machine hits all alike; the
 table has the median of the rounds, as the kernel's seconds (the local
 disk's where there is no loop device) and every other place's ratio to
@@ -242,6 +249,33 @@ def workload_paths(root):
 
 # -- the run -----------------------------------------------------------------------
 
+def wake_up_cost(image, work, paths):
+    """(seconds on the server's CPU, seconds from another CPU) of stat_open
+    over `paths` (relative to a root) through squashfuse_ll bound to one
+    CPU, warm; None where this process may use fewer than two CPUs."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return None
+    server_cpu, other_cpu = allowed[:2]
+    point = work / "squashfuse_ll-bound"
+    point.mkdir()
+    subprocess.run(["taskset", "-c", str(server_cpu), "squashfuse_ll", str(image), str(point)],
+                   check=True)
+    try:
+        under = [os.path.join(point, path) for path in paths]
+
+        def on(cpu):
+            def reader(wanted, seed):
+                os.sched_setaffinity(0, {cpu})
+                stat_open(wanted, seed)
+            timed_tasks(reader, under, 1)  # warms it
+            return timed_tasks(reader, under, 1)
+
+        return on(server_cpu), on(other_cpu)
+    finally:
+        subprocess.run(["umount", str(point)], check=False)
+
+
 def measure(places, rounds, task_counts, say, *, cold_too=True):
     """(workload, cold?, tasks) -> place -> median seconds; cold rows only
     with `cold_too`."""
@@ -290,7 +324,7 @@ def git_commit():
         return None
 
 
-def describe_run(args, image, paths):
+def describe_run(args, image, paths, *, places, cold_too):
     commit = args.commit or git_commit()
     release = platform.freedesktop_os_release().get("PRETTY_NAME", "Linux")
     python = paths["read"]
@@ -303,6 +337,20 @@ def describe_run(args, image, paths):
           f"{sum(map(os.path.getsize, paths['seq'])) / 1e6:.1f} MB; median of {args.rounds} "
           f"rounds")
     print(squashserve.describe())
+    if places.reference != "kernel":
+        print("reference: the local disk (no loop device here for the kernel's squashfs)")
+    if not cold_too:
+        print("warm rows only: the page cache cannot be dropped here")
+
+
+def print_wake_up(cost, reference_seconds, reference):
+    if cost is None:
+        print("wake-up cost: not measured (this process may use only one CPU)")
+        return
+    same, other = cost
+    print(f"wake-up cost: stat and open of the Python tree through squashfuse_ll bound to "
+          f"one CPU: {same:.3f} s from that CPU, {other:.3f} s from another "
+          f"({reference}: {reference_seconds:.3f} s)")
 
 
 def main():
@@ -348,8 +396,14 @@ def main():
         if not cold_too:
             say("the page cache cannot be dropped here: warm rows only")
         results = measure(places, args.rounds, sorted({1, args.tasks}), say, cold_too=cold_too)
-        describe_run(args, image, workload_paths(places.roots[places.reference]))
+        reference_root = places.roots[places.reference]
+        reference_paths = workload_paths(reference_root)
+        say("the wake-up cost of a FUSE request")
+        cost = wake_up_cost(image, work, [os.path.relpath(path, reference_root)
+                                          for path in reference_paths["open"]])
+        describe_run(args, image, reference_paths, places=places, cold_too=cold_too)
         print_table(results, places)
+        print_wake_up(cost, results[("open", False, 1)][places.reference], places.reference)
     finally:
         if places:
             places.close()
