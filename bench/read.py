@@ -249,31 +249,31 @@ def workload_paths(root):
 
 # -- the run -----------------------------------------------------------------------
 
-def wake_up_cost(image, work, paths):
+def wake_up_cost(places):
     """(seconds on the server's CPU, seconds from another CPU) of stat_open
-    over `paths` (relative to a root) through squashfuse_ll bound to one
+    over the Python tree through a squashfuse_ll of its own, bound to one
     CPU, warm; None where this process may use fewer than two CPUs."""
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
         return None
     server_cpu, other_cpu = allowed[:2]
-    point = work / "squashfuse_ll-bound"
-    point.mkdir()
-    subprocess.run(["taskset", "-c", str(server_cpu), "squashfuse_ll", str(image), str(point)],
-                   check=True)
-    try:
-        under = [os.path.join(point, path) for path in paths]
+    root = places.mount("squashfuse_ll-bound",
+                        ["taskset", "-c", str(server_cpu), "squashfuse_ll"])
+    paths = workload_paths(root)["open"]
+    return tuple(_warm_seconds(_pinned(stat_open, cpu), paths) for cpu in (server_cpu, other_cpu))
 
-        def on(cpu):
-            def reader(wanted, seed):
-                os.sched_setaffinity(0, {cpu})
-                stat_open(wanted, seed)
-            timed_tasks(reader, under, 1)  # warms it
-            return timed_tasks(reader, under, 1)
 
-        return on(server_cpu), on(other_cpu)
-    finally:
-        subprocess.run(["umount", str(point)], check=False)
+def _pinned(reader, cpu):
+    """`reader` run on `cpu` alone."""
+    def pinned(paths, seed):
+        os.sched_setaffinity(0, {cpu})
+        reader(paths, seed)
+    return pinned
+
+
+def _warm_seconds(reader, paths):
+    timed_tasks(reader, paths, 1)  # warms it
+    return timed_tasks(reader, paths, 1)
 
 
 def measure(places, rounds, task_counts, say, *, cold_too=True):
@@ -396,12 +396,10 @@ def main():
         if not cold_too:
             say("the page cache cannot be dropped here: warm rows only")
         results = measure(places, args.rounds, sorted({1, args.tasks}), say, cold_too=cold_too)
-        reference_root = places.roots[places.reference]
-        reference_paths = workload_paths(reference_root)
         say("the wake-up cost of a FUSE request")
-        cost = wake_up_cost(image, work, [os.path.relpath(path, reference_root)
-                                          for path in reference_paths["open"]])
-        describe_run(args, image, reference_paths, places=places, cold_too=cold_too)
+        cost = wake_up_cost(places)
+        describe_run(args, image, workload_paths(places.roots[places.reference]),
+                     places=places, cold_too=cold_too)
         print_table(results, places)
         print_wake_up(cost, results[("open", False, 1)][places.reference], places.reference)
     finally:
